@@ -1,0 +1,24 @@
+# Single entry point. Every target installs what it needs first (idempotent).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test lint bench clean
+setup:
+	bash tools/setup.sh
+
+demo: setup
+	$(PY) -m tools.demo
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+lint: setup
+	$(VENV)/bin/ruff check edge_agent cloud_core tools tests
+	$(VENV)/bin/mypy edge_agent cloud_core
+
+bench: setup
+	$(PY) -m tools.bench_all
+
+clean:
+	$(PY) -m tools.lab cleanup || true

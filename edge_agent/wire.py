@@ -1,0 +1,423 @@
+"""The wire contract between agents, the core and the console (MQTT topics, schema v1).
+
+Both sides import this module, so it stays dependency-free (standard library
+only) to keep the agent light. Wire data is parsed here exactly once, into
+frozen dataclasses; everything past this module works with those, never with
+raw dicts. A report that breaks the contract raises :class:`WireError` whose
+``reason`` is a short, stable code the core counts drops by.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+TOPIC_ROOT = "cfnet/v1"
+EVENTS_TOPIC = f"{TOPIC_ROOT}/events"
+# A report from a node with a few hundred peers is ~100 KiB; anything far past
+# that is hostile or broken, and parsing it would cost the core memory.
+MAX_PAYLOAD_BYTES = 256 * 1024
+MAX_LINKS = 1024
+MAX_GPUS = 64
+# Node and operator ids double as MQTT usernames and topic levels, so they must
+# not contain '/', '+', '#' or whitespace. DNS-label-like, as Kubernetes node names.
+ID_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+
+Probe = Literal["ebpf", "sockdiag"]
+PROBES: tuple[str, ...] = ("ebpf", "sockdiag")
+
+
+class WireError(ValueError):
+    """A message that breaks the wire contract. ``reason`` is a stable counter key."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# --------------------------------------------------------------------------- topics
+
+
+def valid_id(value: str) -> bool:
+    return bool(ID_RE.match(value))
+
+
+def telemetry_topic(node: str) -> str:
+    return f"{TOPIC_ROOT}/nodes/{node}/telemetry"
+
+
+def status_topic(node: str) -> str:
+    return f"{TOPIC_ROOT}/nodes/{node}/status"
+
+
+def placements_topic(node: str) -> str:
+    return f"{TOPIC_ROOT}/nodes/{node}/placements"
+
+
+def request_topic(operator: str) -> str:
+    return f"{TOPIC_ROOT}/console/{operator}/request"
+
+
+def response_topic(operator: str) -> str:
+    return f"{TOPIC_ROOT}/console/{operator}/response"
+
+
+TELEMETRY_WILDCARD = f"{TOPIC_ROOT}/nodes/+/telemetry"
+STATUS_WILDCARD = f"{TOPIC_ROOT}/nodes/+/status"
+REQUEST_WILDCARD = f"{TOPIC_ROOT}/console/+/request"
+
+
+def split_topic(topic: str) -> tuple[str, str, str]:
+    """Return (area, id, leaf) for ``cfnet/v1/<area>/<id>/<leaf>``; WireError otherwise."""
+    parts = topic.split("/")
+    if len(parts) != 5 or f"{parts[0]}/{parts[1]}" != TOPIC_ROOT:
+        raise WireError("topic", f"not a cfnet v1 topic: {topic[:120]!r}")
+    area, ident, leaf = parts[2], parts[3], parts[4]
+    if not valid_id(ident):
+        raise WireError("topic", f"bad id in topic: {ident[:64]!r}")
+    return area, ident, leaf
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True, slots=True)
+class RttStats:
+    """Smoothed RTT distribution over one interval, microseconds."""
+
+    p50: float
+    p95: float
+    min: float
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSample:
+    """What one node measured of its TCP traffic with one peer over one interval.
+
+    ``peer`` is the peer's IP address as the agent saw it; the core maps it to
+    a node id through the addresses nodes announce in their status.
+    """
+
+    peer: str
+    rtt_us: RttStats | None
+    retrans: int
+    segs_out: int
+    loss: float
+    tx_bps: float
+    rx_bps: float
+    samples: int
+    connect_us: float | None = None
+    conns: int = 0
+    active: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    name: str
+    util: float
+    mem_total_bytes: int
+    mem_used_bytes: int
+    power_w: float | None = None
+    temp_c: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    cpu_cores: int
+    cpu_util: float
+    mem_total_bytes: int
+    mem_used_bytes: int
+    gpus: tuple[Gpu, ...] = ()
+    disk_total_bytes: int | None = None
+    disk_used_bytes: int | None = None
+    power_w: float | None = None
+    load1: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryReport:
+    node: str
+    seq: int
+    boot: str
+    ts: float
+    interval_s: float
+    probe: str
+    resources: Resources
+    links: tuple[LinkSample, ...]
+    buffered: int = 0
+    dropped: int = 0
+    v: int = SCHEMA_VERSION
+    interfaces: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """Retained presence message; ``offline`` is also the agent's last will."""
+
+    node: str
+    state: Literal["online", "offline"]
+    ts: float
+    boot: str = ""
+    addresses: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    version: str = ""
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def _drop_none(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list | tuple):
+        return [_drop_none(v) for v in obj]
+    return obj
+
+
+def encode_report(report: TelemetryReport) -> bytes:
+    d = asdict(report)
+    return json.dumps(_drop_none(d), separators=(",", ":"), allow_nan=False).encode()
+
+
+def encode_status(status: NodeStatus) -> bytes:
+    d = asdict(status)
+    d["labels"] = dict(status.labels)
+    return json.dumps(d, separators=(",", ":"), allow_nan=False).encode()
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def _reject_constant(name: str) -> float:
+    raise WireError("nan", f"non-finite number {name} in JSON")
+
+
+def load_json(payload: bytes) -> Any:
+    """Size-checked JSON decode that refuses NaN/Infinity literals."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise WireError("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
+    try:
+        text = payload.decode("utf-8")
+        return json.loads(text, parse_constant=_reject_constant)
+    except WireError:
+        raise
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise WireError("malformed", f"not JSON: {exc}") from exc
+
+
+class _Obj:
+    """Typed field access over one decoded JSON object, with paths in errors."""
+
+    def __init__(self, raw: Any, path: str) -> None:
+        if not isinstance(raw, dict):
+            raise WireError("schema", f"{path or 'message'} must be an object")
+        self.raw = raw
+        self.path = path
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _get(self, key: str, required: bool) -> Any:
+        if key not in self.raw or self.raw[key] is None:
+            if required:
+                raise WireError("missing", f"required field {self._name(key)} is missing")
+            return None
+        return self.raw[key]
+
+    def num(
+        self,
+        key: str,
+        *,
+        lo: float | None = 0.0,
+        hi: float | None = None,
+        required: bool = True,
+    ) -> float | None:
+        v = self._get(key, required)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise WireError("schema", f"{self._name(key)} must be a number")
+        f = float(v)
+        if not math.isfinite(f):
+            raise WireError("nan", f"{self._name(key)} is not finite")
+        if lo is not None and f < lo:
+            raise WireError("range", f"{self._name(key)}={f} below {lo}")
+        if hi is not None and f > hi:
+            raise WireError("range", f"{self._name(key)}={f} above {hi}")
+        return f
+
+    def req_num(self, key: str, *, lo: float | None = 0.0, hi: float | None = None) -> float:
+        v = self.num(key, lo=lo, hi=hi, required=True)
+        assert v is not None
+        return v
+
+    def int_(self, key: str, *, lo: int = 0, hi: int = 2**63 - 1, required: bool = True) -> int:
+        v = self._get(key, required)
+        if v is None:
+            return 0
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer() and math.isfinite(v):
+                v = int(v)
+            else:
+                raise WireError("schema", f"{self._name(key)} must be an integer")
+        if not lo <= v <= hi:
+            raise WireError("range", f"{self._name(key)}={v} outside [{lo}, {hi}]")
+        return int(v)
+
+    def str_(self, key: str, *, max_len: int = 256, required: bool = True) -> str:
+        v = self._get(key, required)
+        if v is None:
+            return ""
+        if not isinstance(v, str):
+            raise WireError("schema", f"{self._name(key)} must be a string")
+        if len(v) > max_len:
+            raise WireError("range", f"{self._name(key)} longer than {max_len}")
+        return v
+
+    def list_(self, key: str, *, max_len: int, required: bool = True) -> list[Any]:
+        v = self._get(key, required)
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            raise WireError("schema", f"{self._name(key)} must be a list")
+        if len(v) > max_len:
+            raise WireError("oversized", f"{self._name(key)} has {len(v)} > {max_len} items")
+        return v
+
+    def obj(self, key: str, *, required: bool = True) -> _Obj | None:
+        v = self._get(key, required)
+        return None if v is None else _Obj(v, self._name(key))
+
+
+def _parse_link(o: _Obj) -> LinkSample:
+    rtt_o = o.obj("rtt_us", required=False)
+    rtt = None
+    if rtt_o is not None:
+        p50 = rtt_o.req_num("p50", hi=1e8)
+        p95 = rtt_o.req_num("p95", hi=1e8)
+        mn = rtt_o.req_num("min", hi=1e8)
+        if not mn <= p50 <= p95:
+            raise WireError("range", f"{o.path}.rtt_us needs min <= p50 <= p95")
+        rtt = RttStats(p50=p50, p95=p95, min=mn)
+    peer = o.str_("peer", max_len=64)
+    if not peer:
+        raise WireError("missing", f"{o.path}.peer is empty")
+    conn = o.num("connect_us", hi=1e8, required=False)
+    active = o.raw.get("active", False)
+    return LinkSample(
+        peer=peer,
+        rtt_us=rtt,
+        retrans=o.int_("retrans"),
+        segs_out=o.int_("segs_out"),
+        loss=o.req_num("loss", hi=1.0),
+        tx_bps=o.req_num("tx_bps", hi=1e13),
+        rx_bps=o.req_num("rx_bps", hi=1e13),
+        samples=o.int_("samples"),
+        connect_us=conn,
+        conns=o.int_("conns", required=False),
+        active=bool(active) if isinstance(active, bool) else False,
+    )
+
+
+def _parse_gpu(o: _Obj) -> Gpu:
+    return Gpu(
+        index=o.int_("index", hi=1024),
+        name=o.str_("name", max_len=128, required=False),
+        util=o.req_num("util", hi=1.0),
+        mem_total_bytes=o.int_("mem_total_bytes"),
+        mem_used_bytes=o.int_("mem_used_bytes"),
+        power_w=o.num("power_w", hi=1e5, required=False),
+        temp_c=o.num("temp_c", lo=-100, hi=300, required=False),
+    )
+
+
+def _parse_resources(o: _Obj) -> Resources:
+    gpus = tuple(
+        _parse_gpu(_Obj(g, f"{o.path}.gpus[{i}]"))
+        for i, g in enumerate(o.list_("gpus", max_len=MAX_GPUS))
+    )
+    mem_total = o.int_("mem_total_bytes")
+    mem_used = o.int_("mem_used_bytes")
+    if mem_used > mem_total:
+        raise WireError("range", "resources.mem_used_bytes exceeds mem_total_bytes")
+    disk_total = o.raw.get("disk_total_bytes")
+    return Resources(
+        cpu_cores=o.int_("cpu_cores", lo=1, hi=1 << 20),
+        cpu_util=o.req_num("cpu_util", hi=1.0),
+        mem_total_bytes=mem_total,
+        mem_used_bytes=mem_used,
+        gpus=gpus,
+        disk_total_bytes=o.int_("disk_total_bytes", required=False) if disk_total else None,
+        disk_used_bytes=o.int_("disk_used_bytes", required=False) if disk_total else None,
+        power_w=o.num("power_w", hi=1e6, required=False),
+        load1=o.num("load1", hi=1e6, required=False),
+    )
+
+
+def parse_report(payload: bytes, topic_node: str | None = None) -> TelemetryReport:
+    """Decode and validate one telemetry report.
+
+    ``topic_node`` is the node id taken from the topic (the MQTT username under
+    the broker's ACL); a report that claims to be another node is rejected.
+    """
+    o = _Obj(load_json(payload), "")
+    v = o.int_("v", lo=0, hi=1 << 16)
+    if v != SCHEMA_VERSION:
+        raise WireError("version", f"schema v{v} not supported (want {SCHEMA_VERSION})")
+    node = o.str_("node", max_len=63)
+    if not valid_id(node):
+        raise WireError("schema", f"node id {node!r} is not a valid id")
+    if topic_node is not None and node != topic_node:
+        raise WireError("node_mismatch", f"report says {node!r} but came on {topic_node!r}")
+    probe = o.str_("probe", max_len=16)
+    if probe not in PROBES:
+        raise WireError("schema", f"probe must be one of {PROBES}, not {probe!r}")
+    res = o.obj("resources")
+    assert res is not None
+    links = tuple(
+        _parse_link(_Obj(lk, f"links[{i}]"))
+        for i, lk in enumerate(o.list_("links", max_len=MAX_LINKS))
+    )
+    return TelemetryReport(
+        v=v,
+        node=node,
+        seq=o.int_("seq"),
+        boot=o.str_("boot", max_len=64),
+        ts=o.req_num("ts", lo=0.0, hi=1e11),
+        interval_s=o.req_num("interval_s", lo=0.001, hi=86400.0),
+        probe=probe,
+        resources=_parse_resources(res),
+        links=links,
+        buffered=o.int_("buffered"),
+        dropped=o.int_("dropped", required=False),
+    )
+
+
+def parse_status(payload: bytes, topic_node: str | None = None) -> NodeStatus:
+    o = _Obj(load_json(payload), "")
+    node = o.str_("node", max_len=63)
+    if not valid_id(node) or (topic_node is not None and node != topic_node):
+        raise WireError("node_mismatch", f"status for {node!r} on {topic_node!r}")
+    state = o.str_("state", max_len=16)
+    if state not in ("online", "offline"):
+        raise WireError("schema", f"state must be online|offline, not {state!r}")
+    labels_raw = o.raw.get("labels") or {}
+    if not isinstance(labels_raw, dict) or len(labels_raw) > 64:
+        raise WireError("schema", "labels must be an object of at most 64 entries")
+    labels = tuple(sorted((str(k)[:128], str(v)[:256]) for k, v in labels_raw.items()))
+    addrs = tuple(str(a)[:64] for a in o.list_("addresses", max_len=64, required=False))
+    return NodeStatus(
+        node=node,
+        state=state,  # type: ignore[arg-type]
+        ts=o.req_num("ts", hi=1e11),
+        boot=o.str_("boot", max_len=64, required=False),
+        addresses=addrs,
+        labels=labels,
+        version=o.str_("version", max_len=64, required=False),
+    )

@@ -1,0 +1,1 @@
+"""Developer tools: the network-namespace lab, simulators, benchmarks, certificates."""

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One-shot, idempotent setup of a fresh Debian 12 machine (as root) for cfnet:
+# apt packages, the virtual environment, tracefs and kernel headers for BCC.
+# Every step says what it did, or that there was nothing to do.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${CFNET_VENV:-$ROOT/.venv}
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+APT_PKGS=(mosquitto mosquitto-clients python3-bpfcc bpfcc-tools libbpfcc nftables iproute2
+          python3-venv python3-dev iperf3 sqlite3 openssl ca-certificates procps kmod)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "apt: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null || say "apt-get update failed; trying the cached lists"
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+else
+  say "apt: all ${#APT_PKGS[@]} packages already installed"
+fi
+# The packaged broker must not hold port 1883: tests and the demo start their own.
+if systemctl is-active --quiet mosquitto 2>/dev/null; then
+  systemctl stop mosquitto && systemctl disable mosquitto >/dev/null 2>&1 || true
+  say "mosquitto: stopped the system service (tests and demo run their own brokers)"
+fi
+
+# --- kernel headers for BCC -------------------------------------------------
+# BCC compiles its C at load time against /lib/modules/$(uname -r)/build. This
+# kernel has no headers package of its own, so we link the nearest Debian one.
+# That is safe only because bpf/*.c reads nothing but tracepoint arguments
+# (whose layout BCC takes from tracefs at load time) and our own map structs.
+KREL=$(uname -r)
+KBUILD=/lib/modules/$KREL/build
+KSRC=/lib/modules/$KREL/source
+if [[ -e $KBUILD/include/generated/autoconf.h && -e $KSRC/include/linux/kconfig.h ]]; then
+  say "kernel headers: $KBUILD and $KSRC present"
+else
+  if ! ls -d /usr/src/linux-headers-*-common >/dev/null 2>&1; then
+    say "kernel headers: installing linux-headers-amd64 (no package exists for $KREL)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-headers-amd64 >/dev/null
+  fi
+  NEAREST=$(ls -d /usr/src/linux-headers-*-amd64 | grep -v -- '-rt-\|cloud' | sort -V | tail -1)
+  COMMON=${NEAREST%-amd64}-common
+  mkdir -p "/lib/modules/$KREL"
+  ln -sfn "$NEAREST" "$KBUILD"
+  ln -sfn "$COMMON" "$KSRC"
+  say "kernel headers: no package for $KREL; linked build -> $NEAREST, source -> $COMMON"
+  say "kernel headers: safe because bpf/*.c reads only tracepoint arguments (see README)"
+fi
+
+# --- tracefs ----------------------------------------------------------------
+if [[ -e /sys/kernel/tracing/events ]]; then
+  say "tracefs: mounted at /sys/kernel/tracing"
+else
+  mount -t tracefs nodev /sys/kernel/tracing && say "tracefs: mounted /sys/kernel/tracing"
+fi
+if [[ ! -e /sys/kernel/debug/tracing/events ]]; then
+  mountpoint -q /sys/kernel/debug || mount -t debugfs nodev /sys/kernel/debug 2>/dev/null || true
+  [[ -e /sys/kernel/debug/tracing/events ]] || mount -t tracefs nodev /sys/kernel/debug/tracing 2>/dev/null || true
+  say "tracefs: made /sys/kernel/debug/tracing available (BCC 0.26 looks there)"
+fi
+[[ -e /sys/kernel/btf/vmlinux ]] && say "BTF: /sys/kernel/btf/vmlinux present" || say "BTF: absent (agent will use the sock_diag probe)"
+
+# --- virtual environment ----------------------------------------------------
+# Debian's python3 (not pyenv's), because python3-bpfcc is built for it. Only the
+# bcc package is linked in from dist-packages: --system-site-packages would drag
+# every Debian Python package into the venv.
+if [[ ! -x $VENV/bin/python ]]; then
+  /usr/bin/python3 -m venv "$VENV"
+  say "venv: created $VENV"
+fi
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+ln -sfn /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
+STAMP=$VENV/.cfnet-installed
+if [[ ! -e $STAMP || pyproject.toml -nt $STAMP ]]; then
+  say "venv: installing cfnet and its dependencies (pip)"
+  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+  "$VENV/bin/pip" install -q -e ".[core,dev]"
+  touch "$STAMP"
+else
+  say "venv: dependencies up to date"
+fi
+"$VENV/bin/python" -c 'import bcc, paho.mqtt, ortools, kubernetes, pyroute2, psutil' \
+  && say "venv: bcc, paho-mqtt, ortools, kubernetes, pyroute2, psutil import fine"
+say "done"
