@@ -1,0 +1,319 @@
+/* Per-peer TCP link telemetry from tracepoints only (loaded by BCC).
+ *
+ *  tcp:tcp_probe            smoothed RTT, bytes sent/acked/received (per incoming segment)
+ *  tcp:tcp_retransmit_skb   retransmitted segments
+ *  sock:inet_sock_set_state connect latency, connections opened/closed, lifetime
+ *
+ * Aggregates live in `peers` and `rtt_hist`; edge_agent/probes/ebpf.py reads
+ * and deletes them once per interval.  Only tracepoint arguments (layout from
+ * tracefs at load time) and our own structs are read: the kernel headers on
+ * the host may belong to another kernel, so kernel structs are off limits.
+ *
+ * Build-time parameters (-D):
+ *   CFNET_FILTER_LOCAL      count an event only if its local address is in local_addrs
+ *   CFNET_INCLUDE_LOOPBACK  also count loopback peers (excluded by default)
+ *   CFNET_PROBE_PORT        port of the active prober's echo server (default 7946)
+ *   CFNET_MAX_PEERS / CFNET_MAX_SOCKS   map sizes
+ */
+#include <uapi/linux/ptrace.h>
+#include "cfnet_links.h"
+
+#ifndef CFNET_MAX_PEERS
+#define CFNET_MAX_PEERS 4096
+#endif
+#ifndef CFNET_MAX_SOCKS
+#define CFNET_MAX_SOCKS 65536
+#endif
+#ifndef CFNET_PROBE_PORT
+#define CFNET_PROBE_PORT 7946
+#endif
+
+#define CF_AF_INET 2
+#define CF_AF_INET6 10
+#define CF_IPPROTO_TCP 6
+#define CF_TCP_ESTABLISHED 1
+#define CF_TCP_SYN_SENT 2
+#define CF_TCP_CLOSE 7
+
+BPF_HASH(peers, struct cf_addr, struct cf_peer_stats, CFNET_MAX_PEERS);
+BPF_HASH(rtt_hist, struct cf_hist_key, u64, CFNET_MAX_PEERS * 16);
+/* LRU: a socket whose close we missed (opened before load) ages out. */
+BPF_TABLE("lru_hash", u64, struct cf_sock, socks, CFNET_MAX_SOCKS);
+BPF_HASH(local_addrs, struct cf_addr, u8, 1024);
+
+/* Fold IPv4-mapped IPv6 (::ffff:a.b.c.d) to IPv4. */
+static __always_inline void cf_fold_mapped(struct cf_addr *a)
+{
+    if (a->family != CF_AF_INET6)
+        return;
+#pragma unroll
+    for (int i = 0; i < 10; i++)
+        if (a->addr[i])
+            return;
+    if (a->addr[10] != 0xff || a->addr[11] != 0xff)
+        return;
+    a->addr[0] = a->addr[12];
+    a->addr[1] = a->addr[13];
+    a->addr[2] = a->addr[14];
+    a->addr[3] = a->addr[15];
+#pragma unroll
+    for (int i = 4; i < 16; i++)
+        a->addr[i] = 0;
+    a->family = CF_AF_INET;
+}
+
+static __always_inline int cf_is_loopback(const struct cf_addr *a)
+{
+    if (a->family == CF_AF_INET)
+        return a->addr[0] == 127;
+#pragma unroll
+    for (int i = 0; i < 15; i++)
+        if (a->addr[i])
+            return 0;
+    return a->addr[15] == 1;
+}
+
+static __always_inline int cf_wanted(const struct cf_addr *local, const struct cf_addr *peer)
+{
+#ifndef CFNET_INCLUDE_LOOPBACK
+    if (cf_is_loopback(peer))
+        return 0;
+#endif
+#ifdef CFNET_FILTER_LOCAL
+    /* Tracepoints fire for every network namespace: the local address set
+     * is how an agent in one namespace counts only its own sockets. */
+    if (!local_addrs.lookup((struct cf_addr *)local))
+        return 0;
+#endif
+    return 1;
+}
+
+/* tcp_probe carries addresses as a sockaddr_in / sockaddr_in6 (UAPI layout). */
+static __always_inline int cf_from_sockaddr(struct cf_addr *a, const u8 *sa, u16 family)
+{
+    a->family = family;
+    if (family == CF_AF_INET) {
+        __builtin_memcpy(a->addr, sa + 4, 4);        /* sin_addr */
+    } else if (family == CF_AF_INET6) {
+        __builtin_memcpy(a->addr, sa + 8, 16);       /* sin6_addr */
+        cf_fold_mapped(a);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+static __always_inline u64 cf_delta(u32 now, u32 before)
+{
+    s32 d = (s32)(now - before);
+    /* A negative step (snd_nxt pulled back after an RTO) is not progress. */
+    return d > 0 ? (u64)d : 0;
+}
+
+static __always_inline u32 cf_log2(u64 v)
+{
+    u32 r = 0;
+    if (v >> 32) { v >>= 32; r += 32; }
+    if (v >> 16) { v >>= 16; r += 16; }
+    if (v >> 8)  { v >>= 8;  r += 8; }
+    if (v >> 4)  { v >>= 4;  r += 4; }
+    if (v >> 2)  { v >>= 2;  r += 2; }
+    if (v >> 1)  { r += 1; }
+    return r;
+}
+
+static __always_inline u32 cf_bucket(u64 v)
+{
+    if (v < CF_SUB)
+        return (u32)v;
+    u32 l = cf_log2(v);
+    u32 sub = (u32)(v >> (l - CF_SUB_BITS)) & (CF_SUB - 1);
+    return (l - CF_SUB_BITS + 1) * CF_SUB + sub;
+}
+
+static __always_inline void cf_mark(struct cf_peer_stats *st, u16 sport, u16 dport)
+{
+    if (sport == CFNET_PROBE_PORT || dport == CFNET_PROBE_PORT)
+        __sync_fetch_and_add(&st->active_events, 1);
+    else
+        __sync_fetch_and_add(&st->passive_events, 1);
+}
+
+TRACEPOINT_PROBE(tcp, tcp_probe)
+{
+    u8 sa[28] = {}, da[28] = {};
+    struct cf_addr local = {}, peer = {};
+    u16 family = args->family;
+
+    bpf_probe_read_kernel(sa, sizeof(sa), args->saddr);
+    bpf_probe_read_kernel(da, sizeof(da), args->daddr);
+    if (!cf_from_sockaddr(&local, sa, family) || !cf_from_sockaddr(&peer, da, family))
+        return 0;
+    if (!cf_wanted(&local, &peer))
+        return 0;
+
+    u64 sk = (u64)args->skaddr;
+    u32 una = args->snd_una, nxt = args->snd_nxt;
+    u64 acked = 0, sent = 0;
+    struct cf_sock *s = socks.lookup(&sk);
+    if (s) {
+        if (s->valid) {
+            acked = cf_delta(una, s->snd_una);
+            sent = cf_delta(nxt, s->snd_nxt);
+        }
+        s->snd_una = una;
+        s->snd_nxt = nxt;
+        s->valid = 1;
+    } else {
+        struct cf_sock fresh = {};
+        fresh.snd_una = una;
+        fresh.snd_nxt = nxt;
+        fresh.valid = 1;
+        socks.update(&sk, &fresh);
+    }
+
+    struct cf_peer_stats zero = {};
+    struct cf_peer_stats *st = peers.lookup_or_try_init(&peer, &zero);
+    if (!st)
+        return 0;
+    cf_mark(st, args->sport, args->dport);
+    if (acked) {
+        __sync_fetch_and_add(&st->bytes_acked, acked);
+        __sync_fetch_and_add(&st->acks, 1);
+    }
+    if (sent)
+        __sync_fetch_and_add(&st->bytes_sent, sent);
+    u32 dlen = args->data_len;
+    if (dlen) {
+        __sync_fetch_and_add(&st->bytes_rcvd, dlen);
+        __sync_fetch_and_add(&st->segs_in, 1);
+    }
+
+    /* The tracepoint records tp->srtt_us, which is 8 x the smoothed RTT in us. */
+    u64 rtt = args->srtt >> 3;
+    if (!rtt)
+        return 0;
+    __sync_fetch_and_add(&st->rtt_count, 1);
+    __sync_fetch_and_add(&st->rtt_sum_us, rtt);
+    /* min/max races between CPUs only lose a sample's extremum; no atomics exist for them. */
+    if (!st->rtt_min_us || rtt < st->rtt_min_us)
+        st->rtt_min_us = rtt;
+    if (rtt > st->rtt_max_us)
+        st->rtt_max_us = rtt;
+
+    struct cf_hist_key hk = {};
+    hk.peer = peer;
+    hk.bucket = cf_bucket(rtt);
+    u64 one = 0;
+    u64 *c = rtt_hist.lookup_or_try_init(&hk, &one);
+    if (c)
+        __sync_fetch_and_add(c, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
+{
+    struct cf_addr local = {}, peer = {};
+    u16 family = args->family;
+
+    if (family == CF_AF_INET) {
+        bpf_probe_read_kernel(local.addr, 4, args->saddr);
+        bpf_probe_read_kernel(peer.addr, 4, args->daddr);
+    } else if (family == CF_AF_INET6) {
+        bpf_probe_read_kernel(local.addr, 16, args->saddr_v6);
+        bpf_probe_read_kernel(peer.addr, 16, args->daddr_v6);
+    } else {
+        return 0;
+    }
+    local.family = family;
+    peer.family = family;
+    cf_fold_mapped(&local);
+    cf_fold_mapped(&peer);
+    if (!cf_wanted(&local, &peer))
+        return 0;
+
+    struct cf_peer_stats zero = {};
+    struct cf_peer_stats *st = peers.lookup_or_try_init(&peer, &zero);
+    if (!st)
+        return 0;
+    cf_mark(st, args->sport, args->dport);
+    __sync_fetch_and_add(&st->retrans, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sock, inet_sock_set_state)
+{
+    if (args->protocol != CF_IPPROTO_TCP)
+        return 0;
+    int newstate = args->newstate, oldstate = args->oldstate;
+    u64 sk = (u64)args->skaddr;
+    u64 now = bpf_ktime_get_ns();
+
+    if (newstate == CF_TCP_SYN_SENT) {
+        struct cf_sock fresh = {};
+        fresh.t_syn_ns = now;
+        socks.update(&sk, &fresh);
+        return 0;
+    }
+    if (newstate != CF_TCP_ESTABLISHED && newstate != CF_TCP_CLOSE)
+        return 0;
+
+    struct cf_sock *s = socks.lookup(&sk);
+    if (newstate == CF_TCP_CLOSE && !s)
+        return 0;
+
+    struct cf_addr local = {}, peer = {};
+    u16 family = args->family;
+    if (family == CF_AF_INET) {
+        bpf_probe_read_kernel(local.addr, 4, args->saddr);
+        bpf_probe_read_kernel(peer.addr, 4, args->daddr);
+    } else if (family == CF_AF_INET6) {
+        bpf_probe_read_kernel(local.addr, 16, args->saddr_v6);
+        bpf_probe_read_kernel(peer.addr, 16, args->daddr_v6);
+    } else {
+        return 0;
+    }
+    local.family = family;
+    peer.family = family;
+    cf_fold_mapped(&local);
+    cf_fold_mapped(&peer);
+    int wanted = cf_wanted(&local, &peer);
+
+    if (newstate == CF_TCP_CLOSE) {
+        if (wanted && s && s->t_est_ns) {
+            struct cf_peer_stats zero = {};
+            struct cf_peer_stats *st = peers.lookup_or_try_init(&peer, &zero);
+            if (st) {
+                __sync_fetch_and_add(&st->closed, 1);
+                __sync_fetch_and_add(&st->life_ns_sum, now - s->t_est_ns);
+            }
+        }
+        socks.delete(&sk);
+        return 0;
+    }
+
+    /* ESTABLISHED */
+    if (!wanted) {
+        if (s)
+            socks.delete(&sk);
+        return 0;
+    }
+    struct cf_peer_stats zero = {};
+    struct cf_peer_stats *st = peers.lookup_or_try_init(&peer, &zero);
+    if (!st)
+        return 0;
+    cf_mark(st, args->sport, args->dport);
+    __sync_fetch_and_add(&st->opened, 1);
+    if (s) {
+        if (oldstate == CF_TCP_SYN_SENT && s->t_syn_ns && now > s->t_syn_ns) {
+            __sync_fetch_and_add(&st->connects, 1);
+            __sync_fetch_and_add(&st->connect_ns_sum, now - s->t_syn_ns);
+        }
+        s->t_est_ns = now;
+    } else {
+        struct cf_sock fresh = {};
+        fresh.t_est_ns = now;
+        socks.update(&sk, &fresh);
+    }
+    return 0;
+}

@@ -1,0 +1,37 @@
+"""Link probes: eBPF (preferred) or sock_diag (fallback), behind one small protocol.
+
+``open_probe`` picks the eBPF probe when the config asks for it and it loads,
+and otherwise falls back to sock_diag, returning why (logged once).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edge_agent.errors import ProbeError
+from edge_agent.probes.base import LinkProbe, ProbeConfig
+from edge_agent.probes.sockdiag import SockDiagProbe
+
+__all__ = ["LinkProbe", "ProbeConfig", "open_probe"]
+
+log = logging.getLogger(__name__)
+
+
+def open_probe(cfg: ProbeConfig) -> tuple[LinkProbe, str | None]:
+    """Return (probe, fallback reason or None). Raises ProbeError only if no probe works."""
+    reason: str | None = None
+    if cfg.ebpf:
+        try:
+            from edge_agent.probes.ebpf import EbpfProbe
+
+            return (
+                EbpfProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs),
+                None,
+            )
+        except ProbeError as exc:
+            reason = str(exc)
+    else:
+        reason = "eBPF disabled by configuration"
+    probe = SockDiagProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs)
+    log.warning("link probe: using sock_diag fallback (%s)", reason)
+    return probe, reason
