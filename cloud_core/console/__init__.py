@@ -1,0 +1,1 @@
+"""The operator console: the core-side request handler and the `cfnetctl` client, over MQTT 5."""

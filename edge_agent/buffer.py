@@ -1,0 +1,160 @@
+"""Persistent store-and-forward buffer for telemetry (SQLite), bounded by bytes and age.
+
+Every report goes through here: it is written before it is published and
+deleted only once the broker acknowledged it, so a broker outage, a cut link or
+an agent restart loses nothing that fits the bounds. When the buffer is full it
+thins the oldest half (keeps every k-th report) instead of refusing new ones:
+a coarser history of an outage is worth more than none of its end. Everything
+thinned or expired is counted, persistently, and reported upstream.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.errors import AgentError
+
+
+class ReportBufferError(AgentError):
+    """The buffer's database could not be opened or written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    id: int
+    seq: int
+    payload: bytes
+
+
+class ReportBuffer:
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        max_bytes: int = 16 * 1024 * 1024,
+        max_age_s: float = 7 * 86400.0,
+        keep_every: int = 2,
+    ) -> None:
+        if keep_every < 2:
+            raise ValueError("keep_every must be >= 2, or thinning would free nothing")
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self.keep_every = keep_every
+        self._lock = threading.Lock()
+        try:
+            if str(path) != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS reports (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+                " seq INTEGER NOT NULL, ts REAL NOT NULL, size INTEGER NOT NULL,"
+                " payload BLOB NOT NULL)"
+            )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)"
+            )
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('thinned', 0), ('expired', 0)")
+        except sqlite3.Error as exc:
+            raise ReportBufferError(f"cannot open report buffer at {path}: {exc}") from exc
+
+    # ------------------------------------------------------------------ counters
+
+    def _meta(self, key: str) -> int:
+        row = self._db.execute("SELECT v FROM meta WHERE k=?", (key,)).fetchone()
+        return int(row[0]) if row else 0
+
+    @property
+    def thinned(self) -> int:
+        with self._lock:
+            return self._meta("thinned")
+
+    @property
+    def expired(self) -> int:
+        with self._lock:
+            return self._meta("expired")
+
+    @property
+    def dropped(self) -> int:
+        """Reports lost for good (thinned + expired), since this buffer was created."""
+        with self._lock:
+            return self._meta("thinned") + self._meta("expired")
+
+    def depth(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM reports").fetchone()[0])
+
+    def size_bytes(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COALESCE(SUM(size),0) FROM reports").fetchone()[0])
+
+    # ------------------------------------------------------------------ queue
+
+    def put(self, seq: int, ts: float, payload: bytes) -> None:
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(
+                    "INSERT INTO reports (seq, ts, size, payload) VALUES (?,?,?,?)",
+                    (seq, ts, len(payload), payload),
+                )
+                self._expire(ts)
+                self._thin()
+                self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise ReportBufferError(f"cannot buffer report {seq}: {exc}") from exc
+
+    def peek(self, limit: int) -> list[Pending]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, seq, payload FROM reports ORDER BY id LIMIT ?", (limit,)
+            ).fetchall()
+        return [Pending(int(r[0]), int(r[1]), bytes(r[2])) for r in rows]
+
+    def ack(self, ids: list[int]) -> None:
+        if not ids:
+            return
+        with self._lock:
+            self._db.executemany("DELETE FROM reports WHERE id=?", [(i,) for i in ids])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ------------------------------------------------------------------ bounds
+
+    def _rollback(self) -> None:
+        try:
+            with self._lock:
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def _expire(self, now: float) -> None:
+        cur = self._db.execute("DELETE FROM reports WHERE ts < ?", (now - self.max_age_s,))
+        if cur.rowcount > 0:
+            self._db.execute("UPDATE meta SET v = v + ? WHERE k='expired'", (cur.rowcount,))
+
+    def _thin(self) -> None:
+        """While over the byte bound, drop all but every k-th of the oldest half."""
+        while True:
+            total, count = self._db.execute(
+                "SELECT COALESCE(SUM(size),0), COUNT(*) FROM reports"
+            ).fetchone()
+            if total <= self.max_bytes or count <= 1:
+                return
+            half = max(1, count // 2)
+            ids = [
+                r[0]
+                for r in self._db.execute("SELECT id FROM reports ORDER BY id LIMIT ?", (half,))
+            ]
+            # Keep ids[0], ids[k], ids[2k], ...: the oldest stays, so the
+            # history's start is never lost; a single row can always go.
+            victims = [i for n, i in enumerate(ids) if n % self.keep_every != 0] or ids[:1]
+            self._db.executemany("DELETE FROM reports WHERE id=?", [(i,) for i in victims])
+            self._db.execute("UPDATE meta SET v = v + ? WHERE k='thinned'", (len(victims),))

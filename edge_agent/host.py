@@ -1,0 +1,199 @@
+"""Host metrics for one report: CPU, memory, disk (psutil), GPUs (pynvml),
+interface counters and link speed (pyroute2), and package power from RAPL.
+
+Every source is optional on a small device: a missing GPU driver, an
+unreadable RAPL counter or a netlink error yields an absent field, never an
+exception out of :meth:`HostSampler.sample`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from edge_agent.wire import Gpu, Resources
+
+log = logging.getLogger(__name__)
+
+RAPL_ROOT = Path("/sys/class/powercap")
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceSample:
+    name: str
+    rx_bytes: int
+    tx_bytes: int
+    rx_errors: int
+    tx_errors: int
+    rx_dropped: int
+    tx_dropped: int
+    speed_mbps: int | None
+    oper_up: bool
+
+
+class GpuReader:
+    """Reads NVIDIA GPUs through NVML; no driver means an empty list."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self.reason = ""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception as exc:  # NVML raises its own error types, or OSError for no lib
+            self.reason = f"no NVIDIA GPU telemetry: {exc}"
+
+    def read(self) -> tuple[Gpu, ...]:
+        nv = self._nvml
+        if nv is None:
+            return ()
+        out = []
+        try:
+            for i in range(nv.nvmlDeviceGetCount()):
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                name = nv.nvmlDeviceGetName(h)
+                util = nv.nvmlDeviceGetUtilizationRates(h)
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                power = _try(lambda h=h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+                temp = _try(
+                    lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+                )
+                out.append(
+                    Gpu(
+                        index=i,
+                        name=name.decode() if isinstance(name, bytes) else str(name),
+                        util=min(1.0, max(0.0, util.gpu / 100.0)),
+                        mem_total_bytes=int(mem.total),
+                        mem_used_bytes=min(int(mem.used), int(mem.total)),
+                        power_w=power,
+                        temp_c=temp,
+                    )
+                )
+        except Exception as exc:
+            log.warning("GPU read failed: %s", exc)
+            return ()
+        return tuple(out)
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            _try(self._nvml.nvmlShutdown)
+
+
+def _try(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+class RaplReader:
+    """Package power from RAPL energy counters (µJ), as a rate between reads."""
+
+    def __init__(self, root: Path = RAPL_ROOT) -> None:
+        self._files = sorted(root.glob("intel-rapl:[0-9]*/energy_uj")) if root.exists() else []
+        self._files = [f for f in self._files if os.access(f, os.R_OK)]
+        self._last: tuple[float, int] | None = None
+
+    def read_w(self) -> float | None:
+        if not self._files:
+            return None
+        try:
+            total = sum(int(f.read_text()) for f in self._files)
+        except (OSError, ValueError):
+            return None
+        now = time.monotonic()
+        last, self._last = self._last, (now, total)
+        if last is None or total < last[1] or now <= last[0]:
+            return None  # first read, or the counter wrapped
+        return (total - last[1]) / 1e6 / (now - last[0])
+
+
+def read_interfaces() -> list[InterfaceSample]:
+    """Interface counters via rtnetlink; speed from sysfs (netlink has no speed)."""
+    try:
+        from pyroute2 import IPRoute
+    except ImportError:
+        return []
+    out = []
+    try:
+        with IPRoute() as ipr:
+            for link in ipr.get_links():
+                name = link.get_attr("IFLA_IFNAME")
+                if not name or name == "lo":
+                    continue
+                st = link.get_attr("IFLA_STATS64") or {}
+                out.append(
+                    InterfaceSample(
+                        name=name,
+                        rx_bytes=int(st.get("rx_bytes", 0)),
+                        tx_bytes=int(st.get("tx_bytes", 0)),
+                        rx_errors=int(st.get("rx_errors", 0)),
+                        tx_errors=int(st.get("tx_errors", 0)),
+                        rx_dropped=int(st.get("rx_dropped", 0)),
+                        tx_dropped=int(st.get("tx_dropped", 0)),
+                        speed_mbps=_speed(name),
+                        oper_up=link.get_attr("IFLA_OPERSTATE") == "UP",
+                    )
+                )
+    except Exception as exc:
+        log.debug("interface read failed: %s", exc)
+    return out
+
+
+def _speed(name: str) -> int | None:
+    try:
+        v = int(Path(f"/sys/class/net/{name}/speed").read_text())
+    except (OSError, ValueError):
+        return None
+    return v if v > 0 else None
+
+
+def local_addresses() -> tuple[str, ...]:
+    """Every non-loopback IP address of this host (or network namespace)."""
+    addrs = []
+    for _ifname, entries in psutil.net_if_addrs().items():
+        for a in entries:
+            if a.family.name in ("AF_INET", "AF_INET6"):
+                ip = a.address.split("%")[0]
+                if ip.startswith("127.") or ip == "::1" or ip.startswith("fe80:"):
+                    continue
+                addrs.append(ip)
+    return tuple(sorted(set(addrs)))
+
+
+class HostSampler:
+    def __init__(self, disk_path: str = "/") -> None:
+        self._disk_path = disk_path
+        self.gpus = GpuReader()
+        self.rapl = RaplReader()
+        psutil.cpu_percent(interval=None)  # primes the counter: the first call returns 0
+
+    def sample(self) -> Resources:
+        vm = psutil.virtual_memory()
+        try:
+            du = psutil.disk_usage(self._disk_path)
+            disk_total, disk_used = int(du.total), int(du.used)
+        except OSError:
+            disk_total = disk_used = None  # type: ignore[assignment]
+        return Resources(
+            cpu_cores=psutil.cpu_count() or 1,
+            cpu_util=min(1.0, max(0.0, psutil.cpu_percent(interval=None) / 100.0)),
+            mem_total_bytes=int(vm.total),
+            mem_used_bytes=min(int(vm.total - vm.available), int(vm.total)),
+            gpus=self.gpus.read(),
+            disk_total_bytes=disk_total,
+            disk_used_bytes=disk_used,
+            power_w=self.rapl.read_w(),
+            load1=os.getloadavg()[0],
+        )
+
+    def close(self) -> None:
+        self.gpus.close()

@@ -1,0 +1,124 @@
+"""`cfnet-agent`: wires configuration, probes, host sampler, buffer and MQTT, and runs."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import uuid
+
+from edge_agent.agent import Agent, offline_status
+from edge_agent.buffer import ReportBuffer
+from edge_agent.config import AgentConfig, load_config
+from edge_agent.errors import AgentError
+from edge_agent.host import HostSampler, local_addresses
+from edge_agent.mqtt import MqttClient, MqttSettings, Will
+from edge_agent.wire import status_topic
+
+log = logging.getLogger("cfnet.agent")
+
+
+def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
+    return MqttSettings(
+        host=cfg.broker_host,
+        port=cfg.broker_port,
+        username=cfg.username,
+        password=cfg.resolved_password(),
+        tls=cfg.tls,
+        ca_file=cfg.ca_file,
+        certfile=cfg.certfile,
+        keyfile=cfg.keyfile,
+        client_id=f"agent-{cfg.node}",
+        keepalive_s=cfg.keepalive_s,
+    )
+
+
+def run(cfg: AgentConfig, stop: threading.Event) -> int:
+    from edge_agent.active import ActiveProber, EchoServer
+    from edge_agent.probes import ProbeConfig, open_probe
+
+    boot = uuid.uuid4().hex[:16]
+    addrs = local_addresses()
+    probe, reason = open_probe(
+        ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs)
+    )
+    log.info(
+        "node %s boot %s: probe %s%s; addresses %s",
+        cfg.node, boot, probe.name, f" (fallback: {reason})" if reason else "", ", ".join(addrs),
+    )
+    echo: EchoServer | None = None
+    prober: ActiveProber | None = None
+    if cfg.active_probing:
+        echo = EchoServer(cfg.probe_bind, cfg.probe_port)
+        echo.start()
+        prober = ActiveProber(cfg.probe_port)
+    buffer = ReportBuffer(
+        cfg.buffer_path, max_bytes=cfg.buffer_max_bytes, max_age_s=cfg.buffer_max_age_s
+    )
+    host = HostSampler()
+    if host.gpus.reason:
+        log.info("%s", host.gpus.reason)
+    agent_ref: list[Agent] = []
+    mqtt = MqttClient(
+        mqtt_settings(cfg),
+        will=Will(status_topic(cfg.node), offline_status(cfg.node, boot)),
+        on_connect=lambda: agent_ref[0].announce() if agent_ref else None,
+    )
+    agent = Agent(
+        node=cfg.node,
+        interval_s=cfg.interval_s,
+        probe=probe,
+        host=host,
+        mqtt=mqtt,
+        buffer=buffer,
+        labels=cfg.labels,
+        boot=boot,
+        active_probe=prober.probe if prober else None,
+        peers=cfg.peers,
+    )
+    agent_ref.append(agent)
+    mqtt.start()
+    agent.start()
+    if not mqtt.wait_connected(10):
+        log.warning(
+            "not connected to %s:%s yet (%s); buffering reports to %s",
+            cfg.broker_host, cfg.broker_port, mqtt.last_refusal or "no answer", cfg.buffer_path,
+        )
+    stop.wait()
+    log.info("stopping: %d reports taken, %d published, %d still buffered",
+             agent.stats.reports, agent.stats.published, buffer.depth())
+    agent.stop()
+    if mqtt.connected:
+        # A clean stop says so itself; the will is only for crashes.
+        mqtt.publish(status_topic(cfg.node), offline_status(cfg.node, boot), retain=True).wait(2)
+    mqtt.stop()
+    if echo is not None:
+        echo.stop()
+    probe.close()
+    host.close()
+    buffer.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        cfg = load_config(argv)
+    except AgentError as exc:
+        print(f"cfnet-agent: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        return run(cfg, stop)
+    except AgentError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

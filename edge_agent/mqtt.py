@@ -1,0 +1,309 @@
+"""The project's one MQTT adapter: a thin, typed wrapper over paho-mqtt 2.x (MQTT 5).
+
+Agents, the core and the console all talk MQTT through this module, so paho's
+callback API, its property objects and its reason codes stay in one place.
+Callbacks run on paho's network thread; handlers must be quick and must not
+raise (a raising handler is logged and counted, never allowed to kill the loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+log = logging.getLogger(__name__)
+
+
+class MqttError(RuntimeError):
+    """Connecting, publishing or subscribing failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class MqttSettings:
+    """Where and how to connect. ``keepalive_s`` bounds offline detection (1.5x it)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8883
+    username: str | None = None
+    password: str | None = None
+    tls: bool = True
+    ca_file: Path | None = None
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    client_id: str = ""
+    keepalive_s: int = 3
+    # MQTT 5 session expiry: the broker keeps subscriptions and queued QoS 1
+    # messages this long while the client is away (persistent session).
+    session_expiry_s: int = 3600
+    clean_start: bool = False
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = True
+
+
+@dataclass(slots=True)
+class _Stats:
+    connects: int = 0
+    disconnects: int = 0
+    handler_errors: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+class PublishHandle:
+    """Tracks one QoS>0 publish until the broker acknowledges (or refuses) it."""
+
+    def __init__(self, info: paho.MQTTMessageInfo) -> None:
+        self._info = info
+
+    @property
+    def mid(self) -> int:
+        return int(self._info.mid)
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the broker acked the message; False on timeout or refusal."""
+        try:
+            self._info.wait_for_publish(timeout_s)
+        except (RuntimeError, ValueError):
+            return False
+        return self._info.is_published()
+
+    def done(self) -> bool:
+        return self._info.is_published()
+
+
+class MqttClient:
+    """One MQTT 5 connection with automatic, jittered reconnect.
+
+    Subscriptions given to :meth:`subscribe` are re-sent on every (re)connect,
+    so a broker that lost our session (restart without persistence) still
+    delivers to us.
+    """
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        on_message: Callable[[Message], None] | None = None,
+        on_connect: Callable[[], None] | None = None,
+        on_disconnect: Callable[[str], None] | None = None,
+        will: Will | None = None,
+    ) -> None:
+        self.settings = settings
+        self.stats = _Stats()
+        self._on_message = on_message
+        self._on_connect_cb = on_connect
+        self._on_disconnect_cb = on_disconnect
+        self._subs: dict[str, int] = {}
+        self._connected = threading.Event()
+        self._stopping = threading.Event()
+        self._last_refusal = ""
+        self._lock = threading.Lock()
+        self._client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=settings.client_id,
+            protocol=paho.MQTTv5,
+            reconnect_on_failure=True,
+        )
+        c = self._client
+        # paho sends (and on reconnect re-sends) in-flight QoS 1 messages in
+        # order, and the broker keeps per-topic order, so a bounded window keeps
+        # oldest-first delivery while not waiting a round trip per report.
+        c.max_inflight_messages_set(20)
+        c.max_queued_messages_set(0)
+        if settings.username is not None:
+            c.username_pw_set(settings.username, settings.password)
+        if settings.tls:
+            ctx = ssl.create_default_context(
+                cafile=str(settings.ca_file) if settings.ca_file else None
+            )
+            if settings.certfile and settings.keyfile:
+                ctx.load_cert_chain(str(settings.certfile), str(settings.keyfile))
+            c.tls_set_context(ctx)
+        if will is not None:
+            c.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
+        # paho doubles the delay between min and max; jitter is added in
+        # _on_disconnect so thousands of agents do not reconnect in lockstep.
+        c.reconnect_delay_set(
+            min_delay=max(1, int(settings.reconnect_min_s)), max_delay=int(settings.reconnect_max_s)
+        )
+        c.on_connect = self._handle_connect
+        c.on_disconnect = self._handle_disconnect
+        c.on_message = self._handle_message
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Begin connecting in the background; returns at once."""
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.settings.session_expiry_s
+        try:
+            self._client.connect_async(
+                self.settings.host,
+                self.settings.port,
+                keepalive=self.settings.keepalive_s,
+                clean_start=self.settings.clean_start,
+                properties=props,
+            )
+        except (OSError, ValueError) as exc:
+            raise MqttError(f"cannot connect to {self.settings.host}:{self.settings.port}") from exc
+        self._client.loop_start()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def last_refusal(self) -> str:
+        """The broker's last CONNACK refusal reason (e.g. 'Not authorized'), or ''."""
+        return self._last_refusal
+
+    def stop(self, *, graceful: bool = True) -> None:
+        """Disconnect. ``graceful=False`` drops the socket so the broker sends our will."""
+        self._stopping.set()
+        if graceful:
+            props = Properties(PacketTypes.DISCONNECT)
+            props.SessionExpiryInterval = self.settings.session_expiry_s
+            self._client.disconnect(properties=props)
+        else:
+            sock = self._client.socket()
+            if sock is not None:
+                sock.close()
+        self._client.loop_stop()
+        self._connected.clear()
+
+    # ------------------------------------------------------------------ traffic
+
+    def subscribe(self, topic: str, qos: int = 1, *, no_local: bool = False) -> None:
+        with self._lock:
+            self._subs[topic] = qos
+        if self.connected:
+            self._client.subscribe(topic, options=SubscribeOptions(qos=qos, noLocal=no_local))
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        response_topic: str | None = None,
+        correlation_data: bytes | None = None,
+        message_expiry_s: int | None = None,
+    ) -> PublishHandle:
+        props: Properties | None = None
+        if response_topic or correlation_data or message_expiry_s:
+            props = Properties(PacketTypes.PUBLISH)
+            if response_topic:
+                props.ResponseTopic = response_topic
+            if correlation_data:
+                props.CorrelationData = correlation_data
+            if message_expiry_s:
+                props.MessageExpiryInterval = message_expiry_s
+        info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            raise MqttError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
+        return PublishHandle(info)
+
+    # ------------------------------------------------------------------ callbacks
+
+    def _handle_connect(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        flags: paho.ConnectFlags,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason.is_failure:
+            self._last_refusal = str(reason)
+            self.stats.refused[str(reason)] = self.stats.refused.get(str(reason), 0) + 1
+            log.warning("broker refused connection: %s", reason)
+            return
+        self.stats.connects += 1
+        self._last_refusal = ""
+        with self._lock:
+            subs = list(self._subs.items())
+        for topic, qos in subs:
+            client.subscribe(topic, options=SubscribeOptions(qos=qos))
+        self._connected.set()
+        if self._on_connect_cb is not None:
+            self._safe(self._on_connect_cb)
+
+    def _handle_disconnect(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        flags: paho.DisconnectFlags,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        was = self._connected.is_set()
+        self._connected.clear()
+        if was:
+            self.stats.disconnects += 1
+            log.info("disconnected from broker: %s", reason)
+            if self._on_disconnect_cb is not None:
+                self._safe(self._on_disconnect_cb, str(reason))
+        if not self._stopping.is_set():
+            # Jitter: spread reconnects of a fleet that lost the broker at once.
+            time.sleep(random.uniform(0, self.settings.reconnect_min_s))
+
+    def _handle_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
+        if self._on_message is None:
+            return
+        props = msg.properties
+        resp = getattr(props, "ResponseTopic", None) if props else None
+        corr = getattr(props, "CorrelationData", None) if props else None
+        user = tuple(getattr(props, "UserProperty", ()) or ()) if props else ()
+        m = Message(
+            topic=msg.topic,
+            payload=bytes(msg.payload),
+            qos=msg.qos,
+            retain=bool(msg.retain),
+            response_topic=resp,
+            correlation_data=corr,
+            user_properties=user,
+        )
+        self._safe(self._on_message, m)
+
+    def _safe(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            self.stats.handler_errors += 1
+            log.exception("MQTT handler failed")
