@@ -188,7 +188,7 @@ class Broker:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             lines += [
                 "persistence true",
-                f"persistence_location {self.data_dir}/",
+                f"persistence_location {self.data_dir}/",  # must end in /
                 "autosave_interval 5",
             ]
         else:

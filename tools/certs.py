@@ -67,8 +67,10 @@ MOSQUITTO_PASSWD = "mosquitto_passwd"
 OPENSSL = "openssl"
 PLACEMENTS_WILDCARD = f"{TOPIC_ROOT}/nodes/+/placements"
 RESPONSE_WILDCARD = f"{TOPIC_ROOT}/console/+/response"
-# Mosquitto 2.0 checks a shared subscription ``$share/GROUP/FILTER`` against the
-# ACL as the full string, so core accounts get these filters with '+' as group.
+# Mosquitto 2.0.11 grants every SUBSCRIBE and checks 'read' per delivered message
+# against the message's own topic, so a shared subscription needs only the plain
+# rule. Brokers that check the filter itself at SUBSCRIBE time (Mosquitto 2.1,
+# plugins) see the full ``$share/GROUP/FILTER``; core gets those too, any group.
 SHARE_PREFIX = "$share/+/"
 
 
@@ -387,19 +389,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.set_defaults(role=role)
     args = ap.parse_args(argv)
     try:
+        store = CertStore(args.dir)
         if args.cmd == "init":
-            store = CertStore(args.dir)
             created = store.init(args.san)
         else:
-            store = CertStore(args.dir)
             if not store.ca_file.exists():
                 raise CertError(f"{args.dir} has no CA; run 'init {args.dir}' first")
             _, created = store.add_account(args.name, args.role)
     except CertError as exc:
         print(f"error: {exc}")
         return 1
+    shared = {store.password_file, store.acl_file, store.registry_file}
     for path in dict.fromkeys(created):
-        print(f"created {path}" if path.name != "passwd" else f"updated {path}")
+        verb = "updated" if args.cmd != "init" and path in shared else "created"
+        print(f"{verb} {path}")
     if not created:
         print("nothing to do: everything already exists")
     return 0

@@ -1,0 +1,477 @@
+"""Security of the locked-down broker, checked against a real Mosquitto over TLS.
+
+What Mosquitto 2.0.11 does (the assertions below pin it):
+
+- CONNECT with a wrong password, an unknown user or no credentials: CONNACK
+  reason 0x87 "Not authorized" (MQTT 5; never 0x86 "Bad user name or
+  password"), return code 5 with MQTT 3.1.1, and the connection is closed.
+- Plain TCP to the TLS port: the TLS layer drops the connection; no CONNACK.
+- QoS 1 PUBLISH inside the ACL: PUBACK 0x00, or 0x10 "No matching
+  subscribers" when nobody listens (accepted all the same, retained is kept).
+- QoS 1 PUBLISH outside the ACL: PUBACK reason 0x87 "Not authorized", the
+  client stays connected, and the message is dropped (nobody receives it).
+  QoS 0: no ack exists, the message is silently dropped.
+- SUBSCRIBE outside the ACL: *granted* in the SUBACK (the default ACL check
+  does not look at subscriptions); every delivery, retained ones included, is
+  checked against the message's topic, so nothing is ever delivered.
+
+"Nothing delivered" is proven without sleeping: after the forbidden message the
+same publisher sends a sentinel the receiver may read; Mosquitto delivers one
+publisher's messages to one subscriber in order, so once the sentinel is in,
+the forbidden message would have been too.
+
+paho is used directly here (not through ``edge_agent.mqtt``) because these
+tests assert raw reason codes that an adapter rightly hides.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import ssl
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
+
+from edge_agent import wire
+from tools.broker import Broker, Credentials, mqtt_connect_probe
+from tools.certs import CertError, CertStore, render_acl
+
+WAIT_S = 10.0
+NOT_AUTHORIZED = 0x87
+# PUBACK success: 0x00, or 0x10 'No matching subscribers' (still accepted).
+OK = (0x00, 0x10)
+
+MakeAccount = Callable[[str, str], Credentials]
+
+
+class Client:
+    """A paho MQTT 5 client with blocking, bounded helpers and a message queue."""
+
+    def __init__(self, broker: Broker, creds: Credentials | None, *, tls: bool = True) -> None:
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"t-{uuid.uuid4().hex[:12]}",
+            protocol=mqtt.MQTTv5,
+        )
+        if creds is not None:
+            self.client.username_pw_set(creds.username, creds.password)
+        if tls:
+            self.client.tls_set(ca_certs=str(broker.ca_file))
+        self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        self.connack: ReasonCode | None = None
+        self._connected = threading.Event()
+        self._lock = threading.Lock()
+        self._acks: dict[int, object] = {}
+        self._ack_events: dict[int, threading.Event] = {}
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_publish = self._on_publish
+        self.client.on_subscribe = self._on_subscribe
+        self.client.on_message = lambda _c, _u, msg: self.messages.put(msg)
+        self.broker = broker
+
+    def _on_connect(self, _c: object, _u: object, _f: object, rc: ReasonCode, _p: object) -> None:
+        self.connack = rc
+        self._connected.set()
+
+    def _on_disconnect(self, _c: object, _u: object, _f: object, rc: object, _p: object) -> None:
+        self._connected.set()
+
+    def _ack(self, mid: int, value: object) -> None:
+        with self._lock:
+            self._acks[mid] = value
+            self._ack_events.setdefault(mid, threading.Event()).set()
+
+    def _on_publish(self, _c: object, _u: object, mid: int, rc: ReasonCode, _p: object) -> None:
+        self._ack(mid, rc)
+
+    def _on_subscribe(
+        self, _c: object, _u: object, mid: int, rcs: list[ReasonCode], _p: object
+    ) -> None:
+        self._ack(mid, rcs)
+
+    def _wait_ack(self, mid: int) -> object:
+        with self._lock:
+            ev = self._ack_events.setdefault(mid, threading.Event())
+        assert ev.wait(WAIT_S), f"no ack for mid {mid} within {WAIT_S}s"
+        with self._lock:
+            return self._acks[mid]
+
+    def connect(self) -> ReasonCode | None:
+        """Connect; the CONNACK reason code, or None if the broker never sent one."""
+        self.client.connect(self.broker.host, self.broker.port, keepalive=30)
+        self.client.loop_start()
+        assert self._connected.wait(WAIT_S), "neither CONNACK nor disconnect"
+        return self.connack
+
+    def publish(self, topic: str, payload: bytes = b"x", *, retain: bool = False) -> int:
+        """QoS 1 publish; the PUBACK reason code value."""
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        rc = self._wait_ack(info.mid)
+        assert isinstance(rc, ReasonCode)
+        return int(rc.value)
+
+    def publish_qos0(self, topic: str, payload: bytes = b"x") -> None:
+        self.client.publish(topic, payload, qos=0).wait_for_publish(WAIT_S)
+
+    def subscribe(self, topic: str) -> list[int]:
+        """QoS 1 subscribe; the SUBACK reason code values."""
+        _, mid = self.client.subscribe(topic, qos=1)
+        assert mid is not None
+        rcs = self._wait_ack(mid)
+        assert isinstance(rcs, list)
+        return [int(rc.value) for rc in rcs]
+
+    def until(self, topic: str, payload: bytes) -> list[tuple[str, bytes]]:
+        """Everything received up to and including (topic, payload); fails after WAIT_S."""
+        seen: list[tuple[str, bytes]] = []
+        while True:
+            try:
+                msg = self.messages.get(timeout=WAIT_S)
+            except queue.Empty:
+                pytest.fail(f"{topic} {payload!r} not received; got {seen}")
+            seen.append((msg.topic, bytes(msg.payload)))
+            if (msg.topic, msg.payload) == (topic, payload):
+                return seen
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.fixture
+def connect(broker: Broker) -> Iterator[Callable[[Credentials], Client]]:
+    """Connected clients on the module broker, closed at teardown."""
+    made: list[Client] = []
+
+    def make(creds: Credentials) -> Client:
+        c = Client(broker, creds)
+        made.append(c)
+        rc = c.connect()
+        assert rc is not None and not rc.is_failure, f"{creds.username}: {rc}"
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def _tok() -> bytes:
+    return uuid.uuid4().hex.encode()
+
+
+# --------------------------------------------------------------------------- authentication
+
+
+def test_wrong_password_refused(broker: Broker, make_account: MakeAccount) -> None:
+    good = make_account("node-pw", "agent")
+    bad = Credentials(good.username, good.password + "x", good.ca_file, None, None)
+    c = Client(broker, bad)
+    try:
+        rc = c.connect()
+    finally:
+        c.close()
+    assert rc is not None and rc.is_failure
+    assert rc.value == NOT_AUTHORIZED, rc  # 2.0.11 never sends 0x86
+
+
+def test_unknown_user_and_anonymous_refused(broker: Broker) -> None:
+    stranger = Credentials("node-nobody", "secret", broker.ca_file, None, None)
+    for creds in (stranger, None):
+        c = Client(broker, creds)
+        try:
+            rc = c.connect()
+        finally:
+            c.close()
+        assert rc is not None and rc.is_failure, (creds, rc)
+        assert rc.value == NOT_AUTHORIZED, rc  # 2.0.11 never sends 0x86
+    # The same refusals with MQTT 3.1.1: CONNACK return code 5, "not authorised".
+    assert broker.probe(None, None) == 5
+    assert broker.probe("node-nobody", "secret") == 5
+
+
+def test_plain_tcp_to_tls_port_refused(broker: Broker, make_account: MakeAccount) -> None:
+    creds = make_account("node-plain", "agent")
+    with pytest.raises(OSError):
+        mqtt_connect_probe(
+            broker.host, broker.port, username=creds.username, password=creds.password,
+            ca_file=None,
+        )  # fmt: skip
+    # And through paho without TLS: no CONNACK, only a disconnect.
+    c = Client(broker, creds, tls=False)
+    try:
+        assert c.connect() is None
+    finally:
+        c.close()
+
+
+def test_tls_needs_the_cfnet_ca(broker: Broker) -> None:
+    ctx = ssl.create_default_context()  # system CAs only: the broker's cert is not trusted
+    with (
+        socket.create_connection((broker.host, broker.port), timeout=WAIT_S) as raw,
+        pytest.raises(ssl.SSLCertVerificationError),
+    ):
+        ctx.wrap_socket(raw, server_hostname=broker.host)
+
+
+def test_default_broker_has_only_the_tls_listener(broker: Broker) -> None:
+    conf = broker.conf_file.read_text().splitlines()
+    listeners = [ln for ln in conf if ln.startswith("listener ")]
+    assert listeners == [f"listener {broker.port} 127.0.0.1"]
+    for needed in ("allow_anonymous false", "per_listener_settings false"):
+        assert needed in conf
+    assert any(ln.startswith("certfile ") for ln in conf)
+
+
+def test_client_certificate_is_accepted(broker: Broker, make_account: MakeAccount) -> None:
+    creds = make_account("node-mtls", "agent")
+    assert creds.certfile is not None and creds.keyfile is not None
+    c = Client(broker, creds, tls=False)
+    c.client.tls_set(
+        ca_certs=str(broker.ca_file), certfile=str(creds.certfile), keyfile=str(creds.keyfile)
+    )
+    try:
+        rc = c.connect()
+    finally:
+        c.close()
+    assert rc is not None and not rc.is_failure, rc
+
+
+# --------------------------------------------------------------------------- agents
+
+
+def test_agent_cannot_publish_for_another_node(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    a = connect(make_account("node-a", "agent"))
+    make_account("node-b", "agent")
+    core = connect(make_account("core-sec", "core"))
+    assert core.subscribe(wire.TELEMETRY_WILDCARD) == [1]
+    assert core.subscribe(wire.STATUS_WILDCARD) == [1]
+
+    forged = b"forged-" + _tok()
+    assert a.publish(wire.telemetry_topic("node-b"), forged) == NOT_AUTHORIZED
+    assert a.publish(wire.status_topic("node-b"), forged) == NOT_AUTHORIZED
+    a.publish_qos0(wire.telemetry_topic("node-b"), forged)  # no ack at QoS 0: dropped
+    sentinel = _tok()
+    assert a.publish(wire.telemetry_topic("node-a"), sentinel) in OK
+    seen = core.until(wire.telemetry_topic("node-a"), sentinel)
+    assert all(payload != forged for _, payload in seen), seen
+
+
+def test_agent_cannot_write_placements_console_or_events(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    a = connect(make_account("node-c", "agent"))
+    make_account("carol", "operator")
+    for topic in (
+        wire.placements_topic("node-c"),  # not even its own: only core places
+        wire.request_topic("carol"),
+        wire.response_topic("carol"),
+        wire.EVENTS_TOPIC,
+        "cfnet/v1/nodes/node-c/other",
+        "$SYS/broker/x",
+    ):
+        assert a.publish(topic) == NOT_AUTHORIZED, topic
+
+
+def test_agent_reads_own_placements_only(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    core = connect(make_account("core-sec", "core"))
+    mine, theirs = _tok(), _tok()
+    # Retained first: delivery of retained messages on SUBSCRIBE is checked too.
+    assert core.publish(wire.placements_topic("node-e"), theirs, retain=True) in OK
+    a = connect(make_account("node-d", "agent"))
+    make_account("node-e", "agent")
+    # Mosquitto 2.0.11 grants these SUBACKs; the ACL is applied per delivery.
+    assert a.subscribe(wire.placements_topic("node-e")) == [1]
+    assert a.subscribe("cfnet/v1/nodes/+/placements") == [1]
+    assert a.subscribe("#") == [1]
+    assert core.publish(wire.placements_topic("node-e"), theirs) in OK
+    assert core.publish(wire.telemetry_topic("node-e"), theirs) == NOT_AUTHORIZED
+    assert core.publish(wire.placements_topic("node-d"), mine, retain=True) in OK
+    seen = a.until(wire.placements_topic("node-d"), mine)
+    assert {t for t, _ in seen} == {wire.placements_topic("node-d")}, seen
+    # Own retained placements arrive on a fresh subscription.
+    a2 = connect(make_account("node-d", "agent"))
+    assert a2.subscribe(wire.placements_topic("node-d")) == [1]
+    assert a2.until(wire.placements_topic("node-d"), mine)
+    assert core.publish(wire.placements_topic("node-d"), b"", retain=True) in OK
+    assert core.publish(wire.placements_topic("node-e"), b"", retain=True) in OK
+
+
+# --------------------------------------------------------------------------- operators
+
+
+def test_operator_cannot_publish_telemetry(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    op = connect(make_account("alice", "operator"))
+    make_account("node-f", "agent")
+    for topic in (
+        wire.telemetry_topic("alice"),
+        wire.status_topic("alice"),
+        wire.telemetry_topic("node-f"),
+        wire.placements_topic("node-f"),
+        wire.EVENTS_TOPIC,
+        wire.request_topic("bob"),
+        wire.response_topic("alice"),
+    ):
+        assert op.publish(topic) == NOT_AUTHORIZED, topic
+    assert op.publish(wire.request_topic("alice")) in OK
+
+
+def test_operator_cannot_read_another_operators_responses(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    alice = connect(make_account("alice", "operator"))
+    make_account("bob", "operator")
+    core = connect(make_account("core-sec", "core"))
+    # Granted by Mosquitto 2.0.11 (QoS 1), but nothing is ever delivered.
+    assert alice.subscribe(wire.response_topic("bob")) == [1]
+    assert alice.subscribe("cfnet/v1/console/+/response") == [1]
+    assert alice.subscribe(wire.request_topic("bob")) == [1]
+    secret, sentinel = b"bob-only-" + _tok(), _tok()
+    assert core.publish(wire.response_topic("bob"), secret) in OK
+    assert core.publish(wire.response_topic("alice"), sentinel) in OK
+    seen = alice.until(wire.response_topic("alice"), sentinel)
+    assert all(payload != secret for _, payload in seen), seen
+
+
+def test_operator_reads_events_and_core_reads_requests(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    alice = connect(make_account("alice", "operator"))
+    core = connect(make_account("core-sec", "core"))
+    assert alice.subscribe(wire.EVENTS_TOPIC) == [1]
+    assert core.subscribe(wire.REQUEST_WILDCARD) == [1]
+    req, ev = _tok(), _tok()
+    assert alice.publish(wire.request_topic("alice"), req) in OK
+    assert core.until(wire.request_topic("alice"), req)
+    assert core.publish(wire.EVENTS_TOPIC, ev) in OK
+    assert alice.until(wire.EVENTS_TOPIC, ev)
+
+
+# --------------------------------------------------------------------------- core and sim
+
+
+def test_core_reads_all_telemetry_and_shared_subscriptions(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    core = connect(make_account("core-sec", "core"))
+    core2 = connect(make_account("core-sec2", "core"))
+    assert core.subscribe(wire.TELEMETRY_WILDCARD) == [1]
+    assert core2.subscribe("$share/ingest/" + wire.STATUS_WILDCARD) == [1]
+    g, h = connect(make_account("node-g", "agent")), connect(make_account("node-h", "agent"))
+    tg, th = _tok(), _tok()
+    assert g.publish(wire.telemetry_topic("node-g"), tg) in OK
+    assert core.until(wire.telemetry_topic("node-g"), tg)
+    assert h.publish(wire.telemetry_topic("node-h"), th) in OK
+    assert core.until(wire.telemetry_topic("node-h"), th)
+    assert h.publish(wire.status_topic("node-h"), th) in OK
+    assert core2.until(wire.status_topic("node-h"), th)
+
+
+def test_core_cannot_speak_for_nodes_or_operators(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    core = connect(make_account("core-sec", "core"))
+    for topic in (
+        wire.telemetry_topic("node-g"),
+        wire.status_topic("node-g"),
+        wire.request_topic("alice"),
+    ):
+        assert core.publish(topic) == NOT_AUTHORIZED, topic
+
+
+def test_sim_writes_any_node_but_reads_nothing(
+    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+) -> None:
+    sim = connect(make_account("sim-load", "sim"))
+    core = connect(make_account("core-sec", "core"))
+    assert core.subscribe(wire.TELEMETRY_WILDCARD) == [1]
+    assert sim.subscribe("#") == [1]
+    tok = _tok()
+    for n in range(3):
+        assert sim.publish(wire.telemetry_topic(f"node-sim{n}"), tok) in OK
+        assert sim.publish(wire.status_topic(f"node-sim{n}"), tok) in OK
+    assert core.until(wire.telemetry_topic("node-sim2"), tok)
+    assert sim.publish(wire.placements_topic("node-sim0")) == NOT_AUTHORIZED
+    assert sim.publish(wire.EVENTS_TOPIC) == NOT_AUTHORIZED
+    sentinel = _tok()
+    assert core.publish(wire.EVENTS_TOPIC, sentinel) in OK
+    assert sim.messages.empty()  # '#' granted, yet sim may read nothing at all
+
+
+# --------------------------------------------------------------------------- accounts
+
+
+def test_registry_refuses_clashes_and_bad_names(tmp_path: Path) -> None:
+    store = CertStore(tmp_path / "pki")
+    store.init()
+    creds, created = store.add_account("node-1", "agent")
+    assert created
+    again, created_again = store.add_account("node-1", "agent")
+    assert again == creds and not created_again  # idempotent: same password
+    with pytest.raises(CertError, match="already a agent"):
+        store.add_account("node-1", "operator")
+    for name, role in (("core-x", "operator"), ("sim-x", "agent"), ("core-y", "sim")):
+        with pytest.raises(CertError, match="reserved"):
+            store.add_account(name, role)  # type: ignore[arg-type]
+    for bad in ("a/b", "+", "#", "Node", "", "x" * 64, "a b", "-a"):
+        with pytest.raises(CertError, match="not a valid id"):
+            store.add_account(bad, "agent")
+    with pytest.raises(CertError, match="unknown role"):
+        store.add_account("node-2", "admin")  # type: ignore[arg-type]
+    store.add_account("core-main", "core")  # any core-* name, explicit role
+    assert store.accounts() == {"node-1": "agent", "core-main": "core"}
+
+
+def test_acl_has_no_patterns_and_nothing_for_anonymous() -> None:
+    text = render_acl({"node-1": "agent", "alice": "operator", "core-1": "core", "sim-1": "sim"})
+    rules = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert not any(ln.startswith("pattern") for ln in rules)
+    assert rules[0].startswith("user "), "a topic line before any user applies to anonymous"
+    assert "%" not in text
+    block = text.split("user alice\n")[1].split("\n\n")[0].splitlines()
+    assert block == [
+        "topic write cfnet/v1/console/alice/request",
+        "topic read cfnet/v1/console/alice/response",
+        "topic read cfnet/v1/events",
+    ]
+
+
+def test_account_added_while_running_is_live_at_once(broker_factory: Callable[..., Broker]) -> None:
+    b = broker_factory(persistence=False)
+    creds = b.add_account("node-late", "agent")
+    assert b.probe(creds.username, creds.password) == 0
+
+
+def test_restart_keeps_port_and_retained_messages(broker_factory: Callable[..., Broker]) -> None:
+    b = broker_factory()
+    core_creds = b.add_account("core-r", "core")
+    port = b.port
+    core = Client(b, core_creds)
+    try:
+        assert core.connect() is not None
+        tok = _tok()
+        assert core.publish(wire.placements_topic("node-r"), tok, retain=True) in OK
+    finally:
+        core.close()
+    b.restart()
+    assert b.port == port
+    core = Client(b, core_creds)
+    try:
+        assert core.connect() is not None
+        assert core.subscribe(wire.placements_topic("node-r")) == [1]
+        assert core.until(wire.placements_topic("node-r"), tok)
+    finally:
+        core.close()
