@@ -1,0 +1,206 @@
+"""Node registry built from the cluster's Node objects (never from what an agent says).
+
+Region, zone and security level come from the ``topology.kubernetes.io/region``,
+``topology.kubernetes.io/zone`` and ``cfnet.io/security-level`` labels. A node is a KubeEdge
+edge node when it carries ``node-role.kubernetes.io/edge`` (its NodeGroup is the
+``apps.kubeedge.io/belonging-to`` label), an OpenYurt node when it carries
+``apps.openyurt.io/nodepool`` (the pool name). KubeEdge's edge taint is kept or dropped as
+configured. Agent node ids map to Node names through the ``cfnet.io/agent-id`` label
+(default: the Node's name).
+
+``upsert`` reports changes of the facts that decide residency and security so the actuator
+can check the pods already running there.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cloud_core.placement.model import (
+    Health,
+    NodeInfo,
+    Resources,
+    Taint,
+    frozen_map,
+)
+
+REGION = "topology.kubernetes.io/region"
+ZONE = "topology.kubernetes.io/zone"
+SECURITY = "cfnet.io/security-level"
+KUBEEDGE_EDGE = "node-role.kubernetes.io/edge"
+OPENYURT_POOL = "apps.openyurt.io/nodepool"
+KUBEEDGE_GROUP = "apps.kubeedge.io/belonging-to"
+AGENT_ID = "cfnet.io/agent-id"
+WATCHED_FACTS = (REGION, ZONE, SECURITY)
+
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+           "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_QTY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m|u|n)?$")
+
+
+def quantity(value: Any) -> float:
+    """A Kubernetes quantity (``"500m"``, ``"4Gi"``, ``2``) as a float in base units."""
+    if isinstance(value, int | float):
+        return float(value)
+    m = _QTY.match(str(value).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {value!r}")
+    return float(m.group(1)) * _SUFFIX[m.group(2) or ""]
+
+
+def resources_of(d: Mapping[str, Any] | None) -> Resources:
+    """``status.allocatable``-style map → ``Resources`` (cpu in millicores)."""
+    d = d or {}
+    return Resources(cpu_milli=round(quantity(d.get("cpu", 0)) * 1000),
+                     mem_bytes=int(quantity(d.get("memory", 0))),
+                     gpus=int(quantity(d.get("nvidia.com/gpu", 0))))
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """How Node objects are read.
+
+    ``edge_taint``: ``"respect"`` keeps KubeEdge's ``node-role.kubernetes.io/edge`` taint (pods
+    need a toleration), ``"ignore"`` drops it (every cfnet pod may land on edge nodes).
+    """
+
+    edge_taint: str = "respect"
+    agent_id_label: str = AGENT_ID
+    kubeedge_group_label: str = KUBEEDGE_GROUP
+    openyurt_pool_label: str = OPENYURT_POOL
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What the registry knows about one Node."""
+
+    name: str
+    agent_id: str
+    region: str
+    zone: str
+    security_level: int
+    flavour: str  # "kubeedge" | "openyurt" | "cloud"
+    pool: str | None  # OpenYurt NodePool or KubeEdge NodeGroup
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    capacity: Resources = Resources()
+    health: Health = Health.ONLINE
+
+
+@dataclass(frozen=True)
+class LabelChange:
+    """A residency/security fact of a node changed (``old`` None: it was absent)."""
+
+    node: str
+    key: str
+    old: str | None
+    new: str | None
+
+
+def record_of(node: Mapping[str, Any], cfg: RegistryConfig) -> NodeRecord:
+    """Read one Node object."""
+    md = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    labels: dict[str, str] = dict(md.get("labels") or {})
+    name = str(md["name"])
+    if KUBEEDGE_EDGE in labels:
+        flavour, pool = "kubeedge", labels.get(cfg.kubeedge_group_label)
+    elif cfg.openyurt_pool_label in labels:
+        flavour, pool = "openyurt", labels.get(cfg.openyurt_pool_label)
+    else:
+        flavour, pool = "cloud", None
+    taints = tuple(Taint(str(t.get("key", "")), str(t.get("value", "") or ""),
+                         str(t.get("effect", "NoSchedule")))
+                   for t in spec.get("taints") or [])
+    if flavour == "kubeedge" and cfg.edge_taint == "ignore":
+        taints = tuple(t for t in taints if t.key != KUBEEDGE_EDGE)
+    try:
+        level = int(labels.get(SECURITY, "0"))
+    except ValueError:
+        level = 0  # a malformed level counts as the lowest, never the highest
+    ready = "Unknown"
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Ready":
+            ready = str(c.get("status"))
+    if spec.get("unschedulable"):
+        health = Health.CORDONED
+    elif ready == "True" or not status.get("conditions"):
+        health = Health.ONLINE
+    else:
+        # An edge node that lost the cloud keeps its pods (autonomy): unreachable, not down.
+        health = Health.UNREACHABLE if flavour != "cloud" else Health.DOWN
+    try:
+        capacity = resources_of(status.get("allocatable") or status.get("capacity"))
+    except ValueError:
+        capacity = Resources()
+    return NodeRecord(name=name, agent_id=labels.get(cfg.agent_id_label, name),
+                      region=labels.get(REGION, ""), zone=labels.get(ZONE, ""),
+                      security_level=level, flavour=flavour, pool=pool, labels=labels,
+                      taints=taints, capacity=capacity, health=health)
+
+
+class NodeRegistry:
+    """Thread-safe map of Node name → ``NodeRecord`` with agent-id lookups."""
+
+    def __init__(self, config: RegistryConfig = RegistryConfig()) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeRecord] = {}
+
+    def upsert(self, node: Mapping[str, Any]) -> list[LabelChange]:
+        """Add or update a Node; return changes of region/zone/security-level labels."""
+        rec = record_of(node, self.config)
+        with self._lock:
+            old = self._nodes.get(rec.name)
+            self._nodes[rec.name] = rec
+        if old is None:
+            return []
+        return [LabelChange(rec.name, k, old.labels.get(k), rec.labels.get(k))
+                for k in WATCHED_FACTS if old.labels.get(k) != rec.labels.get(k)]
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._nodes.pop(name, None)
+
+    def get(self, name: str) -> NodeRecord | None:
+        with self._lock:
+            return self._nodes.get(name)
+
+    def records(self) -> list[NodeRecord]:
+        with self._lock:
+            return list(self._nodes.values())
+
+    def node_for_agent(self, agent_id: str) -> str | None:
+        """The Node name an agent (by its MQTT node id) runs on."""
+        with self._lock:
+            for r in self._nodes.values():
+                if r.agent_id == agent_id:
+                    return r.name
+        return None
+
+    def agent_for_node(self, name: str) -> str | None:
+        r = self.get(name)
+        return r.agent_id if r else None
+
+    def pools(self) -> dict[tuple[str, str], list[str]]:
+        """(flavour, pool) → Node names, for KubeEdge NodeGroups and OpenYurt NodePools."""
+        out: dict[tuple[str, str], list[str]] = {}
+        for r in self.records():
+            if r.pool:
+                out.setdefault((r.flavour, r.pool), []).append(r.name)
+        return {k: sorted(v) for k, v in sorted(out.items())}
+
+    def node_infos(self, allocated: Mapping[str, Resources] | None = None) -> tuple[NodeInfo, ...]:
+        """The registry as the placement engine's ``NodeInfo``s (``allocated`` per node)."""
+        allocated = allocated or {}
+        return tuple(
+            NodeInfo(name=r.name, region=r.region, zone=r.zone, security_level=r.security_level,
+                     labels=frozen_map(r.labels), taints=r.taints, capacity=r.capacity,
+                     allocated=allocated.get(r.name, Resources()), health=r.health)
+            for r in sorted(self.records(), key=lambda r: r.name))

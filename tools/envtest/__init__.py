@@ -1,0 +1,5 @@
+"""Test control plane: build kube-apiserver + etcd from the Go module proxy and run them."""
+
+from tools.envtest.harness import ControlPlane, Credentials, EnvtestError, ensure_binaries
+
+__all__ = ["ControlPlane", "Credentials", "EnvtestError", "ensure_binaries"]

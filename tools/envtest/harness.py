@@ -1,0 +1,347 @@
+"""A real Kubernetes control plane for tests (etcd + kube-apiserver), like controller-runtime's envtest.
+
+``ControlPlane`` builds the binaries when they are missing (``tools/envtest/build.sh``, progress
+on stderr), generates a CA, a serving certificate, an admin client certificate
+(``system:masters``) and a service-account signing key with ``openssl``, starts etcd and
+kube-apiserver on random 127.0.0.1 ports with RBAC authorization, and writes an admin
+kubeconfig. It can mint ServiceAccount tokens (TokenRequest API), restart the API server on the
+same port (etcd keeps the data), and tears everything down on exit.
+
+This module talks HTTPS with the standard library only; the project's rule is that only
+``cloud_core/k8s/client.py`` imports the kubernetes client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build.sh"
+
+
+class EnvtestError(RuntimeError):
+    """The control plane could not be built or started; the message says which step failed."""
+
+
+def binary_paths() -> tuple[Path, Path]:
+    """Where build.sh puts (kube-apiserver, etcd) for the configured versions."""
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-dir"], check=True,
+                         capture_output=True, text=True).stdout.split()
+    return Path(out[0]), Path(out[1])
+
+
+def ensure_binaries(*, stream: Any = None) -> tuple[Path, Path]:
+    """Build kube-apiserver and etcd when missing (a no-op when cached); return their paths.
+
+    Progress goes to ``stream`` (default: the real stderr, so pytest's capture does not hide a
+    twenty-minute compile).
+    """
+    apiserver, etcd = binary_paths()
+    if apiserver.exists() and etcd.exists():
+        return apiserver, etcd
+    out = stream or sys.__stderr__
+    print(f"[envtest] building control plane binaries into {apiserver.parent.parent.parent} "
+          "(first run only; several minutes on a small machine)", file=out, flush=True)
+    proc = subprocess.Popen(["nice", "-n", "10", "bash", str(BUILD_SCRIPT)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    tail: list[str] = []
+    for line in proc.stderr:
+        print(line.rstrip(), file=out, flush=True)
+        tail = [*tail[-40:], line]
+    if proc.wait() != 0 or not (apiserver.exists() and etcd.exists()):
+        raise EnvtestError("building the control plane failed (tools/envtest/build.sh):\n"
+                           + "".join(tail))
+    return apiserver, etcd
+
+
+def free_port() -> int:
+    """A port the kernel just handed out on 127.0.0.1 (released again for the server)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    r = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise EnvtestError(f"openssl {' '.join(args)} failed: {r.stderr.strip()}")
+
+
+def generate_pki(d: Path) -> None:
+    """CA, apiserver serving cert (127.0.0.1 / localhost / service IP), admin client cert, SA key."""
+    d.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.crt", "-days", "2", "-subj", "/CN=cfnet-envtest-ca", cwd=d)
+    certs = {
+        "apiserver": ("/CN=kube-apiserver",
+                      "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+                      "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+                      "extendedKeyUsage=serverAuth\n"),
+        "admin": ("/O=system:masters/CN=cfnet-envtest-admin", "extendedKeyUsage=clientAuth\n"),
+    }
+    for name, (subj, ext) in certs.items():
+        (d / f"{name}.ext").write_text(ext)
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+                 f"{name}.csr", "-subj", subj, cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile",
+                 f"{name}.ext", cwd=d)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How to reach the API server: host, CA bundle, and a client cert/key or a bearer token."""
+
+    host: str
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+    token: str | None = None
+
+    def kubeconfig(self, user: str = "admin") -> dict[str, Any]:
+        """A kubeconfig (as a dict) for these credentials."""
+        u: dict[str, Any] = {}
+        if self.token:
+            u["token"] = self.token
+        if self.cert_file:
+            u["client-certificate"] = self.cert_file
+            u["client-key"] = self.key_file
+        return {
+            "apiVersion": "v1", "kind": "Config", "current-context": "envtest",
+            "clusters": [{"name": "envtest",
+                          "cluster": {"server": self.host, "certificate-authority": self.ca_file}}],
+            "users": [{"name": user, "user": u}],
+            "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": user}}],
+        }
+
+    def write_kubeconfig(self, path: Path, user: str = "admin") -> Path:
+        path.write_text(json.dumps(self.kubeconfig(user), indent=1))
+        return path
+
+
+class ControlPlane:
+    """etcd + kube-apiserver on loopback; use as a context manager.
+
+    ``admin`` holds client-certificate credentials in ``system:masters``; ``kubeconfig`` is the
+    path of a kubeconfig written for them.
+    """
+
+    def __init__(self, workdir: Path | None = None, *, log_stream: Any = None) -> None:
+        self._own_dir = workdir is None
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="cfnet-envtest-"))
+        self.log_stream = log_stream
+        self.etcd_proc: subprocess.Popen[bytes] | None = None
+        self.api_proc: subprocess.Popen[bytes] | None = None
+        self.etcd_port = 0
+        self.api_port = 0
+        self.apiserver_bin = Path()
+        self.etcd_bin = Path()
+        self.admin: Credentials | None = None
+        self.kubeconfig = self.dir / "admin.kubeconfig"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.apiserver_bin, self.etcd_bin = ensure_binaries(stream=self.log_stream)
+        generate_pki(self.dir / "pki")
+        try:
+            self._start_etcd()
+            self.api_port = free_port()
+            self._start_apiserver()
+        except BaseException:
+            self.stop()
+            raise
+        pki = self.dir / "pki"
+        self.admin = Credentials(host=f"https://127.0.0.1:{self.api_port}",
+                                 ca_file=str(pki / "ca.crt"), cert_file=str(pki / "admin.crt"),
+                                 key_file=str(pki / "admin.key"))
+        self.admin.write_kubeconfig(self.kubeconfig)
+
+    def stop(self) -> None:
+        self.stop_apiserver()
+        if self.etcd_proc is not None:
+            _terminate(self.etcd_proc)
+            self.etcd_proc = None
+        if self._own_dir and os.environ.get("CFNET_ENVTEST_KEEP") != "1":
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop_apiserver(self) -> None:
+        if self.api_proc is not None:
+            _terminate(self.api_proc)
+            self.api_proc = None
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop kube-apiserver, stay down ``down_s`` seconds, start it on the same port."""
+        self.stop_apiserver()
+        time.sleep(down_s)
+        self._start_apiserver()
+
+    # -- processes -----------------------------------------------------------------------------
+    def _start_etcd(self) -> None:
+        for _attempt in range(3):
+            self.etcd_port, peer = free_port(), free_port()
+            log = open(self.dir / "etcd.log", "ab")  # noqa: SIM115 - owned by the process
+            self.etcd_proc = subprocess.Popen(
+                [str(self.etcd_bin), "--name=envtest", f"--data-dir={self.dir / 'etcd'}",
+                 f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
+                 f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}",
+                 f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                 f"--initial-cluster=envtest=http://127.0.0.1:{peer}",
+                 "--unsafe-no-fsync=true", "--log-level=warn"],
+                stdout=log, stderr=log, start_new_session=True)
+            log.close()
+            if self._wait(lambda: _http_ok(f"http://127.0.0.1:{self.etcd_port}/health"),
+                          self.etcd_proc, 30):
+                return
+            _terminate(self.etcd_proc)
+        raise EnvtestError(f"etcd did not become healthy; see {self.dir / 'etcd.log'}")
+
+    def _start_apiserver(self) -> None:
+        pki = self.dir / "pki"
+        log = open(self.dir / "kube-apiserver.log", "ab")  # noqa: SIM115 - owned by the process
+        self.api_proc = subprocess.Popen(
+            [str(self.apiserver_bin),
+             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+             f"--secure-port={self.api_port}",
+             f"--cert-dir={self.dir / 'apiserver-certs'}",
+             f"--tls-cert-file={pki / 'apiserver.crt'}",
+             f"--tls-private-key-file={pki / 'apiserver.key'}",
+             f"--client-ca-file={pki / 'ca.crt'}",
+             f"--service-account-key-file={pki / 'sa.pub'}",
+             f"--service-account-signing-key-file={pki / 'sa.key'}",
+             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+             "--api-audiences=https://kubernetes.default.svc.cluster.local",
+             "--authorization-mode=RBAC",
+             "--anonymous-auth=false",
+             # No controller-manager runs, so nothing creates "default" ServiceAccounts.
+             "--disable-admission-plugins=ServiceAccount",
+             "--service-cluster-ip-range=10.0.0.0/24",
+             "--allow-privileged=true",
+             "--enable-priority-and-fairness=false",
+             "--profiling=false", "--v=1"],
+            stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        if not self._wait(self._ready, self.api_proc, 90):
+            tail = (self.dir / "kube-apiserver.log").read_text(errors="replace")[-3000:]
+            raise EnvtestError(f"kube-apiserver did not become ready:\n{tail}")
+
+    def _wait(self, ok: Any, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            if ok():
+                return True
+            time.sleep(0.2)
+        return False
+
+    # -- HTTPS with the admin certificate ------------------------------------------------------
+    def _ssl(self) -> ssl.SSLContext:
+        pki = self.dir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return ctx
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{self.api_port}/readyz",
+                                        context=self._ssl(), timeout=2) as r:
+                return bool(r.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """An admin HTTPS request to the API server; returns the decoded JSON body."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"https://127.0.0.1:{self.api_port}{path}", data=data,
+                                     method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=self._ssl(), timeout=10) as r:
+            return json.loads(r.read() or b"null")
+
+    def ensure_namespace(self, name: str) -> None:
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.request("POST", "/api/v1/namespaces",
+                         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def service_account_token(self, namespace: str, name: str, *, create: bool = True,
+                              expiration_s: int = 3600) -> str:
+        """Mint a token for ServiceAccount ``namespace/name`` (created first when ``create``)."""
+        if create:
+            self.ensure_namespace(namespace)
+            with contextlib.suppress(urllib.error.HTTPError):
+                self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                             {"apiVersion": "v1", "kind": "ServiceAccount",
+                              "metadata": {"name": name, "namespace": namespace}})
+        tr = self.request("POST",
+                          f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+                          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                           "spec": {"expirationSeconds": expiration_s}})
+        return str(tr["status"]["token"])
+
+    def token_credentials(self, token: str) -> Credentials:
+        assert self.admin is not None
+        return Credentials(host=self.admin.host, ca_file=self.admin.ca_file, token=token)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def main() -> int:
+    """`python -m tools.envtest.harness` : build if needed, start, print the kubeconfig, wait."""
+    with ControlPlane() as cp:
+        print(f"kubeconfig: {cp.kubeconfig}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
