@@ -11,7 +11,7 @@ One directory holds everything the broker and its clients need::
 
 Usage::
 
-    python -m tools.certs init DIR [--san DNS:broker.example.org --san IP:10.0.0.5]
+    python -m tools.certs init DIR [--san DNS:broker.example.org] [--group mosquitto]
     python -m tools.certs add-agent NODE --dir DIR
     python -m tools.certs add-operator NAME --dir DIR
     python -m tools.certs add-core NAME --dir DIR
@@ -243,16 +243,50 @@ class CertStore:
         except (OSError, ValueError, KeyError, AttributeError) as exc:
             raise CertError(f"unreadable registry {self.registry_file}: {exc}") from exc
 
-    def _save_accounts(self, accounts: dict[str, Role]) -> None:
-        doc = {"version": 1, "accounts": dict(sorted(accounts.items()))}
+    def broker_group(self) -> str | None:
+        """The group the broker runs as (it must read passwd, acl, broker.key), if set."""
+        if not self.registry_file.exists():
+            return None
+        try:
+            group = json.loads(self.registry_file.read_text()).get("broker_group")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise CertError(f"unreadable registry {self.registry_file}: {exc}") from exc
+        return str(group) if group else None
+
+    def _save_accounts(self, accounts: dict[str, Role], group: str | None = None) -> None:
+        group = group or self.broker_group()
+        doc: dict[str, object] = {"version": 1, "accounts": dict(sorted(accounts.items()))}
+        if group:
+            doc["broker_group"] = group
         _atomic_write(self.registry_file, json.dumps(doc, indent=2) + "\n", 0o600)
 
+    def _share_with_broker(self) -> None:
+        """Give the broker's group read access to what it reads after dropping root."""
+        group = self.broker_group()
+        if not group:
+            return
+        try:
+            shutil.chown(self.root, group=group)
+            self.root.chmod(0o750)
+            for path in (self.password_file, self.acl_file, self.broker_key):
+                if path.exists():
+                    shutil.chown(path, group=group)
+                    path.chmod(0o640)
+        except (LookupError, OSError) as exc:
+            raise CertError(f"cannot give group {group!r} access: {exc}") from exc
+
     # ------------------------------------------------------------------ init
-    def init(self, extra_sans: Sequence[str] = ()) -> list[Path]:
-        """Create the CA, the broker cert, empty password/ACL files; return what was created."""
+    def init(self, extra_sans: Sequence[str] = (), *, group: str | None = None) -> list[Path]:
+        """Create the CA, the broker cert, empty password/ACL files; return what was created.
+
+        ``group``: the broker's group (``mosquitto`` in production). Mosquitto
+        reads the password file, the ACL and its key after dropping root, so
+        those become group-readable (0640) and stay so on every later change.
+        """
         created: list[Path] = []
         with self._locked():
-            self.root.chmod(0o700)
+            if self.broker_group() is None:
+                self.root.chmod(0o700)
             if not self.ca_file.exists() or not self.ca_key.exists():
                 self._make_ca()
                 created += [self.ca_file, self.ca_key]
@@ -262,8 +296,8 @@ class CertStore:
                     "cfnet-broker", self.broker_cert, self.broker_key, "serverAuth", sans
                 )
                 created += [self.broker_cert, self.broker_key]
-            if not self.registry_file.exists():
-                self._save_accounts({})
+            if not self.registry_file.exists() or (group and group != self.broker_group()):
+                self._save_accounts(self.accounts(), group)
                 created.append(self.registry_file)
             if not self.password_file.exists():
                 _write_private(self.password_file, "")
@@ -271,6 +305,8 @@ class CertStore:
             if not self.acl_file.exists():
                 _atomic_write(self.acl_file, render_acl(self.accounts()))
                 created.append(self.acl_file)
+            (self.root / "clients").mkdir(mode=0o700, exist_ok=True)
+            self._share_with_broker()
         return created
 
     def _make_ca(self) -> None:
@@ -348,6 +384,8 @@ class CertStore:
             if not self.acl_file.exists() or self.acl_file.read_text() != acl:
                 _atomic_write(self.acl_file, acl)
                 created.append(self.acl_file)
+            if created:
+                self._share_with_broker()
         return self.credentials(name), created
 
     def _set_password(self, name: str, password: str) -> None:
@@ -382,6 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_init = sub.add_parser("init", help="create the CA, broker cert and empty password/ACL")
     p_init.add_argument("dir", type=Path)
     p_init.add_argument("--san", action="append", default=[], help="extra SAN, e.g. DNS:host")
+    p_init.add_argument(
+        "--group", help="the broker's group (production: mosquitto); gets read access"
+    )
     for role in ROLES:
         p = sub.add_parser(f"add-{role}", help=f"register a {role} account")
         p.add_argument("name")
@@ -391,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         store = CertStore(args.dir)
         if args.cmd == "init":
-            created = store.init(args.san)
+            created = store.init(args.san, group=args.group)
         else:
             if not store.ca_file.exists():
                 raise CertError(f"{args.dir} has no CA; run 'init {args.dir}' first")

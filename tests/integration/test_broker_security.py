@@ -26,10 +26,13 @@ tests assert raw reason codes that an adapter rightly hides.
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import ssl
+import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,8 +43,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edge_agent import wire
-from tools.broker import Broker, Credentials, mqtt_connect_probe
-from tools.certs import CertError, CertStore, render_acl
+from tools.broker import MOSQUITTO, Broker, Credentials, free_port, mqtt_connect_probe
+from tools.certs import CertError, CertStore, Role, render_acl
 
 WAIT_S = 10.0
 NOT_AUTHORIZED = 0x87
@@ -475,3 +478,98 @@ def test_restart_keeps_port_and_retained_messages(broker_factory: Callable[..., 
         assert core.until(wire.placements_topic("node-r"), tok)
     finally:
         core.close()
+
+
+# --------------------------------------------------------------------------- production config
+
+DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "mosquitto.conf"
+
+
+def _directives(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+EXAMPLE_ACCOUNTS: dict[str, Role] = {
+    "edge-berlin-01": "agent",
+    "edge-paris-02": "agent",
+    "alice": "operator",
+    "core-1": "core",
+    "sim-load": "sim",
+}
+
+
+def test_shipped_example_acl_is_what_the_tool_renders() -> None:
+    shipped = (DEPLOY_CONF.parent / "acl").read_text()
+    assert shipped.endswith(render_acl(EXAMPLE_ACCOUNTS))
+
+
+def test_production_conf_is_locked_down() -> None:
+    lines = _directives(DEPLOY_CONF.read_text())
+    for needed in (
+        "per_listener_settings false",
+        "allow_anonymous false",
+        "persistence true",
+        "require_certificate false",
+    ):
+        assert needed in lines, needed
+    keys = {ln.split()[0] for ln in lines}
+    for key in (
+        "password_file", "acl_file", "max_packet_size", "max_inflight_messages",
+        "persistent_client_expiration", "cafile", "certfile", "keyfile",
+    ):  # fmt: skip
+        assert key in keys, key
+    listeners = [ln for ln in lines if ln.startswith("listener ")]
+    assert listeners == ["listener 8883"]
+    # TLS settings follow the only listener, so they belong to it.
+    after = lines[lines.index("listener 8883") :]
+    assert any(ln.startswith("certfile ") for ln in after)
+
+
+def test_production_conf_runs_with_cert_tool_output(tmp_path: Path) -> None:
+    """The shipped config, pointed at a cert-tool directory, starts and refuses strangers."""
+    if not os.access(MOSQUITTO, os.X_OK):
+        pytest.skip(f"{MOSQUITTO} not installed")
+    store = CertStore(tmp_path / "pki")
+    store.init()
+    creds, _ = store.add_account("node-prod", "agent")
+    port = free_port()
+    (tmp_path / "data").mkdir()
+    conf = (
+        DEPLOY_CONF.read_text()
+        .replace("/etc/mosquitto/cfnet/", f"{store.root}/")
+        .replace("/var/lib/mosquitto/", f"{tmp_path / 'data'}/")
+        .replace("\nlistener 8883\n", f"\nlistener {port} 127.0.0.1\n")
+        .replace("\nlog_dest stderr\n", f"\nlog_dest file {tmp_path / 'log'}\n")
+    )
+    if os.geteuid() == 0:  # the temp dir is root-only; production drops to 'mosquitto'
+        conf = conf.replace("\nuser mosquitto\n", "\nuser root\n")
+    (tmp_path / "m.conf").write_text(conf)
+    proc = subprocess.Popen(
+        [MOSQUITTO, "-c", str(tmp_path / "m.conf")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + WAIT_S
+        code: int | None = None
+        while code is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                code = mqtt_connect_probe(
+                    "127.0.0.1", port, username=creds.username, password=creds.password,
+                    ca_file=store.ca_file,
+                )  # fmt: skip
+            except OSError:
+                time.sleep(0.05)
+        assert code == 0, (proc.poll(), (tmp_path / "log").read_text(errors="replace"))
+        anon = mqtt_connect_probe(
+            "127.0.0.1", port, username=None, password=None, ca_file=store.ca_file
+        )
+        assert anon == 5
+        with pytest.raises(OSError):
+            mqtt_connect_probe(
+                "127.0.0.1", port, username=creds.username, password=creds.password,
+                ca_file=None,
+            )  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(timeout=WAIT_S)
