@@ -8,7 +8,12 @@ Broker fixtures (``tools.broker``):
   return its :class:`tools.broker.Credentials` (idempotent for the same role).
 - ``broker_factory(**kwargs)``: a fresh :class:`tools.broker.Broker` per call,
   function-scoped, in its own temp dir, started, and stopped at teardown
-  (kwargs go to ``Broker``: ``tls``, ``port``, ``persistence``, ``extra_conf``).
+  (kwargs go to ``Broker``: ``tls``, ``port``, ``persistence``,
+  ``username_as_clientid``, ``extra_conf``).
+
+As in production, the broker uses the username as the MQTT client id: a second
+connection with the same account kicks the first off. Give every client its
+own account, or use ``broker_factory(username_as_clientid=False)``.
 
 Tests that need Mosquitto are skipped when ``/usr/sbin/mosquitto`` is missing.
 """

@@ -12,6 +12,13 @@ CONNECT over the standard library's ``ssl``, so the harness needs no MQTT client
 
 ``tls=False`` opens a plain-TCP listener instead (still password + ACL); it is
 for tests that need one, never for the demo or production.
+
+As in production, ``use_username_as_clientid`` is on by default: the broker
+uses the username as the client id, whatever the client sent. So one account
+has at most one live connection (a second connection with the same username
+takes the session over and disconnects the first): give every process its own
+account (``core-1``, ``core-2``, ...). ``username_as_clientid=False`` turns it off
+for a test that needs several connections of one account.
 """
 
 from __future__ import annotations
@@ -123,6 +130,7 @@ class Broker:
         tls: bool = True,
         port: int = 0,
         persistence: bool = True,
+        username_as_clientid: bool = True,
         extra_conf: str = "",
     ) -> None:
         self.workdir = Path(workdir)
@@ -130,6 +138,7 @@ class Broker:
         self.host = "127.0.0.1"
         self.tls = tls
         self.persistence = persistence
+        self.username_as_clientid = username_as_clientid
         self.extra_conf = extra_conf
         self._auto_port = port == 0
         self.port = port or free_port(self.host)
@@ -194,6 +203,11 @@ class Broker:
         else:
             lines.append("persistence false")
         lines.append(f"listener {self.port} {self.host}")
+        # A listener option: before any 'listener' line it would configure (and
+        # open!) a default listener on 1883. As in production: the broker
+        # replaces every client id with the username, so no account can take
+        # over another's session (one account = one live connection).
+        lines.append(f"use_username_as_clientid {str(self.username_as_clientid).lower()}")
         if self.tls:
             lines += [
                 f"cafile {self.store.ca_file}",
@@ -347,7 +361,12 @@ class Broker:
         raise BrokerError(f"{creds.username!r} not accepted after reload: {last}")
 
     def probe(self, username: str | None, password: str | None) -> int:
-        """CONNECT with these credentials; the MQTT 3.1.1 CONNACK code (0 accepted, 5 refused)."""
+        """CONNECT with these credentials; the MQTT 3.1.1 CONNACK code (0 accepted, 5 refused).
+
+        With ``username_as_clientid`` (the default) this kicks a client that is
+        connected with the same username off the broker, as any second
+        connection of one account does.
+        """
         return mqtt_connect_probe(
             self.host,
             self.port,

@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -43,7 +44,14 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edge_agent import wire
-from tools.broker import MOSQUITTO, Broker, Credentials, free_port, mqtt_connect_probe
+from tools.broker import (
+    MAX_PACKET_SIZE,
+    MOSQUITTO,
+    Broker,
+    Credentials,
+    free_port,
+    mqtt_connect_probe,
+)
 from tools.certs import CertError, CertStore, Role, render_acl
 
 WAIT_S = 10.0
@@ -57,12 +65,22 @@ MakeAccount = Callable[[str, str], Credentials]
 class Client:
     """A paho MQTT 5 client with blocking, bounded helpers and a message queue."""
 
-    def __init__(self, broker: Broker, creds: Credentials | None, *, tls: bool = True) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        creds: Credentials | None,
+        *,
+        tls: bool = True,
+        client_id: str = "",
+        will_topic: str | None = None,
+    ) -> None:
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
-            client_id=f"t-{uuid.uuid4().hex[:12]}",
+            client_id=client_id or f"t-{uuid.uuid4().hex[:12]}",
             protocol=mqtt.MQTTv5,
         )
+        if will_topic is not None:
+            self.client.will_set(will_topic, b"offline", qos=1, retain=False)
         if creds is not None:
             self.client.username_pw_set(creds.username, creds.password)
         if tls:
@@ -70,6 +88,7 @@ class Client:
         self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
         self.connack: ReasonCode | None = None
         self._connected = threading.Event()
+        self.disconnected = threading.Event()
         self._lock = threading.Lock()
         self._acks: dict[int, object] = {}
         self._ack_events: dict[int, threading.Event] = {}
@@ -85,6 +104,7 @@ class Client:
         self._connected.set()
 
     def _on_disconnect(self, _c: object, _u: object, _f: object, rc: object, _p: object) -> None:
+        self.disconnected.set()
         self._connected.set()
 
     def _ack(self, mid: int, value: object) -> None:
@@ -109,6 +129,7 @@ class Client:
 
     def connect(self) -> ReasonCode | None:
         """Connect; the CONNACK reason code, or None if the broker never sent one."""
+        self.client.reconnect_delay_set(min_delay=30, max_delay=60)  # no quick rejoin
         self.client.connect(self.broker.host, self.broker.port, keepalive=30)
         self.client.loop_start()
         assert self._connected.wait(WAIT_S), "neither CONNACK nor disconnect"
@@ -148,14 +169,21 @@ class Client:
         self.client.disconnect()
         self.client.loop_stop()
 
+    def drop(self) -> None:
+        """Vanish without DISCONNECT, as a crashed client does (its will fires)."""
+        self.client.loop_stop()
+        sock = self.client.socket()
+        if sock is not None:
+            sock.close()
+
 
 @pytest.fixture
-def connect(broker: Broker) -> Iterator[Callable[[Credentials], Client]]:
+def connect(broker: Broker) -> Iterator[Callable[..., Client]]:
     """Connected clients on the module broker, closed at teardown."""
     made: list[Client] = []
 
-    def make(creds: Credentials) -> Client:
-        c = Client(broker, creds)
+    def make(creds: Credentials, **kwargs: Any) -> Client:
+        c = Client(broker, creds, **kwargs)
         made.append(c)
         rc = c.connect()
         assert rc is not None and not rc.is_failure, f"{creds.username}: {rc}"
@@ -164,6 +192,13 @@ def connect(broker: Broker) -> Iterator[Callable[[Credentials], Client]]:
     yield make
     for c in made:
         c.close()
+
+
+def _wait_log(broker: Broker, text: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while text not in broker.log_text():
+        assert time.monotonic() < deadline, f"{text!r} not in the broker log"
+        time.sleep(0.02)
 
 
 def _tok() -> bytes:
@@ -224,7 +259,15 @@ def test_tls_needs_the_cfnet_ca(broker: Broker) -> None:
         ctx.wrap_socket(raw, server_hostname=broker.host)
 
 
+def _opened_ports(log: str) -> list[str]:
+    return [ln.split(": ", 1)[1] for ln in log.splitlines() if "listen socket on port" in ln]
+
+
 def test_default_broker_has_only_the_tls_listener(broker: Broker) -> None:
+    # What Mosquitto actually opened (a misplaced listener option opens 1883).
+    assert _opened_ports(broker.log_text()) == [
+        f"Opening ipv4 listen socket on port {broker.port}."
+    ]
     conf = broker.conf_file.read_text().splitlines()
     listeners = [ln for ln in conf if ln.startswith("listener ")]
     assert listeners == [f"listener {broker.port} 127.0.0.1"]
@@ -251,7 +294,7 @@ def test_client_certificate_is_accepted(broker: Broker, make_account: MakeAccoun
 
 
 def test_agent_cannot_publish_for_another_node(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     a = connect(make_account("node-a", "agent"))
     make_account("node-b", "agent")
@@ -270,7 +313,7 @@ def test_agent_cannot_publish_for_another_node(
 
 
 def test_agent_cannot_write_placements_console_or_events(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     a = connect(make_account("node-c", "agent"))
     make_account("carol", "operator")
@@ -286,7 +329,7 @@ def test_agent_cannot_write_placements_console_or_events(
 
 
 def test_agent_reads_own_placements_only(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     core = connect(make_account("core-sec", "core"))
     mine, theirs = _tok(), _tok()
@@ -311,11 +354,51 @@ def test_agent_reads_own_placements_only(
     assert core.publish(wire.placements_topic("node-e"), b"", retain=True) in OK
 
 
+def test_agent_cannot_take_over_another_nodes_session(
+    broker: Broker, make_account: MakeAccount, connect: Callable[..., Client]
+) -> None:
+    b = connect(make_account("node-tb", "agent"), client_id="agent-node-tb")
+    # The attacker sends B's client id; the broker replaces it with "node-ta".
+    a = connect(make_account("node-ta", "agent"), client_id="agent-node-tb")
+    core = connect(make_account("core-sec", "core"))
+    assert core.subscribe(wire.STATUS_WILDCARD) == [1]
+    tok = _tok()
+    assert a.publish(wire.status_topic("node-ta"), tok) in OK
+    assert b.publish(wire.status_topic("node-tb"), tok) in OK  # B is still connected
+    assert core.until(wire.status_topic("node-tb"), tok)
+    assert not b.disconnected.is_set()
+
+
+def test_agent_will_for_another_node_is_not_published(
+    broker: Broker, make_account: MakeAccount, connect: Callable[..., Client]
+) -> None:
+    core = connect(make_account("core-sec", "core"))
+    assert core.subscribe(wire.STATUS_WILDCARD) == [1]
+    # Mosquitto 2.0.11 accepts the CONNECT; the will is checked when it fires.
+    a = connect(make_account("node-wa", "agent"), will_topic=wire.status_topic("node-wb"))
+    a.drop()
+    _wait_log(broker, "Client node-wa closed its connection.")  # its will is done with
+    honest = connect(make_account("node-wc", "agent"), will_topic=wire.status_topic("node-wc"))
+    honest.drop()
+    seen = core.until(wire.status_topic("node-wc"), b"offline")
+    assert wire.status_topic("node-wb") not in {t for t, _ in seen}, seen
+
+
+def test_oversized_packet_disconnects(
+    make_account: MakeAccount, connect: Callable[..., Client]
+) -> None:
+    a = connect(make_account("node-big", "agent"))
+    topic = wire.telemetry_topic("node-big")
+    assert a.publish(topic, b"x" * wire.MAX_PAYLOAD_BYTES) in OK
+    a.client.publish(topic, b"x" * (MAX_PACKET_SIZE + 1), qos=1)
+    assert a.disconnected.wait(WAIT_S), "broker kept a client that sent an oversized packet"
+
+
 # --------------------------------------------------------------------------- operators
 
 
 def test_operator_cannot_publish_telemetry(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     op = connect(make_account("alice", "operator"))
     make_account("node-f", "agent")
@@ -333,7 +416,7 @@ def test_operator_cannot_publish_telemetry(
 
 
 def test_operator_cannot_read_another_operators_responses(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     alice = connect(make_account("alice", "operator"))
     make_account("bob", "operator")
@@ -350,7 +433,7 @@ def test_operator_cannot_read_another_operators_responses(
 
 
 def test_operator_reads_events_and_core_reads_requests(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     alice = connect(make_account("alice", "operator"))
     core = connect(make_account("core-sec", "core"))
@@ -367,7 +450,7 @@ def test_operator_reads_events_and_core_reads_requests(
 
 
 def test_core_reads_all_telemetry_and_shared_subscriptions(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     core = connect(make_account("core-sec", "core"))
     core2 = connect(make_account("core-sec2", "core"))
@@ -384,7 +467,7 @@ def test_core_reads_all_telemetry_and_shared_subscriptions(
 
 
 def test_core_cannot_speak_for_nodes_or_operators(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     core = connect(make_account("core-sec", "core"))
     for topic in (
@@ -396,7 +479,7 @@ def test_core_cannot_speak_for_nodes_or_operators(
 
 
 def test_sim_writes_any_node_but_reads_nothing(
-    make_account: MakeAccount, connect: Callable[[Credentials], Client]
+    make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     sim = connect(make_account("sim-load", "sim"))
     core = connect(make_account("core-sec", "core"))
@@ -560,7 +643,9 @@ def test_production_conf_runs_with_cert_tool_output(tmp_path: Path) -> None:
                 )  # fmt: skip
             except OSError:
                 time.sleep(0.05)
-        assert code == 0, (proc.poll(), (tmp_path / "log").read_text(errors="replace"))
+        log = (tmp_path / "log").read_text(errors="replace")
+        assert code == 0, (proc.poll(), log)
+        assert _opened_ports(log) == [f"Opening ipv4 listen socket on port {port}."], log
         anon = mqtt_connect_probe(
             "127.0.0.1", port, username=None, password=None, ca_file=store.ca_file
         )
