@@ -88,7 +88,7 @@ class NodeRecord:
     pool: str | None  # OpenYurt NodePool or KubeEdge NodeGroup
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
-    capacity: Resources = Resources()
+    capacity: Resources = field(default_factory=Resources)
     health: Health = Health.ONLINE
 
 

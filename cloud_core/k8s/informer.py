@@ -1,0 +1,137 @@
+"""List-and-watch reflector: a local cache of one resource kept in step with the API server.
+
+Lists, then watches from the list's resourceVersion (with bookmarks). A watch that ends is
+resumed from the last seen resourceVersion; a 410 (expired resourceVersion) relists and turns
+the difference into synthetic events; an unreachable API server (restart, network) is retried
+with capped exponential backoff, resuming the watch when the server is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from cloud_core.errors import KubeError, KubeGone, KubeUnavailable
+from cloud_core.k8s.client import JSON, KubeClient
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, JSON, JSON | None], None]  # (type, obj, old obj)
+
+
+def obj_key(obj: JSON) -> str:
+    md = obj.get("metadata") or {}
+    ns = md.get("namespace")
+    return f"{ns}/{md.get('name')}" if ns else str(md.get("name"))
+
+
+class Reflector:
+    """Keeps ``store`` (key → object) in step with ``path``; calls ``handler`` on changes.
+
+    ``resume_from`` starts by watching from a stored resourceVersion instead of listing (a
+    410 then falls back to a list).
+    """
+
+    def __init__(self, client: KubeClient, path: str, handler: Handler, *,
+                 name: str = "", watch_timeout_s: int = 30, max_backoff_s: float = 5.0,
+                 resume_from: str | None = None, **query: Any) -> None:
+        self.client = client
+        self.path = path
+        self.handler = handler
+        self.name = name or path
+        self.query = query
+        self.watch_timeout_s = watch_timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.store: dict[str, JSON] = {}
+        self.lock = threading.RLock()
+        self.synced = threading.Event()
+        self.stop_event = threading.Event()
+        self.rv = resume_from or ""
+        self.stats = {"lists": 0, "watches": 0, "gone": 0, "unavailable": 0, "events": 0}
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"reflector-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self._thread is not None:
+            self._thread.join(self.watch_timeout_s + 20)
+
+    def items(self) -> list[JSON]:
+        with self.lock:
+            return list(self.store.values())
+
+    def _relist(self) -> None:
+        items, rv = self.client.list(self.path, **self.query)
+        self.stats["lists"] += 1
+        fresh = {obj_key(o): o for o in items}
+        with self.lock:
+            old = self.store
+            self.store = fresh
+        for k, o in old.items():
+            if k not in fresh:
+                self._emit("DELETED", o, o)
+        for k, o in fresh.items():
+            prev = old.get(k)
+            if prev is None:
+                self._emit("ADDED", o, None)
+            elif (prev.get("metadata") or {}).get("resourceVersion") != \
+                    (o.get("metadata") or {}).get("resourceVersion"):
+                self._emit("MODIFIED", o, prev)
+        self.rv = rv
+        self.synced.set()
+
+    def _emit(self, kind: str, obj: JSON, old: JSON | None) -> None:
+        self.stats["events"] += 1
+        try:
+            self.handler(kind, obj, old)
+        except Exception:  # a handler bug must not kill the cache
+            log.exception("%s: handler failed on %s %s", self.name, kind, obj_key(obj))
+
+    def _apply(self, kind: str, obj: JSON) -> None:
+        k = obj_key(obj)
+        with self.lock:
+            old = self.store.get(k)
+            if kind == "DELETED":
+                self.store.pop(k, None)
+            else:
+                self.store[k] = obj
+        self._emit(kind, obj, old)
+
+    def run(self) -> None:
+        backoff = 0.2
+        while not self.stop_event.is_set():
+            try:
+                if not self.rv:
+                    self._relist()
+                self.stats["watches"] += 1
+                for kind, obj in self.client.watch(self.path, self.rv,
+                                                   timeout_s=self.watch_timeout_s,
+                                                   stop=self.stop_event, **self.query):
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        self.rv = str(rv)
+                    if kind != "BOOKMARK":
+                        self._apply(kind, obj)
+                    backoff = 0.2
+                if self.rv and not self.synced.is_set():
+                    self.synced.set()  # resumed from a stored RV and it was still valid
+            except KubeGone:
+                self.stats["gone"] += 1
+                log.info("%s: resourceVersion %s expired; relisting", self.name, self.rv)
+                self.rv = ""
+            except KubeUnavailable as e:
+                self.stats["unavailable"] += 1
+                log.info("%s: API server unavailable (%s); retry in %.1fs", self.name, e, backoff)
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+            except KubeError as e:
+                log.warning("%s: %s; relisting in %.1fs", self.name, e, backoff)
+                self.rv = ""
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
