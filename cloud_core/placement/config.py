@@ -1,0 +1,40 @@
+"""Engine configuration: score weights, data-move prices, staleness, solver limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreWeights:
+    """Weights of the cost terms (all terms are in $/hour before weighting)."""
+
+    price: float = 1.0
+    energy: float = 1.0
+    carbon: float = 1.0
+    data: float = 1.0
+    latency: float = 0.01  # $/hour for using the whole SLA (margin 0)
+    balance: float = 0.01  # $/hour for filling a node to 100 %
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything tunable about placement; the defaults are what the core runs with."""
+
+    weights: ScoreWeights = field(default_factory=ScoreWeights)
+    carbon_price_per_g: float = 0.0001  # $100 per tonne CO2
+    intra_region_per_gb: float = 0.01
+    inter_region_per_gb: float = 0.09
+    data_amortize_hours: float = 24.0
+    # Link figures older than this are inflated by ``stale_factor`` (less confidence,
+    # so a stale link needs more margin); older than ``expire_after_s`` they count as absent.
+    stale_after_s: float = 60.0
+    stale_factor: float = 1.5
+    expire_after_s: float = 600.0
+    # Solver: CP-SAT runs on coupled batches with at most this many (class, node) arcs.
+    use_cpsat: bool = True
+    cpsat_max_arcs: int = 4000
+    cpsat_time_limit_s: float = 2.0
+    cpsat_workers: int = 1
+    flow_rounds: int = 3  # flow re-solves after fixing multi-resource over-packing
+    cost_scale: float = 1e5  # $/hour -> integer units for the solvers

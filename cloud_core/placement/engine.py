@@ -1,0 +1,409 @@
+"""The engine: groups workloads into classes, vectorises filters and scores, calls the solver,
+and turns its answer into explained decisions. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from cloud_core.errors import PlacementError
+
+from . import scores
+from .config import EngineConfig
+from .explain import Explanation, FilterResult, first_failure_counts, summary
+from .filters import (
+    STATIC_FILTERS,
+    StaticFilter,
+    check_latency,
+    term_matches_pod,
+)
+from .index import ClusterIndex
+from .model import ClusterSnapshot, PodAffinityTerm, RunningPod, Workload
+from .solver import ClassSpec, Packer, solve
+
+_KEY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("uid", "name"))
+RESOURCE_NAMES = ("insufficient cpu", "insufficient memory", "insufficient GPU")
+
+
+def class_key(w: Workload) -> tuple[Hashable, ...]:
+    """Workloads with equal keys are interchangeable for placement."""
+    return tuple(getattr(w, f) for f in _KEY_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where one workload goes (``node`` None: not now), the runner-up and why."""
+
+    workload_uid: str
+    node: str | None
+    runner_up: str | None
+    reasons: tuple[str, ...]
+    summary: str
+    cost: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementResult:
+    """Decisions in input order, the uid -> node map, total $/hour of the placed workloads."""
+
+    decisions: tuple[Decision, ...]
+    assignments: Mapping[str, str]
+    total_cost: float
+    solver: str
+    stats: Mapping[str, float] = field(default_factory=dict)
+
+    def decision(self, uid: str) -> Decision:
+        for d in self.decisions:
+            if d.workload_uid == uid:
+                return d
+        raise KeyError(uid)
+
+    @property
+    def unplaced(self) -> tuple[Decision, ...]:
+        return tuple(d for d in self.decisions if d.node is None)
+
+
+def _as_running(w: Workload, node: str) -> RunningPod:
+    return RunningPod(w.uid, w.name, w.namespace, node, w.labels, w.requests,
+                      w.pod_anti_affinity)
+
+
+class PreparedCluster:
+    """A snapshot with its indexes built, reusable for many ``place`` calls.
+
+    ``bind`` accounts a binding so that one-pod-at-a-time callers keep an exact view without
+    rebuilding the indexes (the state lives in this object, never in the module).
+    """
+
+    def __init__(self, snapshot: ClusterSnapshot, config: EngineConfig | None = None) -> None:
+        self.cfg = config or EngineConfig()
+        self.snapshot = snapshot
+        self.ix = ClusterIndex(snapshot, self.cfg)
+        self.free = self.ix.cap - self.ix.alloc
+        self.pods: list[RunningPod] = list(snapshot.pods)
+        self._node_keys: dict[tuple[str, Hashable], tuple[np.ndarray, list[Hashable]]] = {}
+        self._static: dict[tuple[str, Hashable, Hashable], FilterResult] = {}
+        self._cost: dict[tuple[Hashable, ...], np.ndarray] = {}
+
+    # -- filters -------------------------------------------------------------------------
+    def _static_result(self, f: StaticFilter, w: Workload) -> FilterResult:
+        nk = f.node_key(w)
+        spec = _node_spec(f, w)
+        pk = f.pod_key(w)
+        key = (f.name, spec, pk)
+        got = self._static.get(key)
+        if got is not None:
+            return got
+        ids_distinct = self._node_keys.get((f.name, spec))
+        if ids_distinct is None:
+            seen: dict[Hashable, int] = {}
+            ids = np.fromiter((seen.setdefault(nk(nd), len(seen)) for nd in self.ix.nodes),
+                              dtype=np.int64, count=self.ix.n)
+            ids_distinct = (ids, list(seen))
+            self._node_keys[f.name, spec] = ids_distinct
+        ids, distinct = ids_distinct
+        reasons = [f.check(pk, d) for d in distinct]
+        names = tuple(sorted({r for r in reasons if r is not None})) or ("",)
+        lab = np.array([names.index(r) if r is not None else 0 for r in reasons],
+                       dtype=np.int64)
+        okt = np.array([r is None for r in reasons], dtype=bool)
+        got = FilterResult(f.name, okt[ids], lab[ids], names)
+        self._static[key] = got
+        return got
+
+    def _latency_result(self, w: Workload) -> FilterResult:
+        n = self.ix.n
+        if w.max_latency_ms is None:
+            return FilterResult("latency", np.ones(n, bool), np.zeros(n, np.int64), ("",))
+        lat = (self.ix.latency_to(w.latency_to) if w.latency_to is not None
+               else np.full(n, np.inf))
+        ok = lat <= w.max_latency_ms
+        labels = np.where(np.isfinite(lat), 1, 0)
+        names = (check_latency(w.max_latency_ms, np.inf) or "",
+                 check_latency(w.max_latency_ms, w.max_latency_ms + 1.0) or "")
+        return FilterResult("latency", ok, labels, names)
+
+    def _domains_with(self, term: PodAffinityTerm, owner_ns: str,
+                      pods: Sequence[RunningPod]) -> tuple[np.ndarray, bool]:
+        """Mask of nodes sharing a ``term.topology_key`` domain with a matching pod."""
+        dom, names = self.ix.domain_ids(term.topology_key)
+        hit = np.zeros(len(names) + 1, dtype=bool)
+        found = False
+        for p in pods:
+            if term_matches_pod(term, owner_ns, p.namespace, p.labels):
+                i = self.ix.pos.get(p.node)
+                if i is not None and dom[i] >= 0:
+                    hit[dom[i]] = True
+                    found = True
+        return hit[dom] & (dom >= 0), found
+
+    def _affinity_results(self, w: Workload, pods: Sequence[RunningPod]
+                          ) -> list[FilterResult]:
+        n = self.ix.n
+        ok_aff = np.ones(n, dtype=bool)
+        for t in w.pod_affinity:
+            m, found = self._domains_with(t, w.namespace, pods)
+            if not found and term_matches_pod(t, w.namespace, w.namespace, w.labels):
+                continue  # Kubernetes: the first pod of a self-affine group goes anywhere
+            ok_aff &= m
+        ok_anti = np.ones(n, dtype=bool)
+        for t in w.pod_anti_affinity:
+            m, _ = self._domains_with(t, w.namespace, pods)
+            ok_anti &= ~m
+        for p in pods:  # symmetry: running pods' anti-affinity repels us too
+            for t in p.anti_affinity:
+                if term_matches_pod(t, p.namespace, w.namespace, w.labels):
+                    dom, _ = self.ix.domain_ids(t.topology_key)
+                    i = self.ix.pos.get(p.node)
+                    if i is not None and dom[i] >= 0:
+                        ok_anti &= dom != dom[i]
+        z = np.zeros(n, dtype=np.int64)
+        return [FilterResult("pod_affinity", ok_aff, z, ("pod affinity",)),
+                FilterResult("pod_anti_affinity", ok_anti, z, ("pod anti-affinity",))]
+
+    def resources_result(self, w: Workload, free: np.ndarray | None = None) -> FilterResult:
+        free = self.free if free is None else free
+        req = np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus])
+        short = free < req
+        # GPU first: the scarcest resource is the most useful reason
+        labels = np.where(short[:, 2], 2, np.where(short[:, 0], 0, 1))
+        return FilterResult("resources", ~short.any(axis=1), labels, RESOURCE_NAMES)
+
+    def filter_results(self, w: Workload, pods: Sequence[RunningPod] | None = None,
+                       free: np.ndarray | None = None) -> list[FilterResult]:
+        """Every filter for ``w`` over all nodes, in the order of ``FILTER_ORDER``."""
+        res = [self._static_result(f, w) for f in STATIC_FILTERS]
+        res.append(self._latency_result(w))
+        res.extend(self._affinity_results(w, self.pods if pods is None else pods))
+        res.append(self.resources_result(w, free))
+        return res
+
+    def cost(self, w: Workload) -> np.ndarray:
+        key = class_key(w)
+        c = self._cost.get(key)
+        if c is None:
+            c = scores.total_cost(w, self.ix)
+            self._cost[key] = c
+        return c
+
+    # -- placement -----------------------------------------------------------------------
+    def place(self, workloads: Sequence[Workload]) -> PlacementResult:
+        """Place a batch together; every workload gets a node or the reason it has none."""
+        seen: set[str] = set()
+        groups: dict[tuple[Hashable, ...], list[Workload]] = {}
+        for w in workloads:
+            if w.uid in seen:
+                raise PlacementError(f"duplicate workload uid {w.uid!r} in one batch")
+            seen.add(w.uid)
+            groups.setdefault(class_key(w), []).append(w)
+        reps = [g[0] for g in groups.values()]
+        members = list(groups.values())
+        nclass = len(reps)
+        deps = _affinity_deps(reps)
+        placed_nodes: list[list[int]] = [[] for _ in reps]
+        extra: list[RunningPod] = []
+        pending = set(range(nclass))
+        rounds = 0
+        method: list[str] = []
+        stats: dict[str, float] = {}
+        deferred_reason: dict[int, str] = {}
+        base_static: dict[int, list[FilterResult]] = {}
+        while pending:
+            ready, first_pod_only = _ready(reps, pending, deps, self.pods + extra)
+            if not ready:
+                for ci in pending:
+                    deferred_reason[ci] = "pod affinity: no matching pod can be placed"
+                break
+            rounds += 1
+            order = sorted(ready)
+            specs: list[ClassSpec] = []
+            for ci in order:
+                w = reps[ci]
+                frs = self.filter_results(w, self.pods + extra)
+                base_static[ci] = frs
+                mask = np.logical_and.reduce([fr.ok for fr in frs[:-1]])
+                count = len(members[ci]) - len(placed_nodes[ci])
+                if ci in first_pod_only:
+                    count = 1
+                specs.append(ClassSpec(count=count, req=_req(w), mask=mask, cost=self.cost(w),
+                                       gang=w.gang))
+            _set_conflicts([reps[ci] for ci in order], specs)
+            domains = {k: self.ix.domain_ids(k)[0] for s in specs for k in s.conflicts}
+            out = solve(specs, self.free, domains, self.cfg)
+            method.append(out.method)
+            for k, v in out.stats.items():
+                stats[k] = stats.get(k, 0.0) + v
+            for j, ci in enumerate(order):
+                for n in out.nodes[j]:
+                    w = members[ci][len(placed_nodes[ci])]
+                    placed_nodes[ci].append(n)
+                    self.free[n] -= specs[j].req
+                    extra.append(_as_running(w, self.ix.nodes[n].name))
+                if ci not in first_pod_only or not out.nodes[j]:
+                    pending.discard(ci)
+        stats["rounds"] = float(rounds)
+        stats["classes"] = float(nclass)
+        result = self._decide(reps, members, placed_nodes, base_static, deferred_reason,
+                              extra, workloads)
+        # the caller's prepared view: batch placements stay accounted (like bind())
+        self.pods.extend(extra)
+        self._cost.clear()
+        self.ix.alloc = self.ix.cap - self.free
+        return PlacementResult(result[0], result[1], result[2],
+                               "+".join(dict.fromkeys(method)) or "none", stats)
+
+    def _decide(self, reps: list[Workload], members: list[list[Workload]],
+                placed_nodes: list[list[int]], base: dict[int, list[FilterResult]],
+                deferred: dict[int, str], extra: list[RunningPod],
+                workloads: Sequence[Workload]
+                ) -> tuple[tuple[Decision, ...], dict[str, str], float]:
+        names = [nd.name for nd in self.ix.nodes]
+        total = self.ix.n
+        by_uid: dict[str, Decision] = {}
+        assignments: dict[str, str] = {}
+        total_cost = 0.0
+        all_pods = self.pods + extra
+        for ci, w in enumerate(reps):
+            cost = self.cost(w)
+            frs = base.get(ci) or self.filter_results(w, all_pods)
+            static_ok = np.logical_and.reduce([fr.ok for fr in frs])
+            fit0 = int(static_ok.sum())
+            cand = np.where(static_ok, cost, np.inf)
+            top = np.argsort(cand)[:2] if fit0 else np.array([], dtype=np.int64)
+            top = [int(i) for i in top if np.isfinite(cand[i])]
+            nodes = placed_nodes[ci]
+            for j, m in enumerate(members[ci]):
+                if j < len(nodes):
+                    n = nodes[j]
+                    c = float(cost[n])
+                    total_cost += c
+                    ru = next((t for t in top if t != n), None)
+                    if ru is None:
+                        why = "no other node fits"
+                    elif cost[ru] < c:
+                        why = (f"runner-up {names[ru]} is cheaper ({cost[ru]:.5f} $/h) but was "
+                               "taken by the batch")
+                    else:
+                        why = f"runner-up {names[ru]} costs +{cost[ru] - c:.5f} $/h"
+                    assignments[m.uid] = names[n]
+                    by_uid[m.uid] = Decision(
+                        m.uid, names[n], names[ru] if ru is not None else None, (why,),
+                        f"placed on {names[n]} ({c:.5f} $/h); {fit0}/{total} nodes fit", c)
+                else:
+                    by_uid[m.uid] = self._unplaced(m, ci, deferred, all_pods, top, names)
+        decisions = tuple(by_uid[w.uid] for w in workloads)
+        return decisions, assignments, total_cost
+
+    def _unplaced(self, w: Workload, ci: int, deferred: dict[int, str],
+                  all_pods: list[RunningPod], top: list[int], names: list[str]) -> Decision:
+        # reasons are counted against the state after the batch: what is left now
+        frs = self.filter_results(w, all_pods)
+        fit, counts = first_failure_counts(frs, self.ix.n)
+        reasons: list[str] = []
+        if ci in deferred:
+            reasons.append(deferred[ci])
+        if w.gang is not None and fit > 0:
+            reasons.append(f"gang {w.gang}: not every member fits at once")
+        if not reasons:
+            reasons.append("no node satisfies every constraint" if not top
+                           else "capacity taken by other workloads of the batch")
+        ru = names[top[0]] if top else None
+        return Decision(w.uid, None, ru, tuple(reasons), summary(fit, self.ix.n, counts), None)
+
+    def bind(self, w: Workload, node: str) -> None:
+        """Account a binding made outside ``place`` (or confirm one): resources and pod."""
+        i = self.ix.pos.get(node)
+        if i is None:
+            raise PlacementError(f"bind: unknown node {node!r}")
+        self.free[i] -= _req(w)
+        self.ix.alloc[i] += _req(w)
+        self.pods.append(_as_running(w, node))
+        self._cost.clear()
+
+    def explain(self, w: Workload, node: str | None = None, top: int = 3) -> Explanation:
+        frs = self.filter_results(w)
+        fit, counts = first_failure_counts(frs, self.ix.n)
+        cost = self.cost(w)
+        ok = np.logical_and.reduce([fr.ok for fr in frs])
+        cand = np.where(ok, cost, np.inf)
+        best = tuple((self.ix.nodes[int(i)].name, float(cand[i]))
+                     for i in np.argsort(cand)[:top] if np.isfinite(cand[i]))
+        node_reasons: tuple[str, ...] = ()
+        breakdown: dict[str, float] = {}
+        if node is not None:
+            i = self.ix.pos.get(node)
+            if i is None:
+                raise PlacementError(f"explain: unknown node {node!r}")
+            node_reasons = tuple(r for fr in frs if (r := fr.reason(i)) is not None)
+            comp = scores.components(w, self.ix, np.array([i]))
+            breakdown = {k: float(v[0]) for k, v in comp.items()}
+        return Explanation(w.uid, self.ix.n, fit, dict(counts), summary(fit, self.ix.n, counts),
+                           node, node_reasons, breakdown, best)
+
+
+def _node_spec(f: StaticFilter, w: Workload) -> Hashable:
+    """What the node projection of ``f`` depends on (label filters: the keys they read)."""
+    if f.name == "node_selector":
+        return tuple(sorted(w.node_selector))
+    if f.name == "node_affinity":
+        return tuple(sorted({r.key for t in w.node_affinity for r in t.match_expressions}))
+    return None
+
+
+def _req(w: Workload) -> np.ndarray:
+    return np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus],
+                    dtype=np.int64)
+
+
+def _set_conflicts(reps: list[Workload], specs: list[ClassSpec]) -> None:
+    """Anti-affinity between classes of one round, symmetric, per topology key."""
+    for a, wa in enumerate(reps):
+        for t in wa.pod_anti_affinity:
+            for b, wb in enumerate(reps):
+                if term_matches_pod(t, wa.namespace, wb.namespace, wb.labels):
+                    for x, y in ((a, b), (b, a)):
+                        lst = specs[x].conflicts.setdefault(t.topology_key, [])
+                        if y not in lst:
+                            lst.append(y)
+
+
+def _affinity_deps(reps: list[Workload]) -> dict[int, list[tuple[PodAffinityTerm, set[int]]]]:
+    """For each class, its affinity terms and the batch classes that could satisfy them."""
+    deps: dict[int, list[tuple[PodAffinityTerm, set[int]]]] = {}
+    for a, wa in enumerate(reps):
+        for t in wa.pod_affinity:
+            ms = {b for b, wb in enumerate(reps)
+                  if term_matches_pod(t, wa.namespace, wb.namespace, wb.labels)}
+            deps.setdefault(a, []).append((t, ms))
+    return deps
+
+
+def _ready(reps: list[Workload], pending: set[int],
+           deps: dict[int, list[tuple[PodAffinityTerm, set[int]]]],
+           pods: Sequence[RunningPod]) -> tuple[set[int], set[int]]:
+    """Classes placeable this round, and those that may only place their first pod."""
+    ready: set[int] = set()
+    first: set[int] = set()
+    for ci in pending:
+        w = reps[ci]
+        ok, only_first = True, False
+        for t, ms in deps.get(ci, []):
+            if any(term_matches_pod(t, w.namespace, p.namespace, p.labels) for p in pods):
+                continue  # satisfiable by pods already running or placed in earlier rounds
+            others = (ms - {ci}) & pending
+            if others:
+                ok = False  # wait for the classes that could satisfy it
+            elif ci in ms:
+                only_first = True
+            else:
+                ok = False  # nothing can ever satisfy it
+        if ok:
+            ready.add(ci)
+            if only_first:
+                first.add(ci)
+    return ready, first
+

@@ -1,0 +1,135 @@
+"""Per-snapshot indexes: node attributes as numpy arrays, and best-link latency per target.
+
+Built once per snapshot (``PreparedCluster``) so that every workload class is evaluated
+against all nodes with a few vector operations instead of a Python loop per (pod, node).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from .config import EngineConfig
+from .model import ClusterSnapshot, LinkInfo, NodeInfo, topology_domain
+
+INF = math.inf
+
+
+def effective_p95(link: LinkInfo, cfg: EngineConfig) -> float:
+    """p95 RTT with staleness counted against the link (inf: no usable measurement)."""
+    if link.age_s > cfg.expire_after_s or not math.isfinite(link.rtt_p95_ms):
+        return INF
+    if link.age_s > cfg.stale_after_s:
+        return link.rtt_p95_ms * cfg.stale_factor
+    return link.rtt_p95_ms
+
+
+class ClusterIndex:
+    """Numpy views of a snapshot plus lazily built latency-to-target arrays."""
+
+    def __init__(self, snap: ClusterSnapshot, cfg: EngineConfig) -> None:
+        self.snap = snap
+        self.cfg = cfg
+        nodes = snap.nodes
+        self.nodes: tuple[NodeInfo, ...] = nodes
+        self.n = len(nodes)
+        self.pos: dict[str, int] = {nd.name: i for i, nd in enumerate(nodes)}
+        self.cap = np.array([[nd.capacity.cpu_milli, nd.capacity.mem_bytes, nd.capacity.gpus]
+                             for nd in nodes], dtype=np.int64).reshape(self.n, 3)
+        self.alloc = np.array([[nd.allocated.cpu_milli, nd.allocated.mem_bytes,
+                                nd.allocated.gpus] for nd in nodes],
+                              dtype=np.int64).reshape(self.n, 3)
+        f = np.array([[nd.price_per_hour, nd.energy_price_per_kwh, nd.carbon_g_per_kwh,
+                       nd.idle_watts, nd.max_watts] for nd in nodes],
+                     dtype=np.float64).reshape(self.n, 5)
+        self.price, self.energy_price, self.carbon, self.idle_w, self.max_w = f.T
+        self.regions: dict[str, int] = {}
+        self.zones: dict[str, int] = {}
+        self.zone_region: dict[str, str] = {}
+        for nd in nodes:
+            self.regions.setdefault(nd.region, len(self.regions))
+            self.zones.setdefault(nd.zone, len(self.zones))
+            self.zone_region.setdefault(nd.zone, nd.region)
+        self.region_id = np.array([self.regions[nd.region] for nd in nodes], dtype=np.int64)
+        self.zone_id = np.array([self.zones[nd.zone] for nd in nodes], dtype=np.int64)
+        self._domain_ids: dict[str, tuple[np.ndarray, dict[str, int]]] = {}
+        self._lat: dict[str, np.ndarray] = {}
+        self._by_dst: dict[str, list[tuple[int, float]]] | None = None
+
+    # -- topology ------------------------------------------------------------------------
+    def domain_ids(self, key: str) -> tuple[np.ndarray, dict[str, int]]:
+        """Per node, the id of its domain under a topology key (-1: node lacks the key)."""
+        got = self._domain_ids.get(key)
+        if got is None:
+            ids: dict[str, int] = {}
+            arr = np.full(self.n, -1, dtype=np.int64)
+            for i, nd in enumerate(self.nodes):
+                d = topology_domain(nd, key)
+                if d is not None:
+                    arr[i] = ids.setdefault(d, len(ids))
+            got = (arr, ids)
+            self._domain_ids[key] = got
+        return got
+
+    def locate(self, name: str | None) -> tuple[str | None, str | None, str | None]:
+        """(node, zone, region) of a node, zone or region name -- in that lookup order."""
+        if name is None:
+            return None, None, None
+        if name in self.pos:
+            nd = self.nodes[self.pos[name]]
+            return nd.name, nd.zone, nd.region
+        if name in self.zones:
+            return None, name, self.zone_region[name]
+        if name in self.regions:
+            return None, None, name
+        return None, None, None
+
+    # -- latency -------------------------------------------------------------------------
+    def latency_to(self, target: str) -> np.ndarray:
+        """Effective p95 (ms) from every node to ``target``; inf where nothing is measured.
+
+        A zone or region target means the best link from the candidate to any node in it
+        (an ingress routes users through the nearest member), and 0 for candidates inside it.
+        """
+        got = self._lat.get(target)
+        if got is not None:
+            return got
+        if self._by_dst is None:
+            by_dst: dict[str, list[tuple[int, float]]] = defaultdict(list)
+            pos = self.pos
+            # RTT is a round trip: a link measured from either end tells the same story.
+            for (src, dst), link in self.snap.links.items():
+                v = effective_p95(link, self.cfg)
+                i = pos.get(src)
+                if i is not None:
+                    by_dst[dst].append((i, v))
+                j = pos.get(dst)
+                if j is not None:
+                    by_dst[src].append((j, v))
+            self._by_dst = by_dst
+        node, zone, region = self.locate(target)
+        out = np.full(self.n, INF)
+        if node is not None:
+            members = [node]
+        elif zone is not None:
+            members = [nd.name for nd in self.nodes if nd.zone == zone]
+        elif region is not None:
+            members = [nd.name for nd in self.nodes if nd.region == region]
+        else:
+            members = [target]  # a measured peer that is not a node (a user gateway)
+        for m in members:
+            lst = self._by_dst.get(m)
+            if lst:
+                idx = np.fromiter((i for i, _ in lst), dtype=np.int64, count=len(lst))
+                val = np.fromiter((v for _, v in lst), dtype=np.float64, count=len(lst))
+                np.minimum.at(out, idx, val)
+        if node is not None:
+            out[self.pos[node]] = 0.0
+        elif zone is not None:
+            out[self.zone_id == self.zones[zone]] = 0.0
+        elif region is not None:
+            out[self.region_id == self.regions[region]] = 0.0
+        self._lat[target] = out
+        return out

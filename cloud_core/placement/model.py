@@ -1,0 +1,265 @@
+"""Frozen input model of the placement engine: nodes, links, running pods and workloads.
+
+The core's state module builds a ``ClusterSnapshot``; nothing here does I/O or reads a clock.
+Everything is hashable so that equal constraints can be grouped into equivalence classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+
+class Health(StrEnum):
+    """A node's health as the core's health tracker sees it."""
+
+    ONLINE = "online"
+    SUSPECT = "suspect"
+    UNREACHABLE = "unreachable"  # partitioned: peers still see it, the core does not
+    DOWN = "down"  # crashed: nobody sees it
+    CORDONED = "cordoned"
+
+
+def frozen_map(m: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """A read-only, hashable view of a label map."""
+    return FrozenLabels(m or {})
+
+
+def _freeze(obj: object, name: str) -> None:
+    v = getattr(obj, name)
+    if not isinstance(v, FrozenLabels):
+        object.__setattr__(obj, name, FrozenLabels(v or {}))
+
+
+class FrozenLabels(Mapping[str, str]):
+    """An immutable, hashable mapping of labels (dataclasses need hashable fields)."""
+
+    __slots__ = ("_d", "_h")
+
+    def __init__(self, d: Mapping[str, str]) -> None:
+        self._d = MappingProxyType(dict(d))
+        self._h = hash(frozenset(self._d.items()))
+
+    def __getitem__(self, k: str) -> str:
+        return self._d[k]
+
+    def __iter__(self) -> Any:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __hash__(self) -> int:
+        return self._h
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenLabels):
+            return self._h == other._h and self._d == other._d
+        if isinstance(other, Mapping):
+            return dict(self._d) == dict(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"{dict(self._d)!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """Requests, capacity or allocation: millicores, bytes of memory, whole GPUs."""
+
+    cpu_milli: int = 0
+    mem_bytes: int = 0
+    gpus: int = 0
+
+    def __add__(self, o: Resources) -> Resources:
+        return Resources(self.cpu_milli + o.cpu_milli, self.mem_bytes + o.mem_bytes,
+                         self.gpus + o.gpus)
+
+    def __sub__(self, o: Resources) -> Resources:
+        return Resources(self.cpu_milli - o.cpu_milli, self.mem_bytes - o.mem_bytes,
+                         self.gpus - o.gpus)
+
+    def fits_in(self, free: Resources) -> bool:
+        return (self.cpu_milli <= free.cpu_milli and self.mem_bytes <= free.mem_bytes
+                and self.gpus <= free.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint; effects ``NoSchedule`` and ``NoExecute`` repel, ``PreferNoSchedule`` not."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration (Kubernetes semantics: empty key with Exists tolerates everything)."""
+
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty: every effect
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorRequirement:
+    """One ``matchExpressions`` entry: In, NotIn, Exists, DoesNotExist, Gt, Lt."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """Requirements ANDed; a workload's terms are ORed (Kubernetes semantics)."""
+
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A pod label selector: ``match_labels`` and ``match_expressions`` ANDed."""
+
+    match_labels: Mapping[str, str] = field(default_factory=frozen_map)
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+
+    def __post_init__(self) -> None:
+        _freeze(self, "match_labels")
+
+
+@dataclass(frozen=True, slots=True)
+class PodAffinityTerm:
+    """Required pod (anti-)affinity: pods matching ``selector`` in the same ``topology_key``
+    domain (``kubernetes.io/hostname``, ``topology.kubernetes.io/zone`` or ``.../region``).
+    ``namespaces`` empty means the workload's own namespace."""
+
+    selector: LabelSelector
+    topology_key: str = "kubernetes.io/hostname"
+    namespaces: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as the core's registry and the latest telemetry describe it."""
+
+    name: str
+    region: str
+    zone: str
+    security_level: int = 0
+    labels: Mapping[str, str] = field(default_factory=frozen_map)
+    taints: tuple[Taint, ...] = ()
+    capacity: Resources = Resources()
+    allocated: Resources = Resources()
+    health: Health = Health.ONLINE
+    price_per_hour: float = 0.0  # whole node; a pod pays its dominant share
+    energy_price_per_kwh: float = 0.0
+    carbon_g_per_kwh: float = 0.0
+    idle_watts: float = 0.0
+    max_watts: float = 0.0
+
+    def __post_init__(self) -> None:
+        _freeze(self, "labels")
+
+    @property
+    def free(self) -> Resources:
+        return self.capacity - self.allocated
+
+
+@dataclass(frozen=True, slots=True)
+class LinkInfo:
+    """Measured link from one node to another; ``age_s`` is how old the figure is."""
+
+    rtt_p50_ms: float
+    rtt_p95_ms: float
+    loss: float = 0.0
+    tx_bps: float = 0.0
+    age_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningPod:
+    """A pod already bound to a node (counts for pod (anti-)affinity)."""
+
+    uid: str
+    name: str
+    namespace: str
+    node: str
+    labels: Mapping[str, str] = field(default_factory=frozen_map)
+    requests: Resources = Resources()
+    anti_affinity: tuple[PodAffinityTerm, ...] = ()
+
+    def __post_init__(self) -> None:
+        _freeze(self, "labels")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """Everything the engine may look at, frozen at ``now`` (UNIX seconds)."""
+
+    nodes: tuple[NodeInfo, ...]
+    links: Mapping[tuple[str, str], LinkInfo]
+    now: float = 0.0
+    pods: tuple[RunningPod, ...] = ()
+
+    def __hash__(self) -> int:  # links is a plain mapping; identity is enough for caches
+        return id(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A workload to place (one pod). Hard constraints and cost inputs, from ``spec.py``."""
+
+    uid: str
+    name: str
+    namespace: str = "default"
+    requests: Resources = Resources()
+    node_selector: Mapping[str, str] = field(default_factory=frozen_map)
+    node_affinity: tuple[NodeSelectorTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    max_latency_ms: float | None = None
+    latency_to: str | None = None
+    residency: frozenset[str] = frozenset()
+    min_security_level: int = 0
+    data_name: str | None = None
+    data_gb: float = 0.0
+    data_location: str | None = None
+    cost_weight: float = 1.0
+    labels: Mapping[str, str] = field(default_factory=frozen_map)
+    gang: str | None = None
+
+    def __post_init__(self) -> None:
+        # Callers may hand in plain dicts; freeze them so workloads stay hashable.
+        _freeze(self, "node_selector")
+        _freeze(self, "labels")
+
+
+HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+REGION = "topology.kubernetes.io/region"
+SECURITY_LABEL = "cfnet.io/security-level"
+
+
+def node_label(node: NodeInfo, key: str) -> str | None:
+    """A node label, with the topology facts the registry owns filled in (not agent-set)."""
+    if key == HOSTNAME:
+        return node.name
+    if key == ZONE:
+        return node.zone
+    if key == REGION:
+        return node.region
+    if key == SECURITY_LABEL:
+        return str(node.security_level)
+    return node.labels.get(key)
+
+
+def topology_domain(node: NodeInfo, key: str) -> str | None:
+    """The domain of ``node`` under a topology key (None: node lacks the key)."""
+    return node_label(node, key)

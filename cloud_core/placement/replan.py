@@ -1,0 +1,192 @@
+"""Re-placement: move running workloads off down nodes or out of (forecast) SLA violations.
+
+Pure: the caller passes the previous ``ReplanState`` and gets a new one back. Flapping is
+prevented three ways: a workload must be in violation (measured or forecast) for
+``violation_intervals`` consecutive calls (strikes reset only once the p95 drops below
+``clear_ratio`` x SLA: hysteresis); a moved workload is left alone for ``cooldown_s``; and a
+destination must meet ``dest_ratio`` x SLA with a forecast load under ``max_load``. Every
+move is checked with the independent validator against the real SLA, so nothing moves into a
+violation.
+
+Forecasts are Holt's linear (level + trend) exponential smoothing, per (node, target) link
+latency and per node load; each keeps its one-step-ahead absolute error so the model's
+quality is reported (``ReplanState.forecast_error``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from .config import EngineConfig
+from .engine import PreparedCluster
+from .model import (
+    HOSTNAME,
+    ClusterSnapshot,
+    Health,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Workload,
+)
+from .scores import dominant_share
+from .validate import validate
+
+
+@dataclass(frozen=True, slots=True)
+class Holt:
+    """Holt's linear trend model with its running one-step-ahead absolute error."""
+
+    level: float
+    trend: float = 0.0
+    n: int = 1
+    abs_err: float = 0.0  # sum of |forecast(1) - observed| over n - 1 updates
+
+    def forecast(self, h: float = 1.0) -> float:
+        return self.level + h * self.trend
+
+    def update(self, x: float, alpha: float, beta: float) -> Holt:
+        err = abs(self.forecast(1.0) - x)
+        level = alpha * x + (1 - alpha) * (self.level + self.trend)
+        trend = beta * (level - self.level) + (1 - beta) * self.trend
+        return Holt(level, trend, self.n + 1, self.abs_err + err)
+
+    @property
+    def mae(self) -> float:
+        return self.abs_err / (self.n - 1) if self.n > 1 else math.nan
+
+
+def _frozen(d: Mapping[str, object]) -> Mapping[str, object]:
+    return MappingProxyType(dict(d))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplanState:
+    """What one call hands the next: forecasts, strike counters, last move times."""
+
+    latency: Mapping[str, Holt] = field(default_factory=dict)  # "node->target"
+    load: Mapping[str, Holt] = field(default_factory=dict)  # node
+    strikes: Mapping[str, int] = field(default_factory=dict)  # workload uid
+    last_move: Mapping[str, float] = field(default_factory=dict)  # workload uid -> now
+
+    def forecast_error(self) -> dict[str, float]:
+        """Mean one-step-ahead absolute error of the latency (ms) and load (0..1) models."""
+        def mean(hs: Sequence[Holt]) -> float:
+            errs = [h.mae for h in hs if h.n > 1]
+            return float(np.mean(errs)) if errs else math.nan
+        return {"latency_ms_mae": mean(list(self.latency.values())),
+                "load_mae": mean(list(self.load.values()))}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplanConfig:
+    """Knobs of the re-placement loop (one call per telemetry interval)."""
+
+    violation_intervals: int = 3
+    cooldown_s: float = 600.0
+    clear_ratio: float = 0.9
+    dest_ratio: float = 0.8
+    max_load: float = 0.9
+    horizon: float = 2.0  # intervals ahead the latency forecast looks
+    alpha: float = 0.5
+    beta: float = 0.3
+    max_moves: int = 100
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Move ``workload_uid`` from ``src`` to ``dst`` because of ``reason``."""
+
+    workload_uid: str
+    src: str
+    dst: str
+    reason: str
+
+
+def _avoiding(w: Workload, nodes: Sequence[str], sla: float | None) -> Workload:
+    """``w`` with the hysteresis SLA and the given nodes excluded (ANDed into every term)."""
+    req = NodeSelectorRequirement(HOSTNAME, "NotIn", tuple(sorted(nodes)))
+    terms = tuple(NodeSelectorTerm((*t.match_expressions, req)) for t in w.node_affinity) \
+        or (NodeSelectorTerm((req,)),)
+    return dataclasses.replace(w, node_affinity=terms if nodes else w.node_affinity,
+                               max_latency_ms=sla)
+
+
+def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]],
+               state: ReplanState, config: ReplanConfig | None = None
+               ) -> tuple[list[Move], ReplanState]:
+    """One interval of the re-placement loop: update forecasts, count strikes, plan moves."""
+    cfg = config or ReplanConfig()
+    pc = PreparedCluster(snapshot, cfg.engine)
+    ix = pc.ix
+    now = snapshot.now
+    lat = dict(state.latency)
+    load = dict(state.load)
+    strikes = dict(state.strikes)
+    last_move = dict(state.last_move)
+    util = dominant_share(ix.alloc.astype(float), ix.cap.astype(float))
+    for i, nd in enumerate(ix.nodes):
+        u = float(min(util[i], 1.0))
+        h = load.get(nd.name)
+        load[nd.name] = Holt(u) if h is None else h.update(u, cfg.alpha, cfg.beta)
+    live = {f"{nd}->{w.latency_to}" for w, nd in running}
+    lat = {k: v for k, v in lat.items() if k in live}
+    need: list[tuple[Workload, str, str]] = []
+    for w, node in running:
+        i = ix.pos.get(node)
+        nd = ix.nodes[i] if i is not None else None
+        if nd is None or nd.health == Health.DOWN:
+            need.append((w, node, "node down"))
+            continue
+        if w.max_latency_ms is None or w.latency_to is None:
+            strikes.pop(w.uid, None)
+            continue
+        sla = w.max_latency_ms
+        p95 = float(ix.latency_to(w.latency_to)[i])
+        key = f"{node}->{w.latency_to}"
+        h = lat.get(key)
+        if math.isfinite(p95):
+            h = Holt(p95) if h is None else h.update(p95, cfg.alpha, cfg.beta)
+            lat[key] = h
+        ahead = h.forecast(cfg.horizon) if h is not None else math.inf
+        if not math.isfinite(p95) or p95 > sla or ahead > sla:
+            strikes[w.uid] = strikes.get(w.uid, 0) + 1
+        elif p95 <= cfg.clear_ratio * sla and ahead <= cfg.clear_ratio * sla:
+            strikes.pop(w.uid, None)
+        if strikes.get(w.uid, 0) >= cfg.violation_intervals and \
+                now - last_move.get(w.uid, -math.inf) >= cfg.cooldown_s:
+            what = ("no latency data" if not math.isfinite(p95)
+                    else f"p95 {p95:.1f} ms > {sla:g} ms" if p95 > sla
+                    else f"forecast p95 {ahead:.1f} ms > {sla:g} ms")
+            need.append((w, node, f"SLA at risk for {strikes[w.uid]} intervals: {what}"))
+    moves: list[Move] = []
+    if need:
+        need = need[: cfg.max_moves]
+        movers = {w.uid for w, _, _ in need}
+        snap2 = dataclasses.replace(snapshot, pods=tuple(p for p in snapshot.pods
+                                                          if p.uid not in movers))
+        hot = [nd for nd, h in load.items() if h.forecast(1.0) > cfg.max_load]
+        probes = []
+        for w, node, _ in need:
+            sla = None if w.max_latency_ms is None else w.max_latency_ms * cfg.dest_ratio
+            probes.append(_avoiding(w, [node, *hot], sla))
+        res = PreparedCluster(snap2, cfg.engine).place(probes)
+        originals = [w for w, _, _ in need]
+        chosen = {u: n for u, n in res.assignments.items()}
+        # the real SLA, the real spec: the validator must agree before anything moves
+        bad = {v.workload_uid for v in validate(snap2, originals, chosen, cfg.engine)}
+        for w, node, why in need:
+            dst = chosen.get(w.uid)
+            if dst is None or w.uid in bad:
+                continue
+            moves.append(Move(w.uid, node, dst, why))
+            last_move[w.uid] = now
+            strikes.pop(w.uid, None)
+    new = ReplanState(_frozen(lat), _frozen(load), _frozen(strikes),  # type: ignore[arg-type]
+                      _frozen(last_move))  # type: ignore[arg-type]
+    return moves, new

@@ -1,0 +1,99 @@
+"""Soft costs ($/hour, lower is better). Each term is a small function over node arrays.
+
+The functions are written with numpy broadcasting so the same code scores one node (scalars
+or 1-element arrays, for explanations and tests) and all nodes at once (for the solver).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import EngineConfig
+from .index import ClusterIndex
+from .model import Workload
+
+Arr = np.ndarray
+TERMS = ("price", "energy", "carbon", "data", "latency", "balance")
+
+
+def dominant_share(req: Arr, cap: Arr) -> Arr:
+    """Largest fraction of any capacity the request takes (DRF's dominant share)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(cap > 0, req / np.maximum(cap, 1), np.where(req > 0, np.inf, 0.0))
+    return np.asarray(s.max(axis=-1))
+
+
+def price_cost(share: Arr, price_per_hour: Arr) -> Arr:
+    """A pod pays the node's hourly price in proportion to its dominant share."""
+    return share * price_per_hour
+
+
+def power_kw(share: Arr, cpu_share: Arr, idle_w: Arr, max_w: Arr) -> Arr:
+    """Linear power model: its share of idle power plus its CPU share of the dynamic range."""
+    return (idle_w * share + np.maximum(max_w - idle_w, 0.0) * cpu_share) / 1000.0
+
+
+def energy_cost(kw: Arr, energy_price_per_kwh: Arr) -> Arr:
+    return kw * energy_price_per_kwh
+
+
+def carbon_cost(kw: Arr, carbon_g_per_kwh: Arr, carbon_price_per_g: float) -> Arr:
+    return kw * carbon_g_per_kwh * carbon_price_per_g
+
+
+def data_cost(data_gb: float, same_zone: Arr, same_region: Arr, cfg: EngineConfig) -> Arr:
+    """Data gravity: moving ``data_gb`` to the node, amortised over ``data_amortize_hours``."""
+    per_gb = np.where(same_zone, 0.0, np.where(same_region, cfg.intra_region_per_gb,
+                                               cfg.inter_region_per_gb))
+    return data_gb * per_gb / cfg.data_amortize_hours
+
+
+def latency_cost(p95_ms: Arr, max_ms: float | None) -> Arr:
+    """Fraction of the SLA used: less margin costs more (0 without an SLA)."""
+    if max_ms is None or max_ms <= 0:
+        return np.zeros_like(p95_ms, dtype=np.float64)
+    return np.where(np.isfinite(p95_ms), np.minimum(p95_ms / max_ms, 1.0), 1.0)
+
+
+def balance_cost(alloc_after: Arr, cap: Arr) -> Arr:
+    """Least-allocated: dominant utilisation of the node after placing the pod."""
+    return np.minimum(dominant_share(alloc_after, cap), 1.0)
+
+
+def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
+               ) -> dict[str, Arr]:
+    """Weighted cost terms of ``w`` on nodes ``ix.nodes[sel]`` (a dict of arrays)."""
+    cfg, wt = ix.cfg, ix.cfg.weights
+    req = np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus],
+                   dtype=np.float64)
+    cap = ix.cap[sel].astype(np.float64)
+    share = np.minimum(dominant_share(req, cap), 1.0)
+    cpu_share = np.minimum(req[0] / np.maximum(cap[:, 0], 1.0), 1.0)
+    kw = power_kw(share, cpu_share, ix.idle_w[sel], ix.max_w[sel])
+    out: dict[str, Arr] = {
+        "price": wt.price * w.cost_weight * price_cost(share, ix.price[sel]),
+        "energy": wt.energy * w.cost_weight * energy_cost(kw, ix.energy_price[sel]),
+        "carbon": wt.carbon * w.cost_weight * carbon_cost(kw, ix.carbon[sel],
+                                                          cfg.carbon_price_per_g),
+    }
+    if w.data_gb > 0:
+        _, zone, region = ix.locate(w.data_location)
+        zid = ix.zones.get(zone, -1) if zone else -1
+        rid = ix.regions.get(region, -1) if region else -1
+        out["data"] = wt.data * w.cost_weight * data_cost(
+            w.data_gb, ix.zone_id[sel] == zid, ix.region_id[sel] == rid, cfg)
+    else:
+        out["data"] = np.zeros_like(share)
+    if w.max_latency_ms is not None and w.latency_to is not None:
+        out["latency"] = wt.latency * latency_cost(ix.latency_to(w.latency_to)[sel],
+                                                   w.max_latency_ms)
+    else:
+        out["latency"] = np.zeros_like(share)
+    out["balance"] = wt.balance * balance_cost(ix.alloc[sel] + req, cap)
+    return out
+
+
+def total_cost(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)) -> Arr:
+    """Sum of the weighted terms: the per-pod cost the solver minimises."""
+    c = components(w, ix, sel)
+    return np.asarray(sum(c[t] for t in TERMS))

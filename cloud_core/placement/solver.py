@@ -1,0 +1,503 @@
+"""The global solver -- the only module that imports OR-Tools.
+
+Works on *classes* of identical workloads (``ClassSpec``) against node arrays:
+
+1. **Min-cost flow** over class -> node arcs (``ortools.graph.python.min_cost_flow``). It is
+   exact when the constraints decompose: one resource shape per node, anti-affinity only
+   within a class (a unit-capacity arc per host, or a unit-capacity hub per zone/region).
+2. **Exact packing** (``Packer``) replays the flow, pod by pod, checking every resource and
+   every cross-class anti-affinity; what over-packs is evicted, the node's flow capacity
+   lowered and the flow re-solved; a cheapest-feasible fill places the rest, and gangs are
+   made all-or-nothing. This is the feasible warm start.
+3. **CP-SAT** when the batch is coupled (several shapes on one node, cross-class
+   anti-affinity, gangs) and small enough (``cpsat_max_arcs``): class-level integer counts,
+   the warm start as a hint, a time limit; its answer replaces the warm start only if better.
+
+``solve_exact_pods`` is a pod-level CP-SAT model used as the reference optimum by tests
+and the benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.graph.python import min_cost_flow
+from ortools.linear_solver import pywraplp
+from ortools.sat.python import cp_model
+
+from .config import EngineConfig
+
+HOST = "kubernetes.io/hostname"
+BIG = np.iinfo(np.int64).max // 4
+
+
+@dataclass
+class ClassSpec:
+    """One equivalence class of workloads in a round: identical requests and constraints."""
+
+    count: int
+    req: np.ndarray  # (3,) int64: cpu_milli, mem_bytes, gpus
+    mask: np.ndarray  # (N,) bool: passes every filter except batch resources/conflicts
+    cost: np.ndarray  # (N,) float64 $/hour per pod
+    # classes this one may not share a domain with, per topology key (self included if so)
+    conflicts: dict[str, list[int]] = field(default_factory=dict)
+    gang: str | None = None
+
+
+@dataclass
+class SolveOutput:
+    """Per class, the node index of each placed pod (with repetition); how it was found."""
+
+    nodes: list[list[int]]
+    method: str
+    stats: dict[str, float]
+
+
+def capacity_per_node(req: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """How many pods of shape ``req`` fit on each node's free resources (int64)."""
+    pos = req > 0
+    if not pos.any():
+        return np.full(free.shape[0], 1 << 40, dtype=np.int64)
+    return np.maximum((free[:, pos] // req[pos]).min(axis=1), 0).astype(np.int64)
+
+
+class Packer:
+    """Exact incremental state: free resources and blocked anti-affinity domains."""
+
+    def __init__(self, free: np.ndarray, domains: Mapping[str, np.ndarray],
+                 classes: Sequence[ClassSpec]) -> None:
+        self.free = free.copy()
+        self.domains = domains
+        self.classes = classes
+        self.blocked: list[dict[str, np.ndarray]] = []
+        for c in classes:
+            self.blocked.append({k: np.zeros(int(domains[k].max(initial=-1)) + 2, dtype=bool)
+                                 for k in c.conflicts})
+        # who must be told when a pod of class s lands: (class c, key) with s in c's conflicts
+        self.watchers: list[list[tuple[int, str]]] = [[] for _ in classes]
+        for ci, c in enumerate(classes):
+            for k, others in c.conflicts.items():
+                for s in others:
+                    self.watchers[s].append((ci, k))
+
+    def ok(self, ci: int, n: int) -> bool:
+        c = self.classes[ci]
+        if not c.mask[n]:
+            return False
+        f = self.free[n]
+        r = c.req
+        if r[0] > f[0] or r[1] > f[1] or r[2] > f[2]:
+            return False
+        for k, bl in self.blocked[ci].items():
+            d = self.domains[k][n]
+            if d >= 0 and bl[d]:
+                return False
+        return True
+
+    def put(self, ci: int, n: int) -> None:
+        self.free[n] -= self.classes[ci].req
+        for c2, k in self.watchers[ci]:
+            d = self.domains[k][n]
+            if d >= 0:
+                self.blocked[c2][k][d] = True
+
+    def candidates(self, ci: int) -> np.ndarray:
+        c = self.classes[ci]
+        cand = c.mask & (self.free >= c.req).all(axis=1)
+        for k, bl in self.blocked[ci].items():
+            d = self.domains[k]
+            cand &= ~(bl[d] & (d >= 0))
+        return cand
+
+
+def _penalty(classes: Sequence[ClassSpec], scale: float) -> tuple[list[np.ndarray], int]:
+    """Integer costs and an unplaced penalty larger than any total cost (placing first)."""
+    icost = [np.round(np.where(np.isfinite(c.cost), c.cost, 0.0) * scale).astype(np.int64)
+             for c in classes]
+    mx = max((int(ic[c.mask].max(initial=0)) for ic, c in zip(icost, classes, strict=True)),
+             default=0)
+    total = sum(c.count for c in classes)
+    return icost, (mx + 1) * (total + 1)
+
+
+def _flow(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
+          icost: list[np.ndarray], penalty: int, node_cap: np.ndarray | None
+          ) -> tuple[list[list[int]], int]:
+    n_nodes = free.shape[0]
+    nc = len(classes)
+    sink = nc + n_nodes
+    next_id = sink + 1
+    tails: list[np.ndarray] = []
+    heads: list[np.ndarray] = []
+    caps: list[np.ndarray] = []
+    costs: list[np.ndarray] = []
+    kcn_max = np.zeros(n_nodes, dtype=np.int64)
+    # arcs whose flow means "pods of class ci on node n": (array slice, ci, node indices)
+    meaning: list[tuple[int, int, np.ndarray]] = []
+    n_arcs = 0
+
+    def add(t: np.ndarray, h: np.ndarray, cap: np.ndarray, cost: np.ndarray) -> int:
+        nonlocal n_arcs
+        tails.append(t.astype(np.int32))
+        heads.append(h.astype(np.int32))
+        caps.append(cap.astype(np.int64))
+        costs.append(cost.astype(np.int64))
+        start = n_arcs
+        n_arcs += len(t)
+        return start
+
+    for ci, c in enumerate(classes):
+        k = capacity_per_node(c.req, free)
+        feas = c.mask & (k > 0)
+        idx = np.flatnonzero(feas)
+        if idx.size == 0:
+            continue
+        k = np.minimum(k[idx], c.count)
+        self_keys = [key for key, others in c.conflicts.items() if ci in others]
+        if HOST in self_keys:
+            k = np.minimum(k, 1)
+        np.maximum.at(kcn_max, idx, k)
+        wide = [key for key in self_keys if key != HOST]
+        if wide:
+            # one unit-capacity hub per domain: at most one pod of the class per zone/region
+            dom = domains[wide[0]][idx]
+            hub_k = np.minimum(k, 1)
+            keep = dom >= 0
+            idx, dom, hub_k = idx[keep], dom[keep], hub_k[keep]
+            uniq, inv = np.unique(dom, return_inverse=True)
+            hubs = next_id + np.arange(uniq.size)
+            next_id += uniq.size
+            add(np.full(uniq.size, ci), hubs, np.ones(uniq.size), np.zeros(uniq.size))
+            s = add(hubs[inv], nc + idx, hub_k, icost[ci][idx])
+        else:
+            s = add(np.full(idx.size, ci), nc + idx, k, icost[ci][idx])
+        meaning.append((s, ci, idx))
+    cap_n = kcn_max if node_cap is None else np.minimum(kcn_max, node_cap)
+    used = np.flatnonzero(cap_n > 0)
+    add(nc + used, np.full(used.size, sink), cap_n[used], np.zeros(used.size))
+    counts = np.array([c.count for c in classes], dtype=np.int64)
+    unplaced_start = add(np.arange(nc), np.full(nc, sink), counts, np.full(nc, penalty))
+    mcf = min_cost_flow.SimpleMinCostFlow()
+    mcf.add_arcs_with_capacity_and_unit_cost(np.concatenate(tails), np.concatenate(heads),
+                                             np.concatenate(caps), np.concatenate(costs))
+    supplies = np.zeros(next_id, dtype=np.int64)
+    supplies[:nc] = counts
+    supplies[sink] = -int(counts.sum())
+    mcf.set_nodes_supplies(np.arange(next_id, dtype=np.int32), supplies)
+    status = mcf.solve()
+    if status != mcf.OPTIMAL:
+        raise RuntimeError(f"min-cost flow status {status}")
+    out: list[list[int]] = [[] for _ in classes]
+    for start, ci, idx in meaning:
+        fl = mcf.flows(np.arange(start, start + idx.size, dtype=np.int32))
+        nz = np.flatnonzero(fl)
+        out[ci].extend(np.repeat(idx[nz], fl[nz]).tolist())
+    del unplaced_start
+    return out, n_arcs
+
+
+def _pack(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
+          wanted: list[list[int]]) -> tuple[Packer, list[list[int]], dict[int, int]]:
+    """Replay a (possibly over-packed) plan exactly; returns rejections per node."""
+    pk = Packer(free, domains, classes)
+    got: list[list[int]] = [[] for _ in classes]
+    rejected: dict[int, int] = {}
+    accepted_at: dict[int, int] = {}
+    # most constrained classes first: they have the fewest alternatives
+    order = sorted(range(len(classes)), key=lambda ci: int(classes[ci].mask.sum()))
+    for ci in order:
+        for n in wanted[ci]:
+            if pk.ok(ci, n):
+                pk.put(ci, n)
+                got[ci].append(n)
+                accepted_at[n] = accepted_at.get(n, 0) + 1
+            else:
+                rejected[n] = accepted_at.get(n, 0)
+    return pk, got, rejected
+
+
+def _fill(pk: Packer, got: list[list[int]], skip_gangs: bool) -> None:
+    """Cheapest-feasible placement of whatever is still unplaced (exact checks)."""
+    classes = pk.classes
+    order = sorted(range(len(classes)), key=lambda ci: int(classes[ci].mask.sum()))
+    for ci in order:
+        c = classes[ci]
+        if skip_gangs and c.gang is not None:
+            continue
+        left = c.count - len(got[ci])
+        while left > 0:
+            cand = pk.candidates(ci)
+            if not cand.any():
+                break
+            costs = np.where(cand, c.cost, np.inf)
+            if not c.conflicts:
+                # no anti-affinity: fill the cheapest nodes to capacity in one sweep
+                k = capacity_per_node(c.req, pk.free)
+                for n in np.argsort(costs, kind="stable"):
+                    if left == 0 or not np.isfinite(costs[n]):
+                        break
+                    take = int(min(k[n], left))
+                    for _ in range(take):
+                        pk.put(ci, int(n))
+                        got[ci].append(int(n))
+                    left -= take
+                break
+            n = int(np.argmin(costs))
+            pk.put(ci, n)
+            got[ci].append(n)
+            left -= 1
+
+
+def _gangs(classes: Sequence[ClassSpec], got: list[list[int]]) -> bool:
+    """Drop partially placed gangs (all or nothing); True if anything was dropped."""
+    members: dict[str, list[int]] = {}
+    for ci, c in enumerate(classes):
+        if c.gang is not None:
+            members.setdefault(c.gang, []).append(ci)
+    dropped = False
+    for cis in members.values():
+        if any(len(got[ci]) < classes[ci].count for ci in cis):
+            for ci in cis:
+                if got[ci]:
+                    dropped = True
+                got[ci] = []
+    return dropped
+
+
+def _objective(classes: Sequence[ClassSpec], icost: list[np.ndarray], penalty: int,
+               got: list[list[int]]) -> int:
+    tot = 0
+    for ci, c in enumerate(classes):
+        if got[ci]:
+            tot += int(icost[ci][np.asarray(got[ci])].sum())
+        tot += penalty * (c.count - len(got[ci]))
+    return tot
+
+
+def _coupled(classes: Sequence[ClassSpec]) -> bool:
+    shapes = {tuple(c.req.tolist()) for c in classes}
+    if len(shapes) > 1 or any(c.gang for c in classes):
+        return True
+    for ci, c in enumerate(classes):
+        for others in c.conflicts.values():
+            if any(o != ci for o in others):
+                return True
+    return False
+
+
+def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
+          cfg: EngineConfig) -> SolveOutput:
+    """Place every class's pods on node indices: flow + exact packing, then CP-SAT if coupled."""
+    stats: dict[str, float] = {}
+    if not classes:
+        return SolveOutput([], "none", stats)
+    icost, penalty = _penalty(classes, cfg.cost_scale)
+    node_cap: np.ndarray | None = None
+    best: list[list[int]] | None = None
+    best_obj = 0
+    method = "flow"
+    for rnd in range(max(cfg.flow_rounds, 1)):
+        wanted, arcs = _flow(classes, free, domains, icost, penalty, node_cap)
+        stats["flow_arcs"] = float(arcs)
+        pk, got, rejected = _pack(classes, free, domains, wanted)
+        if rejected or rnd > 0:
+            method = "flow+repair"
+        _fill(pk, got, skip_gangs=False)
+        if _gangs(classes, got):
+            pk, got, _ = _pack(classes, free, domains, got)
+            _fill(pk, got, skip_gangs=True)
+        obj = _objective(classes, icost, penalty, got)
+        if best is None or obj < best_obj:
+            best, best_obj = got, obj
+        stats["flow_rounds"] = float(rnd + 1)
+        if not rejected:
+            break
+        # lower the flow capacity of over-packed nodes to what actually fitted there
+        if node_cap is None:
+            node_cap = np.full(free.shape[0], 1 << 40, dtype=np.int64)
+        for n, acc in rejected.items():
+            node_cap[n] = min(int(node_cap[n]), acc)
+    assert best is not None
+    if cfg.use_cpsat and _coupled(classes) and stats.get("flow_arcs", 0) <= cfg.cpsat_max_arcs:
+        res = _cpsat(classes, free, domains, icost, penalty, best, cfg)
+        if res is not None:
+            got2, obj2, status = res
+            stats["cpsat_objective"] = float(obj2)
+            if obj2 <= best_obj:
+                best, best_obj = got2, obj2
+                method = f"cpsat-{status}"
+    stats["objective"] = float(best_obj)
+    return SolveOutput(best, method, stats)
+
+
+def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
+           icost: list[np.ndarray], penalty: int, hint: list[list[int]], cfg: EngineConfig
+           ) -> tuple[list[list[int]], int, str] | None:
+    m = cp_model.CpModel()
+    x: dict[tuple[int, int], cp_model.IntVar] = {}
+    per_node: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
+    placed = []
+    obj = []
+    for ci, c in enumerate(classes):
+        k = capacity_per_node(c.req, free)
+        hint_counts: dict[int, int] = {}
+        for n in hint[ci]:
+            hint_counts[n] = hint_counts.get(n, 0) + 1
+        vs = []
+        for n in np.flatnonzero(c.mask & (k > 0)).tolist():
+            v = m.new_int_var(0, int(min(k[n], c.count)), f"x{ci}_{n}")
+            m.add_hint(v, hint_counts.get(n, 0))
+            x[ci, n] = v
+            per_node.setdefault(n, []).append((ci, v))
+            vs.append(v)
+            obj.append(int(icost[ci][n]) * v)
+        p = m.new_int_var(0, c.count, f"p{ci}")
+        m.add(p == sum(vs))
+        m.add_hint(p, len(hint[ci]))
+        placed.append(p)
+        obj.append(penalty * (c.count - p))
+    for n, lst in per_node.items():
+        for r in range(3):
+            if any(classes[ci].req[r] for ci, _ in lst):
+                m.add(sum(int(classes[ci].req[r]) * v for ci, v in lst) <= int(free[n, r]))
+    # anti-affinity: u[ci,key,d] says "class ci has a pod in domain d"
+    used: dict[tuple[int, str, int], cp_model.IntVar] = {}
+
+    def u(ci: int, key: str, d: int) -> cp_model.IntVar:
+        if (ci, key, d) not in used:
+            b = m.new_bool_var(f"u{ci}_{key}_{d}")
+            dom = domains[key]
+            vs = [v for (cj, n), v in x.items() if cj == ci and dom[n] == d]
+            m.add(sum(vs) <= classes[ci].count * b)
+            used[ci, key, d] = b
+        return used[ci, key, d]
+
+    for ci, c in enumerate(classes):
+        for key, others in c.conflicts.items():
+            dom = domains[key]
+            ds = {int(dom[n]) for (cj, n) in x if cj == ci and dom[n] >= 0}
+            for d in ds:
+                if ci in others:
+                    m.add(sum(v for (cj, n), v in x.items() if cj == ci and dom[n] == d) <= 1)
+                for o in others:
+                    if o > ci or (o < ci and ci not in classes[o].conflicts.get(key, [])):
+                        m.add(u(ci, key, d) + u(o, key, d) <= 1)
+    gangs: dict[str, list[int]] = {}
+    for ci, c in enumerate(classes):
+        if c.gang is not None:
+            gangs.setdefault(c.gang, []).append(ci)
+    for cis in gangs.values():
+        y = m.new_bool_var("gang")
+        for ci in cis:
+            m.add(placed[ci] == classes[ci].count * y)
+    m.minimize(sum(obj))
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = cfg.cpsat_time_limit_s
+    s.parameters.num_workers = cfg.cpsat_workers
+    st = s.solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    got: list[list[int]] = [[] for _ in classes]
+    for (ci, n), v in x.items():
+        got[ci].extend([n] * int(s.value(v)))
+    return got, int(round(s.objective_value)), "optimal" if st == cp_model.OPTIMAL else "feasible"
+
+
+# -- references for tests and the benchmark -------------------------------------------------
+@dataclass
+class ExactResult:
+    """Pod-level reference: proven optimal or not, objective and node per pod (-1: none)."""
+
+    optimal: bool
+    objective: int
+    nodes: list[int]
+
+
+def solve_exact_pods(feasible: Sequence[Mapping[int, int]], req: Sequence[Sequence[int]],
+                     free: Sequence[Sequence[int]], conflicts: Sequence[tuple[int, int, str]],
+                     domains: Mapping[str, Sequence[int]], gangs: Sequence[Sequence[int]],
+                     penalty: int, time_limit_s: float = 10.0) -> ExactResult:
+    """One boolean per (pod, feasible node): resources, pairwise anti-affinity per domain,
+    gangs; minimise cost + penalty x unplaced. ``feasible[p]`` maps node -> integer cost."""
+    m = cp_model.CpModel()
+    x: dict[tuple[int, int], cp_model.IntVar] = {}
+    obj = []
+    for p, nodes in enumerate(feasible):
+        vs = []
+        for n, cst in nodes.items():
+            v = m.new_bool_var(f"x{p}_{n}")
+            x[p, n] = v
+            vs.append(v)
+            obj.append(cst * v)
+        m.add(sum(vs) <= 1)
+        obj.append(penalty * (1 - sum(vs)))
+    for n in range(len(free)):
+        for r in range(3):
+            terms = [req[p][r] * x[p, n] for p in range(len(feasible)) if (p, n) in x]
+            if terms:
+                m.add(sum(terms) <= free[n][r])
+    for p, q, key in conflicts:
+        dom = domains[key]
+        for n1 in feasible[p]:
+            for n2 in feasible[q]:
+                if dom[n1] >= 0 and dom[n1] == dom[n2] and (p != q):
+                    m.add(x[p, n1] + x[q, n2] <= 1)
+    for g in gangs:
+        y = m.new_bool_var("g")
+        for p in g:
+            m.add(sum(x[p, n] for n in feasible[p]) == y)
+    m.minimize(sum(obj))
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = time_limit_s
+    s.parameters.num_workers = 1
+    st = s.solve(m)
+    nodes = [-1] * len(feasible)
+    for (p, n), v in x.items():
+        if s.value(v):
+            nodes[p] = n
+    return ExactResult(st == cp_model.OPTIMAL, int(round(s.objective_value)), nodes)
+
+
+def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, cfg: EngineConfig,
+                   time_limit_s: float = 60.0) -> tuple[float, int, bool]:
+    """LP relaxation (GLOP) of the class-level problem: continuous counts, every resource
+    per node, self anti-affinity per host as a per-arc bound of 1 and per zone/region as a
+    per-domain bound. Returns (cost in $/hour of the placed pods, unplaced, finished).
+    Cross-class anti-affinity and gangs are relaxed away, so this is a true lower bound."""
+    icost, penalty = _penalty(classes, cfg.cost_scale)
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    inf = solver.infinity()
+    per_node: dict[int, list[tuple[int, object]]] = {}
+    obj = solver.Objective()
+    unplaced_vars = []
+    for ci, c in enumerate(classes):
+        k = capacity_per_node(c.req, free)
+        idx = np.flatnonzero(c.mask & (k > 0))
+        self_host = ci in c.conflicts.get(HOST, [])
+        row = solver.Constraint(c.count, c.count)
+        uvar = solver.NumVar(0, c.count, f"u{ci}")
+        row.SetCoefficient(uvar, 1)
+        obj.SetCoefficient(uvar, penalty)
+        unplaced_vars.append(uvar)
+        for n in idx.tolist():
+            ub = 1.0 if self_host else float(min(k[n], c.count))
+            v = solver.NumVar(0, ub, "")
+            row.SetCoefficient(v, 1)
+            obj.SetCoefficient(v, int(icost[ci][n]))
+            per_node.setdefault(n, []).append((ci, v))
+    for n, lst in per_node.items():
+        for r in range(3):
+            if any(classes[ci].req[r] for ci, _ in lst) and len(lst) > 1:
+                ct = solver.Constraint(-inf, float(free[n, r]))
+                for ci, v in lst:
+                    ct.SetCoefficient(v, float(classes[ci].req[r]))
+    obj.SetMinimization()
+    st = solver.Solve()
+    if st != pywraplp.Solver.OPTIMAL:
+        return float("nan"), 0, False
+    unplaced = int(round(sum(v.solution_value() for v in unplaced_vars)))
+    cost = (obj.Value() - penalty * sum(v.solution_value() for v in unplaced_vars))
+    return cost / cfg.cost_scale, unplaced, True

@@ -1,0 +1,368 @@
+"""Workload specs: a Kubernetes Pod (or a controller's pod template) or the same fields as
+plain YAML, parsed into ``Workload``. Every error names the field and the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from cloud_core.errors import SpecError
+
+from .model import (
+    HOSTNAME,
+    LabelSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    Resources,
+    Toleration,
+    Workload,
+)
+
+SCHEDULER_NAME = "cfnet-scheduler"
+GPU = "nvidia.com/gpu"
+CONTROLLERS = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "DaemonSet", "ReplicationController")
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+ANN = "cfnet.io/"
+
+_MEM_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+               "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+               "E": 10**18, "m": 10**-3, "": 1}
+_QTY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?([A-Za-z]{0,2})$")
+
+
+def parse_quantity(value: Any, field: str, kind: str) -> int:
+    """A Kubernetes quantity: ``kind`` "cpu" gives millicores, "mem" bytes, "count" units."""
+    if isinstance(value, bool) or value is None:
+        raise SpecError(field, f"{value!r} is not a quantity")
+    m = _QTY.match(str(value).strip())
+    if not m or m.group(3) not in _MEM_SUFFIX:
+        raise SpecError(field, f"{value!r} is not a quantity")
+    num = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
+    num *= _MEM_SUFFIX[m.group(3)]
+    if kind == "cpu":
+        out = num * 1000
+    else:
+        out = num
+    if kind == "count" and out != int(out):
+        raise SpecError(field, f"{value!r} must be a whole number")
+    return int(round(out)) if kind == "cpu" else int(out + 0.999999) if out % 1 else int(out)
+
+
+def _map(obj: Any, field: str) -> Mapping[str, Any]:
+    if obj is None:
+        return {}
+    if not isinstance(obj, Mapping):
+        raise SpecError(field, f"must be a mapping, got {type(obj).__name__}")
+    return obj
+
+
+def _list(obj: Any, field: str) -> Sequence[Any]:
+    if obj is None:
+        return []
+    if not isinstance(obj, list):
+        raise SpecError(field, f"must be a list, got {type(obj).__name__}")
+    return obj
+
+
+def _str_map(obj: Any, field: str) -> dict[str, str]:
+    out = {}
+    for k, v in _map(obj, field).items():
+        if not isinstance(k, str) or not isinstance(v, str | int | float) or isinstance(v, bool):
+            raise SpecError(f"{field}.{k}", "labels and selectors map strings to strings")
+        out[k] = str(v)
+    return out
+
+
+def _requirement(obj: Any, field: str) -> NodeSelectorRequirement:
+    m = _map(obj, field)
+    key, op = m.get("key"), m.get("operator")
+    if not isinstance(key, str) or not key:
+        raise SpecError(f"{field}.key", "is required")
+    if op not in OPERATORS:
+        raise SpecError(f"{field}.operator", f"{op!r} is not one of {', '.join(OPERATORS)}")
+    values = tuple(str(v) for v in _list(m.get("values"), f"{field}.values"))
+    if op in ("In", "NotIn") and not values:
+        raise SpecError(f"{field}.values", f"{op} needs at least one value")
+    if op in ("Exists", "DoesNotExist") and values:
+        raise SpecError(f"{field}.values", f"{op} takes no values")
+    if op in ("Gt", "Lt"):
+        if len(values) != 1 or not values[0].lstrip("-").isdigit():
+            raise SpecError(f"{field}.values", f"{op} needs exactly one integer")
+    return NodeSelectorRequirement(key, op, values)
+
+
+def _node_terms(obj: Any, field: str) -> tuple[NodeSelectorTerm, ...]:
+    terms = []
+    for i, t in enumerate(_list(obj, field)):
+        f = f"{field}[{i}]"
+        tm = _map(t, f)
+        reqs = [_requirement(r, f"{f}.matchExpressions[{j}]")
+                for j, r in enumerate(_list(tm.get("matchExpressions"), f"{f}.matchExpressions"))]
+        for j, r in enumerate(_list(tm.get("matchFields"), f"{f}.matchFields")):
+            req = _requirement(r, f"{f}.matchFields[{j}]")
+            if req.key != "metadata.name":
+                raise SpecError(f"{f}.matchFields[{j}].key", "only metadata.name is supported")
+            reqs.append(NodeSelectorRequirement(HOSTNAME, req.operator, req.values))
+        terms.append(NodeSelectorTerm(tuple(reqs)))
+    return tuple(terms)
+
+
+def _selector(obj: Any, field: str) -> LabelSelector:
+    m = _map(obj, field)
+    exprs = tuple(_requirement(r, f"{field}.matchExpressions[{j}]")
+                  for j, r in enumerate(_list(m.get("matchExpressions"),
+                                              f"{field}.matchExpressions")))
+    return LabelSelector(_str_map(m.get("matchLabels"), f"{field}.matchLabels"), exprs)
+
+
+def _pod_terms(obj: Any, field: str) -> tuple[PodAffinityTerm, ...]:
+    out = []
+    for i, t in enumerate(_list(obj, field)):
+        f = f"{field}[{i}]"
+        tm = _map(t, f)
+        key = tm.get("topologyKey")
+        if not isinstance(key, str) or not key:
+            raise SpecError(f"{f}.topologyKey", "is required")
+        if "labelSelector" not in tm:
+            raise SpecError(f"{f}.labelSelector", "is required")
+        ns = tuple(str(x) for x in _list(tm.get("namespaces"), f"{f}.namespaces"))
+        out.append(PodAffinityTerm(_selector(tm["labelSelector"], f"{f}.labelSelector"), key, ns))
+    return tuple(out)
+
+
+def _tolerations(obj: Any, field: str) -> tuple[Toleration, ...]:
+    out = []
+    for i, t in enumerate(_list(obj, field)):
+        f = f"{field}[{i}]"
+        tm = _map(t, f)
+        op = tm.get("operator", "Equal")
+        if op not in ("Equal", "Exists"):
+            raise SpecError(f"{f}.operator", f"{op!r} is not Equal or Exists")
+        effect = tm.get("effect", "") or ""
+        if effect not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise SpecError(f"{f}.effect", f"{effect!r} is not a taint effect")
+        key = str(tm.get("key", "") or "")
+        if not key and op != "Exists":
+            raise SpecError(f"{f}.key", "an empty key needs operator Exists")
+        out.append(Toleration(key, op, str(tm.get("value", "") or ""), effect))
+    return tuple(out)
+
+
+def _requests(containers: Sequence[Any], field: str) -> Resources:
+    cpu = mem = gpu = 0
+    for i, c in enumerate(containers):
+        f = f"{field}[{i}].resources"
+        res = _map(_map(c, f"{field}[{i}]").get("resources"), f)
+        req = dict(_map(res.get("limits"), f"{f}.limits"))  # limits default the requests
+        req.update(_map(res.get("requests"), f"{f}.requests"))
+        if "cpu" in req:
+            cpu += parse_quantity(req["cpu"], f"{f}.requests.cpu", "cpu")
+        if "memory" in req:
+            mem += parse_quantity(req["memory"], f"{f}.requests.memory", "mem")
+        if GPU in req:
+            gpu += parse_quantity(req[GPU], f"{f}.requests.{GPU}", "count")
+    return Resources(cpu, mem, gpu)
+
+
+def _number(v: Any, field: str, minimum: float = 0.0, strict: bool = False) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise SpecError(field, f"{v!r} is not a number") from None
+    if x != x or x in (float("inf"), float("-inf")):
+        raise SpecError(field, f"{v!r} is not a finite number")
+    if x < minimum or (strict and x <= minimum):
+        raise SpecError(field, f"{v!r} must be {'>' if strict else '>='} {minimum:g}")
+    return x
+
+
+def _int(v: Any, field: str) -> int:
+    if isinstance(v, bool):
+        raise SpecError(field, f"{v!r} is not an integer")
+    try:
+        x = int(str(v).strip())
+    except ValueError:
+        raise SpecError(field, f"{v!r} is not an integer") from None
+    if x < 0:
+        raise SpecError(field, f"{x} must be >= 0")
+    return x
+
+
+def _extras(get: Any, prefix: str, field_name: Any) -> dict[str, Any]:
+    """The cfnet fields, read through ``get(key)`` under either naming scheme."""
+    out: dict[str, Any] = {}
+    v = get("max-latency-ms")
+    if v is not None:
+        out["max_latency_ms"] = _number(v, field_name("max-latency-ms"), strict=True)
+    v = get("latency-to")
+    if v is not None:
+        if not isinstance(v, str) or not v.strip():
+            raise SpecError(field_name("latency-to"), "must name a node, zone or region")
+        out["latency_to"] = v.strip()
+    if "max_latency_ms" in out and "latency_to" not in out:
+        raise SpecError(field_name("latency-to"), "is required with max-latency-ms")
+    v = get("residency")
+    if v is not None:
+        items = v.split(",") if isinstance(v, str) else v
+        if not isinstance(items, list):
+            raise SpecError(field_name("residency"), "must be a comma list of regions")
+        regions = frozenset(str(x).strip() for x in items if str(x).strip())
+        if not regions:
+            raise SpecError(field_name("residency"), "names no region")
+        out["residency"] = regions
+    v = get("min-security-level")
+    if v is not None:
+        out["min_security_level"] = _int(v, field_name("min-security-level"))
+    v = get("data")
+    if v is not None:
+        out["data_name"] = str(v)
+    v = get("data-gb")
+    if v is not None:
+        out["data_gb"] = _number(v, field_name("data-gb"))
+    v = get("data-location")
+    if v is not None:
+        out["data_location"] = str(v)
+    v = get("cost-weight")
+    if v is not None:
+        out["cost_weight"] = _number(v, field_name("cost-weight"))
+    v = get("gang")
+    if v is not None:
+        out["gang"] = str(v)
+    return out
+
+
+def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
+    """A Pod, or a controller (Deployment, ...) whose pod template is used, as a Workload."""
+    if not isinstance(pod, Mapping):
+        raise SpecError("(root)", "a pod must be a mapping")
+    kind = pod.get("kind", "Pod")
+    meta = _map(pod.get("metadata"), "metadata")
+    spec = _map(pod.get("spec"), "spec")
+    sp = "spec"
+    if kind in CONTROLLERS:
+        tmpl = _map(spec.get("template"), "spec.template")
+        tmeta = _map(tmpl.get("metadata"), "spec.template.metadata")
+        meta = {**meta, "labels": tmeta.get("labels", {}),
+                "annotations": {**_map(meta.get("annotations"), "metadata.annotations"),
+                                **_map(tmeta.get("annotations"),
+                                       "spec.template.metadata.annotations")}}
+        spec = _map(tmpl.get("spec"), "spec.template.spec")
+        sp = "spec.template.spec"
+    elif kind != "Pod":
+        raise SpecError("kind", f"{kind!r} is not a Pod or a workload controller")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise SpecError("metadata.name", "is required")
+    ns = str(meta.get("namespace") or "default")
+    sched = spec.get("schedulerName")
+    if sched is not None and sched != SCHEDULER_NAME:
+        raise SpecError(f"{sp}.schedulerName", f"is {sched!r}, not {SCHEDULER_NAME!r}")
+    containers = _list(spec.get("containers"), f"{sp}.containers")
+    if not containers:
+        raise SpecError(f"{sp}.containers", "at least one container is required")
+    ann = _str_map(meta.get("annotations"), "metadata.annotations")
+    aff = _map(spec.get("affinity"), f"{sp}.affinity")
+    na = _map(aff.get("nodeAffinity"), f"{sp}.affinity.nodeAffinity")
+    req_na = _map(na.get("requiredDuringSchedulingIgnoredDuringExecution"),
+                  f"{sp}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution")
+    pa = _map(aff.get("podAffinity"), f"{sp}.affinity.podAffinity")
+    paa = _map(aff.get("podAntiAffinity"), f"{sp}.affinity.podAntiAffinity")
+    rq = "requiredDuringSchedulingIgnoredDuringExecution"
+    extras = _extras(lambda k: ann.get(ANN + k), ANN,
+                     lambda k: f"metadata.annotations.{ANN}{k}")
+    return Workload(
+        uid=uid or str(meta.get("uid") or f"{ns}/{name}"),
+        name=name,
+        namespace=ns,
+        requests=_requests(containers, f"{sp}.containers"),
+        node_selector=_str_map(spec.get("nodeSelector"), f"{sp}.nodeSelector"),
+        node_affinity=_node_terms(req_na.get("nodeSelectorTerms"),
+                                  f"{sp}.affinity.nodeAffinity.{rq}.nodeSelectorTerms"),
+        tolerations=_tolerations(spec.get("tolerations"), f"{sp}.tolerations"),
+        pod_affinity=_pod_terms(pa.get(rq), f"{sp}.affinity.podAffinity.{rq}"),
+        pod_anti_affinity=_pod_terms(paa.get(rq), f"{sp}.affinity.podAntiAffinity.{rq}"),
+        labels=_str_map(meta.get("labels"), "metadata.labels"),
+        **extras,
+    )
+
+
+_PLAIN_KEYS = {"name", "namespace", "uid", "replicas", "requests", "nodeSelector", "nodeAffinity",
+               "tolerations", "podAffinity", "podAntiAffinity", "labels", "maxLatencyMs",
+               "latencyTo", "residency", "minSecurityLevel", "data", "dataGb", "dataLocation",
+               "costWeight", "gang"}
+_CAMEL = {"max-latency-ms": "maxLatencyMs", "latency-to": "latencyTo", "residency": "residency",
+          "min-security-level": "minSecurityLevel", "data": "data", "data-gb": "dataGb",
+          "data-location": "dataLocation", "cost-weight": "costWeight", "gang": "gang"}
+
+
+def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
+    """The plain (non-Kubernetes) form: flat camelCase fields, ``replicas`` expands."""
+    unknown = sorted(set(doc) - _PLAIN_KEYS)
+    if unknown:
+        raise SpecError(f"{where}{unknown[0]}", "unknown field")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"{where}name", "is required")
+    ns = str(doc.get("namespace") or "default")
+    req = _map(doc.get("requests"), f"{where}requests")
+    for k in req:
+        if k not in ("cpu", "memory", GPU):
+            raise SpecError(f"{where}requests.{k}", "unknown resource (cpu, memory, nvidia.com/gpu)")
+    res = Resources(
+        parse_quantity(req["cpu"], f"{where}requests.cpu", "cpu") if "cpu" in req else 0,
+        parse_quantity(req["memory"], f"{where}requests.memory", "mem") if "memory" in req else 0,
+        parse_quantity(req[GPU], f"{where}requests.{GPU}", "count") if GPU in req else 0)
+    replicas = _int(doc.get("replicas", 1), f"{where}replicas")
+    extras = _extras(lambda k: doc.get(_CAMEL[k]), "", lambda k: f"{where}{_CAMEL[k]}")
+    base = Workload(
+        uid="", name=name, namespace=ns, requests=res,
+        node_selector=_str_map(doc.get("nodeSelector"), f"{where}nodeSelector"),
+        node_affinity=_node_terms(doc.get("nodeAffinity"), f"{where}nodeAffinity"),
+        tolerations=_tolerations(doc.get("tolerations"), f"{where}tolerations"),
+        pod_affinity=_pod_terms(doc.get("podAffinity"), f"{where}podAffinity"),
+        pod_anti_affinity=_pod_terms(doc.get("podAntiAffinity"), f"{where}podAntiAffinity"),
+        labels=_str_map(doc.get("labels"), f"{where}labels"), **extras)
+    uid = str(doc.get("uid") or f"{ns}/{name}")
+    if replicas == 1 and "replicas" not in doc:
+        return [_with(base, uid, name)]
+    return [_with(base, f"{uid}-{i}", f"{name}-{i}") for i in range(replicas)]
+
+
+def _with(w: Workload, uid: str, name: str) -> Workload:
+    kw = {f: getattr(w, f) for f in w.__dataclass_fields__}
+    kw.update(uid=uid, name=name)
+    return Workload(**kw)
+
+
+def parse_workload_yaml(text: str) -> list[Workload]:
+    """One or more YAML documents, each a Kubernetes object or the plain form."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise SpecError("(yaml)", f"not valid YAML: {e}") from e
+    out: list[Workload] = []
+    for i, d in enumerate(docs):
+        where = f"[{i}]." if len(docs) > 1 else ""
+        if not isinstance(d, Mapping):
+            raise SpecError(f"{where}(root)" if where else "(root)", "a workload is a mapping")
+        if "kind" in d or "spec" in d:
+            try:
+                w = parse_pod(d)
+            except SpecError as e:
+                raise SpecError(f"{where}{e.field}", e.reason) from e
+            n = d.get("spec", {}).get("replicas", 1) if d.get("kind") in CONTROLLERS else 1
+            n = _int(n, f"{where}spec.replicas")
+            out.extend([w] if d.get("kind", "Pod") == "Pod"
+                       else [_with(w, f"{w.uid}-{j}", f"{w.name}-{j}") for j in range(n)])
+        else:
+            out.extend(parse_plain(d, where))
+    uids = [w.uid for w in out]
+    if len(set(uids)) != len(uids):
+        dup = next(u for u in uids if uids.count(u) > 1)
+        raise SpecError("uid", f"{dup!r} appears twice")
+    return out

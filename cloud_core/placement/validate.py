@@ -1,0 +1,248 @@
+"""Independent validator: re-checks every hard constraint of a finished placement.
+
+Written apart from ``filters.py``/``engine.py`` on purpose (plain loops, no numpy, no shared
+matching helpers) so that a bug in the fast path cannot hide itself. The core runs it before
+acting on a result; the tests run it on every placement they make.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .config import EngineConfig
+from .model import (
+    ClusterSnapshot,
+    Health,
+    LabelSelector,
+    NodeInfo,
+    NodeSelectorRequirement,
+    PodAffinityTerm,
+    Workload,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken hard constraint."""
+
+    workload_uid: str
+    node: str | None
+    constraint: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    uid: str
+    namespace: str
+    labels: Mapping[str, str]
+    node: str
+    anti: tuple[PodAffinityTerm, ...]
+
+
+def _label(node: NodeInfo, key: str) -> str | None:
+    fixed = {"kubernetes.io/hostname": node.name, "topology.kubernetes.io/zone": node.zone,
+             "topology.kubernetes.io/region": node.region,
+             "cfnet.io/security-level": str(node.security_level)}
+    return fixed[key] if key in fixed else node.labels.get(key)
+
+
+def _req_ok(r: NodeSelectorRequirement, v: str | None) -> bool:
+    if r.operator == "In":
+        return v in r.values
+    if r.operator == "NotIn":
+        return v not in r.values
+    if r.operator == "Exists":
+        return v is not None
+    if r.operator == "DoesNotExist":
+        return v is None
+    if r.operator in ("Gt", "Lt") and v is not None and r.values:
+        try:
+            a, b = int(v), int(r.values[0])
+        except ValueError:
+            return False
+        return a > b if r.operator == "Gt" else a < b
+    return False
+
+
+def _sel_ok(sel: LabelSelector, labels: Mapping[str, str]) -> bool:
+    for k, v in sel.match_labels.items():
+        if labels.get(k) != v:
+            return False
+    return all(_req_ok(r, labels.get(r.key)) for r in sel.match_expressions)
+
+
+def _term_hits(t: PodAffinityTerm, owner_ns: str, pod: _Pod) -> bool:
+    return pod.namespace in (t.namespaces or (owner_ns,)) and _sel_ok(t.selector, pod.labels)
+
+
+class _Ctx:
+    def __init__(self, snap: ClusterSnapshot, cfg: EngineConfig) -> None:
+        self.snap = snap
+        self.cfg = cfg
+        self.nodes = {n.name: n for n in snap.nodes}
+
+    def p95(self, src: str, dst: str) -> float:
+        best = math.inf
+        for key in ((src, dst), (dst, src)):
+            link = self.snap.links.get(key)
+            if link is None or link.age_s > self.cfg.expire_after_s:
+                continue
+            v = link.rtt_p95_ms
+            if link.age_s > self.cfg.stale_after_s:
+                v *= self.cfg.stale_factor
+            best = min(best, v)
+        return best
+
+    def latency(self, node: NodeInfo, target: str) -> float:
+        if target in self.nodes:
+            members = [target]
+        elif any(n.zone == target for n in self.snap.nodes):
+            if node.zone == target:
+                return 0.0
+            members = [n.name for n in self.snap.nodes if n.zone == target]
+        elif any(n.region == target for n in self.snap.nodes):
+            if node.region == target:
+                return 0.0
+            members = [n.name for n in self.snap.nodes if n.region == target]
+        else:
+            members = [target]
+        if node.name in members:
+            return 0.0
+        return min((self.p95(node.name, m) for m in members), default=math.inf)
+
+
+def _static(ctx: _Ctx, w: Workload, node: NodeInfo) -> list[tuple[str, str]]:
+    """Constraints that depend only on the workload and the node."""
+    out: list[tuple[str, str]] = []
+    if node.health != Health.ONLINE:
+        out.append(("health", f"node is {node.health.value}"))
+    if w.residency and node.region not in w.residency:
+        out.append(("residency", f"region {node.region} not in {sorted(w.residency)}"))
+    if node.security_level < w.min_security_level:
+        out.append(("security", f"level {node.security_level} < {w.min_security_level}"))
+    for k, v in w.node_selector.items():
+        if _label(node, k) != v:
+            out.append(("node_selector", f"{k}={_label(node, k)!r}, want {v!r}"))
+    if w.node_affinity and not any(
+            t.match_expressions and all(_req_ok(r, _label(node, r.key))
+                                        for r in t.match_expressions)
+            for t in w.node_affinity):
+        out.append(("node_affinity", "no required term matches"))
+    for taint in node.taints:
+        if taint.effect not in ("NoSchedule", "NoExecute"):
+            continue
+        tolerated = False
+        for tol in w.tolerations:
+            if tol.effect and tol.effect != taint.effect:
+                continue
+            if tol.operator == "Exists" and (not tol.key or tol.key == taint.key):
+                tolerated = True
+            elif tol.operator != "Exists" and tol.key == taint.key and tol.value == taint.value:
+                tolerated = True
+        if not tolerated:
+            out.append(("taints", f"untolerated {taint.key}={taint.value}:{taint.effect}"))
+    if w.max_latency_ms is not None:
+        lat = math.inf if w.latency_to is None else ctx.latency(node, w.latency_to)
+        if not lat <= w.max_latency_ms:
+            out.append(("latency", f"p95 {lat} ms > {w.max_latency_ms} ms to {w.latency_to}"))
+    return out
+
+
+def _pod_terms(ctx: _Ctx, w: Workload, node: NodeInfo, others: Sequence[_Pod]
+               ) -> list[tuple[str, str]]:
+    """Pod affinity / anti-affinity of ``w`` on ``node`` against every other pod."""
+    out: list[tuple[str, str]] = []
+    me = _Pod(w.uid, w.namespace, w.labels, node.name, w.pod_anti_affinity)
+
+    def same(t_key: str, other: _Pod) -> bool:
+        o = ctx.nodes.get(other.node)
+        a = _label(node, t_key)
+        return o is not None and a is not None and a == _label(o, t_key)
+
+    for t in w.pod_anti_affinity:
+        for p in others:
+            if _term_hits(t, w.namespace, p) and same(t.topology_key, p):
+                out.append(("pod_anti_affinity", f"shares {t.topology_key} with {p.uid}"))
+    for p in others:
+        for t in p.anti:
+            if _term_hits(t, p.namespace, me) and same(t.topology_key, p):
+                out.append(("pod_anti_affinity", f"{p.uid}'s anti-affinity repels it"))
+    for t in w.pod_affinity:
+        matching = [p for p in others if _term_hits(t, w.namespace, p)]
+        if any(same(t.topology_key, p) for p in matching):
+            continue
+        if not matching and _term_hits(t, w.namespace, me):
+            continue  # the first pod of a self-affine group
+        out.append(("pod_affinity", f"no pod matching the term in its {t.topology_key}"))
+    return out
+
+
+def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
+             assignments: Mapping[str, str], config: EngineConfig | None = None
+             ) -> list[Violation]:
+    """Every hard-constraint violation of ``assignments`` (uid -> node); empty when sound."""
+    ctx = _Ctx(snapshot, config or EngineConfig())
+    out: list[Violation] = []
+    by_uid = {w.uid: w for w in workloads}
+    for uid, node in assignments.items():
+        if uid not in by_uid:
+            out.append(Violation(uid, node, "unknown_workload", "not in the batch"))
+        elif node not in ctx.nodes:
+            out.append(Violation(uid, node, "unknown_node", "no such node"))
+    placed = [w for w in workloads if assignments.get(w.uid) in ctx.nodes]
+    pods = [_Pod(p.uid, p.namespace, p.labels, p.node, p.anti_affinity) for p in snapshot.pods]
+    pods += [_Pod(w.uid, w.namespace, w.labels, assignments[w.uid], w.pod_anti_affinity)
+             for w in placed]
+    used: dict[str, list[int]] = {}
+    for w in placed:
+        node = ctx.nodes[assignments[w.uid]]
+        for c, d in _static(ctx, w, node):
+            out.append(Violation(w.uid, node.name, c, d))
+        others = [p for p in pods if p.uid != w.uid]
+        for c, d in _pod_terms(ctx, w, node, others):
+            out.append(Violation(w.uid, node.name, c, d))
+        u = used.setdefault(node.name, [0, 0, 0])
+        u[0] += w.requests.cpu_milli
+        u[1] += w.requests.mem_bytes
+        u[2] += w.requests.gpus
+    for name, u in used.items():
+        n = ctx.nodes[name]
+        free = (n.capacity.cpu_milli - n.allocated.cpu_milli,
+                n.capacity.mem_bytes - n.allocated.mem_bytes, n.capacity.gpus - n.allocated.gpus)
+        for res, want, have in zip(("cpu", "memory", "gpu"), u, free, strict=True):
+            if want > have:
+                uids = [w.uid for w in placed if assignments[w.uid] == name]
+                out.append(Violation(uids[-1], name, "resources",
+                                     f"{res}: {want} requested > {have} free"))
+    gangs: dict[str, list[Workload]] = {}
+    for w in workloads:
+        if w.gang is not None:
+            gangs.setdefault(w.gang, []).append(w)
+    for g, ws in gangs.items():
+        n_placed = sum(1 for w in ws if w.uid in assignments)
+        if 0 < n_placed < len(ws):
+            out.append(Violation(ws[0].uid, None, "gang",
+                                 f"gang {g}: {n_placed} of {len(ws)} placed"))
+    return out
+
+
+def nodes_that_fit(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
+                   assignments: Mapping[str, str], w: Workload,
+                   config: EngineConfig | None = None) -> list[str]:
+    """Nodes where ``w`` could still go on top of ``assignments`` without any violation.
+
+    Tests use it to prove an unplaced workload's reason: if this is empty, it truly has none.
+    """
+    out = []
+    rest = [x for x in workloads if x.uid != w.uid and x.uid in assignments]
+    for n in snapshot.nodes:
+        trial = dict(assignments)
+        trial[w.uid] = n.name
+        probe = Workload(**{**{f: getattr(w, f) for f in w.__dataclass_fields__},
+                            "gang": None})
+        if not validate(snapshot, [*rest, probe], trial, config):
+            out.append(n.name)
+    return out
