@@ -338,6 +338,22 @@ class Broker:
             self._wait_accepts(creds)
         return creds
 
+    def remove_account(self, name: str) -> None:
+        """Revoke an account; on a running broker, reload and wait until it is refused."""
+        try:
+            creds = self.store.credentials(name)
+            self.store.remove_account(name)
+        except CertError as exc:
+            raise BrokerError(str(exc)) from exc
+        if not self.running:
+            return
+        self.reload()
+        deadline = time.monotonic() + RELOAD_TIMEOUT_S
+        while self.probe(creds.username, creds.password) == 0:
+            if time.monotonic() > deadline:
+                raise BrokerError(f"{name!r} still accepted after reload")
+            time.sleep(0.05)
+
     def credentials(self, name: str) -> Credentials:
         """Credentials of an account added earlier."""
         return self._shape(self.store.credentials(name))

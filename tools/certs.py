@@ -16,6 +16,7 @@ Usage::
     python -m tools.certs add-operator NAME --dir DIR
     python -m tools.certs add-core NAME --dir DIR
     python -m tools.certs add-sim NAME --dir DIR
+    python -m tools.certs remove NAME --dir DIR     (revoke; a new add-* gives a new password)
 
 Every command is idempotent and prints what it created. Node ids and operator
 names are MQTT usernames, and so topic levels; one registry holds all of them
@@ -388,6 +389,31 @@ class CertStore:
                 self._share_with_broker()
         return self.credentials(name), created
 
+    def remove_account(self, name: str) -> list[Path]:
+        """Revoke an account: password entry, ACL block, registry entry, client files.
+
+        Returns what was removed (empty if there was no such account). On
+        reload (SIGHUP), Mosquitto 2.0.11 re-checks connected clients against
+        the new password file and disconnects this one.
+        """
+        removed: list[Path] = []
+        with self._locked():
+            accounts = self.accounts()
+            if name not in accounts:
+                return removed
+            del accounts[name]
+            _run([MOSQUITTO_PASSWD, "-D", str(self.password_file), name])
+            self.password_file.chmod(0o600)
+            self._save_accounts(accounts)
+            _atomic_write(self.acl_file, render_acl(accounts))
+            removed += [self.password_file, self.registry_file, self.acl_file]
+            cdir = self.client_dir(name)
+            if cdir.exists():
+                shutil.rmtree(cdir)
+                removed.append(cdir)
+            self._share_with_broker()
+        return removed
+
     def _set_password(self, name: str, password: str) -> None:
         if not self.password_file.exists():
             _write_private(self.password_file, "")
@@ -428,11 +454,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("name")
         p.add_argument("--dir", type=Path, default=Path(os.environ.get("CFNET_PKI", "pki")))
         p.set_defaults(role=role)
+    p_rm = sub.add_parser("remove", help="revoke an account (then reload the broker)")
+    p_rm.add_argument("name")
+    p_rm.add_argument("--dir", type=Path, default=Path(os.environ.get("CFNET_PKI", "pki")))
     args = ap.parse_args(argv)
     try:
         store = CertStore(args.dir)
         if args.cmd == "init":
             created = store.init(args.san, group=args.group)
+        elif args.cmd == "remove":
+            removed = store.remove_account(args.name)
+            for path in removed:
+                print(f"{'updated' if path.is_file() else 'removed'} {path}")
+            if not removed:
+                print(f"nothing to do: no account {args.name!r}")
+            return 0
         else:
             if not store.ca_file.exists():
                 raise CertError(f"{args.dir} has no CA; run 'init {args.dir}' first")

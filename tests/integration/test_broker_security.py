@@ -535,6 +535,30 @@ def test_acl_has_no_patterns_and_nothing_for_anonymous() -> None:
     ]
 
 
+def test_removed_account_is_refused_and_powerless(broker_factory: Callable[..., Broker]) -> None:
+    b = broker_factory(persistence=False)
+    core = Client(b, b.add_account("core-rm", "core"))
+    victim = Client(b, b.add_account("node-rm", "agent"))
+    try:
+        assert core.connect() is not None and victim.connect() is not None
+        assert core.subscribe(wire.TELEMETRY_WILDCARD) == [1]
+        creds = b.credentials("node-rm")
+        b.remove_account("node-rm")
+        assert b.probe(creds.username, creds.password) == 5
+        assert not (b.store.client_dir("node-rm")).exists()
+        # Mosquitto 2.0.11 re-checks connected clients on reload and drops this one.
+        assert victim.disconnected.wait(WAIT_S)
+        again = Client(b, creds)
+        try:
+            rc = again.connect()
+        finally:
+            again.close()
+        assert rc is not None and rc.value == NOT_AUTHORIZED
+    finally:
+        victim.close()
+        core.close()
+
+
 def test_account_added_while_running_is_live_at_once(broker_factory: Callable[..., Broker]) -> None:
     b = broker_factory(persistence=False)
     creds = b.add_account("node-late", "agent")
