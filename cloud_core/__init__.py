@@ -1,3 +1,4 @@
-"""cfnet cloud core: MQTT ingest, the live model of nodes and links, placement, actuation and the console service."""
+"""cfnet cloud core: MQTT ingest, the live model of nodes and links, placement, actuation
+and the console service."""
 
 __version__ = "0.1.0"

@@ -11,7 +11,11 @@ import threading
 import time
 from pathlib import Path
 
-from cloud_core.service import CoreService
+import yaml
+
+from cloud_core.errors import CoreError
+from cloud_core.registry import load_registry
+from cloud_core.service import CoreConfig, CoreService
 from cloud_core.view import render_links, render_nodes
 from edge_agent.mqtt import MqttSettings
 
@@ -28,11 +32,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--password-file", type=Path, default=env("CFNET_PASSWORD_FILE"))
     p.add_argument("--ca-file", type=Path, default=env("CFNET_CA_FILE"))
     p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--db", type=Path, default=Path(env("CFNET_DB", "/var/lib/cfnet-core/core.db")),
+                   help="SQLite database: workloads, placements, journal, audit")
+    p.add_argument("--registry", type=Path, default=env("CFNET_REGISTRY"),
+                   help="YAML node registry (region, zone, security level, price, carbon)")
+    p.add_argument("--roles", type=Path, default=env("CFNET_ROLES"),
+                   help="YAML mapping operator -> viewer|operator|admin")
     p.add_argument("--share-group", default=env("CFNET_SHARE_GROUP"),
                    help="ingest through $share/<group>/ so replicas split the load")
+    p.add_argument("--step-interval", type=float, default=0.5)
+    p.add_argument("--apply-interval", type=float, default=0.0,
+                   help="pause between node applies (paces large roll-outs)")
+    p.add_argument("--no-place", action="store_true", help="ingest only (follower replica)")
     p.add_argument("--table-every", type=float, default=10.0,
                    help="log the node and link tables every N seconds (0: never)")
     return p.parse_args(argv)
+
+
+def load_roles(path: Path | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise CoreError(f"cannot read roles file {path}: {exc}") from exc
+    ops = raw.get("operators", raw) if isinstance(raw, dict) else None
+    if not isinstance(ops, dict) or any(v not in ("viewer", "operator", "admin")
+                                        for v in ops.values()):
+        raise CoreError(f"{path}: expected operators: {{name: viewer|operator|admin}}")
+    return {str(k): str(v) for k, v in ops.items()}
+
+
+def build_config(a: argparse.Namespace) -> CoreConfig:
+    password = a.password
+    if password is None and a.password_file is not None:
+        try:
+            password = a.password_file.read_text().strip()
+        except OSError as exc:
+            raise CoreError(f"cannot read {a.password_file}: {exc}") from exc
+    settings = MqttSettings(
+        host=a.broker_host, port=a.broker_port, username=a.username, password=password,
+        tls=a.tls, ca_file=a.ca_file, client_id=a.username, keepalive_s=5,
+    )
+    return CoreConfig(
+        mqtt=settings, db_path=a.db, registry=load_registry(a.registry),
+        roles=load_roles(a.roles), step_interval_s=a.step_interval,
+        apply_interval_s=a.apply_interval, share_group=a.share_group, place=not a.no_place,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,26 +86,25 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     a = parse_args(argv)
-    password = a.password
-    if password is None and a.password_file is not None:
-        try:
-            password = a.password_file.read_text().strip()
-        except OSError as exc:
-            print(f"cfnet-core: cannot read {a.password_file}: {exc}", file=sys.stderr)
-            return 2
-    settings = MqttSettings(
-        host=a.broker_host, port=a.broker_port, username=a.username, password=password,
-        tls=a.tls, ca_file=a.ca_file, client_id=a.username, keepalive_s=5,
-    )
-    core = CoreService(settings, share_group=a.share_group)
+    try:
+        cfg = build_config(a)
+        core = CoreService(cfg)
+    except CoreError as exc:
+        print(f"cfnet-core: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     core.start()
+    pending = len(core.store.workloads(("planned",)))
+    log.info("core %s up: db %s, %d registered nodes, %d planned placements to re-apply",
+             a.username, a.db, len(cfg.registry.nodes), pending)
     if not core.mqtt.wait_connected(10):
         log.warning("broker %s:%s not reachable yet (%s); retrying in the background",
                     a.broker_host, a.broker_port, core.mqtt.last_refusal or "no answer")
     while not stop.wait(a.table_every if a.table_every > 0 else 3600):
+        if a.table_every <= 0:
+            continue
         snap = core.state.snapshot(time.time())
         c = core.ingest.counters()
         log.info("ingest: %d accepted, %d duplicate, %d rejected %s\n%s\n\n%s",

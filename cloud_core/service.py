@@ -1,22 +1,36 @@
-"""The running core: one MQTT connection feeding ingest, and the console service answering.
+"""The running core: MQTT ingest, the decide-and-act loop and the console service, wired.
 
 This is where I/O meets the pure parts: messages from the broker are routed by
 topic to ingest (telemetry, status) or to the console (requests); replies go
-back on the request's MQTT 5 response topic with its correlation data.
+back on the operator's own response topic with the request's correlation data;
+a loop thread runs the scheduler's steps; events go out on ``cfnet/v1/events``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from cloud_core.actuators import Actuator
+from cloud_core.actuators.local import LocalActuator
+from cloud_core.console.commands import register_commands
 from cloud_core.console.protocol import Response, encode_response, parse_request
 from cloud_core.console.service import ConsoleService
+from cloud_core.events import Event, EventLog
+from cloud_core.health import HealthConfig
 from cloud_core.ingest import Ingest
+from cloud_core.registry import Registry
+from cloud_core.scheduler import Scheduler
 from cloud_core.state import ClusterState
+from cloud_core.store import Store
 from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import (
+    EVENTS_TOPIC,
     REQUEST_WILDCARD,
     STATUS_WILDCARD,
     TELEMETRY_WILDCARD,
@@ -28,28 +42,83 @@ from edge_agent.wire import (
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    mqtt: MqttSettings
+    db_path: Path = Path("/var/lib/cfnet-core/core.db")
+    registry: Registry = field(default_factory=Registry)
+    roles: dict[str, str] = field(default_factory=dict)  # operator -> viewer|operator|admin
+    step_interval_s: float = 0.5
+    apply_interval_s: float = 0.0
+    share_group: str | None = None
+    health: HealthConfig = HealthConfig()
+    place: bool = True  # False on a follower replica: ingest only
+
+
 class CoreService:
-    def __init__(
-        self,
-        settings: MqttSettings,
-        *,
-        clock: Callable[[], float] = time.time,
-        share_group: str | None = None,
-    ) -> None:
+    def __init__(self, cfg: CoreConfig, *, clock: Callable[[], float] = time.time,
+                 actuator: Actuator | None = None) -> None:
+        self.cfg = cfg
+        self._clock = clock
         self.state = ClusterState()
         self.ingest = Ingest(self.state, clock)
-        self.console = ConsoleService(self.state, self.ingest, clock)
-        self.mqtt = MqttClient(settings, on_message=self._on_message)
-        prefix = f"$share/{share_group}/" if share_group else ""
+        self.store = Store(cfg.db_path, clock)
+        self.events = EventLog(self._publish_event, clock)
+        self.mqtt = MqttClient(cfg.mqtt, on_message=self._on_message)
+        self.actuator = actuator or LocalActuator(
+            lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True)
+        )
+        self.scheduler = Scheduler(
+            store=self.store, registry=cfg.registry, state=self.state, events=self.events,
+            actuator=self.actuator, health_config=cfg.health, clock=clock,
+            apply_interval_s=cfg.apply_interval_s,
+        )
+        self.console = ConsoleService(cfg.roles.get, self.store.audit, clock)
+        register_commands(
+            self.console, state=self.state, ingest=self.ingest, store=self.store,
+            scheduler=self.scheduler, events=self.events, registry=cfg.registry,
+            health_config=cfg.health, clock=clock,
+        )
+        prefix = f"$share/{cfg.share_group}/" if cfg.share_group else ""
         for t in (TELEMETRY_WILDCARD, STATUS_WILDCARD):
             self.mqtt.subscribe(prefix + t, qos=1)
-        self.mqtt.subscribe(REQUEST_WILDCARD, qos=1)
+        self.mqtt.subscribe(prefix + REQUEST_WILDCARD, qos=1)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cfnet-console")
+        self._stop = threading.Event()
+        self._loop: threading.Thread | None = None
+        self.steps = 0
 
     def start(self) -> None:
         self.mqtt.start()
+        if self.cfg.place:
+            self._loop = threading.Thread(target=self._run, name="cfnet-scheduler", daemon=True)
+            self._loop.start()
 
     def stop(self) -> None:
+        self._stop.set()
+        if self._loop is not None:
+            self._loop.join(timeout=10)
         self.mqtt.stop()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.store.close()
+
+    def _run(self) -> None:
+        # Give agents' retained status and first reports a moment to arrive, so
+        # the first step does not judge every node 'unknown'.
+        self._stop.wait(min(2.0, self.cfg.step_interval_s * 4))
+        while not self._stop.is_set():
+            if self.mqtt.connected:
+                try:
+                    self.scheduler.step()
+                    self.steps += 1
+                except Exception:
+                    log.exception("scheduler step failed")
+            self._stop.wait(self.cfg.step_interval_s)
+
+    def _publish_event(self, ev: Event) -> None:
+        log.info("event %s/%s: %s", ev.kind, ev.severity, ev.message)
+        if self.mqtt.connected:
+            self.mqtt.publish(EVENTS_TOPIC, ev.encode(), qos=1)
 
     def _on_message(self, m: Message) -> None:
         if m.topic.startswith("cfnet/v1/console/"):
@@ -66,12 +135,14 @@ class CoreService:
         except WireError as exc:
             log.warning("bad console request on %.80s: %s", m.topic, exc)
             return
-        resp = self.console.handle(operator, req)
-        self.reply(operator, m, resp)
+        # Console commands may take a while (what-if on a big cluster): run them
+        # off paho's network thread so ingest never stalls behind them.
+        self._pool.submit(lambda: self.reply(operator, m, self.console.handle(operator, req)))
 
     def reply(self, operator: str, m: Message, resp: Response) -> None:
         # Answer only on the operator's own response topic: a request naming
         # another operator's topic must not make us deliver there.
-        own = response_topic(operator)
-        topic = m.response_topic if m.response_topic == own else own
-        self.mqtt.publish(topic, encode_response(resp), qos=1, correlation_data=m.correlation_data)
+        self.mqtt.publish(
+            response_topic(operator), encode_response(resp), qos=1,
+            correlation_data=m.correlation_data,
+        )

@@ -1,0 +1,81 @@
+"""Build the placement engine's frozen ``ClusterSnapshot`` from the live model.
+
+This is the seam between the measured world (state snapshot, health) and the
+pure engine: registry facts (never agent claims) for region and security, the
+agent's measurement for capacity when the registry gives none, health and
+cordons for eligibility, and the measured links between known nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from cloud_core.health import Health as LiveHealth
+from cloud_core.placement.model import (
+    ClusterSnapshot,
+    Health,
+    LinkInfo,
+    NodeInfo,
+    Resources,
+    RunningPod,
+    Workload,
+)
+from cloud_core.registry import Registry
+from cloud_core.state import StateSnapshot
+
+_HEALTH = {
+    LiveHealth.ONLINE: Health.ONLINE,
+    LiveHealth.SUSPECT: Health.SUSPECT,
+    LiveHealth.UNREACHABLE: Health.UNREACHABLE,
+    LiveHealth.DOWN: Health.DOWN,
+    LiveHealth.UNKNOWN: Health.DOWN,
+}
+
+
+def build_snapshot(
+    state: StateSnapshot,
+    registry: Registry,
+    health: dict[str, LiveHealth],
+    cordoned: set[str],
+    running: Iterable[tuple[Workload, str]],
+) -> ClusterSnapshot:
+    running = list(running)
+    used: dict[str, Resources] = {}
+    for w, node in running:
+        used[node] = used.get(node, Resources()) + w.requests
+    names = sorted(set(registry.nodes) | set(state.nodes))
+    nodes: list[NodeInfo] = []
+    for name in names:
+        facts = registry.facts(name)
+        info = facts.info
+        if not facts.capacity_set:
+            view = state.nodes.get(name)
+            r = view.resources if view else None
+            cap = (
+                Resources(r.cpu_cores * 1000, r.mem_total_bytes, len(r.gpus)) if r else Resources()
+            )
+            info = replace(info, capacity=cap)
+        h = _HEALTH[health.get(name, LiveHealth.UNKNOWN)]
+        if name in cordoned:
+            h = Health.CORDONED
+        nodes.append(replace(info, allocated=used.get(name, Resources()), health=h))
+    known = set(names)
+    links: dict[tuple[str, str], LinkInfo] = {}
+    for (src, dst), lk in state.links.items():
+        if src in known and dst in known and lk.rtt_p50_us is not None:
+            links[(src, dst)] = LinkInfo(
+                rtt_p50_ms=lk.rtt_p50_us / 1000.0,
+                rtt_p95_ms=(lk.rtt_p95_us or lk.rtt_p50_us) / 1000.0,
+                loss=lk.loss,
+                tx_bps=lk.tx_bps,
+                age_s=max(0.0, state.now - lk.updated),
+            )
+    pods = tuple(
+        RunningPod(
+            uid=w.uid, name=w.name, namespace=w.namespace, node=node, labels=w.labels,
+            requests=w.requests, anti_affinity=w.pod_anti_affinity,
+        )
+        for w, node in running
+    )
+    return ClusterSnapshot(nodes=tuple(nodes), links=links, now=state.now, pods=pods)
