@@ -1,7 +1,8 @@
 /* Per-peer TCP link telemetry from tracepoints only (loaded by BCC).
  *
- *  tcp:tcp_probe            smoothed RTT, bytes sent/acked/received (per incoming segment)
- *  tcp:tcp_retransmit_skb   retransmitted segments
+ *  tcp:tcp_probe            smoothed RTT, bytes sent/acked/received (per incoming segment,
+ *                           ESTABLISHED sockets only)
+ *  tcp:tcp_retransmit_skb   retransmitted segments (ESTABLISHED only, to match)
  *  sock:inet_sock_set_state connect latency, connections opened/closed, lifetime
  *
  * Aggregates live in `peers` and `rtt_hist`; edge_agent/probes/ebpf.py reads
@@ -189,8 +190,10 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
         __sync_fetch_and_add(&st->segs_in, 1);
     }
 
-    /* The tracepoint records tp->srtt_us, which is 8 x the smoothed RTT in us. */
-    u64 rtt = args->srtt >> 3;
+    /* tp->srtt_us holds 8 x the smoothed RTT, but the tracepoint stores it
+     * already shifted (srtt_us >> 3): the field is in microseconds.  Checked
+     * against tcp_info's tcpi_rtt by tests/integration/test_probe_accuracy.py. */
+    u64 rtt = args->srtt;
     if (!rtt)
         return 0;
     __sync_fetch_and_add(&st->rtt_count, 1);
@@ -216,6 +219,11 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     struct cf_addr local = {}, peer = {};
     u16 family = args->family;
 
+    /* tcp_probe (our bytes-sent count) fires only in ESTABLISHED; retransmits
+     * after close() (FIN_WAIT1 draining the send buffer) would have no
+     * denominator and inflate the loss ratio, so they are left out too. */
+    if (args->state != CF_TCP_ESTABLISHED)
+        return 0;
     if (family == CF_AF_INET) {
         bpf_probe_read_kernel(local.addr, 4, args->saddr);
         bpf_probe_read_kernel(peer.addr, 4, args->daddr);

@@ -55,9 +55,9 @@ class EbpfProbe:
             cflags.append("-DCFNET_FILTER_LOCAL")
         self._bpf: Any = bpf_loader.load(SOURCE, cflags)
         try:
-            self._peers = self._bpf["peers"]
-            self._hist = self._bpf["rtt_hist"]
-            self._locals = self._bpf["local_addrs"]
+            self._peers = self._bpf[b"peers"]
+            self._hist = self._bpf[b"rtt_hist"]
+            self._locals = self._bpf[b"local_addrs"]
             self.set_local_addrs(self._local)
         except Exception as exc:
             self._bpf.cleanup()

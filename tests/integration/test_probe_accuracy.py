@@ -1,0 +1,172 @@
+"""Accuracy of the link probes against the kernel's own figures, on a real lab.
+
+Site ``a`` is the measuring node; the probes count only its sockets (eBPF via
+``local_addrs``, sock_diag by living in ``a``'s namespace). Each test runs a
+bounded load generator (``python -m tools.lab ...``) between lab namespaces
+and compares what the probe reports with what the kernel says:
+
+- RTT: the probe's p50 against the connection's own ``tcp_info`` RTT;
+- loss: 5 % random nftables drop on the receiver's link;
+- throughput: a saturating transfer through a 20 Mbit/s tbf.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from edge_agent.errors import ProbeError
+from edge_agent.probes.base import LinkProbe
+from edge_agent.wire import LinkSample
+from tools.lab import Lab, SiteSpec
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+RATE_MBIT = 20.0
+PY = sys.executable
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nft") is None:
+        pytest.skip("needs root, iproute2 and nftables")
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    _need_root()
+    sites = [SiteSpec("a"), SiteSpec("b"), SiteSpec("c", rate_mbit=RATE_MBIT)]
+    with Lab(sites, prefix=f"cfpa{os.getpid() % 100000}") as lab_:
+        yield lab_
+
+
+def _ebpf(lab: Lab) -> LinkProbe:
+    from edge_agent.probes.ebpf import EbpfProbe
+
+    try:
+        return EbpfProbe(local_addrs=(lab.addr("a"),))
+    except ProbeError as exc:
+        pytest.skip(f"eBPF unavailable: {exc}")
+
+
+def _sockdiag(lab: Lab) -> LinkProbe:
+    from edge_agent.probes.sockdiag import SockDiagProbe
+
+    return SockDiagProbe(netns=lab.ns("a"))
+
+
+PROBES: dict[str, Callable[[Lab], LinkProbe]] = {"ebpf": _ebpf, "sockdiag": _sockdiag}
+probe_param = pytest.mark.parametrize(
+    "probe_name", [pytest.param("ebpf", marks=pytest.mark.ebpf), "sockdiag"])
+
+
+@pytest.fixture
+def make_probe(lab: Lab) -> Iterator[Callable[[str], LinkProbe]]:
+    opened: list[LinkProbe] = []
+
+    def make(name: str) -> LinkProbe:
+        p = PROBES[name](lab)
+        opened.append(p)
+        return p
+
+    yield make
+    for p in opened:
+        p.close()
+
+
+def _server(lab: Lab, site: str, port: int, mode: str, seconds: float) -> subprocess.Popen[str]:
+    p = lab.popen(site, [PY, "-m", "tools.lab", "serve", "--port", str(port), "--mode", mode,
+                         "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert "listening" in p.stdout.readline()  # ready before the client starts
+    return p
+
+
+def _intervals(probe: LinkProbe, peer: str, n: int, interval_s: float = 1.0) -> list[LinkSample]:
+    """``n`` consecutive collect() intervals; the samples for ``peer``."""
+    out: list[LinkSample] = []
+    for _ in range(n):
+        time.sleep(interval_s)
+        out.extend(s for s in probe.collect() if s.peer == peer)
+    return out
+
+
+def _finish(*procs: subprocess.Popen[str]) -> None:
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+@probe_param
+def test_rtt_matches_tcp_info(lab: Lab, make_probe: Callable[[str], LinkProbe],
+                              probe_name: str) -> None:
+    probe = make_probe(probe_name)
+    srv = _server(lab, "b", 5002, "echo", 12)
+    probe.collect()
+    cli = lab.popen("a", [PY, "-m", "tools.lab", "pingpong", lab.addr("b"), "--port", "5002",
+                          "--seconds", "6", "--count", "5000", "--gap", "0.002"],
+                    stdout=subprocess.PIPE, text=True)
+    samples = _intervals(probe, lab.addr("b"), 5)
+    out, _ = cli.communicate(timeout=30)
+    _finish(srv)
+    truth = [json.loads(line)["rtt_us"] for line in out.splitlines() if line.startswith("{")]
+    got = [s.rtt_us.p50 for s in samples if s.rtt_us is not None]
+    assert truth and len(got) >= 3, (truth[:5], samples)
+    want, have = statistics.median(truth), statistics.median(got)
+    print(f"{probe_name}: rtt p50 {have:.0f} us vs tcp_info {want:.0f} us")
+    assert abs(have - want) <= max(0.10 * want, 50.0), (have, want, got)
+    for s in samples:
+        assert s.rtt_us is None or s.rtt_us.min <= s.rtt_us.p50 <= s.rtt_us.p95
+
+
+@probe_param
+def test_loss_under_random_drop(lab: Lab, make_probe: Callable[[str], LinkProbe],
+                                probe_name: str) -> None:
+    probe = make_probe(probe_name)
+    lab.set_loss("b", 0.05)
+    try:
+        srv = _server(lab, "b", 5003, "sink", 12)
+        probe.collect()
+        cli = lab.popen("a", [PY, "-m", "tools.lab", "send", lab.addr("b"), "--port", "5003",
+                              "--seconds", "6", "--bytes", "60000000", "--rate-mbit", "40"],
+                        stdout=subprocess.PIPE, text=True)
+        samples = _intervals(probe, lab.addr("b"), 7)
+        _finish(cli, srv)
+    finally:
+        lab.set_loss("b", 0.0)
+    retrans = sum(s.retrans for s in samples)
+    segs = sum(s.segs_out for s in samples)
+    assert segs > 1000, samples
+    loss = retrans / segs
+    print(f"{probe_name}: loss {loss:.4f} ({retrans}/{segs})")
+    assert 0.03 <= loss <= 0.07, (loss, samples)
+    assert all(0.0 <= s.loss <= 1.0 for s in samples)
+
+
+@probe_param
+def test_throughput_through_tbf(lab: Lab, make_probe: Callable[[str], LinkProbe],
+                                probe_name: str) -> None:
+    probe = make_probe(probe_name)
+    srv = _server(lab, "c", 5004, "sink", 14)
+    probe.collect()
+    cli = lab.popen("a", [PY, "-m", "tools.lab", "send", lab.addr("c"), "--port", "5004",
+                          "--seconds", "8", "--bytes", "40000000"],
+                    stdout=subprocess.PIPE, text=True)
+    samples = _intervals(probe, lab.addr("c"), 7)
+    _finish(cli, srv)
+    # Skip the first two intervals: slow start and the tbf burst.
+    steady = [s.tx_bps for s in samples[2:6]]
+    assert len(steady) >= 3, samples
+    tx = statistics.median(steady)
+    print(f"{probe_name}: throughput {tx / 1e6:.2f} Mbit/s vs tbf {RATE_MBIT} Mbit/s")
+    assert abs(tx - RATE_MBIT * 1e6) <= 0.15 * RATE_MBIT * 1e6, steady
