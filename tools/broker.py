@@ -148,6 +148,7 @@ class Broker:
         self.log_file = self.workdir / "mosquitto.log"
         self.data_dir = self.workdir / "data"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ever_started = False
         # A test that dies without stop() must not leave a broker behind.
         self._finalizer = weakref.finalize(self, _terminate, None)
 
@@ -225,10 +226,13 @@ class Broker:
         """Start Mosquitto and wait until its listener completes a handshake."""
         if self.running:
             return
-        attempts = 3 if self._auto_port else 1
+        # A port we picked may be taken before Mosquitto binds it: pick again,
+        # but only before the first successful start (restart keeps the port).
+        attempts = 3 if self._auto_port and not self._ever_started else 1
         for attempt in range(attempts):
             try:
                 self._start_once()
+                self._ever_started = True
                 return
             except BrokerError:
                 if attempt + 1 == attempts or "Address already in use" not in self._log_tail():
@@ -291,7 +295,7 @@ class Broker:
         self._finalizer.detach()
 
     def kill(self) -> None:
-        """SIGKILL: a crash. Whatever was not autosaved is lost."""
+        """SIGKILL: a crash. What was not autosaved (every 5 s here) is lost."""
         proc = self._proc
         if proc is None:
             return
@@ -302,7 +306,10 @@ class Broker:
         self._finalizer.detach()
 
     def restart(self) -> None:
-        """Stop and start again on the same port with the same persistence directory."""
+        """Stop and start again on the same port with the same persistence directory.
+
+        ``stop()`` ... ``start()`` does the same with a gap (a broker outage).
+        """
         self.stop()
         self.start()
 

@@ -18,7 +18,8 @@ Usage::
     python -m tools.certs add-sim NAME --dir DIR
     python -m tools.certs remove NAME --dir DIR     (revoke; a new add-* gives a new password)
 
-Every command is idempotent and prints what it created. Node ids and operator
+DIR defaults to ``$CFNET_PKI`` or ``run/pki`` (git-ignored). Every command is
+idempotent and prints what it created. Node ids and operator
 names are MQTT usernames, and so topic levels; one registry holds all of them
 so no name can have two roles. The ACL has no ``pattern`` lines at all: every
 account gets its own ``user`` block spelled out from its role, because a
@@ -44,6 +45,7 @@ from typing import Literal, cast, get_args
 
 from edge_agent.wire import (
     EVENTS_TOPIC,
+    ID_RE,
     REQUEST_WILDCARD,
     STATUS_WILDCARD,
     TELEMETRY_WILDCARD,
@@ -53,7 +55,6 @@ from edge_agent.wire import (
     response_topic,
     status_topic,
     telemetry_topic,
-    valid_id,
 )
 
 Role = Literal["agent", "operator", "core", "sim"]
@@ -147,7 +148,9 @@ def check_name(name: str, role: Role) -> None:
     """Refuse names that are not valid ids or that take another role's prefix."""
     if role not in ROLES:
         raise CertError(f"unknown role {role!r}; one of {ROLES}")
-    if not valid_id(name):
+    # fullmatch, not valid_id(): ID_RE ends in '$', which also matches before a
+    # trailing newline, and a newline must never reach the passwd or ACL file.
+    if not ID_RE.fullmatch(name):
         raise CertError(f"{name!r} is not a valid id (lowercase DNS-label-like)")
     for prefix, owner in RESERVED_PREFIXES.items():
         if name.startswith(prefix) and role != owner:
@@ -441,10 +444,12 @@ class CertStore:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # run/ is git-ignored, so keys made in a checkout cannot be committed by accident.
+    default_dir = Path(os.environ.get("CFNET_PKI", "run/pki"))
     ap = argparse.ArgumentParser(prog="python -m tools.certs", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_init = sub.add_parser("init", help="create the CA, broker cert and empty password/ACL")
-    p_init.add_argument("dir", type=Path)
+    p_init.add_argument("dir", type=Path, nargs="?", default=default_dir)
     p_init.add_argument("--san", action="append", default=[], help="extra SAN, e.g. DNS:host")
     p_init.add_argument(
         "--group", help="the broker's group (production: mosquitto); gets read access"
@@ -452,11 +457,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for role in ROLES:
         p = sub.add_parser(f"add-{role}", help=f"register a {role} account")
         p.add_argument("name")
-        p.add_argument("--dir", type=Path, default=Path(os.environ.get("CFNET_PKI", "pki")))
+        p.add_argument("--dir", type=Path, default=default_dir)
         p.set_defaults(role=role)
     p_rm = sub.add_parser("remove", help="revoke an account (then reload the broker)")
     p_rm.add_argument("name")
-    p_rm.add_argument("--dir", type=Path, default=Path(os.environ.get("CFNET_PKI", "pki")))
+    p_rm.add_argument("--dir", type=Path, default=default_dir)
     args = ap.parse_args(argv)
     try:
         store = CertStore(args.dir)

@@ -26,6 +26,7 @@ tests assert raw reason codes that an adapter rightly hides.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -40,6 +41,8 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
@@ -52,7 +55,7 @@ from tools.broker import (
     free_port,
     mqtt_connect_probe,
 )
-from tools.certs import CertError, CertStore, Role, render_acl
+from tools.certs import CertError, CertStore, Role, check_name, render_acl
 
 WAIT_S = 10.0
 NOT_AUTHORIZED = 0x87
@@ -512,7 +515,7 @@ def test_registry_refuses_clashes_and_bad_names(tmp_path: Path) -> None:
     for name, role in (("core-x", "operator"), ("sim-x", "agent"), ("core-y", "sim")):
         with pytest.raises(CertError, match="reserved"):
             store.add_account(name, role)  # type: ignore[arg-type]
-    for bad in ("a/b", "+", "#", "Node", "", "x" * 64, "a b", "-a"):
+    for bad in ("a/b", "+", "#", "Node", "", "x" * 64, "a b", "-a", "node-1\n", "a\nb"):
         with pytest.raises(CertError, match="not a valid id"):
             store.add_account(bad, "agent")
     with pytest.raises(CertError, match="unknown role"):
@@ -533,6 +536,55 @@ def test_acl_has_no_patterns_and_nothing_for_anonymous() -> None:
         "topic read cfnet/v1/console/alice/response",
         "topic read cfnet/v1/events",
     ]
+
+
+def _parse_acl(text: str) -> dict[str, list[tuple[str, str]]]:
+    blocks: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if words[0] == "user":
+            assert words[1] not in blocks, f"two blocks for {words[1]}"
+            current = blocks[words[1]] = []
+        else:
+            assert words[0] == "topic" and current is not None, line
+            current.append((words[1], words[2]))
+    return blocks
+
+
+_names = st.from_regex(wire.ID_RE, fullmatch=True)
+_roles = st.sampled_from(["agent", "operator", "core", "sim"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(_names, _roles, max_size=6))
+def test_acl_grants_each_account_only_its_own_topics(raw: dict[str, Role]) -> None:
+    accounts: dict[str, Role] = {}
+    for name, role in raw.items():
+        with contextlib.suppress(CertError):
+            check_name(name, role)
+            accounts[name] = role
+    blocks = _parse_acl(render_acl(accounts))
+    assert set(blocks) == set(accounts)
+    for name, rules in blocks.items():
+        role = accounts[name]
+        for access, topic in rules:
+            if role in ("agent", "operator") and topic != wire.EVENTS_TOPIC:
+                # Exactly one id level, and it is the account's own name.
+                assert "+" not in topic and "#" not in topic, (name, topic)
+                assert wire.split_topic(topic)[1] == name, (name, topic)
+            if role == "agent":
+                assert wire.split_topic(topic)[0] == "nodes"
+            if role == "operator":
+                assert topic == wire.EVENTS_TOPIC or wire.split_topic(topic)[0] == "console"
+                assert access == "read" or topic.endswith("/request")
+            if role == "sim":
+                assert access == "write" and topic.startswith("cfnet/v1/nodes/+/")
+            if role == "core" and "write" in access:
+                assert not topic.endswith(("/telemetry", "/status", "/request")), topic
+            assert "#" not in topic
 
 
 def test_removed_account_is_refused_and_powerless(broker_factory: Callable[..., Broker]) -> None:
