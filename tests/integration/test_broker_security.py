@@ -734,3 +734,18 @@ def test_production_conf_runs_with_cert_tool_output(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=WAIT_S)
+
+
+def test_kill_then_start_on_the_same_port(broker_factory: Callable[..., Broker]) -> None:
+    b = broker_factory(persistence=False)
+    creds = b.add_account("node-k", "agent")
+    port, pid = b.port, b.pid
+    assert pid is not None
+    b.kill()
+    assert not b.running
+    with pytest.raises(OSError):
+        b.probe(creds.username, creds.password)
+    b.start()
+    assert b.port == port and b.pid != pid
+    assert b.probe(creds.username, creds.password) == 0
+
