@@ -185,6 +185,7 @@ class Broker:
             "max_inflight_messages 100",
             "max_queued_messages 10000",
             "persistent_client_expiration 1d",
+            "max_keepalive 300",
             "set_tcp_nodelay true",
             f"log_dest file {self.log_file}",
             "log_type error",
@@ -218,6 +219,7 @@ class Broker:
                 "require_certificate false",
             ]
         if self.extra_conf:
+            # Last, so after the listener line: listener options here apply to it.
             lines.append(self.extra_conf)
         return "\n".join(lines) + "\n"
 
