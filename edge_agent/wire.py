@@ -44,7 +44,7 @@ class WireError(ValueError):
 
 
 def valid_id(value: str) -> bool:
-    return bool(ID_RE.match(value))
+    return bool(ID_RE.fullmatch(value))
 
 
 def telemetry_topic(node: str) -> str:

@@ -37,6 +37,7 @@ from typing import Literal
 
 from edge_agent.wire import MAX_PAYLOAD_BYTES
 from tools.certs import CertError, CertStore, Credentials, Role
+from tools.netns import in_netns
 
 __all__ = ["Broker", "BrokerError", "Credentials", "Role", "free_port"]
 
@@ -132,18 +133,23 @@ class Broker:
         persistence: bool = True,
         username_as_clientid: bool = True,
         extra_conf: str = "",
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> None:
+        """``netns``/``host``: run inside that network namespace, listening on ``host``
+        (the demo and end-to-end tests put the broker in the lab's cloud site)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.host = "127.0.0.1"
+        self.host = host
+        self.netns = netns
         self.tls = tls
         self.persistence = persistence
         self.username_as_clientid = username_as_clientid
         self.extra_conf = extra_conf
         self._auto_port = port == 0
-        self.port = port or free_port(self.host)
+        self.port = port or in_netns(netns, free_port, self.host)
         self.store = CertStore(self.workdir / "pki")
-        self.store.init()
+        self.store.init([f"IP:{host}"] if host not in ("127.0.0.1", "localhost") else [])
         self.conf_file = self.workdir / "mosquitto.conf"
         self.log_file = self.workdir / "mosquitto.log"
         self.data_dir = self.workdir / "data"
@@ -239,14 +245,14 @@ class Broker:
             except BrokerError:
                 if attempt + 1 == attempts or "Address already in use" not in self._log_tail():
                     raise
-                self.port = free_port(self.host)
+                self.port = in_netns(self.netns, free_port, self.host)
 
     def _start_once(self) -> None:
         self.conf_file.write_text(self.render_conf())
         out = open(self.workdir / "mosquitto.out", "ab")  # noqa: SIM115 - handed to Popen
         try:
             self._proc = subprocess.Popen(
-                [MOSQUITTO, "-c", str(self.conf_file)],
+                [*self._ns_prefix(), MOSQUITTO, "-c", str(self.conf_file)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -270,7 +276,14 @@ class Broker:
         self.kill()
         raise BrokerError(f"mosquitto did not accept within {START_TIMEOUT_S}s: {self._log_tail()}")
 
+    def _ns_prefix(self) -> list[str]:
+        # `ip netns exec` execs Mosquitto in place, so our pid is Mosquitto's.
+        return ["ip", "netns", "exec", self.netns] if self.netns else []
+
     def _listener_ready(self) -> bool:
+        return in_netns(self.netns, self._listener_ready_here)
+
+    def _listener_ready_here(self) -> bool:
         try:
             with socket.create_connection((self.host, self.port), timeout=1.0) as raw:
                 if self.tls:
@@ -392,7 +405,9 @@ class Broker:
         connected with the same username off the broker, as any second
         connection of one account does.
         """
-        return mqtt_connect_probe(
+        return in_netns(
+            self.netns,
+            mqtt_connect_probe,
             self.host,
             self.port,
             username=username,

@@ -53,4 +53,4 @@ def in_netns(name: str | None, fn: Callable[..., T], *args: Any, **kwargs: Any) 
     t.join()
     if "error" in box:
         raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    return box["value"]
