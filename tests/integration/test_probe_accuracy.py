@@ -170,3 +170,30 @@ def test_throughput_through_tbf(lab: Lab, make_probe: Callable[[str], LinkProbe]
     tx = statistics.median(steady)
     print(f"{probe_name}: throughput {tx / 1e6:.2f} Mbit/s vs tbf {RATE_MBIT} Mbit/s")
     assert abs(tx - RATE_MBIT * 1e6) <= 0.15 * RATE_MBIT * 1e6, steady
+
+
+@pytest.mark.ebpf
+def test_active_probe_is_measured_and_marked(lab: Lab,
+                                             make_probe: Callable[[str], LinkProbe]) -> None:
+    from edge_agent.active import ActiveProber, EchoServer
+    from edge_agent.probes.base import DEFAULT_PROBE_PORT
+    from tools.netns import in_netns
+
+    probe = make_probe("ebpf")
+    # The lab's namespaces are private, so the default probe port is free there.
+    server = EchoServer(lab.addr("b"), DEFAULT_PROBE_PORT)
+    in_netns(lab.ns("b"), server.start)
+    try:
+        prober = ActiveProber(min_interval_s=60, timeout_s=3)
+        probe.collect()
+        in_netns(lab.ns("a"), prober.probe, [lab.addr("b")])
+        assert not prober.last_error, prober.last_error
+        assert prober.due([lab.addr("b")]) == []  # probed within min_interval_s: skipped
+        samples = [s for s in probe.collect() if s.peer == lab.addr("b")]
+    finally:
+        server.stop()
+    assert len(samples) == 1, samples
+    s = samples[0]
+    assert s.active, s
+    assert s.rtt_us is not None and s.samples >= 10, s
+    assert s.conns == 1 and s.connect_us is not None and s.connect_us > 0, s

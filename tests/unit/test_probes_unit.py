@@ -1,0 +1,157 @@
+"""Pure helpers of the link probes: address encoding, RTT histogram, estimates, sample building."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_agent.active import ActiveProber
+from edge_agent.probes.base import (
+    AF_INET,
+    AF_INET6,
+    SUB,
+    PeerTotals,
+    bucket_bounds,
+    bucket_of,
+    decode_addr,
+    encode_addr,
+    estimate_segs_out,
+    hist_quantile,
+    is_loopback,
+    list_quantile,
+    loss_ratio,
+    rtt_stats,
+)
+
+
+@pytest.mark.parametrize(
+    ("addr", "raw", "family", "back"),
+    [
+        ("10.1.2.3", bytes([10, 1, 2, 3]) + bytes(12), AF_INET, "10.1.2.3"),
+        ("::ffff:10.1.2.3", bytes([10, 1, 2, 3]) + bytes(12), AF_INET, "10.1.2.3"),
+        ("2001:db8::1", bytes.fromhex("20010db8000000000000000000000001"), AF_INET6,
+         "2001:db8::1"),
+        ("::1", bytes(15) + b"\x01", AF_INET6, "::1"),
+    ],
+)
+def test_address_encoding(addr: str, raw: bytes, family: int, back: str) -> None:
+    assert encode_addr(addr) == (raw, family)
+    assert decode_addr(raw, family) == back
+
+
+def test_decode_folds_mapped_and_rejects_unknown_family() -> None:
+    assert decode_addr(bytes(10) + b"\xff\xff" + bytes([192, 0, 2, 1]), AF_INET6) == "192.0.2.1"
+    with pytest.raises(ValueError):
+        decode_addr(bytes(16), 99)
+
+
+@pytest.mark.parametrize(
+    ("addr", "loop"),
+    [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
+     ("10.0.0.1", False), ("2001:db8::1", False)],
+)
+def test_is_loopback(addr: str, loop: bool) -> None:
+    assert is_loopback(addr) is loop
+
+
+@pytest.mark.parametrize(
+    ("value", "bucket"),
+    [(0, 0), (1, 1), (15, 15), (16, 16), (17, 17), (31, 31), (32, 32), (33, 32), (34, 33),
+     (64, 48), (1000, bucket_of(1000))],
+)
+def test_bucket_of_table(value: int, bucket: int) -> None:
+    assert bucket_of(value) == bucket
+
+
+@pytest.mark.parametrize("value", [0, 1, 7, 15, 16, 31, 32, 100, 999, 1024, 12345, 10**6, 2**31])
+def test_bucket_contains_its_value_and_is_narrow(value: int) -> None:
+    low, high = bucket_bounds(bucket_of(value))
+    assert low <= value < high
+    # Every bucket is at most 1/SUB of its lower bound wide (6.25 %).
+    assert high - low <= max(1.0, low / SUB)
+
+
+def test_buckets_are_contiguous() -> None:
+    prev_high = 0.0
+    for b in range(0, 40 * SUB):
+        low, high = bucket_bounds(b)
+        assert low == prev_high
+        prev_high = high
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "want", "tol"),
+    [
+        ([1000] * 100, 0.5, 1000, 0.0),        # one bucket: clamped to exact min/max
+        ([1000] * 50 + [2000] * 50, 0.5, 1000, 0.07),
+        ([1000] * 50 + [2000] * 50, 0.95, 2000, 0.07),
+        (list(range(100, 10100, 100)), 0.5, 5000, 0.07),
+        (list(range(100, 10100, 100)), 0.95, 9500, 0.07),
+        ([5] * 10, 0.5, 5, 0.0),
+    ],
+)
+def test_hist_quantile_accuracy(values: list[int], q: float, want: float, tol: float) -> None:
+    hist: dict[int, int] = {}
+    for v in values:
+        hist[bucket_of(v)] = hist.get(bucket_of(v), 0) + 1
+    got = hist_quantile(hist, q, min(values), max(values))
+    assert got is not None
+    assert abs(got - want) <= tol * want + 1e-9, got
+
+
+def test_hist_quantile_empty() -> None:
+    assert hist_quantile({}, 0.5) is None
+    assert hist_quantile({3: 0}, 0.5) is None
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "want"),
+    [([], 0.5, None), ([7.0], 0.95, 7.0), ([1.0, 2.0, 3.0], 0.5, 2.0), ([1.0, 3.0], 0.5, 2.0)],
+)
+def test_list_quantile(values: list[float], q: float, want: float | None) -> None:
+    assert list_quantile(values, q) == want
+
+
+@pytest.mark.parametrize(
+    ("sent", "acks", "retrans", "mss", "want"),
+    [
+        (0, 0, 0, 1448, 0),
+        (1448 * 100, 50, 5, 1448, 105),      # bulk: bytes/MSS
+        (1448 * 100 + 1, 50, 0, 1448, 101),  # a partial segment is a segment
+        (20 * 12, 20, 0, 1448, 20),          # small request/response: one ACK per segment
+        (1000, 0, 2, 0, 1002),               # a zero MSS can't divide by zero
+    ],
+)
+def test_estimate_segs_out(sent: int, acks: int, retrans: int, mss: int, want: int) -> None:
+    assert estimate_segs_out(sent, acks, retrans, mss) == want
+
+
+@pytest.mark.parametrize(("r", "s", "want"), [(0, 0, 0.0), (5, 100, 0.05), (10, 5, 1.0)])
+def test_loss_ratio(r: int, s: int, want: float) -> None:
+    assert loss_ratio(r, s) == want
+
+
+def test_rtt_stats_keeps_wire_invariant() -> None:
+    assert rtt_stats(None, 5.0, 1.0) is None
+    s = rtt_stats(100.0, 90.0, 120.0)  # inconsistent inputs are ordered, never rejected
+    assert s is not None and s.min <= s.p50 <= s.p95
+
+
+def test_peer_totals_sample() -> None:
+    t = PeerTotals(rtt_values=[100.0, 200.0, 300.0], rtt_min=100.0, rtt_count=3,
+                   bytes_acked=1_000_000, bytes_rcvd=500_000, segs_out=1000, retrans=50,
+                   connects=2, connect_us_sum=300.0, opened=2, active_events=4)
+    s = t.sample("10.0.0.2", 2.0)
+    assert s.rtt_us is not None and s.rtt_us.p50 == 200.0 and s.rtt_us.min == 100.0
+    assert s.tx_bps == 4_000_000 and s.rx_bps == 2_000_000
+    assert s.loss == 0.05 and s.retrans == 50 and s.segs_out == 1000
+    assert s.connect_us == 150.0 and s.conns == 2 and s.active
+    t.passive_events = 1
+    assert not t.sample("10.0.0.2", 2.0).active  # mixed traffic is not "active"
+
+
+def test_active_prober_due_caps_and_rate_limits() -> None:
+    p = ActiveProber(min_interval_s=10, max_peers_per_round=2)
+    assert p.due(["a", "b", "c", "a"], now=100.0) == ["a", "b"]
+    p._last.update({"a": 100.0, "b": 100.0})
+    assert p.due(["a", "b", "c"], now=105.0) == ["c"]
+    assert p.due(["a", "b", "c"], now=111.0) == ["c", "a"]
