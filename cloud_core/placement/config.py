@@ -36,5 +36,7 @@ class EngineConfig:
     cpsat_max_arcs: int = 4000
     cpsat_time_limit_s: float = 2.0
     cpsat_workers: int = 1
-    flow_rounds: int = 3  # flow re-solves after fixing multi-resource over-packing
+    flow_rounds: int = 4  # flow rounds on the residual capacity (over-packing, pruning)
+    flow_arc_slack: float = 3.0  # per class, arcs to the cheapest nodes holding 3x its pods
+    flow_min_arcs: int = 32
     cost_scale: float = 1e5  # $/hour -> integer units for the solvers

@@ -4,7 +4,7 @@ and turns its answer into explained decisions. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections import Counter
+import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
@@ -19,11 +19,12 @@ from .filters import (
     STATIC_FILTERS,
     StaticFilter,
     check_latency,
+    selector_matches,
     term_matches_pod,
 )
 from .index import ClusterIndex
 from .model import ClusterSnapshot, PodAffinityTerm, RunningPod, Workload
-from .solver import ClassSpec, Packer, solve
+from .solver import ClassSpec, solve
 
 _KEY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("uid", "name"))
 RESOURCE_NAMES = ("insufficient cpu", "insufficient memory", "insufficient GPU")
@@ -72,6 +73,51 @@ def _as_running(w: Workload, node: str) -> RunningPod:
                       w.pod_anti_affinity)
 
 
+class PodIndex:
+    """Running pods indexed by (namespace, label) so selectors don't scan every pod."""
+
+    def __init__(self, pods: Sequence[RunningPod] = ()) -> None:
+        self.by_ns: dict[str, list[RunningPod]] = {}
+        self.by_label: dict[tuple[str, str, str], list[RunningPod]] = {}
+        # anti-affinity terms of running pods, by (namespace, first matchLabel) they select
+        self.anti_by_label: dict[tuple[str, str, str], list[tuple[RunningPod,
+                                                                  PodAffinityTerm]]] = {}
+        self.anti_other: list[tuple[RunningPod, PodAffinityTerm]] = []
+        for p in pods:
+            self.add(p)
+
+    def add(self, p: RunningPod) -> None:
+        self.by_ns.setdefault(p.namespace, []).append(p)
+        for k, v in p.labels.items():
+            self.by_label.setdefault((p.namespace, k, v), []).append(p)
+        for t in p.anti_affinity:
+            if t.selector.match_labels:
+                k, v = next(iter(t.selector.match_labels.items()))
+                for ns in t.namespaces or (p.namespace,):
+                    self.anti_by_label.setdefault((ns, k, v), []).append((p, t))
+            else:
+                self.anti_other.append((p, t))
+
+    def matching(self, term: PodAffinityTerm, owner_ns: str) -> list[RunningPod]:
+        out = []
+        for ns in term.namespaces or (owner_ns,):
+            if term.selector.match_labels:
+                k, v = next(iter(term.selector.match_labels.items()))
+                cands = self.by_label.get((ns, k, v), [])
+            else:
+                cands = self.by_ns.get(ns, [])
+            out.extend(p for p in cands if selector_matches(term.selector, p.labels))
+        return out
+
+    def repelling(self, w: Workload) -> list[tuple[RunningPod, PodAffinityTerm]]:
+        """Running pods whose anti-affinity terms select ``w``."""
+        cands = list(self.anti_other)
+        for k, v in w.labels.items():
+            cands.extend(self.anti_by_label.get((w.namespace, k, v), []))
+        return [(p, t) for p, t in cands
+                if term_matches_pod(t, p.namespace, w.namespace, w.labels)]
+
+
 class PreparedCluster:
     """A snapshot with its indexes built, reusable for many ``place`` calls.
 
@@ -84,7 +130,7 @@ class PreparedCluster:
         self.snapshot = snapshot
         self.ix = ClusterIndex(snapshot, self.cfg)
         self.free = self.ix.cap - self.ix.alloc
-        self.pods: list[RunningPod] = list(snapshot.pods)
+        self.pods = PodIndex(snapshot.pods)
         self._node_keys: dict[tuple[str, Hashable], tuple[np.ndarray, list[Hashable]]] = {}
         self._static: dict[tuple[str, Hashable, Hashable], FilterResult] = {}
         self._cost: dict[tuple[Hashable, ...], np.ndarray] = {}
@@ -127,40 +173,35 @@ class PreparedCluster:
                  check_latency(w.max_latency_ms, w.max_latency_ms + 1.0) or "")
         return FilterResult("latency", ok, labels, names)
 
-    def _domains_with(self, term: PodAffinityTerm, owner_ns: str,
-                      pods: Sequence[RunningPod]) -> tuple[np.ndarray, bool]:
+    def _domains_with(self, term: PodAffinityTerm, owner_ns: str) -> tuple[np.ndarray, bool]:
         """Mask of nodes sharing a ``term.topology_key`` domain with a matching pod."""
         dom, names = self.ix.domain_ids(term.topology_key)
         hit = np.zeros(len(names) + 1, dtype=bool)
         found = False
-        for p in pods:
-            if term_matches_pod(term, owner_ns, p.namespace, p.labels):
-                i = self.ix.pos.get(p.node)
-                if i is not None and dom[i] >= 0:
-                    hit[dom[i]] = True
-                    found = True
+        for p in self.pods.matching(term, owner_ns):
+            i = self.ix.pos.get(p.node)
+            if i is not None and dom[i] >= 0:
+                hit[dom[i]] = True
+                found = True
         return hit[dom] & (dom >= 0), found
 
-    def _affinity_results(self, w: Workload, pods: Sequence[RunningPod]
-                          ) -> list[FilterResult]:
+    def _affinity_results(self, w: Workload) -> list[FilterResult]:
         n = self.ix.n
         ok_aff = np.ones(n, dtype=bool)
         for t in w.pod_affinity:
-            m, found = self._domains_with(t, w.namespace, pods)
+            m, found = self._domains_with(t, w.namespace)
             if not found and term_matches_pod(t, w.namespace, w.namespace, w.labels):
                 continue  # Kubernetes: the first pod of a self-affine group goes anywhere
             ok_aff &= m
         ok_anti = np.ones(n, dtype=bool)
         for t in w.pod_anti_affinity:
-            m, _ = self._domains_with(t, w.namespace, pods)
+            m, _ = self._domains_with(t, w.namespace)
             ok_anti &= ~m
-        for p in pods:  # symmetry: running pods' anti-affinity repels us too
-            for t in p.anti_affinity:
-                if term_matches_pod(t, p.namespace, w.namespace, w.labels):
-                    dom, _ = self.ix.domain_ids(t.topology_key)
-                    i = self.ix.pos.get(p.node)
-                    if i is not None and dom[i] >= 0:
-                        ok_anti &= dom != dom[i]
+        for p, t in self.pods.repelling(w):  # symmetry: their anti-affinity repels us too
+            dom, _ = self.ix.domain_ids(t.topology_key)
+            i = self.ix.pos.get(p.node)
+            if i is not None and dom[i] >= 0:
+                ok_anti &= dom != dom[i]
         z = np.zeros(n, dtype=np.int64)
         return [FilterResult("pod_affinity", ok_aff, z, ("pod affinity",)),
                 FilterResult("pod_anti_affinity", ok_anti, z, ("pod anti-affinity",))]
@@ -173,12 +214,12 @@ class PreparedCluster:
         labels = np.where(short[:, 2], 2, np.where(short[:, 0], 0, 1))
         return FilterResult("resources", ~short.any(axis=1), labels, RESOURCE_NAMES)
 
-    def filter_results(self, w: Workload, pods: Sequence[RunningPod] | None = None,
-                       free: np.ndarray | None = None) -> list[FilterResult]:
+    def filter_results(self, w: Workload, free: np.ndarray | None = None
+                       ) -> list[FilterResult]:
         """Every filter for ``w`` over all nodes, in the order of ``FILTER_ORDER``."""
         res = [self._static_result(f, w) for f in STATIC_FILTERS]
         res.append(self._latency_result(w))
-        res.extend(self._affinity_results(w, self.pods if pods is None else pods))
+        res.extend(self._affinity_results(w))
         res.append(self.resources_result(w, free))
         return res
 
@@ -205,7 +246,6 @@ class PreparedCluster:
         nclass = len(reps)
         deps = _affinity_deps(reps)
         placed_nodes: list[list[int]] = [[] for _ in reps]
-        extra: list[RunningPod] = []
         pending = set(range(nclass))
         rounds = 0
         method: list[str] = []
@@ -213,7 +253,7 @@ class PreparedCluster:
         deferred_reason: dict[int, str] = {}
         base_static: dict[int, list[FilterResult]] = {}
         while pending:
-            ready, first_pod_only = _ready(reps, pending, deps, self.pods + extra)
+            ready, first_pod_only = _ready(reps, pending, deps, self.pods)
             if not ready:
                 for ci in pending:
                     deferred_reason[ci] = "pod affinity: no matching pod can be placed"
@@ -223,9 +263,9 @@ class PreparedCluster:
             specs: list[ClassSpec] = []
             for ci in order:
                 w = reps[ci]
-                frs = self.filter_results(w, self.pods + extra)
+                frs = self.filter_results(w)
                 base_static[ci] = frs
-                mask = np.logical_and.reduce([fr.ok for fr in frs[:-1]])
+                mask = _all_ok(frs[:-1])
                 count = len(members[ci]) - len(placed_nodes[ci])
                 if ci in first_pod_only:
                     count = 1
@@ -242,15 +282,14 @@ class PreparedCluster:
                     w = members[ci][len(placed_nodes[ci])]
                     placed_nodes[ci].append(n)
                     self.free[n] -= specs[j].req
-                    extra.append(_as_running(w, self.ix.nodes[n].name))
+                    self.pods.add(_as_running(w, self.ix.nodes[n].name))
                 if ci not in first_pod_only or not out.nodes[j]:
                     pending.discard(ci)
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
         result = self._decide(reps, members, placed_nodes, base_static, deferred_reason,
-                              extra, workloads)
-        # the caller's prepared view: batch placements stay accounted (like bind())
-        self.pods.extend(extra)
+                              workloads)
+        # the prepared view keeps the batch's placements accounted (like bind())
         self._cost.clear()
         self.ix.alloc = self.ix.cap - self.free
         return PlacementResult(result[0], result[1], result[2],
@@ -258,24 +297,23 @@ class PreparedCluster:
 
     def _decide(self, reps: list[Workload], members: list[list[Workload]],
                 placed_nodes: list[list[int]], base: dict[int, list[FilterResult]],
-                deferred: dict[int, str], extra: list[RunningPod],
-                workloads: Sequence[Workload]
+                deferred: dict[int, str], workloads: Sequence[Workload]
                 ) -> tuple[tuple[Decision, ...], dict[str, str], float]:
         names = [nd.name for nd in self.ix.nodes]
         total = self.ix.n
         by_uid: dict[str, Decision] = {}
         assignments: dict[str, str] = {}
         total_cost = 0.0
-        all_pods = self.pods + extra
         for ci, w in enumerate(reps):
             cost = self.cost(w)
-            frs = base.get(ci) or self.filter_results(w, all_pods)
-            static_ok = np.logical_and.reduce([fr.ok for fr in frs])
+            frs = base.get(ci) or self.filter_results(w)
+            static_ok = _all_ok(frs)
             fit0 = int(static_ok.sum())
             cand = np.where(static_ok, cost, np.inf)
             top = np.argsort(cand)[:2] if fit0 else np.array([], dtype=np.int64)
             top = [int(i) for i in top if np.isfinite(cand[i])]
             nodes = placed_nodes[ci]
+            unplaced: Decision | None = None
             for j, m in enumerate(members[ci]):
                 if j < len(nodes):
                     n = nodes[j]
@@ -294,14 +332,16 @@ class PreparedCluster:
                         m.uid, names[n], names[ru] if ru is not None else None, (why,),
                         f"placed on {names[n]} ({c:.5f} $/h); {fit0}/{total} nodes fit", c)
                 else:
-                    by_uid[m.uid] = self._unplaced(m, ci, deferred, all_pods, top, names)
+                    if unplaced is None:  # identical for every member of the class
+                        unplaced = self._unplaced(m, ci, deferred, top, names)
+                    by_uid[m.uid] = dataclasses.replace(unplaced, workload_uid=m.uid)
         decisions = tuple(by_uid[w.uid] for w in workloads)
         return decisions, assignments, total_cost
 
     def _unplaced(self, w: Workload, ci: int, deferred: dict[int, str],
-                  all_pods: list[RunningPod], top: list[int], names: list[str]) -> Decision:
+                  top: list[int], names: list[str]) -> Decision:
         # reasons are counted against the state after the batch: what is left now
-        frs = self.filter_results(w, all_pods)
+        frs = self.filter_results(w)
         fit, counts = first_failure_counts(frs, self.ix.n)
         reasons: list[str] = []
         if ci in deferred:
@@ -321,14 +361,14 @@ class PreparedCluster:
             raise PlacementError(f"bind: unknown node {node!r}")
         self.free[i] -= _req(w)
         self.ix.alloc[i] += _req(w)
-        self.pods.append(_as_running(w, node))
+        self.pods.add(_as_running(w, node))
         self._cost.clear()
 
     def explain(self, w: Workload, node: str | None = None, top: int = 3) -> Explanation:
         frs = self.filter_results(w)
         fit, counts = first_failure_counts(frs, self.ix.n)
         cost = self.cost(w)
-        ok = np.logical_and.reduce([fr.ok for fr in frs])
+        ok = _all_ok(frs)
         cand = np.where(ok, cost, np.inf)
         best = tuple((self.ix.nodes[int(i)].name, float(cand[i]))
                      for i in np.argsort(cand)[:top] if np.isfinite(cand[i]))
@@ -354,6 +394,13 @@ def _node_spec(f: StaticFilter, w: Workload) -> Hashable:
     return None
 
 
+def _all_ok(frs: Sequence[FilterResult]) -> np.ndarray:
+    out = frs[0].ok.copy()
+    for fr in frs[1:]:
+        out &= fr.ok
+    return out
+
+
 def _req(w: Workload) -> np.ndarray:
     return np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus],
                     dtype=np.int64)
@@ -361,9 +408,20 @@ def _req(w: Workload) -> np.ndarray:
 
 def _set_conflicts(reps: list[Workload], specs: list[ClassSpec]) -> None:
     """Anti-affinity between classes of one round, symmetric, per topology key."""
+    by_label: dict[tuple[str, str, str], list[int]] = {}
+    for b, wb in enumerate(reps):
+        for k, v in wb.labels.items():
+            by_label.setdefault((wb.namespace, k, v), []).append(b)
     for a, wa in enumerate(reps):
         for t in wa.pod_anti_affinity:
-            for b, wb in enumerate(reps):
+            if t.selector.match_labels:
+                k, v = next(iter(t.selector.match_labels.items()))
+                cands = [b for ns in t.namespaces or (wa.namespace,)
+                         for b in by_label.get((ns, k, v), [])]
+            else:
+                cands = list(range(len(reps)))
+            for b in cands:
+                wb = reps[b]
                 if term_matches_pod(t, wa.namespace, wb.namespace, wb.labels):
                     for x, y in ((a, b), (b, a)):
                         lst = specs[x].conflicts.setdefault(t.topology_key, [])
@@ -384,7 +442,7 @@ def _affinity_deps(reps: list[Workload]) -> dict[int, list[tuple[PodAffinityTerm
 
 def _ready(reps: list[Workload], pending: set[int],
            deps: dict[int, list[tuple[PodAffinityTerm, set[int]]]],
-           pods: Sequence[RunningPod]) -> tuple[set[int], set[int]]:
+           pods: PodIndex) -> tuple[set[int], set[int]]:
     """Classes placeable this round, and those that may only place their first pod."""
     ready: set[int] = set()
     first: set[int] = set()
@@ -392,7 +450,7 @@ def _ready(reps: list[Workload], pending: set[int],
         w = reps[ci]
         ok, only_first = True, False
         for t, ms in deps.get(ci, []):
-            if any(term_matches_pod(t, w.namespace, p.namespace, p.labels) for p in pods):
+            if pods.matching(t, w.namespace):
                 continue  # satisfiable by pods already running or placed in earlier rounds
             others = (ms - {ci}) & pending
             if others:

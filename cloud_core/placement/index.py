@@ -41,6 +41,8 @@ class ClusterIndex:
         self.alloc = np.array([[nd.allocated.cpu_milli, nd.allocated.mem_bytes,
                                 nd.allocated.gpus] for nd in nodes],
                               dtype=np.int64).reshape(self.n, 3)
+        # 1/capacity, 0 where a node has none (a request for it is filtered out anyway)
+        self.inv_cap = np.where(self.cap > 0, 1.0 / np.maximum(self.cap, 1), 0.0)
         f = np.array([[nd.price_per_hour, nd.energy_price_per_kwh, nd.carbon_g_per_kwh,
                        nd.idle_watts, nd.max_watts] for nd in nodes],
                      dtype=np.float64).reshape(self.n, 5)

@@ -66,9 +66,13 @@ def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
     cfg, wt = ix.cfg, ix.cfg.weights
     req = np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus],
                    dtype=np.float64)
-    cap = ix.cap[sel].astype(np.float64)
-    share = np.minimum(dominant_share(req, cap), 1.0)
-    cpu_share = np.minimum(req[0] / np.maximum(cap[:, 0], 1.0), 1.0)
+    inv = ix.inv_cap[sel]
+    # dominant share column by column: cheaper than a (N, 3) temporary for every class
+    cpu_share = np.minimum(req[0] * inv[:, 0], 1.0)
+    share = cpu_share.copy()
+    for r in (1, 2):
+        if req[r]:
+            np.maximum(share, np.minimum(req[r] * inv[:, r], 1.0), out=share)
     kw = power_kw(share, cpu_share, ix.idle_w[sel], ix.max_w[sel])
     out: dict[str, Arr] = {
         "price": wt.price * w.cost_weight * price_cost(share, ix.price[sel]),
@@ -89,11 +93,15 @@ def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
                                                    w.max_latency_ms)
     else:
         out["latency"] = np.zeros_like(share)
-    out["balance"] = wt.balance * balance_cost(ix.alloc[sel] + req, cap)
+    after = (ix.alloc[sel] + req) * inv
+    out["balance"] = wt.balance * np.minimum(after.max(axis=1), 1.0)
     return out
 
 
 def total_cost(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)) -> Arr:
     """Sum of the weighted terms: the per-pod cost the solver minimises."""
     c = components(w, ix, sel)
-    return np.asarray(sum(c[t] for t in TERMS))
+    out = c["price"].copy()
+    for t in TERMS[1:]:
+        out += c[t]
+    return out

@@ -19,6 +19,7 @@ and the benchmark.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -123,8 +124,11 @@ def _penalty(classes: Sequence[ClassSpec], scale: float) -> tuple[list[np.ndarra
 
 
 def _flow(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
-          icost: list[np.ndarray], penalty: int, node_cap: np.ndarray | None
-          ) -> tuple[list[list[int]], int]:
+          icost: list[np.ndarray], penalty: int, cfg: EngineConfig
+          ) -> tuple[list[list[int]], int, list[bool]]:
+    """Min-cost flow over class -> node arcs; per class the cheapest nodes that can hold
+    ``flow_arc_slack`` x its pods (at least ``flow_min_arcs``) -- the rest is pruned, and a
+    later residual round or the fill reaches it if the cheap nodes run out."""
     n_nodes = free.shape[0]
     nc = len(classes)
     sink = nc + n_nodes
@@ -134,8 +138,8 @@ def _flow(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
     caps: list[np.ndarray] = []
     costs: list[np.ndarray] = []
     kcn_max = np.zeros(n_nodes, dtype=np.int64)
-    # arcs whose flow means "pods of class ci on node n": (array slice, ci, node indices)
     meaning: list[tuple[int, int, np.ndarray]] = []
+    pruned = [False] * nc
     n_arcs = 0
 
     def add(t: np.ndarray, h: np.ndarray, cap: np.ndarray, cost: np.ndarray) -> int:
@@ -150,35 +154,44 @@ def _flow(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
 
     for ci, c in enumerate(classes):
         k = capacity_per_node(c.req, free)
-        feas = c.mask & (k > 0)
-        idx = np.flatnonzero(feas)
+        idx = np.flatnonzero(c.mask & (k > 0))
         if idx.size == 0:
             continue
         k = np.minimum(k[idx], c.count)
         self_keys = [key for key, others in c.conflicts.items() if ci in others]
         if HOST in self_keys:
             k = np.minimum(k, 1)
+        want = max(int(cfg.flow_arc_slack * c.count), cfg.flow_min_arcs)
+        if idx.size > want:
+            # keep the cheapest nodes whose capacity covers ``want`` pods
+            cst = icost[ci][idx]
+            order = np.argsort(cst, kind="stable")
+            cum = np.cumsum(k[order])
+            keep = int(np.searchsorted(cum, want)) + 1
+            keep = max(keep, min(cfg.flow_min_arcs, idx.size))
+            if keep < idx.size:
+                sel = np.sort(order[:keep])
+                idx, k = idx[sel], k[sel]
+                pruned[ci] = True
         np.maximum.at(kcn_max, idx, k)
         wide = [key for key in self_keys if key != HOST]
         if wide:
             # one unit-capacity hub per domain: at most one pod of the class per zone/region
             dom = domains[wide[0]][idx]
-            hub_k = np.minimum(k, 1)
-            keep = dom >= 0
-            idx, dom, hub_k = idx[keep], dom[keep], hub_k[keep]
+            keep_d = dom >= 0
+            idx, dom, k = idx[keep_d], dom[keep_d], np.minimum(k[keep_d], 1)
             uniq, inv = np.unique(dom, return_inverse=True)
             hubs = next_id + np.arange(uniq.size)
             next_id += uniq.size
             add(np.full(uniq.size, ci), hubs, np.ones(uniq.size), np.zeros(uniq.size))
-            s = add(hubs[inv], nc + idx, hub_k, icost[ci][idx])
+            s = add(hubs[inv], nc + idx, k, icost[ci][idx])
         else:
             s = add(np.full(idx.size, ci), nc + idx, k, icost[ci][idx])
         meaning.append((s, ci, idx))
-    cap_n = kcn_max if node_cap is None else np.minimum(kcn_max, node_cap)
-    used = np.flatnonzero(cap_n > 0)
-    add(nc + used, np.full(used.size, sink), cap_n[used], np.zeros(used.size))
+    used = np.flatnonzero(kcn_max > 0)
+    add(nc + used, np.full(used.size, sink), kcn_max[used], np.zeros(used.size))
     counts = np.array([c.count for c in classes], dtype=np.int64)
-    unplaced_start = add(np.arange(nc), np.full(nc, sink), counts, np.full(nc, penalty))
+    add(np.arange(nc), np.full(nc, sink), counts, np.full(nc, penalty))
     mcf = min_cost_flow.SimpleMinCostFlow()
     mcf.add_arcs_with_capacity_and_unit_cost(np.concatenate(tails), np.concatenate(heads),
                                              np.concatenate(caps), np.concatenate(costs))
@@ -194,35 +207,27 @@ def _flow(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
         fl = mcf.flows(np.arange(start, start + idx.size, dtype=np.int32))
         nz = np.flatnonzero(fl)
         out[ci].extend(np.repeat(idx[nz], fl[nz]).tolist())
-    del unplaced_start
-    return out, n_arcs
+    return out, n_arcs, pruned
 
 
-def _pack(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
-          wanted: list[list[int]]) -> tuple[Packer, list[list[int]], dict[int, int]]:
-    """Replay a (possibly over-packed) plan exactly; returns rejections per node."""
+def _rigidity_order(classes: Sequence[ClassSpec]) -> list[int]:
+    """Most constrained classes first: they have the fewest alternatives."""
+    return sorted(range(len(classes)), key=lambda ci: int(classes[ci].mask.sum()))
+
+
+def _replay(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
+            got: list[list[int]]) -> Packer:
     pk = Packer(free, domains, classes)
-    got: list[list[int]] = [[] for _ in classes]
-    rejected: dict[int, int] = {}
-    accepted_at: dict[int, int] = {}
-    # most constrained classes first: they have the fewest alternatives
-    order = sorted(range(len(classes)), key=lambda ci: int(classes[ci].mask.sum()))
-    for ci in order:
-        for n in wanted[ci]:
-            if pk.ok(ci, n):
-                pk.put(ci, n)
-                got[ci].append(n)
-                accepted_at[n] = accepted_at.get(n, 0) + 1
-            else:
-                rejected[n] = accepted_at.get(n, 0)
-    return pk, got, rejected
+    for ci, nodes in enumerate(got):
+        for n in nodes:
+            pk.put(ci, n)
+    return pk
 
 
 def _fill(pk: Packer, got: list[list[int]], skip_gangs: bool) -> None:
     """Cheapest-feasible placement of whatever is still unplaced (exact checks)."""
     classes = pk.classes
-    order = sorted(range(len(classes)), key=lambda ci: int(classes[ci].mask.sum()))
-    for ci in order:
+    for ci in _rigidity_order(classes):
         c = classes[ci]
         if skip_gangs and c.gang is not None:
             continue
@@ -287,49 +292,78 @@ def _coupled(classes: Sequence[ClassSpec]) -> bool:
     return False
 
 
+def _single(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray]
+            ) -> list[list[int]]:
+    """One pod: the cheapest node that fits is optimal; no flow needed."""
+    pk = Packer(free, domains, classes)
+    cand = pk.candidates(0)
+    if not cand.any():
+        return [[]]
+    return [[int(np.argmin(np.where(cand, classes[0].cost, np.inf)))]]
+
+
 def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
           cfg: EngineConfig) -> SolveOutput:
-    """Place every class's pods on node indices: flow + exact packing, then CP-SAT if coupled."""
+    """Place every class's pods on node indices: flow rounds on the residual capacity with
+    exact packing, a cheapest-feasible fill, gangs all-or-nothing, then CP-SAT if coupled."""
     stats: dict[str, float] = {}
     if not classes:
         return SolveOutput([], "none", stats)
+    if len(classes) == 1 and classes[0].count == 1:
+        return SolveOutput(_single(classes, free, domains), "single", stats)
     icost, penalty = _penalty(classes, cfg.cost_scale)
-    node_cap: np.ndarray | None = None
-    best: list[list[int]] | None = None
-    best_obj = 0
+    pk = Packer(free, domains, classes)
+    got: list[list[int]] = [[] for _ in classes]
+    order = _rigidity_order(classes)
     method = "flow"
+    arcs_total = 0
     for rnd in range(max(cfg.flow_rounds, 1)):
-        wanted, arcs = _flow(classes, free, domains, icost, penalty, node_cap)
-        stats["flow_arcs"] = float(arcs)
-        pk, got, rejected = _pack(classes, free, domains, wanted)
-        if rejected or rnd > 0:
-            method = "flow+repair"
-        _fill(pk, got, skip_gangs=False)
-        if _gangs(classes, got):
-            pk, got, _ = _pack(classes, free, domains, got)
-            _fill(pk, got, skip_gangs=True)
-        obj = _objective(classes, icost, penalty, got)
-        if best is None or obj < best_obj:
-            best, best_obj = got, obj
-        stats["flow_rounds"] = float(rnd + 1)
-        if not rejected:
+        active = [ci for ci in range(len(classes)) if len(got[ci]) < classes[ci].count]
+        if not active:
             break
-        # lower the flow capacity of over-packed nodes to what actually fitted there
-        if node_cap is None:
-            node_cap = np.full(free.shape[0], 1 << 40, dtype=np.int64)
-        for n, acc in rejected.items():
-            node_cap[n] = min(int(node_cap[n]), acc)
-    assert best is not None
-    if cfg.use_cpsat and _coupled(classes) and stats.get("flow_arcs", 0) <= cfg.cpsat_max_arcs:
-        res = _cpsat(classes, free, domains, icost, penalty, best, cfg)
+        sub = [dataclasses.replace(classes[ci], count=classes[ci].count - len(got[ci]),
+                                   mask=pk.candidates(ci)) for ci in active]
+        wanted, arcs, pruned = _flow(sub, pk.free, domains, [icost[ci] for ci in active],
+                                     penalty, cfg)
+        arcs_total += arcs
+        pos = {ci: j for j, ci in enumerate(active)}
+        rejected = 0
+        for ci in order:
+            j = pos.get(ci)
+            if j is None:
+                continue
+            for n in wanted[j]:
+                if pk.ok(ci, n):
+                    pk.put(ci, n)
+                    got[ci].append(n)
+                else:
+                    rejected += 1
+        stats["flow_rounds"] = float(rnd + 1)
+        short_pruned = any(pruned[j] and len(wanted[j]) < sub[j].count
+                           for j in range(len(active)))
+        if rejected:
+            method = "flow+repair"
+        if not rejected and not short_pruned:
+            break
+    stats["flow_arcs"] = float(arcs_total)
+    _fill(pk, got, skip_gangs=False)
+    if _gangs(classes, got):
+        pk = _replay(classes, free, domains, got)
+        _fill(pk, got, skip_gangs=True)
+    best_obj = _objective(classes, icost, penalty, got)
+    if cfg.use_cpsat and _coupled(classes) and arcs_total <= cfg.cpsat_max_arcs:
+        res = _cpsat(classes, free, domains, icost, penalty, got, cfg)
         if res is not None:
             got2, obj2, status = res
             stats["cpsat_objective"] = float(obj2)
             if obj2 <= best_obj:
-                best, best_obj = got2, obj2
+                # a time-limited answer may leave room: fill it (never gang members)
+                pk2 = _replay(classes, free, domains, got2)
+                _fill(pk2, got2, skip_gangs=True)
+                got, best_obj = got2, _objective(classes, icost, penalty, got2)
                 method = f"cpsat-{status}"
     stats["objective"] = float(best_obj)
-    return SolveOutput(best, method, stats)
+    return SolveOutput(got, method, stats)
 
 
 def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
@@ -460,44 +494,39 @@ def solve_exact_pods(feasible: Sequence[Mapping[int, int]], req: Sequence[Sequen
     return ExactResult(st == cp_model.OPTIMAL, int(round(s.objective_value)), nodes)
 
 
-def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, cfg: EngineConfig,
-                   time_limit_s: float = 60.0) -> tuple[float, int, bool]:
-    """LP relaxation (GLOP) of the class-level problem: continuous counts, every resource
-    per node, self anti-affinity per host as a per-arc bound of 1 and per zone/region as a
-    per-domain bound. Returns (cost in $/hour of the placed pods, unplaced, finished).
-    Cross-class anti-affinity and gangs are relaxed away, so this is a true lower bound."""
-    icost, penalty = _penalty(classes, cfg.cost_scale)
+def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: int,
+                   time_limit_s: float = 60.0) -> tuple[float, bool]:
+    """LP relaxation (GLOP) of the class-level problem: the least $/hour of placing at least
+    ``min_placed`` pods with continuous counts, every resource per node, and self
+    anti-affinity per host as a per-arc bound of 1. Cross-class and zone/region
+    anti-affinity and gangs are relaxed away, so no integer placement of ``min_placed`` or
+    more pods costs less. Returns (bound, finished)."""
     solver = pywraplp.Solver.CreateSolver("GLOP")
     solver.SetTimeLimit(int(time_limit_s * 1000))
     inf = solver.infinity()
     per_node: dict[int, list[tuple[int, object]]] = {}
     obj = solver.Objective()
-    unplaced_vars = []
+    total = solver.Constraint(float(min_placed), inf)
     for ci, c in enumerate(classes):
         k = capacity_per_node(c.req, free)
         idx = np.flatnonzero(c.mask & (k > 0))
         self_host = ci in c.conflicts.get(HOST, [])
-        row = solver.Constraint(c.count, c.count)
-        uvar = solver.NumVar(0, c.count, f"u{ci}")
-        row.SetCoefficient(uvar, 1)
-        obj.SetCoefficient(uvar, penalty)
-        unplaced_vars.append(uvar)
+        row = solver.Constraint(0.0, float(c.count))
         for n in idx.tolist():
             ub = 1.0 if self_host else float(min(k[n], c.count))
             v = solver.NumVar(0, ub, "")
             row.SetCoefficient(v, 1)
-            obj.SetCoefficient(v, int(icost[ci][n]))
+            total.SetCoefficient(v, 1)
+            obj.SetCoefficient(v, float(c.cost[n]))
             per_node.setdefault(n, []).append((ci, v))
     for n, lst in per_node.items():
         for r in range(3):
-            if any(classes[ci].req[r] for ci, _ in lst) and len(lst) > 1:
+            if len(lst) > 1 and any(classes[ci].req[r] for ci, _ in lst):
                 ct = solver.Constraint(-inf, float(free[n, r]))
                 for ci, v in lst:
                     ct.SetCoefficient(v, float(classes[ci].req[r]))
     obj.SetMinimization()
     st = solver.Solve()
     if st != pywraplp.Solver.OPTIMAL:
-        return float("nan"), 0, False
-    unplaced = int(round(sum(v.solution_value() for v in unplaced_vars)))
-    cost = (obj.Value() - penalty * sum(v.solution_value() for v in unplaced_vars))
-    return cost / cfg.cost_scale, unplaced, True
+        return float("nan"), False
+    return float(obj.Value()), True

@@ -83,6 +83,11 @@ class _Ctx:
         self.snap = snap
         self.cfg = cfg
         self.nodes = {n.name: n for n in snap.nodes}
+        self.zones: dict[str, list[str]] = {}
+        self.regions: dict[str, list[str]] = {}
+        for n in snap.nodes:
+            self.zones.setdefault(n.zone, []).append(n.name)
+            self.regions.setdefault(n.region, []).append(n.name)
 
     def p95(self, src: str, dst: str) -> float:
         best = math.inf
@@ -99,14 +104,14 @@ class _Ctx:
     def latency(self, node: NodeInfo, target: str) -> float:
         if target in self.nodes:
             members = [target]
-        elif any(n.zone == target for n in self.snap.nodes):
+        elif target in self.zones:
             if node.zone == target:
                 return 0.0
-            members = [n.name for n in self.snap.nodes if n.zone == target]
-        elif any(n.region == target for n in self.snap.nodes):
+            members = self.zones[target]
+        elif target in self.regions:
             if node.region == target:
                 return 0.0
-            members = [n.name for n in self.snap.nodes if n.region == target]
+            members = self.regions[target]
         else:
             members = [target]
         if node.name in members:
@@ -151,30 +156,58 @@ def _static(ctx: _Ctx, w: Workload, node: NodeInfo) -> list[tuple[str, str]]:
     return out
 
 
-def _pod_terms(ctx: _Ctx, w: Workload, node: NodeInfo, others: Sequence[_Pod]
-               ) -> list[tuple[str, str]]:
+class _Pods:
+    """All pods (running and newly assigned) bucketed by topology domain."""
+
+    def __init__(self, ctx: _Ctx, pods: Sequence[_Pod]) -> None:
+        self.ctx = ctx
+        self.pods = pods
+        self._by_dom: dict[str, dict[str, list[_Pod]]] = {}
+        self.repellers: dict[tuple[str, str], list[tuple[_Pod, PodAffinityTerm]]] = {}
+        for p in pods:
+            node = ctx.nodes.get(p.node)
+            for t in p.anti:
+                d = _label(node, t.topology_key) if node is not None else None
+                if d is not None:
+                    self.repellers.setdefault((t.topology_key, d), []).append((p, t))
+
+    def in_domain(self, key: str, dom: str) -> list[_Pod]:
+        idx = self._by_dom.get(key)
+        if idx is None:
+            idx = {}
+            for p in self.pods:
+                node = self.ctx.nodes.get(p.node)
+                d = _label(node, key) if node is not None else None
+                if d is not None:
+                    idx.setdefault(d, []).append(p)
+            self._by_dom[key] = idx
+        return idx.get(dom, [])
+
+
+def _pod_terms(w: Workload, node: NodeInfo, pods: _Pods) -> list[tuple[str, str]]:
     """Pod affinity / anti-affinity of ``w`` on ``node`` against every other pod."""
     out: list[tuple[str, str]] = []
     me = _Pod(w.uid, w.namespace, w.labels, node.name, w.pod_anti_affinity)
-
-    def same(t_key: str, other: _Pod) -> bool:
-        o = ctx.nodes.get(other.node)
-        a = _label(node, t_key)
-        return o is not None and a is not None and a == _label(o, t_key)
-
     for t in w.pod_anti_affinity:
-        for p in others:
-            if _term_hits(t, w.namespace, p) and same(t.topology_key, p):
+        d = _label(node, t.topology_key)
+        if d is None:
+            continue
+        for p in pods.in_domain(t.topology_key, d):
+            if p.uid != w.uid and _term_hits(t, w.namespace, p):
                 out.append(("pod_anti_affinity", f"shares {t.topology_key} with {p.uid}"))
-    for p in others:
-        for t in p.anti:
-            if _term_hits(t, p.namespace, me) and same(t.topology_key, p):
+    for (key, d), lst in pods.repellers.items():
+        if _label(node, key) != d:
+            continue
+        for p, t in lst:
+            if p.uid != w.uid and _term_hits(t, p.namespace, me):
                 out.append(("pod_anti_affinity", f"{p.uid}'s anti-affinity repels it"))
     for t in w.pod_affinity:
-        matching = [p for p in others if _term_hits(t, w.namespace, p)]
-        if any(same(t.topology_key, p) for p in matching):
+        d = _label(node, t.topology_key)
+        if d is not None and any(p.uid != w.uid and _term_hits(t, w.namespace, p)
+                                 for p in pods.in_domain(t.topology_key, d)):
             continue
-        if not matching and _term_hits(t, w.namespace, me):
+        anywhere = any(p.uid != w.uid and _term_hits(t, w.namespace, p) for p in pods.pods)
+        if not anywhere and _term_hits(t, w.namespace, me):
             continue  # the first pod of a self-affine group
         out.append(("pod_affinity", f"no pod matching the term in its {t.topology_key}"))
     return out
@@ -197,12 +230,12 @@ def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
     pods += [_Pod(w.uid, w.namespace, w.labels, assignments[w.uid], w.pod_anti_affinity)
              for w in placed]
     used: dict[str, list[int]] = {}
+    index = _Pods(ctx, pods)
     for w in placed:
         node = ctx.nodes[assignments[w.uid]]
         for c, d in _static(ctx, w, node):
             out.append(Violation(w.uid, node.name, c, d))
-        others = [p for p in pods if p.uid != w.uid]
-        for c, d in _pod_terms(ctx, w, node, others):
+        for c, d in _pod_terms(w, node, index):
             out.append(Violation(w.uid, node.name, c, d))
         u = used.setdefault(node.name, [0, 0, 0])
         u[0] += w.requests.cpu_milli
