@@ -79,7 +79,8 @@ STAMP=$VENV/.cfnet-installed
 if [[ ! -e $STAMP || pyproject.toml -nt $STAMP ]]; then
   say "venv: installing cfnet and its dependencies (pip)"
   "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q -e ".[core,dev]"
+  # compat mode: a plain path entry, so packages added later import without a reinstall
+  "$VENV/bin/pip" install -q -e ".[core,dev]" --config-settings editable_mode=compat
   touch "$STAMP"
 else
   say "venv: dependencies up to date"
