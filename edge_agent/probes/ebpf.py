@@ -122,6 +122,26 @@ class EbpfProbe:
                 h[int(k.bucket)] = h.get(int(k.bucket), 0) + n
         return [t.sample(peer, interval) for peer, t in sorted(totals.items())]
 
+    def prog_stats(self) -> tuple[int, int]:
+        """(run_time_ns, run_cnt) summed over this probe's BPF programs.
+
+        The kernel counts these only while ``kernel.bpf_stats_enabled`` is 1;
+        they are how the benchmark charges the in-kernel cost to the probe.
+        """
+        total_ns = total_cnt = 0
+        for fn in self._bpf.funcs.values():
+            try:
+                with open(f"/proc/self/fdinfo/{fn.fd}") as f:
+                    for line in f:
+                        key, _, val = line.partition(":")
+                        if key == "run_time_ns":
+                            total_ns += int(val)
+                        elif key == "run_cnt":
+                            total_cnt += int(val)
+            except OSError:
+                continue
+        return total_ns, total_cnt
+
     def close(self) -> None:
         bpf = self._bpf
         self._bpf = None
