@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,36 @@ def missing_tracepoints(names: Sequence[str]) -> list[str]:
     return missing
 
 
+TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+def ensure_tracefs() -> str:
+    """Mount tracefs if no tracing directory is there; returns what it did, for the log.
+
+    Inside ``ip netns exec`` (how agents run in the lab, and in some
+    containers) /sys is a fresh sysfs for the new network namespace, without
+    tracefs. Mounting it there stays private to that mount namespace. Must run
+    before BCC is imported: BCC picks its tracing directory at import time.
+    """
+    for d in TRACEFS_DIRS:
+        if Path(d, "events").is_dir():
+            return ""
+    if os.geteuid() != 0:
+        return "tracefs not mounted and not root"
+    try:
+        subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS_DIRS[0]], check=True,
+                       capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"tracefs not mounted and mounting it failed: {exc}"
+    log.info("mounted tracefs at %s", TRACEFS_DIRS[0])
+    return f"mounted tracefs at {TRACEFS_DIRS[0]}"
+
+
 def check_environment(tracepoints: Sequence[str]) -> None:
     """Raise ProbeError with a one-line reason if eBPF can't work here."""
     if os.geteuid() != 0:
         raise ProbeError("not root: eBPF needs CAP_BPF/CAP_PERFMON")
+    ensure_tracefs()
     if not Path("/sys/kernel/btf/vmlinux").exists():
         raise ProbeError("no BTF (/sys/kernel/btf/vmlinux)")
     missing = missing_tracepoints(tracepoints)

@@ -1,0 +1,106 @@
+"""End to end on the real kernel and a real Mosquitto: agents in network namespaces,
+the broker and the core in a 'cloud' namespace, TLS and the ACL on. The core's
+state must show both edge nodes and the measured link between them, with each probe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloud_core.service import CoreConfig, CoreService
+from tests.integration.helpers import settings, wait_for
+from tools.broker import Broker
+from tools.lab import Lab, SiteSpec
+from tools.netns import in_netns
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    if os.geteuid() != 0:
+        pytest.fail("end-to-end tests need root for network namespaces (run as root)")
+    with Lab([SiteSpec("cloud"), SiteSpec("edgea", rate_mbit=50),
+              SiteSpec("edgeb", rate_mbit=20, loss=0.02)], prefix=f"e2e{os.getpid() % 1000}") as lb:
+        yield lb
+
+
+@pytest.fixture(scope="module")
+def cloud_broker(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = Broker(tmp_path_factory.mktemp("e2e-broker"), host=lab.addr("cloud"),
+               netns=lab.ns("cloud"))
+    b.start()
+    yield b
+    b.stop()
+
+
+def start_agent(lab: Lab, broker: Broker, site: str, node: str, tmp: Path,
+                ebpf: bool) -> subprocess.Popen[bytes]:
+    creds = broker.add_account(node, "agent")
+    pw = tmp / f"{node}.pw"
+    pw.write_text(creds.password)
+    peers = ",".join(lab.addr(s) for s in lab.sites if s not in (site, "cloud"))
+    argv = [str(VENV_BIN / "cfnet-agent"), "--node", node,
+            "--broker-host", broker.host, "--broker-port", str(broker.port),
+            "--password-file", str(pw), "--ca-file", str(broker.ca_file),
+            "--buffer-path", str(tmp / f"{node}.db"), "--interval-s", "1",
+            "--peers", peers, "--ebpf" if ebpf else "--no-ebpf"]
+    log = open(tmp / f"{node}.log", "wb")  # noqa: SIM115 - the process owns it
+    return lab.popen(site, argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
+
+
+@pytest.mark.parametrize("ebpf", [True, False], ids=["ebpf", "sockdiag"])
+def test_two_agents_to_core_state(lab: Lab, cloud_broker: Broker, tmp_path: Path,
+                                  ebpf: bool) -> None:
+    tag = "e" if ebpf else "s"
+    core_creds = cloud_broker.add_account(f"core-e2e{tag}", "core")
+    cfg = CoreConfig(mqtt=settings(cloud_broker, core_creds), db_path=tmp_path / "core.db")
+    core: CoreService = in_netns(lab.ns("cloud"), lambda: CoreService(cfg))
+    in_netns(lab.ns("cloud"), core.start)
+    procs = []
+    try:
+        a, b = f"edge-a{tag}", f"edge-b{tag}"
+        procs.append(start_agent(lab, cloud_broker, "edgea", a, tmp_path, ebpf))
+        procs.append(start_agent(lab, cloud_broker, "edgeb", b, tmp_path, ebpf))
+        procs.append(lab.popen("edgeb", [sys.executable, "-m", "tools.traffic", "sink",
+                                         "--port", "5201", "--duration", "40"], cwd=str(REPO)))
+        procs.append(lab.popen("edgea", [sys.executable, "-m", "tools.traffic", "send",
+                                         lab.addr("edgeb"), "--port", "5201", "--rate-mbit", "0",
+                                         "--duration", "30", "--max-mb", "100"], cwd=str(REPO)))
+
+        def link() -> object:
+            snap = core.state.snapshot(time.time())
+            lk = snap.links.get((a, b))
+            if a in snap.nodes and b in snap.nodes and lk and lk.rtt_p50_us and lk.tx_bps > 1e6:
+                return lk
+            return None
+
+        lk = wait_for(link, timeout_s=40, what=f"link {a} -> {b} in core state")
+        snap = core.state.snapshot(time.time())
+        want_probe = "ebpf" if ebpf else "sockdiag"
+        assert snap.nodes[a].probe == want_probe and snap.nodes[b].probe == want_probe
+        assert lk.rtt_p50_us > 0 and lk.rtt_p95_us >= lk.rtt_p50_us  # type: ignore[attr-defined]
+        assert 0.0 <= lk.loss <= 1.0  # type: ignore[attr-defined]
+        # 20 Mbit/s tbf on edge-b's link: the measured rate can't be far above it.
+        assert 1e6 < lk.tx_bps < 26e6  # type: ignore[attr-defined]
+        assert core.ingest.counters().rejected_total == 0
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        core.stop()
+    for n in (f"edge-a{tag}", f"edge-b{tag}"):
+        text = (tmp_path / f"{n}.log").read_text()
+        assert "Traceback" not in text, text[-3000:]
