@@ -84,8 +84,11 @@ def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
         _, zone, region = ix.locate(w.data_location)
         zid = ix.zones.get(zone, -1) if zone else -1
         rid = ix.regions.get(region, -1) if region else -1
-        out["data"] = wt.data * w.cost_weight * data_cost(
-            w.data_gb, ix.zone_id[sel] == zid, ix.region_id[sel] == rid, cfg)
+        same_region = ix.region_id[sel] == rid
+        # data known only down to its region is local to every node of that region
+        same_zone = ix.zone_id[sel] == zid if zone else same_region
+        out["data"] = wt.data * w.cost_weight * data_cost(w.data_gb, same_zone, same_region,
+                                                          cfg)
     else:
         out["data"] = np.zeros_like(share)
     if w.max_latency_ms is not None and w.latency_to is not None:

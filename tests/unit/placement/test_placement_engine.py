@@ -1,0 +1,184 @@
+"""Engine behaviour: batches, explanations, gangs, affinity rounds, the prepared view."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from placement_helpers import GIB, node, snap, wl
+
+from cloud_core.errors import PlacementError
+from cloud_core.placement import (
+    EngineConfig,
+    Health,
+    LabelSelector,
+    LinkInfo,
+    PodAffinityTerm,
+    Resources,
+    RunningPod,
+    Taint,
+    Toleration,
+    explain,
+    place,
+    prepare,
+    validate,
+)
+from cloud_core.placement.model import ZONE
+
+SPREAD = (PodAffinityTerm(LabelSelector({"app": "web"})),)
+
+
+def test_every_workload_gets_node_or_reason_in_input_order() -> None:
+    nodes = [node("a", price_per_hour=1.0), node("b", price_per_hour=2.0)]
+    ws = [wl(f"w{i}", requests=Resources(2000, GIB, 0)) for i in range(5)]
+    r = place(snap(nodes), ws)
+    assert [d.workload_uid for d in r.decisions] == [w.uid for w in ws]
+    assert len(r.assignments) == 4
+    assert sum(1 for d in r.decisions if d.node == "a") == 2  # cheaper node filled first
+    (d,) = r.unplaced
+    assert d.summary == "0/2 nodes fit: 2 insufficient cpu"
+    assert d.reasons == ("capacity taken by other workloads of the batch",)
+    assert validate(snap(nodes), ws, r.assignments) == []
+
+
+def test_summary_counts_first_failing_filter() -> None:
+    nodes = ([node(f"x{i}", "us") for i in range(3)]
+             + [node(f"d{i}", "eu", health=Health.DOWN) for i in range(2)]
+             + [node(f"g{i}", "eu", taints=(Taint("gpu", "", "NoSchedule"),))
+                for i in range(1)]
+             + [node(f"s{i}", "eu", capacity=Resources(500, GIB, 0)) for i in range(4)]
+             + [node("far", "eu")])
+    w = wl("w", residency=frozenset({"eu"}), max_latency_ms=50, latency_to="u")
+    links = {("far", "u"): LinkInfo(40, 60)} | {(f"s{i}", "u"): LinkInfo(1, 2)
+                                                  for i in range(4)}
+    r = place(snap(nodes, links), [w])
+    assert r.decisions[0].node is None
+    assert r.decisions[0].summary == ("0/11 nodes fit: 4 insufficient cpu, 3 residency, "
+                                      "2 node down, 1 latency > 50 ms, 1 untolerated taint")
+    assert r.decisions[0].reasons == ("no node satisfies every constraint",)
+
+
+def test_runner_up_and_why() -> None:
+    nodes = [node("a", price_per_hour=1.0), node("b", price_per_hour=1.5),
+             node("c", price_per_hour=3.0)]
+    r = place(snap(nodes), [wl("w")])
+    d = r.decisions[0]
+    assert (d.node, d.runner_up) == ("a", "b")
+    assert re.fullmatch(r"runner-up b costs \+0\.\d+ \$/h", d.reasons[0])
+    assert d.summary.startswith("placed on a (") and d.summary.endswith("3/3 nodes fit")
+    assert d.cost == pytest.approx(r.total_cost)
+
+
+def test_batch_is_global_not_greedy() -> None:
+    """Greedy one-by-one would put the flexible pod on the only GPU-free cheap node first."""
+    cheap = node("cheap", price_per_hour=1.0, capacity=Resources(2000, 4 * GIB, 0))
+    other = node("other", "r2", price_per_hour=1.1, capacity=Resources(2000, 4 * GIB, 0))
+    flexible = wl("flex", requests=Resources(2000, GIB, 0))
+    pinned = wl("pinned", requests=Resources(2000, GIB, 0), residency=frozenset({"r1"}))
+    r = place(snap([cheap, other]), [flexible, pinned])
+    assert r.assignments == {"flex": "other", "pinned": "cheap"}
+
+
+def test_hostname_and_zone_spread() -> None:
+    nodes = [node(f"n{i}", zone=f"z{i % 2}") for i in range(4)]
+    ws = [wl(f"w{i}", labels={"app": "web"}, pod_anti_affinity=SPREAD) for i in range(5)]
+    r = place(snap(nodes), ws)
+    assert len(r.assignments) == 4 and len(set(r.assignments.values())) == 4
+    assert "pod anti-affinity" in r.unplaced[0].summary
+    zone = (PodAffinityTerm(LabelSelector({"app": "web"}), ZONE),)
+    ws = [wl(f"w{i}", labels={"app": "web"}, pod_anti_affinity=zone) for i in range(3)]
+    r = place(snap(nodes), ws)
+    assert len(r.assignments) == 2
+    assert validate(snap(nodes), ws, r.assignments) == []
+
+
+def test_cross_class_anti_affinity() -> None:
+    nodes = [node("a"), node("b", price_per_hour=5.0)]
+    db = wl("db", labels={"app": "db"})
+    web = wl("web", labels={"app": "web"},
+             pod_anti_affinity=(PodAffinityTerm(LabelSelector({"app": "db"})),))
+    r = place(snap(nodes), [db, web])
+    assert len(r.assignments) == 2 and r.assignments["db"] != r.assignments["web"]
+    assert validate(snap(nodes), [db, web], r.assignments) == []
+
+
+def test_gang_all_or_nothing() -> None:
+    nodes = [node("a", capacity=Resources(4000, 8 * GIB, 2))]
+    gang = [wl(f"g{i}", requests=Resources(1000, GIB, 1), gang="t") for i in range(3)]
+    solo = wl("solo", requests=Resources(1000, GIB, 1))
+    r = place(snap(nodes), [*gang, solo])
+    assert r.assignments == {"solo": "a"}
+    assert all("gang t" in r.decision(w.uid).reasons[0] for w in gang)
+    r = place(snap(nodes), gang[:2])
+    assert len(r.assignments) == 2
+
+
+def test_pod_affinity_within_batch() -> None:
+    nodes = [node("a", zone="z1"), node("b", zone="z2", price_per_hour=0.5)]
+    cache = wl("cache", labels={"app": "cache"}, residency=frozenset({"r1"}),
+               node_selector={"kubernetes.io/hostname": "a"})
+    app = wl("app", pod_affinity=(PodAffinityTerm(LabelSelector({"app": "cache"}), ZONE),))
+    r = place(snap(nodes), [app, cache])
+    assert r.assignments == {"cache": "a", "app": "a"}
+    assert r.stats["rounds"] == 2
+    # self-affine group: the first goes anywhere (cheapest), the rest follow it
+    grp = [wl(f"s{i}", labels={"app": "s"},
+              pod_affinity=(PodAffinityTerm(LabelSelector({"app": "s"}), ZONE),))
+           for i in range(3)]
+    r = place(snap(nodes), grp)
+    assert set(r.assignments.values()) == {"b"}
+    assert validate(snap(nodes), grp, r.assignments) == []
+
+
+def test_pod_affinity_unsatisfiable() -> None:
+    r = place(snap([node("a")]),
+              [wl("x", pod_affinity=(PodAffinityTerm(LabelSelector({"app": "nope"})),))])
+    assert r.decisions[0].node is None
+    assert r.decisions[0].reasons[0].startswith("pod affinity")
+    assert "1 pod affinity" in r.decisions[0].summary
+
+
+def test_running_pods_count() -> None:
+    pods = (RunningPod("p", "p", "default", "a", {"app": "web"}, Resources(), SPREAD),)
+    nodes = [node("a"), node("b", price_per_hour=9.0)]
+    w = wl("w", labels={"app": "web"}, pod_anti_affinity=SPREAD)
+    assert place(snap(nodes, pods=pods), [w]).assignments == {"w": "b"}
+
+
+def test_duplicate_uid_is_an_error() -> None:
+    with pytest.raises(PlacementError, match="duplicate"):
+        place(snap([node("a")]), [wl("x"), wl("x")])
+
+
+def test_prepared_one_pod_at_a_time_keeps_account() -> None:
+    pc = prepare(snap([node("a", capacity=Resources(2000, 8 * GIB, 0))]))
+    assert pc.place([wl("x")]).assignments == {"x": "a"}
+    assert pc.place([wl("y")]).assignments == {"y": "a"}
+    assert pc.place([wl("z")]).assignments == {}
+    pc2 = prepare(snap([node("a", capacity=Resources(2000, 8 * GIB, 0))]))
+    pc2.bind(wl("ext", requests=Resources(1500, 0, 0)), "a")
+    assert pc2.place([wl("x")]).assignments == {}
+    with pytest.raises(PlacementError):
+        pc2.bind(wl("q"), "nope")
+
+
+def test_explain() -> None:
+    nodes = [node("a", "eu", price_per_hour=1.0), node("b", "us")]
+    w = wl("w", residency=frozenset({"eu"}), tolerations=(Toleration("", "Exists"),))
+    e = explain(snap(nodes), w, node="b")
+    assert e.summary == "1/2 nodes fit: 1 residency"
+    assert e.node_reasons == ("residency",)
+    assert e.best[0][0] == "a"
+    assert set(e.breakdown) == {"price", "energy", "carbon", "data", "latency", "balance"}
+    assert "b: residency" in str(e)
+    with pytest.raises(PlacementError):
+        explain(snap(nodes), w, node="zz")
+
+
+def test_cpsat_and_flow_agree_on_uncoupled_batch() -> None:
+    nodes = [node(f"n{i}", price_per_hour=1 + i / 10, capacity=Resources(3000, 8 * GIB, 0))
+             for i in range(6)]
+    ws = [wl(f"w{i}", residency=frozenset({"r1"})) for i in range(10)]
+    a = place(snap(nodes), ws, EngineConfig(use_cpsat=False))
+    b = place(snap(nodes), ws)
+    assert a.total_cost == pytest.approx(b.total_cost)
