@@ -1,0 +1,233 @@
+"""`make demo`: a whole cfnet system on one machine, live.
+
+A lab of network namespaces (a cloud site and edge sites with different link
+qualities), a TLS Mosquitto with per-account ACLs and the core in the cloud
+site, one agent per edge site, bounded traffic between sites, and a batch of
+workloads with residency, security and latency constraints submitted through
+the console. The screen shows the live link matrix, node health and where
+each workload runs; the demo cleans everything up when it ends (or on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
+from cloud_core.view import fmt_age, fmt_bps, fmt_us, table
+from edge_agent.mqtt import MqttSettings
+from tools.broker import Broker
+from tools.lab import Lab, SiteSpec
+from tools.netns import in_netns
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+EDGES = [
+    # site, node id, rate Mbit/s, loss, region, zone, security level, price/h, carbon g/kWh
+    ("lyon", "edge-lyon", 100.0, 0.0, "eu", "eu-fr", 3, 0.12, 60),
+    ("milan", "edge-milan", 20.0, 0.02, "eu", "eu-it", 2, 0.06, 250),
+    ("austin", "edge-austin", 50.0, 0.0, "us", "us-tx", 2, 0.04, 400),
+    ("osaka", "edge-osaka", 10.0, 0.05, "ap", "ap-jp", 1, 0.03, 450),
+]
+
+WORKLOADS = [
+    {"name": "video-analytics", "replicas": 2, "requests": {"cpu": "500m", "memory": "256Mi"},
+     "residency": "eu", "minSecurityLevel": 2},
+    {"name": "payments", "requests": {"cpu": "250m", "memory": "128Mi"},
+     "residency": "eu", "minSecurityLevel": 3},
+    {"name": "us-cache", "replicas": 2, "requests": {"cpu": "250m"}, "residency": "us",
+     "podAntiAffinity": [{"labelSelector": {"matchLabels": {"app": "us-cache"}},
+                          "topologyKey": "kubernetes.io/hostname"}],
+     "labels": {"app": "us-cache"}},
+    {"name": "batch-report", "requests": {"cpu": "1"}, "costWeight": 5},
+    {"name": "near-lyon", "requests": {"cpu": "250m"}, "maxLatencyMs": 50,
+     "latencyTo": "edge-lyon"},
+    {"name": "secret-ml", "requests": {"cpu": "500m"}, "minSecurityLevel": 4},
+]
+
+log = logging.getLogger("cfnet.demo")
+
+
+def say(msg: str) -> None:
+    print(f"\033[1m[demo]\033[0m {msg}", flush=True)
+
+
+def _logfile(path: Path) -> Any:
+    return open(path, "wb")  # the child process owns it
+
+
+def registry_yaml() -> str:
+    lines = ["nodes:"]
+    for _site, node, _r, _l, region, zone, sec, price, carbon in EDGES:
+        lines.append(
+            f"  - {{name: {node}, region: {region}, zone: {zone}, security_level: {sec}, "
+            f"price_per_hour: {price}, energy_price_per_kwh: 0.2, carbon_g_per_kwh: {carbon}, "
+            f"idle_watts: 10, max_watts: 60, capacity: {{cpu: '4', memory: 8Gi}}}}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render(c: ConsoleClient) -> str:
+    nodes = c.call("nodes", timeout_s=3).data or []
+    links = c.call("links", timeout_s=3).data or []
+    wl = c.call("workloads", timeout_s=3).data or []
+    names = [n["node"] for n in nodes]
+    by = {(r["src"], r["dst"]): r for r in links}
+    short = {n: n.replace("edge-", "") for n in names}
+    matrix = []
+    for src in names:
+        row = [short[src]]
+        for dst in names:
+            r = by.get((src, dst))
+            if src == dst:
+                row.append("·")
+            elif r is None or r["rtt_p50_us"] is None:
+                row.append("-")
+            else:
+                row.append(f"{fmt_us(r['rtt_p50_us'])} {r['loss'] * 100:.0f}% "
+                           f"{fmt_bps(r['tx_bps'])}")
+        matrix.append(row)
+    node_rows = [(short[n["node"]], n["health"], n["region"], n["security_level"],
+                  n["probe"], f"{(n['cpu_util'] or 0) * 100:.0f}%", n["workloads"],
+                  fmt_age(n["age_s"] if n["age_s"] is not None else float("inf")))
+                 for n in nodes]
+    wl_rows = [(w["name"], w["state"], (w["node"] or "-").replace("edge-", ""),
+                (w["reason"] or "")[:40]) for w in wl]
+    return "\n\n".join([
+        "LINKS (row measures column: RTT p50, loss, throughput)",
+        table(matrix, ["", *[short[n] for n in names]]),
+        table(node_rows, ["NODE", "HEALTH", "REGION", "SEC", "PROBE", "CPU", "WL", "AGE"]),
+        table(wl_rows, ["WORKLOAD", "STATE", "NODE", "WHY NOT"]),
+    ])
+
+
+def run(duration_s: float, work: Path) -> int:
+    sites = [SiteSpec("cloud")] + [SiteSpec(s, rate_mbit=r, loss=lo) for s, _n, r, lo, *_ in EDGES]
+    procs: list[subprocess.Popen[Any]] = []
+    say(f"work directory {work}")
+    with Lab(sites, prefix="demo") as lab:
+        say("lab up: " + ", ".join(f"{s}={lab.addr(s)}" for s in lab.sites))
+        broker = Broker(work / "broker", host=lab.addr("cloud"), netns=lab.ns("cloud"))
+        broker.start()
+        say(f"mosquitto up on {broker.host}:{broker.port} (TLS, passwords, ACL)")
+        try:
+            core = broker.add_account("core-0", "core")
+            (work / "core.pw").write_text(core.password)
+            (work / "registry.yaml").write_text(registry_yaml())
+            (work / "roles.yaml").write_text("operators: {demo: admin}\n")
+            procs.append(lab.popen("cloud", [
+                str(BIN / "cfnet-core"), "--broker-host", broker.host,
+                "--broker-port", str(broker.port), "--username", "core-0",
+                "--password-file", str(work / "core.pw"), "--ca-file", str(broker.ca_file),
+                "--db", str(work / "core.db"), "--registry", str(work / "registry.yaml"),
+                "--roles", str(work / "roles.yaml"), "--table-every", "0",
+            ], stdout=_logfile(work / "core.log"), stderr=subprocess.STDOUT, cwd=str(REPO)))
+            say("cfnet-core started (log: core.log)")
+            peers = [lab.addr(s) for s, *_ in EDGES]
+            for site, node, *_ in EDGES:
+                creds = broker.add_account(node, "agent")
+                (work / f"{node}.pw").write_text(creds.password)
+                procs.append(lab.popen(site, [
+                    str(BIN / "cfnet-agent"), "--node", node, "--broker-host", broker.host,
+                    "--broker-port", str(broker.port), "--password-file", str(work / f"{node}.pw"),
+                    "--ca-file", str(broker.ca_file), "--buffer-path", str(work / f"{node}.db"),
+                    "--peers", ",".join(p for p in peers if p != lab.addr(site)),
+                ], stdout=_logfile(work / f"{node}.log"), stderr=subprocess.STDOUT,
+                    cwd=str(REPO)))
+            say(f"{len(EDGES)} agents started (logs: edge-*.log)")
+            # Traffic: every edge sends to the next one, paced and bounded.
+            for i, (site, *_rest) in enumerate(EDGES):
+                nxt = EDGES[(i + 1) % len(EDGES)][0]
+                procs.append(lab.popen(nxt, [sys.executable, "-m", "tools.traffic", "sink",
+                                             "--port", "5201", "--duration", str(duration_s + 5)],
+                                       cwd=str(REPO), stderr=subprocess.DEVNULL))
+                procs.append(lab.popen(site, [
+                    sys.executable, "-m", "tools.traffic", "send", lab.addr(nxt), "--port", "5201",
+                    "--rate-mbit", "8", "--duration", str(duration_s), "--max-mb", "400",
+                ], cwd=str(REPO), stderr=subprocess.DEVNULL))
+            op = broker.add_account("demo", "operator")
+            settings = MqttSettings(host=broker.host, port=broker.port, username="demo",
+                                    password=op.password, ca_file=broker.ca_file,
+                                    client_id="demo", clean_start=True, session_expiry_s=0)
+            client: ConsoleClient = in_netns(
+                lab.ns("cloud"), lambda: ConsoleClient(settings, "demo")
+            )
+            in_netns(lab.ns("cloud"), client.connect)
+            with contextlib.closing(client):
+                say("waiting for the first reports...")
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    with contextlib.suppress(ConsoleUnavailable):
+                        ns = client.call("nodes", timeout_s=3).data or []
+                        if sum(n["health"] == "online" for n in ns) == len(EDGES):
+                            break
+                    time.sleep(1)
+                r = client.call("submit", {"specs": WORKLOADS})
+                say(f"submitted {len(r.data or [])} workloads: " + (r.error or "ok"))
+                end = time.monotonic() + duration_s
+                while time.monotonic() < end:
+                    try:
+                        screen = render(client)
+                    except ConsoleUnavailable as exc:
+                        screen = f"(console: {exc})"
+                    left = end - time.monotonic()
+                    sys.stdout.write("\033[2J\033[H" if sys.stdout.isatty() else "\n")
+                    print(f"cfnet demo — {len(EDGES)} edge sites, {left:.0f}s left "
+                          f"(Ctrl-C to stop)\n\n{screen}", flush=True)
+                    time.sleep(2)
+                ex = client.call("explain", {"workload": "secret-ml"})
+                if ex.ok:
+                    e = ex.data.get("explanation") or {}
+                    say(f"why secret-ml is not placed: {e.get('summary') or ex.data.get('reason')}")
+        finally:
+            for p in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            broker.stop()
+    say("lab down; everything cleaned up")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tools.demo", description=__doc__)
+    p.add_argument("--duration", type=float, default=float(os.environ.get("DEMO_SECONDS", 60)))
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    a = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("the demo needs root (network namespaces, eBPF)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING)
+    work = Path(tempfile.mkdtemp(prefix="cfnet-demo-"))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        return run(a.duration, work)
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            say(f"kept {work}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
