@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retry-period", type=float, default=2.0)
     p.add_argument("--edge-taint", choices=["respect", "ignore"], default="respect")
     p.add_argument("--stats-every", type=float, default=0.0)
+    p.add_argument("--log-bindings", action="store_true", help="print a line per binding")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                             on_stopped=lambda: _say("following", identity=args.identity))
     act = Actuator(client, NodeRegistry(RegistryConfig(edge_taint=args.edge_taint)),
                    ActuatorConfig(identity=args.identity), is_leader=elector.is_leader,
-                   on_alert=lambda a: _say("alert", **a))
+                   on_alert=lambda a: _say("alert", **a),
+                   on_bound=(lambda k, n: _say("bound", pod=k, node=n)) if args.log_bindings
+                   else None)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -58,7 +58,7 @@ def run_engine(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
     result = place(snapshot, workloads, config) if config is not None else \
         place(snapshot, workloads)
     problems: dict[str, list[str]] = {}
-    for v in validate(snapshot, workloads, result.assignments):
+    for v in validate(snapshot, workloads, result.assignments, config):
         problems.setdefault(v.workload_uid, []).append(f"{v.constraint}: {v.detail}")
     assignments = {u: n for u, n in result.assignments.items() if n and u not in problems}
     failures = {d.workload_uid: d.summary for d in result.decisions
@@ -75,12 +75,16 @@ def parse_workload(pod: Mapping[str, Any]) -> Workload:
     return parse_pod(pod)
 
 
-def validate_binding(snapshot: ClusterSnapshot, workload: Workload, node: str) -> list[str]:
-    """The validator's complaints about ``workload`` running on ``node`` (empty: fine)."""
+def validate_binding(snapshot: ClusterSnapshot, workload: Workload, node: str,
+                     config: Any = None) -> list[str]:
+    """The validator's complaints about ``workload`` running on ``node`` (empty: fine).
+
+    ``snapshot`` must not count ``workload`` itself among the running pods.
+    """
     from cloud_core.placement import validate
 
     return [f"{v.constraint}: {v.detail}" for v in validate(snapshot, [workload], {
-        workload.uid: node})]
+        workload.uid: node}, config)]
 
 
 @dataclass
@@ -124,12 +128,14 @@ class Actuator:
                  config: ActuatorConfig | None = None, *,
                  is_leader: Callable[[], bool] = lambda: True,
                  on_alert: Callable[[dict[str, Any]], None] | None = None,
+                 on_bound: Callable[[str, str], None] | None = None,
                  links: Callable[[], Mapping[tuple[str, str], Any]] | None = None) -> None:
         self.client = client
         self.registry = registry or NodeRegistry()
         self.config = config or ActuatorConfig()
         self.is_leader = is_leader
         self.on_alert = on_alert
+        self.on_bound = on_bound
         self.links = links or (lambda: {})
         self.stats = ActuatorStats()
         self._lock = threading.RLock()
@@ -218,8 +224,11 @@ class Actuator:
                 and not spec.get("nodeName") and not md.get("deletionTimestamp")
                 and phase == "Pending")
 
-    def snapshot(self) -> ClusterSnapshot:
-        """Registry nodes + running pods (+ assumed bindings) as the engine's snapshot."""
+    def snapshot(self, exclude: frozenset[str] = frozenset()) -> ClusterSnapshot:
+        """Registry nodes + running pods (+ assumed bindings) as the engine's snapshot.
+
+        Pods whose uid is in ``exclude`` are left out (to re-validate them).
+        """
         allocated: dict[str, Resources] = {}
         running: list[RunningPod] = []
         for pod in self.pods.items():
@@ -227,6 +236,8 @@ class Actuator:
             node = spec.get("nodeName")
             phase = (pod.get("status") or {}).get("phase")
             if not node or phase in ("Succeeded", "Failed"):
+                continue
+            if str((pod.get("metadata") or {}).get("uid")) in exclude:
                 continue
             w = self._workload(pod)
             running.append(self._running(pod, node, w))
@@ -377,6 +388,8 @@ class Actuator:
             self._unschedulable.pop(key, None)
         self.stats.bound += 1
         self.stats.bound_pods.append(key)
+        if self.on_bound is not None:
+            self.on_bound(key, node)
         try:
             self.client.emit_event(pod, reason="Scheduled", instance=self.config.identity,
                                    message=f"Successfully assigned {key} to {node}")
@@ -404,7 +417,6 @@ class Actuator:
         if not changes:
             return
         nodes = {c.node for c in changes}
-        snap = self.snapshot()
         for pod in self.pods.items():
             spec = pod.get("spec") or {}
             node = spec.get("nodeName")
@@ -415,7 +427,8 @@ class Actuator:
             w = self._workload(pod)
             if w is None:
                 continue
-            problems = validate_binding(snap, w, str(node))
+            snap = self.snapshot(exclude=frozenset({w.uid}))
+            problems = validate_binding(snap, w, str(node), self.config.engine_config)
             if problems:
                 self._alert_and_replace(pod, str(node), problems,
                                         [c for c in changes if c.node == node])

@@ -1,4 +1,4 @@
-"""A real Kubernetes control plane for tests (etcd + kube-apiserver), like controller-runtime's envtest.
+"""A real Kubernetes control plane for tests (etcd + kube-apiserver), like envtest.
 
 ``ControlPlane`` builds the binaries when they are missing (``tools/envtest/build.sh``, progress
 on stderr), generates a CA, a serving certificate, an admin client certificate
@@ -85,7 +85,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def generate_pki(d: Path) -> None:
-    """CA, apiserver serving cert (127.0.0.1 / localhost / service IP), admin client cert, SA key."""
+    """CA, apiserver serving cert (loopback, service IP), admin client cert, SA signing key."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
              "ca.crt", "-days", "2", "-subj", "/CN=cfnet-envtest-ca", cwd=d)
@@ -196,11 +196,16 @@ class ControlPlane:
             _terminate(self.api_proc)
             self.api_proc = None
 
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again (same port, same etcd) after ``stop_apiserver``."""
+        if self.api_proc is None:
+            self._start_apiserver()
+
     def restart(self, down_s: float = 0.0) -> None:
         """Stop kube-apiserver, stay down ``down_s`` seconds, start it on the same port."""
         self.stop_apiserver()
         time.sleep(down_s)
-        self._start_apiserver()
+        self.start_apiserver()
 
     # -- processes -----------------------------------------------------------------------------
     def _start_etcd(self) -> None:

@@ -1,0 +1,178 @@
+"""Fixtures for the Kubernetes tests: one real control plane (etcd + kube-apiserver) per session.
+
+The binaries are built from the Go module proxy on first use (tools/envtest/build.sh, progress
+on stderr; cached under ``$CFNET_CACHE/envtest``). A failed build fails the tests with the
+build's own output; nothing here is a fake.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cloud_core.errors import KubeError, KubeNotFound
+from cloud_core.k8s.client import KubeClient
+from tools.envtest import ControlPlane, EnvtestError
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "k8s"
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 30.0, every: float = 0.1,
+             what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy (bounded in time)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except KubeError as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def load_manifests(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _established(admin: KubeClient, crd: str) -> bool:
+    obj = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    try:
+        cp = ControlPlane()
+        cp.start()
+    except EnvtestError as e:
+        pytest.fail(f"cannot run the Kubernetes control plane: {e}", pytrace=False)
+    try:
+        admin = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        for crd in sorted((DEPLOY / "crds").glob("*.yaml")):
+            for obj in load_manifests(crd):
+                admin.apply(obj)
+        for name in ("yurtappsets.apps.openyurt.io", "edgeapplications.apps.kubeedge.io"):
+            wait_for(lambda n=name: _established(admin, n), what=f"CRD {name} established")
+        admin.close()
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def admin(control_plane: ControlPlane) -> Iterator[KubeClient]:
+    c = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+    yield c
+    c.close()
+
+
+class Cluster:
+    """Test helpers that create Nodes and Pods (as the admin) and clean up after a test."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.c = client
+        self.namespace = f"t-{uuid.uuid4().hex[:8]}"
+        self.nodes: list[str] = []
+        self.c.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                             "metadata": {"name": self.namespace}})
+
+    def node(self, name: str, *, region: str, zone: str = "", security: int = 1,
+             kubeedge_group: str | None = None, openyurt_pool: str | None = None,
+             cpu: str = "4", memory: str = "8Gi", labels: dict[str, str] | None = None,
+             edge_taint: bool = True) -> dict[str, Any]:
+        lab = {"kubernetes.io/hostname": name, "topology.kubernetes.io/region": region,
+               "topology.kubernetes.io/zone": zone or f"{region}-a",
+               "cfnet.io/security-level": str(security), **(labels or {})}
+        taints = []
+        if kubeedge_group is not None:
+            lab["node-role.kubernetes.io/edge"] = ""
+            lab["apps.kubeedge.io/belonging-to"] = kubeedge_group
+            if edge_taint:
+                taints.append({"key": "node-role.kubernetes.io/edge", "effect": "NoSchedule"})
+        if openyurt_pool is not None:
+            lab["apps.openyurt.io/nodepool"] = openyurt_pool
+        status = {"capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
+                  "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                  "message": "envtest node"}]}
+        obj = self.c.create("/api/v1/nodes", {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": lab},
+            "spec": {"taints": taints} if taints else {}, "status": status})
+        if not (obj.get("status") or {}).get("allocatable"):
+            obj["status"] = status
+            obj = self.c.replace(f"/api/v1/nodes/{name}/status", obj)
+        if (obj.get("spec") or {}).get("taints") != (taints or None):
+            # The TaintNodesByCondition admission adds node.kubernetes.io/not-ready; with no
+            # node-lifecycle controller here, play its part once the node is "Ready".
+            obj = self.c.patch(f"/api/v1/nodes/{name}", [
+                {"op": "replace", "path": "/spec/taints", "value": taints}],
+                content_type="application/json-patch+json")
+        self.nodes.append(name)
+        return obj
+
+    def pod(self, name: str, *, cpu: str = "250m", memory: str = "256Mi",
+            annotations: dict[str, str] | None = None, node_selector: dict[str, str] | None = None,
+            tolerate_edge: bool = False, labels: dict[str, str] | None = None,
+            scheduler: str = "cfnet-scheduler") -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "schedulerName": scheduler,
+            "containers": [{"name": "app", "image": "registry.example/app:1",
+                            "resources": {"requests": {"cpu": cpu, "memory": memory}}}],
+        }
+        if node_selector:
+            spec["nodeSelector"] = node_selector
+        if tolerate_edge:
+            spec["tolerations"] = [{"key": "node-role.kubernetes.io/edge", "operator": "Exists",
+                                    "effect": "NoSchedule"}]
+        return self.c.create(f"/api/v1/namespaces/{self.namespace}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.namespace,
+                         "labels": labels or {"app": name},
+                         "annotations": annotations or {}},
+            "spec": spec})
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.c.list(f"/api/v1/namespaces/{self.namespace}/pods")[0]
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        evs = self.c.list(f"/api/v1/namespaces/{self.namespace}/events")[0]
+        return [e for e in evs if reason is None or e.get("reason") == reason]
+
+    def set_node_label(self, name: str, key: str, value: str) -> None:
+        self.c.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {key: value}}})
+
+    def cleanup(self) -> None:
+        for n in self.nodes:
+            try:
+                self.c.delete(f"/api/v1/nodes/{n}")
+            except KubeNotFound:
+                pass
+        for p in self.pods():
+            try:
+                self.c.delete(f"/api/v1/namespaces/{self.namespace}/pods/"
+                              f"{p['metadata']['name']}", grace_period_s=0)
+            except KubeNotFound:
+                pass
+        try:
+            self.c.delete(f"/api/v1/namespaces/{self.namespace}")
+        except KubeError:
+            pass
+
+
+@pytest.fixture
+def cluster(admin: KubeClient) -> Iterator[Cluster]:
+    c = Cluster(admin)
+    yield c
+    c.cleanup()

@@ -1,0 +1,215 @@
+"""The Kubernetes actuator against a real kube-apiserver: batch placement and binding, events,
+409 conflicts, expired watches (410), an API server restart mid-run, node label changes."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.informer import Reflector
+from cloud_core.k8s.registry import NodeRegistry
+from cloud_core.placement import ClusterSnapshot, parse_pod, validate
+from tests.k8s.conftest import Cluster, wait_for
+from tools.envtest import ControlPlane
+
+pytestmark = pytest.mark.slow
+
+REGION = "topology.kubernetes.io/region"
+
+
+@pytest.fixture
+def actuator(admin: KubeClient, cluster: Cluster) -> Iterator[Actuator]:
+    alerts: list[dict[str, Any]] = []
+    act = Actuator(admin, NodeRegistry(), ActuatorConfig(identity="test"),
+                   on_alert=alerts.append)
+    act.alerts = alerts  # type: ignore[attr-defined]
+    act.start()
+    assert act.wait_synced(30)
+    yield act
+    act.stop()
+
+
+def bound(cluster: Cluster) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in cluster.pods()
+            if p["spec"].get("nodeName")}
+
+
+def topology(cluster: Cluster) -> None:
+    """50 nodes: 20 KubeEdge (2 NodeGroups), 25 OpenYurt (5 NodePools), 5 cloud."""
+    for i in range(10):
+        cluster.node(f"ke-a-{i}", region="eu-west", security=1, kubeedge_group="ke-a")
+        cluster.node(f"ke-b-{i}", region="us-east", security=1, kubeedge_group="ke-b")
+    for p in range(1, 6):
+        region = "eu-west" if p <= 2 else "eu-central"
+        for i in range(5):
+            cluster.node(f"oy-{p}-{i}", region=region, zone=f"{region}-{i % 2}", security=2,
+                         openyurt_pool=f"oy-{p}")
+    for i in range(5):
+        cluster.node(f"cloud-{i}", region="us-east", security=3)
+
+
+def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None:
+    topology(cluster)
+    for i in range(60):
+        cluster.pod(f"eu-{i}", annotations={"cfnet.io/residency": "eu-west,eu-central"})
+    for i in range(40):
+        cluster.pod(f"us-edge-{i}", tolerate_edge=True,
+                    annotations={"cfnet.io/residency": "us-east"})
+    for i in range(40):
+        cluster.pod(f"secure-{i}", annotations={"cfnet.io/min-security-level": "3"})
+    for i in range(30):
+        cluster.pod(f"pool3-{i}", node_selector={"apps.openyurt.io/nodepool": "oy-3"})
+    for i in range(30):
+        cluster.pod(f"any-{i}", tolerate_edge=True)
+    unplaceable = {
+        "nowhere-0": {"annotations": {"cfnet.io/residency": "ap-south"}},
+        "nowhere-1": {"annotations": {"cfnet.io/residency": "ap-south"}},
+        "nowhere-2": {"annotations": {"cfnet.io/residency": "ap-south"}},
+        "huge-0": {"cpu": "16"},
+        "huge-1": {"cpu": "16"},
+        "topsecret-0": {"annotations": {"cfnet.io/min-security-level": "5"}},
+    }
+    for name, kw in unplaceable.items():
+        cluster.pod(name, **kw)
+
+    wait_for(lambda: len(bound(cluster)) >= 200, timeout=120, what="200 bindings")
+    wait_for(lambda: len({e["involvedObject"]["name"]
+                          for e in cluster.events("FailedScheduling")}) >= len(unplaceable),
+             timeout=30, what="FailedScheduling events")
+
+    pods = cluster.pods()
+    b = bound(cluster)
+    assert len(b) == 200 and not set(b) & set(unplaceable)
+    # Every binding holds under the engine's own validator (over the live Node objects).
+    reg = NodeRegistry()
+    for n in cluster.c.list("/api/v1/nodes")[0]:
+        reg.upsert(n)
+    snap = ClusterSnapshot(nodes=reg.node_infos(), links={}, now=0.0)
+    workloads = [parse_pod(p) for p in pods if p["metadata"]["name"] in b]
+    assignments = {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in pods
+                   if p["metadata"]["name"] in b}
+    assert validate(snap, workloads, assignments) == []
+    # Spot checks of the constraints the test set up.
+    assert all(b[f"secure-{i}"].startswith("cloud-") for i in range(40))
+    assert all(b[f"pool3-{i}"].startswith("oy-3-") for i in range(30))
+    assert all(not b[f"eu-{i}"].startswith(("ke-b", "cloud")) for i in range(60))
+    assert all(not b[f"eu-{i}"].startswith("ke-") for i in range(60))  # no edge toleration
+    # One Scheduled event per pod (no pod bound twice), FailedScheduling with the reason.
+    sched = collections.Counter(e["involvedObject"]["name"] for e in cluster.events("Scheduled"))
+    assert set(sched) == set(b) and max(sched.values()) == 1
+    failed = {e["involvedObject"]["name"]: e["message"] for e in cluster.events("FailedScheduling")}
+    assert set(failed) == set(unplaceable)
+    for name in ("nowhere-0", "nowhere-1", "nowhere-2"):
+        assert "residency" in failed[name] and failed[name].startswith("0/50 nodes fit")
+    assert "cpu" in failed["huge-0"]
+    assert "security" in failed["topsecret-0"]
+    assert actuator.stats.bound == 200
+
+
+def test_bind_conflict_409_is_survived(cluster: Cluster, admin: KubeClient) -> None:
+    """A pod that someone else bound first: 409, re-read, counted as already bound."""
+    cluster.node("n-1", region="eu-west")
+    cluster.node("n-2", region="eu-west")
+    pod = cluster.pod("raced")  # no actuator runs in this test: the admin binds it first
+    admin.bind_pod(cluster.namespace, "raced", pod["metadata"]["uid"], "n-1")
+    act = Actuator(admin, NodeRegistry(), ActuatorConfig(identity="conflict-test"))
+    act._bind(pod, "n-2", parse_pod(pod))  # stale view: it still looks unbound
+    assert act.stats.conflicts == 1 and act.stats.already_bound == 1 and act.stats.bound == 0
+    assert bound(cluster) == {"raced": "n-1"}
+    act.stop()
+
+
+def test_expired_watch_410_relists(control_plane: ControlPlane, cluster: Cluster,
+                                   admin: KubeClient) -> None:
+    """Resuming from a resourceVersion the server no longer has: 410, then a full relist.
+
+    After a restart the API server's watch cache starts at the current revision, so a
+    resourceVersion from before the restart is too old (as after an etcd compaction).
+    """
+    path = f"/api/v1/namespaces/{cluster.namespace}/pods"
+    _, old_rv = admin.list(path)
+    for i in range(3):
+        cluster.pod(f"p-{i}", scheduler="other-scheduler")
+    control_plane.restart()
+    seen: list[str] = []
+    r = Reflector(admin, path, lambda kind, obj, old: seen.append(kind), resume_from=old_rv,
+                  watch_timeout_s=5)
+    r.start()
+    try:
+        assert r.synced.wait(30)
+        assert r.stats["gone"] >= 1 and r.stats["lists"] >= 1
+        assert len(r.items()) == 3
+        cluster.pod("p-late", scheduler="other-scheduler")
+        wait_for(lambda: len(r.items()) == 4, what="watch after relist")
+    finally:
+        r.stop()
+
+
+def test_apiserver_restart_mid_run(control_plane: ControlPlane, cluster: Cluster,
+                                   actuator: Actuator) -> None:
+    for i in range(10):
+        cluster.node(f"r-{i}", region="eu-west", cpu="8")
+    down = threading.Event()
+    at_stop: list[int] = []
+
+    def stop_on_tenth(key: str, node: str) -> None:
+        if len(actuator.stats.bound_pods) == 10 and not down.is_set():
+            control_plane.stop_apiserver()  # in the binding path: the burst is mid-flight
+            at_stop.append(actuator.stats.bound)
+            down.set()
+
+    actuator.on_bound = stop_on_tenth
+    go = threading.Event()
+    actuator.is_leader = go.is_set  # hold the burst back until all 120 pods exist
+    for i in range(120):
+        cluster.pod(f"before-{i}")
+    go.set()
+    actuator._wake.set()
+    assert down.wait(60)
+    time.sleep(2.0)
+    control_plane.start_apiserver()
+    assert at_stop[0] < 120
+    for i in range(40):
+        cluster.pod(f"after-{i}")
+    wait_for(lambda: len(bound(cluster)) == 160, timeout=120, what="all 160 bound")
+    assert actuator.pods.stats["unavailable"] + actuator.stats.unavailable >= 1
+    assert len(actuator.stats.bound_pods) == len(set(actuator.stats.bound_pods))
+    sched = collections.Counter(e["involvedObject"]["name"] for e in cluster.events("Scheduled"))
+    assert max(sched.values()) == 1
+
+
+def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Actuator) -> None:
+    cluster.node("eu-1", region="eu-west")
+    cluster.node("eu-2", region="eu-west")
+    cluster.node("us-1", region="us-east")
+    cluster.pod("resident", annotations={"cfnet.io/residency": "eu-west"})
+    first = wait_for(lambda: bound(cluster).get("resident"), what="resident bound")
+    assert first in ("eu-1", "eu-2")
+    cluster.set_node_label(first, REGION, "us-east")
+
+    alerts: list[dict[str, Any]] = actuator.alerts  # type: ignore[attr-defined]
+    wait_for(lambda: alerts, what="an alert")
+    assert alerts[0]["pod"] == f"{cluster.namespace}/resident" and alerts[0]["node"] == first
+    assert any(c["key"] == REGION and c["old"] == "eu-west" and c["new"] == "us-east"
+               for c in alerts[0]["changes"])
+    ev = wait_for(lambda: cluster.events("ConstraintViolated"), what="alert event")
+    assert "residency" in ev[0]["message"] and ev[0]["type"] == "Warning"
+    other = "eu-2" if first == "eu-1" else "eu-1"
+
+    def replacement() -> str | None:
+        for p in cluster.pods():
+            ann = p["metadata"].get("annotations") or {}
+            if ann.get("cfnet.io/replaces") == f"{cluster.namespace}/resident":
+                return p["spec"].get("nodeName")
+        return None
+
+    assert wait_for(replacement, what="replacement bound") == other
+    old = [p for p in cluster.pods() if p["metadata"]["name"] == "resident"]
+    assert not old or old[0]["metadata"].get("deletionTimestamp")  # evicted
