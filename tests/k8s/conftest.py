@@ -7,6 +7,8 @@ build's own output; nothing here is a fake.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -64,7 +66,8 @@ def control_plane() -> Iterator[ControlPlane]:
             for obj in load_manifests(crd):
                 admin.apply(obj)
         for name in ("yurtappsets.apps.openyurt.io", "edgeapplications.apps.kubeedge.io"):
-            wait_for(lambda n=name: _established(admin, n), what=f"CRD {name} established")
+            wait_for(functools.partial(_established, admin, name),
+                     what=f"CRD {name} established")
         admin.close()
         yield cp
     finally:
@@ -155,20 +158,14 @@ class Cluster:
 
     def cleanup(self) -> None:
         for n in self.nodes:
-            try:
+            with contextlib.suppress(KubeNotFound):
                 self.c.delete(f"/api/v1/nodes/{n}")
-            except KubeNotFound:
-                pass
         for p in self.pods():
-            try:
+            with contextlib.suppress(KubeNotFound):
                 self.c.delete(f"/api/v1/namespaces/{self.namespace}/pods/"
                               f"{p['metadata']['name']}", grace_period_s=0)
-            except KubeNotFound:
-                pass
-        try:
+        with contextlib.suppress(KubeError):
             self.c.delete(f"/api/v1/namespaces/{self.namespace}")
-        except KubeError:
-            pass
 
 
 @pytest.fixture
@@ -176,3 +173,29 @@ def cluster(admin: KubeClient) -> Iterator[Cluster]:
     c = Cluster(admin)
     yield c
     c.cleanup()
+
+
+@pytest.fixture(scope="session")
+def service_account_client(control_plane: ControlPlane) -> Iterator[KubeClient]:
+    """A client holding a token of deploy/k8s's ServiceAccount, with the RBAC as written."""
+    admin = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+    for f in ("namespace.yaml", "rbac.yaml"):
+        for obj in load_manifests(DEPLOY / f):
+            admin.apply(obj)
+    admin.close()
+    token = control_plane.service_account_token("cfnet-system", "cfnet-core", create=False)
+    assert control_plane.admin is not None
+    c = KubeClient.from_token(control_plane.admin.host, token, control_plane.admin.ca_file)
+    yield c
+    c.close()
+
+
+@pytest.fixture(params=["admin", "serviceaccount"])
+def core_client(request: pytest.FixtureRequest, control_plane: ControlPlane) -> KubeClient:
+    """The identity the core runs as: cluster admin, and deploy/k8s's least-privilege role."""
+    if request.param == "admin":
+        c = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+        request.addfinalizer(c.close)
+        return c
+    sa: KubeClient = request.getfixturevalue("service_account_client")
+    return sa

@@ -1,5 +1,9 @@
 """The Kubernetes actuator against a real kube-apiserver: batch placement and binding, events,
-409 conflicts, expired watches (410), an API server restart mid-run, node label changes."""
+409 conflicts, expired watches (410), an API server restart mid-run, node label changes.
+
+Each test runs twice: as cluster admin, and under a token of deploy/k8s's ServiceAccount with
+the ClusterRole exactly as written (``core_client``).
+"""
 
 from __future__ import annotations
 
@@ -25,9 +29,9 @@ REGION = "topology.kubernetes.io/region"
 
 
 @pytest.fixture
-def actuator(admin: KubeClient, cluster: Cluster) -> Iterator[Actuator]:
+def actuator(core_client: KubeClient, cluster: Cluster) -> Iterator[Actuator]:
     alerts: list[dict[str, Any]] = []
-    act = Actuator(admin, NodeRegistry(), ActuatorConfig(identity="test"),
+    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="test"),
                    on_alert=alerts.append)
     act.alerts = alerts  # type: ignore[attr-defined]
     act.start()
@@ -68,7 +72,7 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
         cluster.pod(f"pool3-{i}", node_selector={"apps.openyurt.io/nodepool": "oy-3"})
     for i in range(30):
         cluster.pod(f"any-{i}", tolerate_edge=True)
-    unplaceable = {
+    unplaceable: dict[str, dict[str, Any]] = {
         "nowhere-0": {"annotations": {"cfnet.io/residency": "ap-south"}},
         "nowhere-1": {"annotations": {"cfnet.io/residency": "ap-south"}},
         "nowhere-2": {"annotations": {"cfnet.io/residency": "ap-south"}},
@@ -113,13 +117,14 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
     assert actuator.stats.bound == 200
 
 
-def test_bind_conflict_409_is_survived(cluster: Cluster, admin: KubeClient) -> None:
+def test_bind_conflict_409_is_survived(cluster: Cluster, admin: KubeClient,
+                                       core_client: KubeClient) -> None:
     """A pod that someone else bound first: 409, re-read, counted as already bound."""
     cluster.node("n-1", region="eu-west")
     cluster.node("n-2", region="eu-west")
     pod = cluster.pod("raced")  # no actuator runs in this test: the admin binds it first
     admin.bind_pod(cluster.namespace, "raced", pod["metadata"]["uid"], "n-1")
-    act = Actuator(admin, NodeRegistry(), ActuatorConfig(identity="conflict-test"))
+    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="conflict-test"))
     act._bind(pod, "n-2", parse_pod(pod))  # stale view: it still looks unbound
     assert act.stats.conflicts == 1 and act.stats.already_bound == 1 and act.stats.bound == 0
     assert bound(cluster) == {"raced": "n-1"}
@@ -127,7 +132,7 @@ def test_bind_conflict_409_is_survived(cluster: Cluster, admin: KubeClient) -> N
 
 
 def test_expired_watch_410_relists(control_plane: ControlPlane, cluster: Cluster,
-                                   admin: KubeClient) -> None:
+                                   admin: KubeClient, core_client: KubeClient) -> None:
     """Resuming from a resourceVersion the server no longer has: 410, then a full relist.
 
     After a restart the API server's watch cache starts at the current revision, so a
@@ -139,7 +144,7 @@ def test_expired_watch_410_relists(control_plane: ControlPlane, cluster: Cluster
         cluster.pod(f"p-{i}", scheduler="other-scheduler")
     control_plane.restart()
     seen: list[str] = []
-    r = Reflector(admin, path, lambda kind, obj, old: seen.append(kind), resume_from=old_rv,
+    r = Reflector(core_client, path, lambda kind, obj, old: seen.append(kind), resume_from=old_rv,
                   watch_timeout_s=5)
     r.start()
     try:
