@@ -48,16 +48,29 @@ def node_health(snap: StateSnapshot, node: str, cfg: HealthConfig = HealthConfig
 
 
 def peers_see(snap: StateSnapshot, node: str, fresh_s: float) -> bool:
-    """Whether some other node measured traffic with ``node`` within ``fresh_s``."""
-    addrs = set(snap.nodes[node].addresses) if node in snap.nodes else set()
+    """Whether some other node heard from ``node`` within ``fresh_s``, *after* it fell silent.
+
+    Only answers count (``LinkView.heard``: bytes the node acked or sent), not
+    segments sent to it or sockets still open to it: a peer retransmitting into
+    a dead host sees nothing. And the answer must come from a peer report whose
+    interval began after the silent node could have sent its next report
+    (its last report + its interval + the peer's interval, with slack): a peer
+    report that merely covers the moments before a crash proves nothing.
+    """
+    v = snap.nodes.get(node)
+    addrs = set(v.addresses) if v is not None else set()
+    silent_since = v.last_report + v.interval_s if v is not None and v.last_report else 0.0
     for (src, dst), lk in snap.links.items():
-        if src == node:
+        if src == node or src not in snap.nodes:
             continue
+        peer = snap.nodes[src]
+        after = silent_since + peer.interval_s * 1.5 if silent_since else 0.0
         # The peer's own report must be fresh too, or its view is as old as ours.
         if (
             (dst == node or lk.peer_addr in addrs)
-            and snap.now - lk.updated <= fresh_s
-            and snap.now - snap.nodes[src].last_report <= fresh_s
+            and lk.heard > after
+            and snap.now - lk.heard <= fresh_s
+            and snap.now - peer.last_report <= fresh_s
         ):
             return True
     return False

@@ -62,6 +62,11 @@ class LinkView:
     updated: float  # core time of the last sample with traffic
     connect_us: float | None
     probe: str
+    # Core time of the last sample in which the peer answered (bytes acked by
+    # it, or received from it). ``updated`` also moves on segments sent into
+    # the void and on idle sockets (sock_diag counts an RTT sample per open
+    # socket), so only ``heard`` proves the peer is alive.
+    heard: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,7 @@ class _Link:
     updated: float = 0.0
     connect_us: float | None = None
     probe: str = ""
+    heard: float = 0.0
 
 
 class ClusterState:
@@ -183,6 +189,8 @@ class ClusterState:
             lk.connect_us = s.connect_us
         lk.updated = now
         lk.probe = r.probe
+        if s.tx_bps > 0 or s.rx_bps > 0:
+            lk.heard = now
 
     def apply_status(self, s: NodeStatus, now: float) -> None:
         with self._lock:
@@ -234,6 +242,7 @@ class ClusterState:
                     loss=min(1.0, retrans / segs) if segs > 0 else 0.0,
                     tx_bps=lk.tx_bps, rx_bps=lk.rx_bps, samples=lk.samples,
                     updated=lk.updated, connect_us=lk.connect_us, probe=lk.probe,
+                    heard=lk.heard,
                 )
                 old = links.get((src, dst))
                 # A node with several addresses: keep the freshest measurement.
