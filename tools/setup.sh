@@ -9,7 +9,8 @@ VENV=${CFNET_VENV:-$ROOT/.venv}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 APT_PKGS=(mosquitto mosquitto-clients python3-bpfcc bpfcc-tools libbpfcc nftables iproute2
-          python3-venv python3-dev iperf3 sqlite3 openssl ca-certificates procps kmod)
+          python3-venv python3-dev iperf3 sqlite3 openssl ca-certificates procps kmod
+          chromium)  # chromium: headless checks of `cfnetctl map`
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,17 +1,33 @@
-"""`cfnetctl`: the operator's command line, speaking only MQTT to the core."""
+"""`cfnetctl`: the operator's command line, speaking only MQTT to the core.
+
+Every command is one MQTT 5 request/response (response topic + correlation
+data) with a timeout; `events --follow` and `top` also read the live event
+stream. Output is `-o table` (fits 80 columns), `json` or `yaml`. Exit codes:
+0 ok, 1 the core refused or failed the command, 2 bad usage or input,
+3 the broker or the core could not be reached.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
+from cloud_core.console.map import render_map
 from cloud_core.view import fmt_age, fmt_bps, fmt_bytes, fmt_us, table
-from edge_agent.mqtt import MqttSettings
+from edge_agent.mqtt import Message, MqttClient, MqttSettings
+from edge_agent.wire import EVENTS_TOPIC
+
+WIDTH = 80
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,63 +35,271 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cfnetctl", description="cfnet operator console (MQTT)")
     p.add_argument("--broker-host", default=env("CFNET_BROKER_HOST", "127.0.0.1"))
     p.add_argument("--broker-port", type=int, default=int(env("CFNET_BROKER_PORT", "8883")))
-    p.add_argument("--user", default=env("CFNET_USER", env("USER", "operator")))
+    p.add_argument("--user", default=env("CFNET_USER", env("USER", "operator")),
+                   help="operator account (also $CFNET_USER)")
     p.add_argument("--password", default=env("CFNET_PASSWORD"))
     p.add_argument("--password-file", type=Path, default=env("CFNET_PASSWORD_FILE"))
     p.add_argument("--ca-file", type=Path, default=env("CFNET_CA_FILE"))
     p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the core")
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("nodes", help="nodes and their health")
-    lk = sub.add_parser("links", help="measured links (all, or one node's)")
+    p.add_argument("--timeout", type=float, default=float(env("CFNET_TIMEOUT", "5")),
+                   help="seconds to wait for the broker and the core (default 5)")
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub.add_parser("nodes", help="nodes: health, region, load, workloads")
+    lk = sub.add_parser("links", help="link matrix, or one node's peers")
     lk.add_argument("node", nargs="?")
+    sub.add_parser("workloads", help="workloads and their state")
+    sub.add_parser("placements", help="which workloads run where")
+    ex = sub.add_parser("explain", help="why a workload runs where it does (or nowhere)")
+    ex.add_argument("workload")
+    sm = sub.add_parser("submit", help="submit workloads from a YAML file (- for stdin)")
+    sm.add_argument("-f", "--file", required=True)
+    wi = sub.add_parser("what-if", help="where workloads would go, without acting")
+    wi.add_argument("-f", "--file", required=True)
+    de = sub.add_parser("delete", help="delete a workload")
+    de.add_argument("workload")
+    for name, hlp in (("cordon", "stop placing on a node"),
+                      ("uncordon", "allow placing on a node again"),
+                      ("drain", "cordon a node and move its workloads away")):
+        c = sub.add_parser(name, help=hlp)
+        c.add_argument("node")
+    ev = sub.add_parser("events", help="recent events; --follow streams them")
+    ev.add_argument("--follow", "-f", action="store_true")
+    ev.add_argument("--limit", type=int, default=30)
+    ev.add_argument("--for", dest="follow_for", type=float, default=0.0,
+                    help="with --follow: stop after N seconds (0: until Ctrl-C)")
+    tp = sub.add_parser("top", help="live full-screen view of nodes, links and alerts")
+    tp.add_argument("--interval", type=float, default=2.0)
+    tp.add_argument("--iterations", type=int, default=0, help="stop after N refreshes (0: never)")
+    mp = sub.add_parser("map", help="write a self-contained HTML/SVG topology page")
+    mp.add_argument("--out", "-O", type=Path, default=Path("cfnet-map.html"))
     sub.add_parser("stats", help="ingest counters")
+    au = sub.add_parser("audit", help="the audit log (admin)")
+    au.add_argument("--limit", type=int, default=50)
     return p
 
 
-def _render(cmd: str, data: Any) -> str:
+# ---------------------------------------------------------------------- rendering
+
+
+def _cut(s: Any, n: int) -> str:
+    s = "-" if s is None else str(s)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def render_nodes(data: list[dict[str, Any]]) -> str:
+    rows = [
+        (_cut(r["node"], 16), r["health"] + ("/cordon" if r.get("cordoned") else ""),
+         _cut(r.get("region"), 8), r.get("security_level", "-"),
+         f"{(r['cpu_util'] or 0) * 100:.0f}%" if r.get("cpu_util") is not None else "-",
+         fmt_bytes(r.get("mem_used_bytes")), r.get("workloads", 0),
+         fmt_age(r["age_s"]) if r.get("age_s") is not None else "never",
+         r.get("probe", "-"))
+        for r in data
+    ]
+    return table(rows, ("NODE", "HEALTH", "REGION", "SEC", "CPU", "MEM", "WL", "SEEN", "PROBE"))
+
+
+def render_links(data: list[dict[str, Any]]) -> str:
+    rows = [
+        (_cut(r["src"], 14), _cut(r["dst"], 14), fmt_us(r["rtt_p50_us"]),
+         fmt_us(r["rtt_p95_us"]), f"{r['loss'] * 100:.1f}%", fmt_bps(r["tx_bps"]),
+         fmt_age(r["age_s"]))
+        for r in data
+    ]
+    return table(rows, ("FROM", "TO", "RTT p50", "p95", "LOSS", "TX", "AGE"))
+
+
+def render_workloads(data: list[dict[str, Any]]) -> str:
+    rows = [(_cut(f"{w['namespace']}/{w['name']}", 24), w["state"], _cut(w["node"], 14),
+             _cut(w["reason"], 30)) for w in data]
+    return table(rows, ("WORKLOAD", "STATE", "NODE", "REASON"))
+
+
+def render_events(data: list[dict[str, Any]]) -> str:
+    return "\n".join(render_event(e) for e in data) or "(no events)"
+
+
+def render_event(e: dict[str, Any]) -> str:
+    ts = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
+    sev = {"critical": "CRIT", "warning": "WARN"}.get(e.get("severity", ""), "info")
+    return _cut(f"{ts} {sev:4} {e.get('kind', ''):9} {e.get('message', '')}", WIDTH)
+
+
+def render_explain(d: dict[str, Any]) -> str:
+    ex = d.get("explanation") or {}
+    lines = [f"workload  {d['workload']}", f"state     {d['state']}",
+             f"node      {d.get('node') or '-'}"]
+    if d.get("reason"):
+        lines.append(f"reason    {d['reason']}")
+    for key in ("summary", "chosen", "runner_up", "why", "detail"):
+        v = ex.get(key) if isinstance(ex, dict) else None
+        if v:
+            lines.append(f"{key:9} {v if isinstance(v, str) else json.dumps(v)}")
+    for r in (ex.get("reasons") or [])[:10] if isinstance(ex, dict) else []:
+        lines.append(f"  - {r}")
+    return "\n".join(lines)
+
+
+def render_decisions(d: dict[str, Any]) -> str:
+    rows = [(_cut(x["workload_uid"], 26), _cut(x.get("node"), 14), _cut(x.get("runner_up"), 12),
+             _cut(x.get("summary"), 24)) for x in d["decisions"]]
+    return table(rows, ("WORKLOAD", "WOULD GO TO", "RUNNER-UP", "WHY")) + \
+        "\n(what-if: nothing was changed)"
+
+
+def render(cmd: str, data: Any) -> str:
     if cmd == "nodes":
-        rows = [
-            (r["node"], r["health"], r["probe"],
-             f"{(r['cpu_util'] or 0) * 100:.0f}%/{r['cpu_cores'] or '-'}",
-             f"{fmt_bytes(r['mem_used_bytes'])}/{fmt_bytes(r['mem_total_bytes'])}",
-             r["gpus"], fmt_age(r["age_s"] if r["age_s"] is not None else float("inf")),
-             r["buffered"])
-            for r in data
-        ]
-        return table(rows, ("NODE", "HEALTH", "PROBE", "CPU", "MEMORY", "GPU", "AGE", "BUF"))
+        return render_nodes(data)
     if cmd == "links":
-        rows = [
-            (r["src"], r["dst"], fmt_us(r["rtt_p50_us"]), fmt_us(r["rtt_p95_us"]),
-             f"{r['loss'] * 100:.1f}%", fmt_bps(r["tx_bps"]), fmt_bps(r["rx_bps"]),
-             fmt_age(r["age_s"]))
-            for r in data
-        ]
-        return table(rows, ("FROM", "TO", "RTT p50", "p95", "LOSS", "TX", "RX", "AGE"))
+        return render_links(data)
+    if cmd == "workloads":
+        return render_workloads(data)
+    if cmd == "placements":
+        prow = [(n, len(u), _cut(", ".join(u), 55)) for n, u in sorted(data.items())]
+        return table(prow, ("NODE", "N", "WORKLOADS"))
+    if cmd == "explain":
+        return render_explain(data)
+    if cmd == "what-if":
+        return render_decisions(data)
+    if cmd == "events":
+        return render_events(data)
+    if cmd in ("submit",):
+        return table([(_cut(r["uid"], 40), r["result"]) for r in data], ("WORKLOAD", "RESULT"))
+    if cmd in ("cordon", "uncordon"):
+        return f"node {data['node']} {'cordoned' if data['cordoned'] else 'uncordoned'}" + \
+            ("" if data.get("changed") else " (already)")
+    if cmd == "drain":
+        return f"node {data['node']} cordoned; {len(data['requeued'])} workloads moving away"
+    if cmd == "delete":
+        return f"deleted {data['uid']}" + (f" (was on {data['was_on']})" if data["was_on"] else "")
+    if cmd == "audit":
+        rows = [(time.strftime("%m-%d %H:%M:%S", time.localtime(a["ts"])), _cut(a["operator"], 10),
+                 _cut(a["cmd"], 10), _cut(a["result"], 40)) for a in data]
+        return table(rows, ("WHEN", "WHO", "WHAT", "RESULT"))
     return json.dumps(data, indent=2)
+
+
+def emit(fmt: str, cmd: str, data: Any) -> str:
+    if fmt == "json":
+        return json.dumps(data, indent=2)
+    if fmt == "yaml":
+        return yaml.safe_dump(data, sort_keys=False).rstrip()
+    return render(cmd, data)
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def read_docs(path: str) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {exc}") from exc
+    if not docs or not all(isinstance(d, dict) for d in docs):
+        raise ValueError(f"{path}: expected one or more YAML mappings (workloads)")
+    return docs
+
+
+def follow_events(settings: MqttSettings, limit_s: float, out: Any) -> int:
+    stop = threading.Event()
+
+    def on_msg(m: Message) -> None:
+        try:
+            out.write(render_event(json.loads(m.payload)) + "\n")
+            out.flush()
+        except (ValueError, TypeError):
+            pass
+
+    c = MqttClient(settings, on_message=on_msg)
+    c.subscribe(EVENTS_TOPIC, qos=1)
+    c.start()
+    if not c.wait_connected(settings.keepalive_s + 5):
+        raise ConsoleUnavailable(f"cannot reach broker {settings.host}:{settings.port}")
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.wait(limit_s if limit_s > 0 else None)
+    c.stop()
+    return 0
+
+
+def top(client: ConsoleClient, interval: float, iterations: int, timeout: float) -> int:
+    n = 0
+    try:
+        while iterations <= 0 or n < iterations:
+            nodes = client.call("nodes", timeout_s=timeout).data or []
+            links = client.call("links", timeout_s=timeout).data or []
+            evs = client.call("events", {"limit": 8}, timeout_s=timeout).data or []
+            worst = sorted(links, key=lambda r: -(r["rtt_p95_us"] or 0))[:8]
+            alerts = [e for e in evs if e.get("severity") in ("warning", "critical")]
+            screen = "\n\n".join([
+                time.strftime("cfnet top — %H:%M:%S") + f"   nodes {len(nodes)}  "
+                f"links {len(links)}   (Ctrl-C to quit)",
+                render_nodes(nodes),
+                "SLOWEST LINKS\n" + render_links(worst),
+                "ALERTS\n" + (render_events(alerts) if alerts else "(none)"),
+            ])
+            if sys.stdout.isatty():
+                sys.stdout.write("\033[2J\033[H")
+            print(screen, flush=True)
+            n += 1
+            if iterations <= 0 or n < iterations:
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     password = a.password
     if password is None and a.password_file is not None:
-        password = a.password_file.read_text().strip()
+        try:
+            password = a.password_file.read_text().strip()
+        except OSError as exc:
+            print(f"cfnetctl: cannot read password file {a.password_file}: {exc.strerror}",
+                  file=sys.stderr)
+            return 2
     settings = MqttSettings(
         host=a.broker_host, port=a.broker_port, username=a.user, password=password,
         tls=a.tls, ca_file=a.ca_file, client_id="", clean_start=True, session_expiry_s=0,
+        keepalive_s=max(5, int(a.timeout)),
     )
-    args = {k: v for k, v in vars(a).items() if k == "node" and v is not None}
+    args: dict[str, Any] = {}
     try:
-        with ConsoleClient(settings, a.user) as c:
-            resp = c.call(a.cmd, args, timeout_s=a.timeout)
+        if a.cmd in ("submit", "what-if"):
+            args["specs"] = read_docs(a.file)
+        if a.cmd in ("explain", "delete"):
+            args["workload"] = a.workload
+        if a.cmd in ("cordon", "uncordon", "drain") or (a.cmd == "links" and a.node):
+            args["node"] = a.node
+        if a.cmd in ("events", "audit"):
+            args["limit"] = a.limit
+    except ValueError as exc:
+        print(f"cfnetctl: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if a.cmd == "events" and a.follow:
+            return follow_events(settings, a.follow_for, sys.stdout)
+        with ConsoleClient(settings, a.user, timeout_s=a.timeout) as c:
+            if a.cmd == "top":
+                return top(c, a.interval, a.iterations, a.timeout)
+            cmd = "topology" if a.cmd == "map" else a.cmd
+            resp = c.call(cmd, args, timeout_s=a.timeout)
     except ConsoleUnavailable as exc:
         print(f"cfnetctl: {exc}", file=sys.stderr)
         return 3
     if not resp.ok:
         print(f"cfnetctl: {resp.error}", file=sys.stderr)
         return 1
-    print(json.dumps(resp.data, indent=2) if a.output == "json" else _render(a.cmd, resp.data))
+    if a.cmd == "map":
+        a.out.write_text(render_map(resp.data))
+        print(f"wrote {a.out} ({len(resp.data['nodes'])} nodes, {len(resp.data['links'])} links)")
+        return 0
+    print(emit(a.output, a.cmd, resp.data))
     return 0
 
 

@@ -16,8 +16,9 @@ class ConsoleUnavailable(CoreError):
 
 
 class ConsoleClient:
-    def __init__(self, settings: MqttSettings, operator: str) -> None:
+    def __init__(self, settings: MqttSettings, operator: str, timeout_s: float = 5.0) -> None:
         self.operator = operator
+        self.timeout_s = timeout_s
         self.settings = settings
         self._pending: dict[bytes, tuple[threading.Event, list[Response]]] = {}
         self._lock = threading.Lock()
@@ -31,7 +32,8 @@ class ConsoleClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def connect(self, timeout_s: float = 5.0) -> None:
+    def connect(self, timeout_s: float | None = None) -> None:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         self._mqtt.start()
         if not self._mqtt.wait_connected(timeout_s):
             why = self._mqtt.last_refusal

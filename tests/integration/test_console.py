@@ -1,0 +1,211 @@
+"""cfnetctl, the real CLI as a subprocess, against a live core on a real Mosquitto:
+every command with its output checked, roles, privacy of responses, behaviour with
+the core or broker down, and the map drawn in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cloud_core.service import CoreService
+from edge_agent.mqtt import Message, MqttClient
+from edge_agent.wire import response_topic
+from tests.integration.helpers import FakeAgent, settings, wait_for
+from tools.broker import Broker
+
+CTL = str(Path(sys.executable).parent / "cfnetctl")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+WORKLOADS = """
+name: web
+requests: {cpu: 500m}
+residency: eu
+---
+name: vault
+requests: {cpu: 250m}
+minSecurityLevel: 3
+"""
+
+
+def ctl(broker: Broker, user: str, *args: str, timeout: float = 5.0) -> subprocess.CompletedProcess[str]:
+    creds = broker.add_account(user, "operator")
+    env = {**os.environ, "CFNET_BROKER_HOST": broker.host, "CFNET_BROKER_PORT": str(broker.port),
+           "CFNET_USER": user, "CFNET_PASSWORD": creds.password,
+           "CFNET_CA_FILE": str(broker.ca_file), "COLUMNS": "80"}
+    return subprocess.run([CTL, "--timeout", str(timeout), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout + 30)
+
+
+def fits_80(text: str) -> bool:
+    return all(len(line) <= 80 for line in text.splitlines())
+
+
+@pytest.fixture
+def ready(broker: Broker, core: CoreService, agents: dict[str, FakeAgent]) -> CoreService:
+    wait_for(lambda: all(n.status == "online" and n.reports > 0
+                         for n in core.state.snapshot(time.time()).nodes.values())
+             and len(core.state.snapshot(time.time()).nodes) == 3, what="3 nodes reporting")
+    return core
+
+
+def test_read_commands(broker: Broker, ready: CoreService, tmp_path: Path) -> None:
+    r = ctl(broker, "alice", "nodes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].split()[:3] == ["NODE", "HEALTH", "REGION"]
+    for n in ("edge-a", "edge-b", "edge-c"):
+        assert n in r.stdout
+    assert "online" in r.stdout and fits_80(r.stdout)
+    r = ctl(broker, "alice", "links")
+    assert r.returncode == 0 and "edge-a" in r.stdout and "ms" in r.stdout and fits_80(r.stdout)
+    r = ctl(broker, "alice", "links", "edge-c")
+    assert r.returncode == 0
+    assert all("edge-c" in line for line in r.stdout.splitlines()[1:])
+    r = ctl(broker, "alice", "links", "edge-zz")
+    assert r.returncode == 1 and "no node 'edge-zz'" in r.stderr
+    r = ctl(broker, "alice", "-o", "json", "nodes")
+    assert {n["node"] for n in json.loads(r.stdout)} == {"edge-a", "edge-b", "edge-c"}
+    r = ctl(broker, "alice", "-o", "yaml", "stats")
+    assert yaml.safe_load(r.stdout)["accepted"] > 0
+
+
+def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path: Path) -> None:
+    f = tmp_path / "w.yaml"
+    f.write_text(WORKLOADS)
+    r = ctl(broker, "alice", "submit", "-f", str(f))
+    assert r.returncode == 0, r.stderr
+    assert "default/web" in r.stdout and "submitted" in r.stdout
+    wait_for(lambda: {w.state for w in ready.store.workloads()} == {"placed"}, what="placed")
+    r = ctl(broker, "alice", "workloads")
+    assert r.returncode == 0 and "placed" in r.stdout and fits_80(r.stdout)
+    r = ctl(broker, "alice", "placements")
+    assert "default/vault" in r.stdout and "edge-c" in r.stdout
+    r = ctl(broker, "alice", "explain", "vault")
+    assert r.returncode == 0 and "edge-c" in r.stdout, r.stdout + r.stderr
+    r = ctl(broker, "alice", "explain", "nope")
+    assert r.returncode == 1 and "no workload 'nope'" in r.stderr
+    # what-if: an answer, and nothing changed.
+    before = (ready.store.workloads(), ready.store.journal())
+    wf = tmp_path / "wi.yaml"
+    wf.write_text("name: probe\nrequests: {cpu: 100m}\nresidency: us\n")
+    r = ctl(broker, "alice", "what-if", "-f", str(wf))
+    assert r.returncode == 0 and "edge-c" in r.stdout and "nothing was changed" in r.stdout
+    assert (ready.store.workloads(), ready.store.journal()) == before
+    r = ctl(broker, "alice", "cordon", "edge-b")
+    assert r.returncode == 0 and "cordoned" in r.stdout
+    r = ctl(broker, "alice", "uncordon", "edge-b")
+    assert r.returncode == 0 and "uncordoned" in r.stdout
+    r = ctl(broker, "alice", "delete", "web")
+    assert r.returncode == 0 and "deleted default/web" in r.stdout
+    r = ctl(broker, "alice", "events", "--limit", "50")
+    assert r.returncode == 0 and "default/vault" in r.stdout and fits_80(r.stdout)
+    # Bad input gets a clear error, not a traceback.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nrequests: {cpu: lots}\n")
+    r = ctl(broker, "alice", "submit", "-f", str(bad))
+    assert r.returncode == 1 and "requests.cpu" in r.stderr and "Traceback" not in r.stderr
+    r = ctl(broker, "alice", "submit", "-f", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_viewer_drain_refused_and_audited(broker: Broker, ready: CoreService) -> None:
+    r = ctl(broker, "victor", "drain", "edge-a")
+    assert r.returncode == 1
+    assert "permission denied" in r.stderr and "needs role 'operator'" in r.stderr
+    r = ctl(broker, "alice", "drain", "edge-a")
+    assert r.returncode == 0 and "cordoned" in r.stdout
+    audit = ready.store.audit_log()
+    assert any(a["operator"] == "victor" and a["cmd"] == "drain"
+               and a["result"].startswith("error: permission denied") for a in audit)
+    assert any(a["operator"] == "alice" and a["cmd"] == "drain" and a["result"] == "ok"
+               for a in audit)
+    r = ctl(broker, "root", "audit")
+    assert r.returncode == 0 and "victor" in r.stdout and "drain" in r.stdout
+    r = ctl(broker, "alice", "audit")
+    assert r.returncode == 1 and "needs role 'admin'" in r.stderr
+
+
+def test_operator_cannot_read_anothers_responses(broker: Broker, ready: CoreService) -> None:
+    seen: list[Message] = []
+    bob = broker.add_account("bob", "operator")
+    spy = MqttClient(settings(broker, bob), on_message=seen.append)
+    spy.subscribe(response_topic("alice"))
+    spy.subscribe("cfnet/v1/console/+/response")
+    spy.start()
+    assert spy.wait_connected(10)
+    time.sleep(0.5)  # let the (granted-but-useless) subscriptions settle
+    r = ctl(broker, "alice", "nodes")
+    assert r.returncode == 0
+    time.sleep(1.0)
+    spy.stop()
+    assert [m.topic for m in seen] == []
+
+
+def test_events_follow_and_top(broker: Broker, ready: CoreService) -> None:
+    creds = broker.add_account("alice", "operator")
+    env = {**os.environ, "CFNET_BROKER_HOST": broker.host, "CFNET_BROKER_PORT": str(broker.port),
+           "CFNET_USER": "alice", "CFNET_PASSWORD": creds.password,
+           "CFNET_CA_FILE": str(broker.ca_file)}
+    follower = subprocess.Popen([CTL, "events", "--follow", "--for", "6"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    r = ctl(broker, "carol", "cordon", "edge-c")  # carol's own account: not to kick alice off
+    assert r.returncode == 0, r.stderr
+    out, err = follower.communicate(timeout=30)
+    assert "cordoned edge-c" in out, out + err
+    r = ctl(broker, "carol", "top", "--iterations", "1")
+    assert r.returncode == 0 and "cfnet top" in r.stdout and "SLOWEST LINKS" in r.stdout
+
+
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="chromium not installed (tools/setup.sh installs it)")
+def test_map_drawn_in_headless_chromium(broker: Broker, ready: CoreService, tmp_path: Path) -> None:
+    f = tmp_path / "w.yaml"
+    f.write_text(WORKLOADS)
+    assert ctl(broker, "alice", "submit", "-f", str(f)).returncode == 0
+    wait_for(lambda: {w.state for w in ready.store.workloads()} == {"placed"}, what="placed")
+    out = tmp_path / "map.html"
+    r = ctl(broker, "alice", "map", "--out", str(out))
+    assert r.returncode == 0 and "3 nodes" in r.stdout, r.stderr
+    page = out.read_text()
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # offline
+    profile = tmp_path / f"chrome-{uuid.uuid4().hex[:6]}"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", out.as_uri()], capture_output=True,
+                         text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    start = dom.stdout.index("data-drawn=") + len("data-drawn=") + 1
+    quote = dom.stdout[start - 1]
+    drawn = json.loads(dom.stdout[start:dom.stdout.index(quote, start)].replace("&quot;", '"'))
+    assert drawn["nodes"] == 3 and drawn["nodes_inside"] == 3
+    assert drawn["links"] == 3  # three undirected pairs among three nodes
+    assert drawn["workloads"] == 2
+    # edge-a <-> edge-b measure 5 ms (amber), the pairs with edge-c 80 ms (red).
+    assert drawn["link_colours"] == {"rgb(251, 140, 0)": 1, "rgb(229, 57, 53)": 2}
+    png = tmp_path / "map.png"
+    subprocess.run([CHROMIUM, *flags, f"--screenshot={png}", "--window-size=900,600",
+                    out.as_uri()], capture_output=True, timeout=90)
+    assert png.exists() and png.stat().st_size > 5000
+
+
+def test_core_down_fails_fast_with_advice(broker_factory: object, tmp_path: Path) -> None:
+    b: Broker = broker_factory()  # type: ignore[operator]
+    for cmd in (["nodes"], ["links"], ["workloads"], ["placements"], ["explain", "x"],
+                ["cordon", "edge-a"], ["drain", "edge-a"], ["events"], ["stats"]):
+        # ctl() bounds the run (subprocess timeout): a hang fails the test.
+        r = ctl(b, "alice", *cmd, timeout=2)
+        assert r.returncode == 3, (cmd, r.stdout, r.stderr)
+        assert "did not answer" in r.stderr and "cfnet-core is running" in r.stderr
+    b.stop()
+    r = ctl(b, "alice", "nodes", timeout=2)
+    assert r.returncode == 3 and "no answer from broker" in r.stderr
+    assert "host and port" in r.stderr
