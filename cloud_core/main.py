@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--apply-interval", type=float, default=0.0,
                    help="pause between node applies (paces large roll-outs)")
     p.add_argument("--no-place", action="store_true", help="ingest only (follower replica)")
+    p.add_argument("--metrics-port", type=int, default=env("CFNET_METRICS_PORT"),
+                   help="serve Prometheus metrics on this port (default: off)")
     p.add_argument("--table-every", type=float, default=10.0,
                    help="log the node and link tables every N seconds (0: never)")
     return p.parse_args(argv)
@@ -78,6 +80,7 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
         mqtt=settings, db_path=a.db, registry=load_registry(a.registry),
         roles=load_roles(a.roles), step_interval_s=a.step_interval,
         apply_interval_s=a.apply_interval, share_group=a.share_group, place=not a.no_place,
+        metrics_port=int(a.metrics_port) if a.metrics_port is not None else None,
     )
 
 

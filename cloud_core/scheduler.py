@@ -90,6 +90,7 @@ class Scheduler:
         health_config: HealthConfig | None = None,
         clock: Callable[[], float] = time.time,
         apply_interval_s: float = 0.0,
+        on_placement: Callable[[float, int, dict[str, float]], None] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -103,6 +104,7 @@ class Scheduler:
         # Pacing between node applies protects a slow control plane (and
         # lets an operator watch a large batch roll out).
         self._apply_interval_s = apply_interval_s
+        self._on_placement = on_placement
         self._replan_state = ReplanState()
         self._health: dict[str, LiveHealth] = {}
         self._published: dict[str, frozenset[str]] = {}
@@ -174,10 +176,13 @@ class Scheduler:
             self.store.mark_unplaceable(bad)
         if not workloads:
             return 0, len(bad), 0
+        t0 = time.perf_counter()
         snap = self.snapshot()
         result = place(snap, workloads, self.engine_config)
         assignments = dict(result.assignments)
         violations = validate(snap, workloads, assignments)
+        if self._on_placement is not None:
+            self._on_placement(time.perf_counter() - t0, len(workloads), dict(result.stats))
         for v in violations:
             # The validator is the last line of defence: a decision that breaks a
             # hard constraint is never acted on, whatever the engine said.

@@ -24,6 +24,7 @@ from cloud_core.console.service import ConsoleService
 from cloud_core.events import Event, EventLog
 from cloud_core.health import HealthConfig
 from cloud_core.ingest import Ingest
+from cloud_core.metrics import CoreMetrics
 from cloud_core.registry import Registry
 from cloud_core.scheduler import Scheduler
 from cloud_core.state import ClusterState
@@ -53,6 +54,8 @@ class CoreConfig:
     share_group: str | None = None
     health: HealthConfig = HealthConfig()
     place: bool = True  # False on a follower replica: ingest only
+    metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
+    metrics_addr: str = "0.0.0.0"
 
 
 class CoreService:
@@ -68,10 +71,12 @@ class CoreService:
         self.actuator = actuator or LocalActuator(
             lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True)
         )
+        self.metrics = CoreMetrics(self.ingest, self.state, self.store, cfg.health, clock)
+        self.metrics_port: int | None = None
         self.scheduler = Scheduler(
             store=self.store, registry=cfg.registry, state=self.state, events=self.events,
             actuator=self.actuator, health_config=cfg.health, clock=clock,
-            apply_interval_s=cfg.apply_interval_s,
+            apply_interval_s=cfg.apply_interval_s, on_placement=self.metrics.observe_placement,
         )
         self.console = ConsoleService(cfg.roles.get, self.store.audit, clock)
         register_commands(
@@ -89,6 +94,9 @@ class CoreService:
         self.steps = 0
 
     def start(self) -> None:
+        if self.cfg.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
+            log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_addr, self.metrics_port)
         self.mqtt.start()
         if self.cfg.place:
             self._loop = threading.Thread(target=self._run, name="cfnet-scheduler", daemon=True)
@@ -100,6 +108,7 @@ class CoreService:
             self._loop.join(timeout=10)
         self.mqtt.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self.metrics.close()
         self.store.close()
 
     def _run(self) -> None:

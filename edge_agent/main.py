@@ -78,6 +78,12 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
         peers=cfg.peers,
     )
     agent_ref.append(agent)
+    metrics = None
+    if cfg.metrics_port:
+        from edge_agent.metrics import serve_agent_metrics
+
+        metrics = serve_agent_metrics(agent, cfg.metrics_port)
+        log.info("metrics on :%d/metrics", cfg.metrics_port)
     mqtt.start()
     agent.start()
     if not mqtt.wait_connected(10):
@@ -95,6 +101,8 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
     mqtt.stop()
     if echo is not None:
         echo.stop()
+    if metrics is not None:
+        metrics.shutdown()
     probe.close()
     host.close()
     buffer.close()

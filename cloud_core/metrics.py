@@ -1,0 +1,116 @@
+"""Prometheus metrics of the core, read at scrape time from the live objects.
+
+A collector (not counters kept twice) reads ingest's counters and a state
+snapshot when Prometheus scrapes, so the endpoint always shows exactly the
+numbers the core itself reports (and benchmarks print). Only what has no
+other home — placement latency and solver statistics — is recorded here.
+Each core owns its registry: no module-level state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cloud_core.health import Health, HealthConfig, all_health
+from cloud_core.ingest import Ingest
+from cloud_core.state import ClusterState
+from cloud_core.store import Store
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+class _Live(Collector):
+    def __init__(self, ingest: Ingest, state: ClusterState, store: Store | None,
+                 health: HealthConfig, clock: Callable[[], float]) -> None:
+        self.ingest, self.state, self.store = ingest, state, store
+        self.health, self.clock = health, clock
+
+    def collect(self) -> Iterator[Any]:
+        c = self.ingest.counters()
+        rep = CounterMetricFamily("cfnet_reports", "Telemetry reports by outcome",
+                                  labels=["result"])
+        rep.add_metric(["accepted"], c.accepted)
+        rep.add_metric(["duplicate"], c.duplicates)
+        yield rep
+        rej = CounterMetricFamily("cfnet_messages_rejected", "Messages dropped, by reason",
+                                  labels=["reason"])
+        for reason, n in sorted(c.rejected.items()):
+            rej.add_metric([reason], n)
+        yield rej
+        st = CounterMetricFamily("cfnet_status_messages", "Node status messages ingested")
+        st.add_metric([], c.statuses)
+        yield st
+        snap = self.state.snapshot(self.clock())
+        health = all_health(snap, self.health)
+        g = GaugeMetricFamily("cfnet_nodes", "Nodes by health", labels=["health"])
+        for h in Health:
+            g.add_metric([str(h)], sum(1 for v in health.values() if v is h))
+        yield g
+        ages = [snap.node_age(n) for n in snap.nodes if snap.nodes[n].last_report]
+        s = GaugeMetricFamily("cfnet_node_staleness_seconds",
+                              "Age of each node's latest report, quantiles over nodes",
+                              labels=["quantile"])
+        for q in (0.5, 0.9, 0.99, 1.0):
+            s.add_metric([str(q)], _quantile(ages, q))
+        yield s
+        lk = GaugeMetricFamily("cfnet_links", "Directed links in the model")
+        lk.add_metric([], len(snap.links))
+        yield lk
+        if self.store is not None:
+            w = GaugeMetricFamily("cfnet_workloads", "Workloads by state", labels=["state"])
+            counts: dict[str, int] = {}
+            for row in self.store.workloads():
+                counts[row.state] = counts.get(row.state, 0) + 1
+            for k in ("pending", "planned", "placed", "unplaceable"):
+                w.add_metric([k], counts.get(k, 0))
+            yield w
+
+
+class CoreMetrics:
+    def __init__(self, ingest: Ingest, state: ClusterState, store: Store | None = None,
+                 health: HealthConfig | None = None, clock: Callable[[], float] = time.time
+                 ) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_Live(ingest, state, store, health or HealthConfig(), clock))
+        self.placement_seconds = Histogram(
+            "cfnet_placement_seconds", "Wall time of one batch placement (engine + validator)",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.placement_batch = Gauge("cfnet_placement_batch_size",
+                                     "Workloads in the latest placement batch",
+                                     registry=self.registry)
+        self.solver_gap = Gauge("cfnet_solver_gap",
+                                "Relative gap of the latest solve to its bound (0: proven optimal;"
+                                " NaN: no bound computed)", registry=self.registry)
+        self.solver_gap.set(math.nan)
+        self._server: Any = None
+
+    def observe_placement(self, seconds: float, batch: int, stats: dict[str, float]) -> None:
+        self.placement_seconds.observe(seconds)
+        self.placement_batch.set(batch)
+        if "gap" in stats:
+            self.solver_gap.set(stats["gap"])
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Start the /metrics endpoint; returns the bound port (``port=0`` picks one)."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._server = server
+        return int(server.server_port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
