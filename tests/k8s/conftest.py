@@ -20,7 +20,7 @@ import yaml
 
 from cloud_core.errors import KubeError, KubeNotFound
 from cloud_core.k8s.client import KubeClient
-from tools.envtest import ControlPlane, EnvtestError
+from tools.envtest import ControlPlane, EnvtestError, ensure_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "k8s"
@@ -53,8 +53,29 @@ def _established(admin: KubeClient, crd: str) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
 
 
+BUILD_ERROR = pytest.StashKey[str]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the control plane binaries once, before any test runs, when a k8s test is selected.
+
+    Here (not in a fixture) so that a first, long compile does not count against the
+    per-test timeout. Progress goes straight to the terminal.
+    """
+    here = Path(__file__).parent
+    if not any(here in Path(str(i.path)).parents for i in items):
+        return
+    try:
+        ensure_binaries()
+    except EnvtestError as e:
+        config.stash[BUILD_ERROR] = str(e)
+
+
 @pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    err = request.config.stash.get(BUILD_ERROR, None)
+    if err is not None:
+        pytest.fail(f"cannot build the Kubernetes control plane: {err}", pytrace=False)
     try:
         cp = ControlPlane()
         cp.start()
