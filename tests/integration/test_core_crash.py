@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ NODES = [f"edge-{c}" for c in "abcdefgh"]
 N_WORKLOADS = 40
 
 
-def db_rows(db: Path, q: str) -> list[tuple[object, ...]]:
+def db_rows(db: Path, q: str) -> list[tuple[Any, ...]]:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
         return con.execute(q).fetchall()
