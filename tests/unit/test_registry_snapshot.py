@@ -1,0 +1,80 @@
+"""Node registry (facts agents can't assert) and the snapshot handed to the engine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cloud_core.health import Health as LiveHealth
+from cloud_core.ingest import Ingest
+from cloud_core.placement import Health, Resources, Workload
+from cloud_core.registry import RegistryError, parse_registry
+from cloud_core.snapshot import build_snapshot
+from cloud_core.state import ClusterState
+from edge_agent import wire
+from tests.unit.reports import report_bytes
+
+GOOD = """
+defaults: {region: unregistered, security_level: 0}
+nodes:
+  - name: edge-a
+    region: eu
+    zone: eu-1
+    security_level: 3
+    labels: {site: lyon}
+    taints: [{key: dedicated, value: ml}]
+    capacity: {cpu: "2", memory: 4Gi, nvidia.com/gpu: 1}
+    price_per_hour: 0.1
+"""
+
+
+def test_registry_parses_facts() -> None:
+    r = parse_registry(GOOD)
+    a = r.facts("edge-a")
+    assert a.capacity_set and a.info.capacity == Resources(2000, 4 << 30, 1)
+    assert (a.info.region, a.info.security_level, a.info.taints[0].key) == ("eu", 3, "dedicated")
+    # An unregistered node gets the defaults, whatever it might claim.
+    z = r.facts("edge-z")
+    assert (z.info.region, z.info.security_level, z.capacity_set) == ("unregistered", 0, False)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("nodes: [{region: eu}]", "name is required"),
+    ("nodes: [{name: 'Bad Name'}]", "not a valid node id"),
+    ("nodes: [{name: a}, {name: a}]", "duplicate"),
+    ("nodes: [{name: a, security_level: high}]", "security_level"),
+    ("nodes: [{name: a, capacity: {cpu: lots}}]", "capacity.cpu"),
+    ("nodes: [{name: a, price_per_hour: -1}]", "negative"),
+    ("nodes: [{name: a, taints: [{value: x}]}]", "taints"),
+    ("[1, 2]", "mapping"),
+    ("nodes: [", "YAML"),
+])
+def test_registry_errors_name_the_entry(text: str, needle: str) -> None:
+    with pytest.raises(RegistryError, match=needle):
+        parse_registry(text)
+
+
+def test_snapshot_uses_registry_facts_measured_capacity_and_health() -> None:
+    state = ClusterState()
+    ing = Ingest(state, time.time)
+    # edge-z claims a region in its status labels: ignored for placement facts.
+    st = wire.NodeStatus(node="edge-z", state="online", ts=1.0, addresses=("10.77.2.2",),
+                         labels=(("topology.kubernetes.io/region", "eu"),))
+    ing.handle("cfnet/v1/nodes/edge-z/status", wire.encode_status(st))
+    ing.handle("cfnet/v1/nodes/edge-a/telemetry", report_bytes(node="edge-a"))
+    ing.handle("cfnet/v1/nodes/edge-z/telemetry", report_bytes(node="edge-z", links=[]))
+    live = state.snapshot(time.time())
+    w = Workload(uid="w1", name="w1", requests=Resources(500, 1 << 20, 0))
+    snap = build_snapshot(live, parse_registry(GOOD),
+                          {"edge-a": LiveHealth.ONLINE, "edge-z": LiveHealth.SUSPECT},
+                          {"edge-z"}, [(w, "edge-a")])
+    nodes = {n.name: n for n in snap.nodes}
+    assert nodes["edge-a"].capacity == Resources(2000, 4 << 30, 1)  # registry wins
+    assert nodes["edge-a"].allocated == Resources(500, 1 << 20, 0)
+    assert nodes["edge-z"].region == "unregistered"  # never from the agent
+    assert nodes["edge-z"].capacity.cpu_milli == 4000  # measured: 4 cores
+    assert nodes["edge-z"].health == Health.CORDONED
+    lk = snap.links[("edge-a", "edge-z")]
+    assert lk.rtt_p50_ms == pytest.approx(1.2) and lk.rtt_p95_ms == pytest.approx(1.5)
+    assert [p.uid for p in snap.pods] == ["w1"]
