@@ -1,0 +1,146 @@
+"""Edge autonomy and the partition/crash verdict.
+
+- ``plan_moves``: workloads on an ``unreachable`` node stay there unless their
+  latency SLA can no longer be met; on a ``down`` node they move.
+- ``node_health``: a silent node is ``unreachable`` only when a peer *heard*
+  from it (bytes acked or received) in a report taken after it fell silent;
+  retransmits into a dead host, idle sockets and reports covering the moments
+  before a crash do not count.
+"""
+
+from __future__ import annotations
+
+import json
+
+from cloud_core.health import Health as LiveHealth
+from cloud_core.health import HealthConfig, node_health
+from cloud_core.ingest import Ingest
+from cloud_core.placement import ReplanConfig, ReplanState, plan_moves
+from cloud_core.placement.model import (
+    ClusterSnapshot,
+    Health,
+    LinkInfo,
+    NodeInfo,
+    Resources,
+    RunningPod,
+    Workload,
+)
+from cloud_core.state import ClusterState
+from edge_agent import wire
+from tests.unit.reports import report_dict
+
+CAP = Resources(4000, 8 << 30, 0)
+
+
+def snapshot(health_a: Health, lat_ac: float) -> tuple[ClusterSnapshot, list[tuple[Workload, str]]]:
+    nodes = (
+        NodeInfo("edge-a", "eu", "eu-1", capacity=CAP, health=health_a),
+        NodeInfo("edge-b", "eu", "eu-2", capacity=CAP),
+        NodeInfo("edge-c", "eu", "eu-3", capacity=CAP),
+    )
+    links = {
+        # Measured by the peers (edge-a's own reports don't reach the core).
+        ("edge-b", "edge-a"): LinkInfo(4.0, 5.0),
+        ("edge-c", "edge-a"): LinkInfo(lat_ac * 0.8, lat_ac),
+        ("edge-b", "edge-c"): LinkInfo(4.0, 5.0),
+    }
+    small = Resources(100, 1 << 20, 0)
+    ws = [
+        Workload("plain", "plain", requests=small),
+        Workload("near-b", "near-b", requests=small, max_latency_ms=20, latency_to="edge-b"),
+        Workload("near-c", "near-c", requests=small, max_latency_ms=20, latency_to="edge-c"),
+    ]
+    pods = tuple(RunningPod(w.uid, w.name, w.namespace, "edge-a", requests=w.requests)
+                 for w in ws)
+    return ClusterSnapshot(nodes, links, now=1000.0, pods=pods), [(w, "edge-a") for w in ws]
+
+
+def run(health_a: Health, lat_ac: float, rounds: int = 5) -> list[tuple[str, str, str]]:
+    state = ReplanState()
+    out = []
+    for i in range(rounds):
+        snap, running = snapshot(health_a, lat_ac)
+        snap = ClusterSnapshot(snap.nodes, snap.links, now=1000.0 + i, pods=snap.pods)
+        moves, state = plan_moves(snap, running, state, ReplanConfig(cooldown_s=0.0))
+        out += [(m.workload_uid, m.src, m.dst) for m in moves]
+    return out
+
+
+def test_unreachable_node_keeps_workloads_whose_sla_still_holds() -> None:
+    assert run(Health.UNREACHABLE, lat_ac=8.0) == []
+
+
+def test_unreachable_node_loses_only_the_workload_whose_sla_broke() -> None:
+    moves = run(Health.UNREACHABLE, lat_ac=80.0)
+    assert [m[0] for m in moves] == ["near-c"]
+    assert moves[0][1] == "edge-a" and moves[0][2] in ("edge-b", "edge-c")
+
+
+def test_down_node_loses_every_workload() -> None:
+    moves = run(Health.DOWN, lat_ac=8.0, rounds=1)
+    assert sorted(m[0] for m in moves) == ["near-b", "near-c", "plain"]
+    assert all(m[2] != "edge-a" for m in moves)
+
+
+# ---------------------------------------------------------------- partition vs crash
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _link(peer: str, tx: float, rx: float, segs: int) -> dict[str, object]:
+    return {"peer": peer, "rtt_us": {"p50": 900.0, "p95": 1000.0, "min": 800.0}, "retrans": segs,
+            "segs_out": segs, "loss": 0.0, "tx_bps": tx, "rx_bps": rx, "samples": 3}
+
+
+def _world() -> tuple[Ingest, ClusterState, Clock]:
+    clock = Clock()
+    state = ClusterState()
+    ing = Ingest(state, clock)
+    ing.handle("cfnet/v1/nodes/edge-a/status", wire.encode_status(
+        wire.NodeStatus(node="edge-a", state="online", ts=1.0, addresses=("10.1.0.1",))))
+    return ing, state, clock
+
+
+def _report(ing: Ingest, node: str, seq: int, links: list[dict[str, object]]) -> None:
+    body = report_dict(node=node, seq=seq, links=links)
+    assert ing.handle(f"cfnet/v1/nodes/{node}/telemetry", json.dumps(body).encode()) == "accepted"
+
+
+def _verdict(state: ClusterState, clock: Clock) -> LiveHealth:
+    return node_health(state.snapshot(clock()), "edge-a", HealthConfig())
+
+
+def test_peer_retransmitting_into_a_dead_node_does_not_make_it_unreachable() -> None:
+    ing, state, clock = _world()
+    _report(ing, "edge-a", 1, [])
+    for i in range(8):  # edge-a is silent; edge-b only sends into the void
+        clock.t += 1
+        _report(ing, "edge-b", i + 1, [_link("10.1.0.1", 0.0, 0.0, 5)])
+    assert _verdict(state, clock) is LiveHealth.DOWN
+
+
+def test_peer_heard_it_before_the_crash_only_is_down() -> None:
+    ing, state, clock = _world()
+    _report(ing, "edge-a", 1, [])
+    clock.t += 1
+    # This peer report covers the second before the crash: traffic, but stale news.
+    _report(ing, "edge-b", 1, [_link("10.1.0.1", 1e6, 1e6, 10)])
+    for i in range(5):
+        clock.t += 1
+        _report(ing, "edge-b", i + 2, [])
+    assert _verdict(state, clock) is LiveHealth.DOWN
+
+
+def test_peer_hearing_it_after_it_went_silent_is_unreachable() -> None:
+    ing, state, clock = _world()
+    _report(ing, "edge-a", 1, [])
+    for i in range(6):
+        clock.t += 1
+        _report(ing, "edge-b", i + 1, [_link("10.1.0.1", 1e6, 1e6, 10)])
+    assert _verdict(state, clock) is LiveHealth.UNREACHABLE
