@@ -9,10 +9,16 @@ default route via the router) joined by a veth pair to the router namespace
   from or to the site -- i.e. on the path, at the receiver's side of the
   router, never on the sender's own output hook (a drop there is reported
   to the local TCP stack and shows up as far fewer retransmits);
-- ``delay_ms``: one-way delay of the site's link, each direction, with
-  ``netem`` as a child of the tbf (or as root). Kernels without netem (and
-  without ``fq``, which an EDT/cls_bpf delay needs) reject it with LabError;
-  :func:`delay_supported` tells beforehand.
+- ``delay_ms``: one-way delay of the site's link, each direction, so the RTT
+  between sites x and y grows by 2 * (delay_x + delay_y). This kernel has
+  neither netem nor fq (which an EDT/cls_bpf delay needs), so the router
+  sends packets from and to delayed sites through a *delay line*: a TUN
+  device in the router namespace served by a small process (``python -m
+  tools.lab delayline``) that holds each packet for its delay and writes it
+  back; policy routing (``iif dly`` -> main table first) keeps the
+  returning packet from looping. Only delayed sites' traffic takes that
+  path. Cost: one user-space pass per packet (fine for tests; it is not a
+  10 Gbit/s emulator).
 
 B is derived from the prefix so two labs with different prefixes use
 different addresses (tracepoints see every namespace, and the eBPF probe
@@ -28,9 +34,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
 import json
 import logging
+import os
 import re
+import select
+import signal
 import socket
 import struct
 import subprocess
@@ -49,6 +59,9 @@ log = logging.getLogger("tools.lab")
 REPO = Path(__file__).resolve().parent.parent
 CMD_TIMEOUT_S = 20.0
 NFT_TABLE = "cfnet_lab"
+DELAY_DIR = Path("/run/cfnet-lab")
+DELAY_TUN = "dly"
+DELAY_TABLE = "100"
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 _SITE_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 MAX_SITES = 64
@@ -87,29 +100,30 @@ def list_namespaces(prefix: str) -> list[str]:
 
 
 def cleanup_prefix(prefix: str) -> list[str]:
-    """Delete every namespace of ``prefix`` (veths and nft tables go with them)."""
+    """Delete every namespace of ``prefix`` (veths and nft tables go with them).
+
+    Processes still inside (a crashed run's delay line or load generators)
+    are killed first: a process keeps its namespace alive after ``ip netns del``.
+    """
     removed = []
     for ns in list_namespaces(prefix):
+        pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
+                os.kill(int(pid), signal.SIGKILL)
         _run(["ip", "netns", "del", ns], check=False)
         removed.append(ns)
+    for leftover in (DELAY_DIR / f"{prefix}.json", DELAY_DIR / f"{prefix}.log"):
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
     if removed:
         log.info("lab: removed %d namespaces of prefix %s", len(removed), prefix)
     return removed
 
 
 def delay_supported() -> bool:
-    """Whether this kernel has netem (probed on a throwaway dummy in a scratch namespace)."""
-    ns = f"cfdelayprobe{int(time.time() * 1000) % 100000}"
-    try:
-        _run(["ip", "netns", "add", ns])
-        _run(["ip", "-n", ns, "link", "add", "d0", "type", "dummy"])
-        cp = _run(["tc", "-n", ns, "qdisc", "add", "dev", "d0", "root", "netem", "delay", "1ms"],
-                  check=False)
-        return cp.returncode == 0
-    except LabError:
-        return False
-    finally:
-        _run(["ip", "netns", "del", ns], check=False)
+    """Whether the delay line can run here (it needs TUN)."""
+    return os.path.exists("/dev/net/tun")
 
 
 class Lab:
@@ -134,6 +148,10 @@ class Lab:
         self._net = 64 + zlib.crc32(prefix.encode()) % 128
         self._lock = threading.Lock()
         self._is_up = False
+        self._delayline: subprocess.Popen[bytes] | None = None
+        self._delay_rules: set[str] = set()
+        self._delay_gen = 0
+        self._dl_buf = b""
 
     # ------------------------------------------------------------------ names
 
@@ -213,15 +231,18 @@ class Lab:
             _run(["ip", "-n", ns, "route", "add", "default", "via", self.gateway(name)])
             self._apply_qdisc(name)
         self._apply_nft()
+        self._apply_delay()
 
     def down(self) -> None:
         with self._lock:
+            self._stop_delayline()
             cleanup_prefix(self.prefix)
             self._is_up = False
 
     def cleanup(self) -> list[str]:
         """Remove this prefix's namespaces, including those a crashed run left."""
         with self._lock:
+            self._stop_delayline()
             self._is_up = False
             return cleanup_prefix(self.prefix)
 
@@ -242,10 +263,9 @@ class Lab:
         old = self.spec(site)
         self._sites[self._site(site)] = replace(old, delay_ms=ms)
         try:
-            self._apply_qdisc(site)
+            self._apply_delay()
         except LabError:
             self._sites[site] = old
-            self._apply_qdisc(site)
             raise
 
     def link_down(self, site: str) -> None:
@@ -261,7 +281,6 @@ class Lab:
         spec = self.spec(site)
         for ns, dev in ((self.router, self.router_if(site)), (self.ns(site), "eth0")):
             _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
-            netem = ["netem", "delay", f"{spec.delay_ms:g}ms", "limit", "10000"]
             if spec.rate_mbit:
                 rate_bps = spec.rate_mbit * 1e6
                 # burst: enough for one timer tick at this rate, never under 32 KB.
@@ -269,18 +288,100 @@ class Lab:
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf",
                       "rate", f"{spec.rate_mbit:g}mbit", "burst", str(burst),
                       "latency", "50ms"])
-                if spec.delay_ms > 0:
-                    self._netem(["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1",
-                                 "handle", "10:", *netem])
-            elif spec.delay_ms > 0:
-                self._netem(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", *netem])
 
-    @staticmethod
-    def _netem(argv: list[str]) -> None:
-        try:
-            _run(argv)
-        except LabError as exc:
-            raise LabError(f"delay needs netem, which this kernel lacks ({exc})") from exc
+    # ------------------------------------------------------------------ delay line
+
+    def _delay_config(self) -> Path:
+        return DELAY_DIR / f"{self.prefix}.json"
+
+    def _apply_delay(self) -> None:
+        delayed = {self.addr(n): s.delay_ms for n, s in self._sites.items() if s.delay_ms > 0}
+        if delayed and not delay_supported():
+            raise LabError("delay needs /dev/net/tun (no netem or fq in this kernel either)")
+        if not delayed and self._delayline is None:
+            return
+        # Config first (atomic rename): the running delay line rereads it.
+        DELAY_DIR.mkdir(parents=True, exist_ok=True)
+        cfg = self._delay_config()
+        tmp = cfg.with_suffix(".tmp")
+        self._delay_gen += 1
+        tmp.write_text(json.dumps({"gen": self._delay_gen, "delays": delayed}))
+        tmp.replace(cfg)
+        log.info("lab: delays %s", delayed)
+        if self._delayline is None:
+            self._start_delayline()
+        self._await_delay_gen()
+        r = self.router
+        want = set(delayed)
+        for addr in self._delay_rules - want:
+            for sel in ("from", "to"):
+                _run(["ip", "-n", r, "rule", "del", sel, addr, "lookup", DELAY_TABLE], check=False)
+        for addr in want - self._delay_rules:
+            for sel in ("from", "to"):
+                _run(["ip", "-n", r, "rule", "add", sel, addr, "lookup", DELAY_TABLE,
+                      "priority", "200"])
+        self._delay_rules = want
+
+    def _start_delayline(self) -> None:
+        r = self.router
+        errlog = self._delay_config().with_suffix(".log").open("a")
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", r, sys.executable, "-m", "tools.lab", "delayline",
+             "--tun", DELAY_TUN, "--config", str(self._delay_config())],
+            cwd=str(REPO), stdout=subprocess.PIPE, bufsize=0, start_new_session=True,
+            # Not our stderr: a CLI "up" exits while the line runs on.
+            stderr=errlog)
+        errlog.close()  # the child holds its own copy
+        self._dl_buf = b""
+        if not self._await_line(proc, "ready", timeout=15.0):
+            proc.kill()
+            proc.wait(timeout=5)
+            raise LabError(f"delay line did not start (see {errlog.name})")
+        self._delayline = proc
+        _run(["ip", "-n", r, "link", "set", DELAY_TUN, "txqueuelen", "10000", "up"])
+        for conf in ("all", DELAY_TUN):
+            _run(["ip", "netns", "exec", r, "sysctl", "-q", "-w",
+                  f"net.ipv4.conf.{conf}.rp_filter=0"])
+        _run(["ip", "-n", r, "route", "replace", "default", "dev", DELAY_TUN,
+              "table", DELAY_TABLE])
+        # Packets coming back out of the delay line use the main table;
+        # otherwise "to <delayed site>" would send them round again.
+        _run(["ip", "-n", r, "rule", "add", "iif", DELAY_TUN, "lookup", "main",
+              "priority", "100"])
+
+    def _await_delay_gen(self) -> None:
+        """Block until the delay line says it runs with the config just written."""
+        proc = self._delayline
+        assert proc is not None
+        if not self._await_line(proc, f"applied {self._delay_gen}"):
+            raise LabError(f"delay line did not apply config {self._delay_gen}")
+
+    def _await_line(self, proc: subprocess.Popen[bytes], want: str, timeout: float = 5.0) -> bool:
+        """Read the delay line's stdout (raw fd, own buffer) until a line equals ``want``."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._dl_buf:
+                line, _, self._dl_buf = self._dl_buf.partition(b"\n")
+                if line.decode(errors="replace").strip() == want:
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return False
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return False
+            self._dl_buf += chunk
+
+    def _stop_delayline(self) -> None:
+        proc, self._delayline = self._delayline, None
+        self._delay_rules = set()
+        if proc is not None:
+            proc.kill()
+            proc.wait(timeout=10)
+        with contextlib.suppress(FileNotFoundError):
+            self._delay_config().unlink()
 
     def _apply_nft(self) -> None:
         lines = [f"table inet {NFT_TABLE} {{", "  chain forward {",
@@ -450,6 +551,69 @@ def _connect(host: str, port: int, seconds: float) -> socket.socket:
             time.sleep(0.05)
 
 
+# ====================================================================== delay line
+
+TUNSETIFF = 0x400454CA
+IFF_TUN = 0x0001
+IFF_NO_PI = 0x1000
+MAX_QUEUED = 50_000
+
+
+def delayline(tun: str, config: Path) -> None:
+    """Hold every IPv4 packet read from TUN ``tun`` for d(src) + d(dst), then write it back.
+
+    Delays come from ``config`` ({"addr": ms}) and are reread when it changes;
+    the line exits when the file disappears (the lab is gone) and queues at
+    most MAX_QUEUED packets (more are dropped, like a full queue).
+    """
+    import fcntl
+
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+    fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", tun.encode(), IFF_TUN | IFF_NO_PI))
+    print("ready", flush=True)
+    delays: dict[bytes, int] = {}
+    mtime = -1.0
+    next_check = 0.0
+    heap: list[tuple[int, int, bytes]] = []
+    seq = 0
+    while True:
+        now_s = time.monotonic()
+        if now_s >= next_check:
+            next_check = now_s + 0.1
+            try:
+                m = config.stat().st_mtime
+            except FileNotFoundError:
+                return
+            if m != mtime:
+                mtime = m
+                with contextlib.suppress(ValueError, OSError, KeyError):
+                    cfg = json.loads(config.read_text())
+                    delays = {socket.inet_aton(a): int(float(ms) * 1e6)
+                              for a, ms in cfg["delays"].items()}
+                    with contextlib.suppress(OSError):  # the lab process may be gone
+                        print(f"applied {cfg['gen']}", flush=True)
+        now = time.monotonic_ns()
+        wait = 0.1 if not heap else max(0.0, (heap[0][0] - now) / 1e9)
+        ready, _, _ = select.select([fd], [], [], min(wait, 0.1))
+        if ready:
+            for _ in range(512):
+                try:
+                    pkt = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if len(pkt) < 20 or pkt[0] >> 4 != 4:
+                    os.write(fd, pkt)  # not IPv4: no delay
+                    continue
+                d = delays.get(pkt[12:16], 0) + delays.get(pkt[16:20], 0)
+                if len(heap) < MAX_QUEUED:
+                    seq += 1
+                    heapq.heappush(heap, (time.monotonic_ns() + d, seq, pkt))
+        now = time.monotonic_ns()
+        while heap and heap[0][0] <= now:
+            with contextlib.suppress(OSError):
+                os.write(fd, heapq.heappop(heap)[2])
+
+
 # ====================================================================== CLI
 
 
@@ -490,6 +654,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--count", type=int, default=10_000)
     pp.add_argument("--seconds", type=float, default=10.0)
     pp.add_argument("--gap", type=float, default=0.002)
+    dl = sub.add_parser("delayline", help="(internal) the router's TUN delay line")
+    dl.add_argument("--tun", default=DELAY_TUN)
+    dl.add_argument("--config", type=Path, required=True)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
@@ -512,6 +679,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             send(a.host, a.port, a.bytes, a.seconds, a.rate_mbit, a.chunk)
         elif a.cmd == "pingpong":
             pingpong(a.host, a.port, a.count, a.seconds, gap_s=a.gap)
+        elif a.cmd == "delayline":
+            delayline(a.tun, a.config)
     except LabError as exc:
         print(f"lab: {exc}", file=sys.stderr)
         return 1

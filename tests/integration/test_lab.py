@@ -10,7 +10,15 @@ import textwrap
 
 import pytest
 
-from tools.lab import Lab, LabError, SiteSpec, cleanup_prefix, delay_supported, list_namespaces
+from tools.lab import (
+    DELAY_DIR,
+    Lab,
+    LabError,
+    SiteSpec,
+    cleanup_prefix,
+    delay_supported,
+    list_namespaces,
+)
 
 pytestmark = pytest.mark.root
 PY = sys.executable
@@ -116,13 +124,40 @@ def test_bad_specs_rejected(sites: list[SiteSpec]) -> None:
         Lab(sites, prefix=_prefix("b"))
 
 
-def test_delay_when_supported() -> None:
+def _connect_ms(lab: Lab, src: str, dst: str) -> float:
+    """Median time of 5 connects to a closed port (SYN -> RST: one round trip)."""
+    code = textwrap.dedent(f"""
+        import socket, statistics, time
+        ts = []
+        for _ in range(5):
+            s = socket.socket()
+            s.settimeout(2.0)
+            t = time.perf_counter()
+            try:
+                s.connect(("{lab.addr(dst)}", 9))
+            except OSError:
+                pass
+            ts.append((time.perf_counter() - t) * 1000)
+            s.close()
+        print(statistics.median(ts))
+    """)
+    cp = lab.run(src, [PY, "-c", code], timeout=30, capture_output=True, text=True)
+    return float(cp.stdout.strip())
+
+
+def test_delay_line() -> None:
+    if not delay_supported():
+        pytest.skip("no /dev/net/tun")
     prefix = _prefix("d")
-    with Lab([SiteSpec("a"), SiteSpec("b")], prefix=prefix) as lab:
-        if not delay_supported():
-            with pytest.raises(LabError, match="netem"):
-                lab.set_delay("b", 5)
-            assert lab.spec("b").delay_ms == 0.0  # a failed change is rolled back
-            pytest.skip("kernel has no netem (nor fq for an EDT delay)")
-        lab.set_delay("b", 5)
-        assert lab.spec("b").delay_ms == 5
+    with Lab([SiteSpec("a", delay_ms=1.0), SiteSpec("b"), SiteSpec("c")], prefix=prefix) as lab:
+        lab.set_delay("b", 3.0)
+        # RTT grows by 2 * (delay_src + delay_dst); delay can only add, so
+        # lower bounds are safe whatever the machine's load.
+        assert _connect_ms(lab, "a", "b") >= 2 * (1.0 + 3.0) * 0.95
+        assert _connect_ms(lab, "a", "c") >= 2 * 1.0 * 0.95
+        lab.set_delay("a", 0.0)
+        lab.set_delay("b", 0.0)
+        assert _connect_ms(lab, "a", "c") < 2 * 1.0 * 0.95  # back on the kernel's path
+        assert lab.spec("b").delay_ms == 0.0
+    assert list_namespaces(prefix) == []
+    assert not (DELAY_DIR / f"{prefix}.json").exists()

@@ -5,7 +5,8 @@ Site ``a`` is the measuring node; the probes count only its sockets (eBPF via
 bounded load generator (``python -m tools.lab ...``) between lab namespaces
 and compares what the probe reports with what the kernel says:
 
-- RTT: the probe's p50 against the connection's own ``tcp_info`` RTT;
+- RTT: the probe's p50 against the connection's own ``tcp_info`` RTT, over a
+  link with 2 ms of one-way delay (the lab's delay line) so RTT is ~4 ms;
 - loss: 5 % random nftables drop on the receiver's link;
 - throughput: a saturating transfer through a 20 Mbit/s tbf.
 """
@@ -26,11 +27,12 @@ import pytest
 from edge_agent.errors import ProbeError
 from edge_agent.probes.base import LinkProbe
 from edge_agent.wire import LinkSample
-from tools.lab import Lab, SiteSpec
+from tools.lab import Lab, SiteSpec, delay_supported
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 RATE_MBIT = 20.0
+DELAY_MS = 2.0
 PY = sys.executable
 
 
@@ -111,20 +113,29 @@ def _finish(*procs: subprocess.Popen[str]) -> None:
 def test_rtt_matches_tcp_info(lab: Lab, make_probe: Callable[[str], LinkProbe],
                               probe_name: str) -> None:
     probe = make_probe(probe_name)
-    srv = _server(lab, "b", 5002, "echo", 12)
-    probe.collect()
-    cli = lab.popen("a", [PY, "-m", "tools.lab", "pingpong", lab.addr("b"), "--port", "5002",
-                          "--seconds", "6", "--count", "5000", "--gap", "0.002"],
-                    stdout=subprocess.PIPE, text=True)
-    samples = _intervals(probe, lab.addr("b"), 5)
-    out, _ = cli.communicate(timeout=30)
-    _finish(srv)
+    delayed = delay_supported()
+    if delayed:
+        lab.set_delay("b", DELAY_MS)  # RTT a<->b of a few ms, as between real sites
+    try:
+        srv = _server(lab, "b", 5002, "echo", 12)
+        probe.collect()
+        cli = lab.popen("a", [PY, "-m", "tools.lab", "pingpong", lab.addr("b"), "--port",
+                              "5002", "--seconds", "6", "--count", "5000", "--gap", "0.002"],
+                        stdout=subprocess.PIPE, text=True)
+        samples = _intervals(probe, lab.addr("b"), 5)
+        out, _ = cli.communicate(timeout=30)
+        _finish(srv)
+    finally:
+        if delayed:
+            lab.set_delay("b", 0.0)
     truth = [json.loads(line)["rtt_us"] for line in out.splitlines() if line.startswith("{")]
     got = [s.rtt_us.p50 for s in samples if s.rtt_us is not None]
     assert truth and len(got) >= 3, (truth[:5], samples)
     want, have = statistics.median(truth), statistics.median(got)
     print(f"{probe_name}: rtt p50 {have:.0f} us vs tcp_info {want:.0f} us")
     assert abs(have - want) <= max(0.10 * want, 50.0), (have, want, got)
+    if delayed:
+        assert want >= 2 * DELAY_MS * 1000 * 0.95  # the delay line really was in the path
     for s in samples:
         assert s.rtt_us is None or s.rtt_us.min <= s.rtt_us.p50 <= s.rtt_us.p95
 
