@@ -49,6 +49,7 @@ import random
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -479,6 +480,7 @@ class Simulator:
 
     def __init__(self, world: World, connections: Sequence[MqttSettings], *,
                  shard: tuple[int, int] = (0, 1), tick_s: float = 0.01,
+                 max_pending: int = 2000,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         if not connections:
             raise SimError("at least one connection (sim account) is needed")
@@ -491,6 +493,10 @@ class Simulator:
                 continue
             self._slices.append((s, world.nodes[c * n // k:(c + 1) * n // k]))
         self.tick_s = tick_s
+        # QoS 1 messages handed to MQTT but not yet acknowledged, per connection:
+        # past this the slice waits (as an agent does), so a slow broker shows up
+        # as late reports instead of an unbounded queue in the client.
+        self.max_pending = max_pending
         self.stats: list[SliceStats] = []
         self.events: list[dict[str, Any]] = []
         self._events_lock = threading.Lock()
@@ -553,7 +559,7 @@ class Simulator:
         rnd = random.Random(cfg.seed * 7919 + (nodes[0].index if nodes else 0))
         period = 1.0 / cfg.rate
         runs = {nd.index: _NodeRun(boot=uuid.uuid4().hex[:12]) for nd in nodes}
-        pending: list[PublishHandle] = []
+        pending: deque[PublishHandle] = deque()
         for nd in nodes:
             self._publish(client, status_topic(nd.name), world.status(nd, "online",
                           runs[nd.index].boot), st, retain=True, pending=None)
@@ -568,7 +574,9 @@ class Simulator:
             now = time.time()
             if now >= end:
                 break
-            while due[order[i]] <= now:
+            burst = 0
+            while due[order[i]] <= now and burst < 256:
+                burst += 1
                 k = order[i]
                 nd, run = nodes[k], runs[nodes[k].index]
                 t_due = due[k]
@@ -577,8 +585,13 @@ class Simulator:
                 if t_due >= end:
                     break
                 self._node_tick(client, nd, run, t_due, now, st, rnd, pending)
-            if len(pending) > 2000:
-                pending = [h for h in pending if not h.done()]
+            while pending and pending[0].done():  # acks come back in order
+                pending.popleft()
+            while len(pending) >= self.max_pending and not self._stop.is_set() \
+                    and time.time() < end:
+                time.sleep(0.002)
+                while pending and pending[0].done():
+                    pending.popleft()
             wait = min(self.tick_s, max(0.0, due[order[i]] - time.time()))
             if wait > 0:
                 self._stop.wait(wait)
@@ -591,7 +604,7 @@ class Simulator:
 
     def _node_tick(self, client: MqttClient, nd: VNode, run: _NodeRun, t_due: float,
                    now: float, st: SliceStats, rnd: random.Random,
-                   pending: list[PublishHandle]) -> None:
+                   pending: deque[PublishHandle]) -> None:
         world = self.world
         t = t_due - self.t0
         st.offered += 1
@@ -635,7 +648,7 @@ class Simulator:
 
     def _publish(self, client: MqttClient, topic: str, body: dict[str, Any] | bytes,
                  st: SliceStats, *, retain: bool = False,
-                 pending: list[PublishHandle] | None) -> None:
+                 pending: deque[PublishHandle] | None) -> None:
         payload = body if isinstance(body, bytes) else json.dumps(
             body, separators=(",", ":")).encode()
         try:
@@ -699,6 +712,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="tools.certs directory holding the sim accounts' passwords")
     ap.add_argument("--accounts", default="sim-0", help="comma list of sim-* accounts")
     ap.add_argument("--shard", default="0/1", help="i/n: run connections k with k %% n == i")
+    ap.add_argument("--max-pending", type=int, default=2000,
+                    help="unacknowledged QoS 1 reports per connection before it waits")
     ap.add_argument("--registry-out", type=Path, default=None,
                     help="write the fleet's node registry (YAML) here and continue")
     ap.add_argument("--quiet", action="store_true")
@@ -719,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         si, _, sn = a.shard.partition("/")
         conns = settings_from_pki(a.pki, [x for x in a.accounts.split(",") if x],
                                   a.broker_host, a.broker_port, a.ca_file, tls=not a.no_tls)
-        sim = Simulator(world, conns, shard=(int(si), int(sn or 1)))
+        sim = Simulator(world, conns, shard=(int(si), int(sn or 1)), max_pending=a.max_pending)
         summary = sim.run()
     except (SimError, ValueError) as exc:
         print(f"simulate: {exc}", flush=True)
