@@ -256,7 +256,11 @@ class PreparedCluster:
             ready, first_pod_only = _ready(reps, pending, deps, self.pods)
             if not ready:
                 for ci in pending:
-                    deferred_reason[ci] = "pod affinity: no matching pod can be placed"
+                    deferred_reason[ci] = (
+                        f"gang {reps[ci].gang}: its members wait on pod affinity, which is "
+                        "placed in rounds and cannot be all-or-nothing"
+                        if reps[ci].gang is not None
+                        else "pod affinity: no matching pod can be placed")
                 break
             rounds += 1
             order = sorted(ready)
@@ -443,16 +447,25 @@ def _affinity_deps(reps: list[Workload]) -> dict[int, list[tuple[PodAffinityTerm
 def _ready(reps: list[Workload], pending: set[int],
            deps: dict[int, list[tuple[PodAffinityTerm, set[int]]]],
            pods: PodIndex) -> tuple[set[int], set[int]]:
-    """Classes placeable this round, and those that may only place their first pod."""
+    """Classes placeable this round, and those that may only place their first pod.
+
+    A class waits while a pending class could satisfy its pod affinity. When everything
+    waits, a class whose unmet terms all select itself places its first pod anywhere (the
+    Kubernetes rule for the first pod of a self-affine group), which breaks the cycle.
+    Gangs move together: all their classes in one round, never first-pod-only.
+    """
     ready: set[int] = set()
     first: set[int] = set()
-    for ci in pending:
+    self_only: list[int] = []
+    for ci in sorted(pending):
         w = reps[ci]
-        ok, only_first = True, False
+        ok, only_first, selfish = True, False, True
         for t, ms in deps.get(ci, []):
             if pods.matching(t, w.namespace):
                 continue  # satisfiable by pods already running or placed in earlier rounds
             others = (ms - {ci}) & pending
+            if ci not in ms:
+                selfish = False
             if others:
                 ok = False  # wait for the classes that could satisfy it
             elif ci in ms:
@@ -463,5 +476,17 @@ def _ready(reps: list[Workload], pending: set[int],
             ready.add(ci)
             if only_first:
                 first.add(ci)
+        elif selfish:
+            self_only.append(ci)
+    gangs: dict[str, set[int]] = {}
+    for ci in pending:
+        if reps[ci].gang is not None:
+            gangs.setdefault(reps[ci].gang, set()).add(ci)  # type: ignore[arg-type]
+    for members in gangs.values():
+        if not members <= ready or members & first:
+            ready -= members
+            first -= members
+    self_only = [ci for ci in self_only if reps[ci].gang is None]
+    if not ready and self_only:
+        ready, first = {self_only[0]}, {self_only[0]}
     return ready, first
-

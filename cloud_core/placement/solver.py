@@ -157,7 +157,8 @@ def _flow(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
         idx = np.flatnonzero(c.mask & (k > 0))
         if idx.size == 0:
             continue
-        k = np.minimum(k[idx], c.count)
+        k_node = k[idx]  # what the node holds of this shape: its share of the sink arc
+        k = np.minimum(k_node, c.count)
         self_keys = [key for key, others in c.conflicts.items() if ci in others]
         if HOST in self_keys:
             k = np.minimum(k, 1)
@@ -171,9 +172,9 @@ def _flow(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
             keep = max(keep, min(cfg.flow_min_arcs, idx.size))
             if keep < idx.size:
                 sel = np.sort(order[:keep])
-                idx, k = idx[sel], k[sel]
+                idx, k, k_node = idx[sel], k[sel], k_node[sel]
                 pruned[ci] = True
-        np.maximum.at(kcn_max, idx, k)
+        np.maximum.at(kcn_max, idx, k_node)
         wide = [key for key in self_keys if key != HOST]
         if wide:
             # one unit-capacity hub per domain: at most one pod of the class per zone/region
