@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -24,6 +24,11 @@ LOSS_WINDOW = 10
 # already seen — redelivery that old means a broken client, not a retry.
 DEDUPE_WINDOW = 4096
 SEQ_HISTORY = 20000
+# Distinct peers remembered per source node. A report may name up to
+# wire.MAX_LINKS peers; a compromised agent naming fresh made-up peers in every
+# report must not grow the core without bound, so the least recently
+# measured peer is forgotten first.
+MAX_LINKS_PER_NODE = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +132,8 @@ class ClusterState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
-        self._links: dict[tuple[str, str], _Link] = {}  # (src node, peer address)
+        # src node -> peer address -> link, least recently measured first.
+        self._links: dict[str, OrderedDict[str, _Link]] = {}
         self._addr_owner: dict[str, str] = {}
 
     # ------------------------------------------------------------------ writes
@@ -173,10 +179,16 @@ class ClusterState:
             return True
 
     def _apply_link(self, r: TelemetryReport, s: LinkSample, now: float) -> None:
-        key = (r.node, s.peer)
-        lk = self._links.get(key)
+        mine = self._links.get(r.node)
+        if mine is None:
+            mine = self._links[r.node] = OrderedDict()
+        lk = mine.get(s.peer)
         if lk is None:
-            lk = self._links[key] = _Link(src=r.node, peer_addr=s.peer)
+            lk = mine[s.peer] = _Link(src=r.node, peer_addr=s.peer)
+            while len(mine) > MAX_LINKS_PER_NODE:
+                mine.popitem(last=False)
+        else:
+            mine.move_to_end(s.peer)
         if s.samples <= 0 and s.segs_out <= 0 and s.rx_bps <= 0:
             return
         if s.rtt_us is not None:
@@ -228,7 +240,8 @@ class ClusterState:
                 for k, n in self._nodes.items()
             }
             links: dict[tuple[str, str], LinkView] = {}
-            for (src, addr), lk in self._links.items():
+            for src, addr, lk in ((s, a, lk) for s, m in self._links.items()
+                                  for a, lk in m.items()):
                 if lk.updated == 0:
                     continue
                 dst = self._addr_owner.get(addr, addr)

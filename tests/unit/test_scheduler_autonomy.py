@@ -6,6 +6,7 @@
   from it (bytes acked or received) in a report taken after it fell silent;
   retransmits into a dead host, idle sockets and reports covering the moments
   before a crash do not count.
+- the core's link table stays bounded per source node.
 """
 
 from __future__ import annotations
@@ -144,3 +145,17 @@ def test_peer_hearing_it_after_it_went_silent_is_unreachable() -> None:
         clock.t += 1
         _report(ing, "edge-b", i + 1, [_link("10.1.0.1", 1e6, 1e6, 10)])
     assert _verdict(state, clock) is LiveHealth.UNREACHABLE
+
+
+def test_link_table_is_bounded_per_node() -> None:
+    """A (compromised) agent naming new made-up peers in every report can't grow the core."""
+    from cloud_core.state import MAX_LINKS_PER_NODE
+
+    ing, state, clock = _world()
+    for seq in range(1, 6):
+        peers = [f"10.{seq}.{i >> 8}.{i & 255}" for i in range(1000)]
+        _report(ing, "edge-b", seq, [_link(p, 1e6, 1e6, 10) for p in peers])
+    links = [k for k in state.snapshot(clock()).links if k[0] == "edge-b"]
+    assert len(links) == MAX_LINKS_PER_NODE
+    # The most recently measured peers are the ones kept.
+    assert ("edge-b", "10.5.3.231") in state.snapshot(clock()).links
