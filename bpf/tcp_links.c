@@ -14,6 +14,8 @@
  *   CFNET_FILTER_LOCAL      count an event only if its local address is in local_addrs
  *   CFNET_INCLUDE_LOOPBACK  also count loopback peers (excluded by default)
  *   CFNET_PROBE_PORT        port of the active prober's echo server (default 7946)
+ *   CFNET_RETRANS_HAS_ERR   tcp_retransmit_skb has an `err` field (set by the loader
+ *                           from the tracepoint's format, not from the kernel version)
  *   CFNET_MAX_PEERS / CFNET_MAX_SOCKS   map sizes
  */
 #include <uapi/linux/ptrace.h>
@@ -224,6 +226,12 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
      * denominator and inflate the loss ratio, so they are left out too. */
     if (args->state != CF_TCP_ESTABLISHED)
         return 0;
+#ifdef CFNET_RETRANS_HAS_ERR
+    /* Kernels >= 6.x also trace failed attempts (e.g. -EBUSY while the
+     * original is still in a local queue); tcp_info counts only real ones. */
+    if (args->err != 0)
+        return 0;
+#endif
     if (family == CF_AF_INET) {
         bpf_probe_read_kernel(local.addr, 4, args->saddr);
         bpf_probe_read_kernel(peer.addr, 4, args->daddr);

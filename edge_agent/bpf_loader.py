@@ -77,6 +77,24 @@ def ensure_tracefs() -> str:
     return f"mounted tracefs at {TRACEFS_DIRS[0]}"
 
 
+def tracepoint_fields(category: str, event: str) -> set[str]:
+    """Field names of a tracepoint, from its tracefs ``format`` file (empty if unreadable)."""
+    for d in TRACEFS_DIRS:
+        fmt = Path(d, "events", category, event, "format")
+        try:
+            text = fmt.read_text()
+        except OSError:
+            continue
+        names = set()
+        for line in text.splitlines():
+            line = line.strip()
+            if line.startswith("field:"):
+                decl = line[len("field:"):].split(";", 1)[0]
+                names.add(decl.split()[-1].split("[", 1)[0])
+        return names
+    return set()
+
+
 def check_environment(tracepoints: Sequence[str]) -> None:
     """Raise ProbeError with a one-line reason if eBPF can't work here."""
     if os.geteuid() != 0:

@@ -49,6 +49,8 @@ class EbpfProbe:
         self._local = tuple(local_addrs)
         self._mss = mss
         cflags = [f"-DCFNET_PROBE_PORT={int(probe_port)}", f"-DCFNET_MAX_PEERS={int(max_peers)}"]
+        if "err" in bpf_loader.tracepoint_fields("tcp", "tcp_retransmit_skb"):
+            cflags.append("-DCFNET_RETRANS_HAS_ERR")
         if include_loopback:
             cflags.append("-DCFNET_INCLUDE_LOOPBACK")
         if self._local:

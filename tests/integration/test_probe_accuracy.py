@@ -7,7 +7,8 @@ and compares what the probe reports with what the kernel says:
 
 - RTT: the probe's p50 against the connection's own ``tcp_info`` RTT, over a
   link with 2 ms of one-way delay (the lab's delay line) so RTT is ~4 ms;
-- loss: 5 % random nftables drop on the receiver's link;
+- loss: 5 % random nftables drop on the receiver's link (and, for eBPF, the
+  kernel's own tcp_info retransmit ratio over the same intervals);
 - throughput: a saturating transfer through a 20 Mbit/s tbf.
 """
 
@@ -144,17 +145,33 @@ def test_rtt_matches_tcp_info(lab: Lab, make_probe: Callable[[str], LinkProbe],
 def test_loss_under_random_drop(lab: Lab, make_probe: Callable[[str], LinkProbe],
                                 probe_name: str) -> None:
     probe = make_probe(probe_name)
+    # The kernel's own counters (tcp_info) over the same interval, as a reference.
+    kernel = make_probe("sockdiag") if probe_name != "sockdiag" else None
     lab.set_loss("b", 0.05)
+    # A few ms of RTT: on a loaded machine a sub-ms RTT lets scheduling stalls
+    # fire tail-loss probes and RTOs, spurious retransmits the link didn't cause.
+    delayed = delay_supported()
+    if delayed:
+        lab.set_delay("b", DELAY_MS)
     try:
         srv = _server(lab, "b", 5003, "sink", 12)
         probe.collect()
+        if kernel is not None:
+            kernel.collect()
         cli = lab.popen("a", [PY, "-m", "tools.lab", "send", lab.addr("b"), "--port", "5003",
                               "--seconds", "6", "--bytes", "60000000", "--rate-mbit", "40"],
                         stdout=subprocess.PIPE, text=True)
-        samples = _intervals(probe, lab.addr("b"), 7)
+        samples: list[LinkSample] = []
+        ref: list[LinkSample] = []
+        for _ in range(7):
+            samples += _intervals(probe, lab.addr("b"), 1)
+            if kernel is not None:
+                ref += [s for s in kernel.collect() if s.peer == lab.addr("b")]
         _finish(cli, srv)
     finally:
         lab.set_loss("b", 0.0)
+        if delayed:
+            lab.set_delay("b", 0.0)
     retrans = sum(s.retrans for s in samples)
     segs = sum(s.segs_out for s in samples)
     assert segs > 1000, samples
@@ -162,6 +179,10 @@ def test_loss_under_random_drop(lab: Lab, make_probe: Callable[[str], LinkProbe]
     print(f"{probe_name}: loss {loss:.4f} ({retrans}/{segs})")
     assert 0.03 <= loss <= 0.07, (loss, samples)
     assert all(0.0 <= s.loss <= 1.0 for s in samples)
+    if kernel is not None:
+        k_loss = sum(s.retrans for s in ref) / max(1, sum(s.segs_out for s in ref))
+        print(f"{probe_name}: kernel's tcp_info loss {k_loss:.4f}")
+        assert abs(loss - k_loss) <= 0.01, (loss, k_loss)
 
 
 @probe_param
