@@ -36,7 +36,9 @@ minSecurityLevel: 3
 """
 
 
-def ctl(broker: Broker, user: str, *args: str, timeout: float = 5.0) -> subprocess.CompletedProcess[str]:
+def ctl(
+    broker: Broker, user: str, *args: str, timeout: float = 5.0
+) -> subprocess.CompletedProcess[str]:
     creds = broker.add_account(user, "operator")
     env = {**os.environ, "CFNET_BROKER_HOST": broker.host, "CFNET_BROKER_PORT": str(broker.port),
            "CFNET_USER": user, "CFNET_PASSWORD": creds.password,
