@@ -35,11 +35,11 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 EDGES = [
-    # site, node id, rate Mbit/s, loss, region, zone, security level, price/h, carbon g/kWh
-    ("lyon", "edge-lyon", 100.0, 0.0, "eu", "eu-fr", 3, 0.12, 60),
-    ("milan", "edge-milan", 20.0, 0.02, "eu", "eu-it", 2, 0.06, 250),
-    ("austin", "edge-austin", 50.0, 0.0, "us", "us-tx", 2, 0.04, 400),
-    ("osaka", "edge-osaka", 10.0, 0.05, "ap", "ap-jp", 1, 0.03, 450),
+    # site, node id, rate Mbit/s, loss, one-way delay ms, region, zone, security, price/h, gCO2/kWh
+    ("lyon", "edge-lyon", 100.0, 0.0, 1.0, "eu", "eu-fr", 3, 0.12, 60),
+    ("milan", "edge-milan", 20.0, 0.02, 4.0, "eu", "eu-it", 2, 0.06, 250),
+    ("austin", "edge-austin", 50.0, 0.0, 20.0, "us", "us-tx", 2, 0.04, 400),
+    ("osaka", "edge-osaka", 10.0, 0.05, 45.0, "ap", "ap-jp", 1, 0.03, 450),
 ]
 
 WORKLOADS = [
@@ -52,7 +52,7 @@ WORKLOADS = [
                           "topologyKey": "kubernetes.io/hostname"}],
      "labels": {"app": "us-cache"}},
     {"name": "batch-report", "requests": {"cpu": "1"}, "costWeight": 5},
-    {"name": "near-lyon", "requests": {"cpu": "250m"}, "maxLatencyMs": 50,
+    {"name": "near-lyon", "requests": {"cpu": "250m"}, "maxLatencyMs": 30,
      "latencyTo": "edge-lyon"},
     {"name": "secret-ml", "requests": {"cpu": "500m"}, "minSecurityLevel": 4},
 ]
@@ -70,7 +70,7 @@ def _logfile(path: Path) -> Any:
 
 def registry_yaml() -> str:
     lines = ["nodes:"]
-    for _site, node, _r, _l, region, zone, sec, price, carbon in EDGES:
+    for _site, node, _r, _l, _d, region, zone, sec, price, carbon in EDGES:
         lines.append(
             f"  - {{name: {node}, region: {region}, zone: {zone}, security_level: {sec}, "
             f"price_per_hour: {price}, energy_price_per_kwh: 0.2, carbon_g_per_kwh: {carbon}, "
@@ -114,7 +114,9 @@ def render(c: ConsoleClient) -> str:
 
 
 def run(duration_s: float, work: Path) -> int:
-    sites = [SiteSpec("cloud")] + [SiteSpec(s, rate_mbit=r, loss=lo) for s, _n, r, lo, *_ in EDGES]
+    sites = [SiteSpec("cloud")] + [
+        SiteSpec(s, rate_mbit=r, loss=lo, delay_ms=d) for s, _n, r, lo, d, *_ in EDGES
+    ]
     procs: list[subprocess.Popen[Any]] = []
     say(f"work directory {work}")
     with Lab(sites, prefix="demo") as lab:
@@ -155,7 +157,7 @@ def run(duration_s: float, work: Path) -> int:
                                        cwd=str(REPO), stderr=subprocess.DEVNULL))
                 procs.append(lab.popen(site, [
                     sys.executable, "-m", "tools.traffic", "send", lab.addr(nxt), "--port", "5201",
-                    "--rate-mbit", "8", "--duration", str(duration_s), "--max-mb", "400",
+                    "--rate-mbit", "2", "--duration", str(duration_s), "--max-mb", "100",
                 ], cwd=str(REPO), stderr=subprocess.DEVNULL))
             op = broker.add_account("demo", "operator")
             settings = MqttSettings(host=broker.host, port=broker.port, username="demo",
