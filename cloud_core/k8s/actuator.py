@@ -24,9 +24,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable, SpecError
@@ -114,7 +115,13 @@ class ActuatorStats:
     batches: int = 0
     alerts: int = 0
     replaced: int = 0
-    bound_pods: list[str] = field(default_factory=list)
+    bound_pods: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
+
+
+def _with_allocation(snap: ClusterSnapshot, node: str, req: Resources) -> ClusterSnapshot:
+    nodes = tuple(replace(n, allocated=n.allocated + req) if n.name == node else n
+                  for n in snap.nodes)
+    return replace(snap, nodes=nodes)
 
 
 def _pod_requests(w: Workload | None) -> Resources:
@@ -147,6 +154,8 @@ class Actuator:
         self._workloads: dict[str, Workload | None] = {}  # pod uid → parsed workload
         self._generation = 0  # bumped on every cluster change that may free room
         self._pending_changes: list[LabelChange] = []
+        self._alerted: set[str] = set()  # pod uids already reported as violating
+        self._to_replace: dict[str, JSON] = {}  # pod uid → pod whose re-placement must finish
         self._pool = ThreadPoolExecutor(self.config.bind_workers, thread_name_prefix="bind")
         self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods")
         self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes")
@@ -195,12 +204,17 @@ class Actuator:
                 uid = str((obj.get("metadata") or {}).get("uid"))
                 self._workloads.pop(uid, None)
                 self._last_failure.pop(uid, None)
+                self._alerted.discard(uid)
                 self._generation += 1
             elif spec.get("nodeName") and key in self._assumed:
                 del self._assumed[key]  # the informer caught up with our binding
         if kind == "DELETED" or (spec.get("schedulerName") == self.config.scheduler_name
                                  and not spec.get("nodeName")):
             self._wake.set()
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
 
     # -- state views ---------------------------------------------------------------------------
     def _workload(self, pod: JSON) -> Workload | None:
@@ -302,7 +316,7 @@ class Actuator:
                 if more:
                     self._wake.set()
             except KubeUnavailable as e:
-                self.stats.unavailable += 1
+                self._count("unavailable")
                 log.info("API server unavailable (%s); retry in %.1fs", e, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.config.unavailable_backoff_max_s)
@@ -317,7 +331,7 @@ class Actuator:
         pods = self.pending()
         if not pods:
             return False
-        self.stats.batches += 1
+        self._count("batches")
         with self._lock:
             gen = self._generation
         by_uid: dict[str, JSON] = {}
@@ -336,7 +350,13 @@ class Actuator:
         if not workloads:
             return False
         snap = self.snapshot()
-        out = run_engine(snap, workloads, self.config.engine_config)
+        try:
+            out = run_engine(snap, workloads, self.config.engine_config)
+        except Exception:
+            # One bad workload must not block the whole batch: place them one by one, and
+            # report the ones the engine chokes on.
+            log.exception("placing a batch of %d failed; placing one by one", len(workloads))
+            out = self._place_singly(snap, workloads, by_uid, gen)
         if not self.is_leader():
             return False  # lost the lease while computing: the new leader redoes this batch
         wl = {w.uid: w for w in workloads}
@@ -351,6 +371,23 @@ class Actuator:
                 raise err
         return len(pods) >= self.config.max_batch
 
+    def _place_singly(self, snap: ClusterSnapshot, workloads: list[Workload],
+                      by_uid: dict[str, JSON], gen: int) -> EngineOutcome:
+        assignments: dict[str, str] = {}
+        failures: dict[str, str] = {}
+        for w in workloads:
+            try:
+                one = run_engine(snap, [w], self.config.engine_config)
+            except Exception as e:
+                self._unschedulable_now(by_uid[w.uid], gen,
+                                        f"placement engine error: {type(e).__name__}: {e}")
+                continue
+            assignments.update(one.assignments)
+            failures.update(one.failures)
+            for node in one.assignments.values():  # account it before the next one
+                snap = _with_allocation(snap, node, w.requests)
+        return EngineOutcome(assignments, failures, {})
+
     def _unschedulable_now(self, pod: JSON, gen: int, message: str) -> None:
         md = pod.get("metadata") or {}
         uid = str(md.get("uid"))
@@ -360,7 +397,7 @@ class Actuator:
             self._last_failure[uid] = message
         if repeat:
             return
-        self.stats.failed_scheduling += 1
+        self._count("failed_scheduling")
         try:
             self.client.emit_event(pod, reason="FailedScheduling", message=message,
                                    event_type="Warning", instance=self.config.identity)
@@ -378,7 +415,7 @@ class Actuator:
         try:
             self.client.bind_pod(ns, name, uid, node)
         except KubeConflict:
-            self.stats.conflicts += 1
+            self._count("conflicts")
             self._after_conflict(pod, w)
             return
         except KubeNotFound:
@@ -386,8 +423,9 @@ class Actuator:
         with self._lock:
             self._assumed[key] = (node, time.monotonic(), w)
             self._unschedulable.pop(key, None)
-        self.stats.bound += 1
-        self.stats.bound_pods.append(key)
+        self._count("bound")
+        with self._lock:
+            self.stats.bound_pods.append(key)
         if self.on_bound is not None:
             self.on_bound(key, node)
         try:
@@ -406,7 +444,7 @@ class Actuator:
             return
         node = (live.get("spec") or {}).get("nodeName")
         if node and (live.get("metadata") or {}).get("uid") == md.get("uid"):
-            self.stats.already_bound += 1  # an earlier attempt (or another replica) won
+            self._count("already_bound")  # an earlier attempt (or another replica) won
             with self._lock:
                 self._assumed[key] = (str(node), time.monotonic(), w)
 
@@ -414,15 +452,14 @@ class Actuator:
     def _handle_label_changes(self) -> None:
         with self._lock:
             changes, self._pending_changes = self._pending_changes, []
-        if not changes:
-            return
         nodes = {c.node for c in changes}
-        for pod in self.pods.items():
+        for pod in self.pods.items() if nodes else []:
             spec = pod.get("spec") or {}
             node = spec.get("nodeName")
+            md = pod.get("metadata") or {}
             if node not in nodes or spec.get("schedulerName") != self.config.scheduler_name:
                 continue
-            if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            if md.get("deletionTimestamp") or str(md.get("uid")) in self._alerted:
                 continue
             w = self._workload(pod)
             if w is None:
@@ -430,16 +467,26 @@ class Actuator:
             snap = self.snapshot(exclude=frozenset({w.uid}))
             problems = validate_binding(snap, w, str(node), self.config.engine_config)
             if problems:
-                self._alert_and_replace(pod, str(node), problems,
-                                        [c for c in changes if c.node == node])
+                self._alert(pod, str(node), problems, [c for c in changes if c.node == node])
+                if self.config.replace_on_violation:
+                    self._to_replace[str(md.get("uid"))] = pod
+        for uid, pod in list(self._to_replace.items()):
+            try:
+                self._replace(pod)
+            except KubeNotFound:
+                pass
+            except KubeError as err:  # retried on the next round (PDB said no, server down)
+                log.info("re-placing %s failed, will retry: %s", obj_key(pod), err)
+                continue
+            del self._to_replace[uid]
 
-    def _alert_and_replace(self, pod: JSON, node: str, problems: list[str],
-                           changes: list[LabelChange]) -> None:
-        md = pod.get("metadata") or {}
+    def _alert(self, pod: JSON, node: str, problems: list[str],
+               changes: list[LabelChange]) -> None:
         key = obj_key(pod)
+        self._alerted.add(str((pod.get("metadata") or {}).get("uid")))
         what = ", ".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)
         msg = f"node {node} changed ({what}); pod no longer fits: {'; '.join(problems)}"
-        self.stats.alerts += 1
+        self._count("alerts")
         alert = {"kind": "constraint-violation", "pod": key, "node": node, "problems": problems,
                  "changes": [c.__dict__ for c in changes]}
         if self.on_alert is not None:
@@ -449,19 +496,21 @@ class Actuator:
                                    event_type="Warning", instance=self.config.identity)
         except KubeError as err:
             log.warning("alert event for %s lost: %s", key, err)
-        if not self.config.replace_on_violation:
-            return
+
+    def _replace(self, pod: JSON) -> None:
+        """Evict ``pod``; for a bare pod, create its unbound replacement (idempotent)."""
+        md = pod.get("metadata") or {}
+        key = obj_key(pod)
         ns, name = str(md.get("namespace")), str(md.get("name"))
-        has_controller = any(o.get("controller") for o in md.get("ownerReferences") or [])
-        try:
-            self.client.create(f"/api/v1/namespaces/{ns}/pods/{name}/eviction", {
-                "apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": name, "namespace": ns}})
-        except KubeNotFound:
+        self.client.create(f"/api/v1/namespaces/{ns}/pods/{name}/eviction", {
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns}})
+        if any(o.get("controller") for o in md.get("ownerReferences") or []):
+            self._count("replaced")  # its controller recreates it pending; we place that one
             return
-        if has_controller:
-            self.stats.replaced += 1  # its controller recreates it pending; we place that one
-            return
+        live = self.client.list(f"/api/v1/namespaces/{ns}/pods")[0]
+        if any((p["metadata"].get("annotations") or {}).get(REPLACES) == key for p in live):
+            return  # an earlier round created it
         clone = {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": f"{name.split('--')[0]}--", "namespace": ns,
@@ -470,4 +519,4 @@ class Actuator:
             "spec": {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"},
         }
         self.client.create(f"/api/v1/namespaces/{ns}/pods", clone)
-        self.stats.replaced += 1
+        self._count("replaced")

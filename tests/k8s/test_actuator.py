@@ -79,11 +79,12 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
         "huge-0": {"cpu": "16"},
         "huge-1": {"cpu": "16"},
         "topsecret-0": {"annotations": {"cfnet.io/min-security-level": "5"}},
+        "badspec-0": {"annotations": {"cfnet.io/min-security-level": "high"}},
     }
     for name, kw in unplaceable.items():
         cluster.pod(name, **kw)
 
-    wait_for(lambda: len(bound(cluster)) >= 200, timeout=120, what="200 bindings")
+    wait_for(lambda: len(bound(cluster)) >= 200, timeout=240, what="200 bindings")
     wait_for(lambda: len({e["involvedObject"]["name"]
                           for e in cluster.events("FailedScheduling")}) >= len(unplaceable),
              timeout=30, what="FailedScheduling events")
@@ -114,6 +115,7 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
         assert "residency" in failed[name] and failed[name].startswith("0/50 nodes fit")
     assert "cpu" in failed["huge-0"]
     assert "security" in failed["topsecret-0"]
+    assert failed["badspec-0"].startswith("invalid workload spec") and "high" in failed["badspec-0"]
     assert actuator.stats.bound == 200
 
 
