@@ -50,6 +50,14 @@ class ReportBuffer:
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            # Keep the write-ahead log in proportion to the bound: by default
+            # SQLite lets it reach 1000 pages (~4 MiB) and never shrinks it, so a
+            # 32 KiB buffer took 4 MiB of disk. Checkpoint after about max_bytes
+            # of log (16..1000 pages) and truncate the log file back to that.
+            page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+            wal_pages = max(16, min(1000, max_bytes // page))
+            self._db.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
+            self._db.execute(f"PRAGMA journal_size_limit={wal_pages * page}")
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS reports (id INTEGER PRIMARY KEY AUTOINCREMENT,"
                 " seq INTEGER NOT NULL, ts REAL NOT NULL, size INTEGER NOT NULL,"

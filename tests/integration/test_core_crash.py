@@ -37,7 +37,10 @@ N_WORKLOADS = 40
 
 
 def db_rows(db: Path, q: str) -> list[tuple[Any, ...]]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    except sqlite3.OperationalError:  # not created yet
+        return []
     try:
         return con.execute(q).fetchall()
     except sqlite3.OperationalError:  # not created yet
