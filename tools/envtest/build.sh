@@ -34,13 +34,14 @@ fi
 log() { printf '[envtest-build %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 command -v go >/dev/null || { log "go not found on PATH"; exit 2; }
 
-# go build -v prints one line per package it compiles; number them so progress is visible.
+# go build -v prints one line per package it compiles; count them so progress is visible,
+# and pass anything else (errors: "file.go:1:2: ...", "# pkg", "go: ...") through whole.
 progress() {
   local what="$1" n=0 line
   while IFS= read -r line; do
     n=$((n + 1))
-    if [[ "$line" == *:* || "$line" == *rror* ]]; then
-      printf '[%s] %s\n' "$what" "$line" >&2
+    if [[ "$line" == *.go:* || "$line" == "#"* || "$line" == go:* || "$line" == *" "* ]]; then
+      printf '[%s] %s\n' "$what" "$line" >&2  # compiler or go command output, not a package
     elif (( n % 25 == 0 )); then
       printf '[%s] %d packages compiled (last: %s)\n' "$what" "$n" "$line" >&2
     fi
@@ -99,10 +100,11 @@ GO
   ld+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
   ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
   ld+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
-  log "compiling kube-apiserver $K8S_VERSION (-p $JOBS; about 1700 packages, long on 2 cores)"
-  go build -p "$JOBS" -trimpath -ldflags "$ld" -v -o "$bin.tmp" k8s.io/kubernetes/cmd/kube-apiserver \
-    2>&1 | progress kube-apiserver
-  [[ ${PIPESTATUS[0]} -eq 0 && -x "$bin.tmp" ]] || { log "kube-apiserver build failed"; exit 1; }
+  log "compiling kube-apiserver $K8S_VERSION (-p $JOBS; about 1720 packages: 4-15 min on 2 cores)"
+  if ! go build -p "$JOBS" -trimpath -ldflags "$ld" -v -o "$bin.tmp" \
+      k8s.io/kubernetes/cmd/kube-apiserver 2>&1 | progress kube-apiserver || [[ ! -x "$bin.tmp" ]]; then
+    log "kube-apiserver build failed (output above)"; exit 1
+  fi
   mv "$bin.tmp" "$bin"
   log "kube-apiserver built in $((SECONDS - t0)) s: $bin"
 }
@@ -139,8 +141,10 @@ GO
   log "resolving etcd $ETCD_VERSION module graph"
   go mod tidy 2>&1 | grep -v '^go: finding\|^go: downloading' >&2 || true
   log "compiling etcd $ETCD_VERSION"
-  go build -p "$JOBS" -trimpath -ldflags "-s -w" -v -o "$bin.tmp" . 2>&1 | progress etcd
-  [[ ${PIPESTATUS[0]} -eq 0 && -x "$bin.tmp" ]] || { log "etcd build failed"; exit 1; }
+  if ! go build -p "$JOBS" -trimpath -ldflags "-s -w" -v -o "$bin.tmp" . 2>&1 | progress etcd \
+      || [[ ! -x "$bin.tmp" ]]; then
+    log "etcd build failed (output above)"; exit 1
+  fi
   mv "$bin.tmp" "$bin"
   log "etcd built in $((SECONDS - t0)) s: $bin"
 }
