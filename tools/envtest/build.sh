@@ -149,6 +149,13 @@ GO
   log "etcd built in $((SECONDS - t0)) s: $bin"
 }
 
+# Two test sessions may start at once: one builds, the other waits and then finds the binaries.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.build.lock"
+if ! flock -n 9; then
+  log "another build holds $CACHE/.build.lock; waiting for it"
+  flock 9
+fi
 T0=$SECONDS
 build_etcd
 build_apiserver
