@@ -153,7 +153,10 @@ def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]
         if math.isfinite(p95):
             h = Holt(p95) if h is None else h.update(p95, cfg.alpha, cfg.beta)
             lat[key] = h
-        ahead = h.forecast(cfg.horizon) if h is not None else math.inf
+        if cfg.horizon <= 0:
+            ahead = p95  # forecasts off: act on measurements only
+        else:
+            ahead = h.forecast(cfg.horizon) if h is not None else math.inf
         if not math.isfinite(p95) or p95 > sla or ahead > sla:
             strikes[w.uid] = strikes.get(w.uid, 0) + 1
         elif p95 <= cfg.clear_ratio * sla and ahead <= cfg.clear_ratio * sla:
