@@ -1,8 +1,9 @@
 """Network lab: sites as network namespaces around one router namespace.
 
-Each site ``s`` gets a namespace ``<prefix>-<s>`` with ``eth0`` (10.B.i.2/24,
-default route via the router) joined by a veth pair to the router namespace
-``<prefix>-rt`` (``s<i>``, 10.B.i.1/24, IPv4 forwarding on). Per site:
+Each site ``s`` gets a namespace ``<prefix>-<s>`` with ``eth0`` (10.B.i.2/24
+and fd00:cf:B:i::2/64, default routes via the router) joined by a veth pair to
+the router namespace ``<prefix>-rt`` (``s<i>``, 10.B.i.1/24, fd00:cf:B:i::1/64,
+forwarding on). Per site:
 
 - ``rate_mbit``: ``tc tbf`` on both ends of the site's veth (both directions);
 - ``loss``: nftables random drop in the router's *forward* chain for packets
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import heapq
+import ipaddress
 import json
 import logging
 import os
@@ -177,6 +179,13 @@ class Lab:
     def addr(self, site: str) -> str:
         return f"10.{self._net}.{self._index[self._site(site)]}.2"
 
+    def addr6(self, site: str) -> str:
+        """The site's IPv6 address (fd00:cf:B:i::2/64)."""
+        return f"fd00:cf:{self._net}:{self._index[self._site(site)]}::2"
+
+    def gateway6(self, site: str) -> str:
+        return f"fd00:cf:{self._net}:{self._index[self._site(site)]}::1"
+
     def gateway(self, site: str) -> str:
         return f"10.{self._net}.{self._index[self._site(site)]}.1"
 
@@ -211,7 +220,8 @@ class Lab:
         r = self.router
         _run(["ip", "netns", "add", r])
         _run(["ip", "-n", r, "link", "set", "lo", "up"])
-        _run(["ip", "netns", "exec", r, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+        _run(["ip", "netns", "exec", r, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
+              "net.ipv6.conf.all.forwarding=1"])
         for name in self._sites:
             ns, rif = self.ns(name), self.router_if(name)
             _run(["ip", "netns", "add", ns])
@@ -229,6 +239,12 @@ class Lab:
             _run(["ip", "-n", r, "link", "set", rif, "gso_max_segs", "1"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", ns, "route", "add", "default", "via", self.gateway(name)])
+            # nodad: usable at once instead of after ~2 s of duplicate detection.
+            _run(["ip", "-n", r, "addr", "add", f"{self.gateway6(name)}/64", "dev", rif,
+                  "nodad"])
+            _run(["ip", "-n", ns, "addr", "add", f"{self.addr6(name)}/64", "dev", "eth0",
+                  "nodad"])
+            _run(["ip", "-n", ns, "-6", "route", "add", "default", "via", self.gateway6(name)])
             self._apply_qdisc(name)
         self._apply_nft()
         self._apply_delay()
@@ -276,6 +292,8 @@ class Lab:
         # The site's default route went with the carrier; put it back.
         _run(["ip", "-n", self.ns(site), "route", "replace", "default", "via",
               self.gateway(site)])
+        _run(["ip", "-n", self.ns(site), "-6", "route", "replace", "default", "via",
+              self.gateway6(site)])
 
     def _apply_qdisc(self, site: str) -> None:
         spec = self.spec(site)
@@ -295,7 +313,8 @@ class Lab:
         return DELAY_DIR / f"{self.prefix}.json"
 
     def _apply_delay(self) -> None:
-        delayed = {self.addr(n): s.delay_ms for n, s in self._sites.items() if s.delay_ms > 0}
+        delayed = {a: s.delay_ms for n, s in self._sites.items() if s.delay_ms > 0
+                   for a in (self.addr(n), self.addr6(n))}
         if delayed and not delay_supported():
             raise LabError("delay needs /dev/net/tun (no netem or fq in this kernel either)")
         if not delayed and self._delayline is None:
@@ -315,11 +334,12 @@ class Lab:
         want = set(delayed)
         for addr in self._delay_rules - want:
             for sel in ("from", "to"):
-                _run(["ip", "-n", r, "rule", "del", sel, addr, "lookup", DELAY_TABLE], check=False)
+                _run(["ip", "-n", r, _fam(addr), "rule", "del", sel, addr, "lookup",
+                      DELAY_TABLE], check=False)
         for addr in want - self._delay_rules:
             for sel in ("from", "to"):
-                _run(["ip", "-n", r, "rule", "add", sel, addr, "lookup", DELAY_TABLE,
-                      "priority", "200"])
+                _run(["ip", "-n", r, _fam(addr), "rule", "add", sel, addr, "lookup",
+                      DELAY_TABLE, "priority", "200"])
         self._delay_rules = want
 
     def _start_delayline(self) -> None:
@@ -342,12 +362,13 @@ class Lab:
         for conf in ("all", DELAY_TUN):
             _run(["ip", "netns", "exec", r, "sysctl", "-q", "-w",
                   f"net.ipv4.conf.{conf}.rp_filter=0"])
-        _run(["ip", "-n", r, "route", "replace", "default", "dev", DELAY_TUN,
-              "table", DELAY_TABLE])
-        # Packets coming back out of the delay line use the main table;
-        # otherwise "to <delayed site>" would send them round again.
-        _run(["ip", "-n", r, "rule", "add", "iif", DELAY_TUN, "lookup", "main",
-              "priority", "100"])
+        for fam in ("-4", "-6"):
+            _run(["ip", "-n", r, fam, "route", "replace", "default", "dev", DELAY_TUN,
+                  "table", DELAY_TABLE])
+            # Packets coming back out of the delay line use the main table;
+            # otherwise "to <delayed site>" would send them round again.
+            _run(["ip", "-n", r, fam, "rule", "add", "iif", DELAY_TUN, "lookup", "main",
+                  "priority", "100"])
 
     def _await_delay_gen(self) -> None:
         """Block until the delay line says it runs with the config just written."""
@@ -424,10 +445,15 @@ class Lab:
             "prefix": self.prefix,
             "up": self._is_up,
             "namespaces": list_namespaces(self.prefix),
-            "sites": {n: {"ns": self.ns(n), "addr": self.addr(n), "rate_mbit": s.rate_mbit,
+            "sites": {n: {"ns": self.ns(n), "addr": self.addr(n), "addr6": self.addr6(n),
+                          "rate_mbit": s.rate_mbit,
                           "loss": s.loss, "delay_ms": s.delay_ms}
                       for n, s in self._sites.items()},
         }
+
+
+def _fam(addr: str) -> str:
+    return "-6" if ":" in addr else "-4"
 
 
 def _check_params(rate: float | None, loss: float, delay: float) -> None:
@@ -454,7 +480,9 @@ def tcp_info_rtt_us(sock: socket.socket) -> int:
 def serve(port: int, mode: str, seconds: float, max_conns: int = 64) -> None:
     """Accept connections for ``seconds``; discard (sink) or echo what arrives."""
     deadline = time.monotonic() + seconds
-    srv = socket.create_server(("0.0.0.0", port), reuse_port=True)
+    # Dual-stack: IPv4 and IPv6 clients alike.
+    srv = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True,
+                               reuse_port=True)
     srv.settimeout(0.2)
     threads: list[threading.Thread] = []
 
@@ -560,7 +588,7 @@ MAX_QUEUED = 50_000
 
 
 def delayline(tun: str, config: Path) -> None:
-    """Hold every IPv4 packet read from TUN ``tun`` for d(src) + d(dst), then write it back.
+    """Hold every packet read from TUN ``tun`` for d(src) + d(dst), then write it back.
 
     Delays come from ``config`` ({"addr": ms}) and are reread when it changes;
     the line exits when the file disappears (the lab is gone) and queues at
@@ -588,7 +616,7 @@ def delayline(tun: str, config: Path) -> None:
                 mtime = m
                 with contextlib.suppress(ValueError, OSError, KeyError):
                     cfg = json.loads(config.read_text())
-                    delays = {socket.inet_aton(a): int(float(ms) * 1e6)
+                    delays = {ipaddress.ip_address(a).packed: int(float(ms) * 1e6)
                               for a, ms in cfg["delays"].items()}
                     with contextlib.suppress(OSError):  # the lab process may be gone
                         print(f"applied {cfg['gen']}", flush=True)
@@ -601,10 +629,14 @@ def delayline(tun: str, config: Path) -> None:
                     pkt = os.read(fd, 65536)
                 except BlockingIOError:
                     break
-                if len(pkt) < 20 or pkt[0] >> 4 != 4:
-                    os.write(fd, pkt)  # not IPv4: no delay
+                version = pkt[0] >> 4 if pkt else 0
+                if version == 4 and len(pkt) >= 20:
+                    d = delays.get(pkt[12:16], 0) + delays.get(pkt[16:20], 0)
+                elif version == 6 and len(pkt) >= 40:
+                    d = delays.get(pkt[8:24], 0) + delays.get(pkt[24:40], 0)
+                else:
+                    os.write(fd, pkt)  # nothing we can route on: pass it through
                     continue
-                d = delays.get(pkt[12:16], 0) + delays.get(pkt[16:20], 0)
                 if len(heap) < MAX_QUEUED:
                     seq += 1
                     heapq.heappush(heap, (time.monotonic_ns() + d, seq, pkt))

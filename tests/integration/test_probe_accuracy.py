@@ -54,7 +54,7 @@ def _ebpf(lab: Lab) -> LinkProbe:
     from edge_agent.probes.ebpf import EbpfProbe
 
     try:
-        return EbpfProbe(local_addrs=(lab.addr("a"),))
+        return EbpfProbe(local_addrs=(lab.addr("a"), lab.addr6("a")))
     except ProbeError as exc:
         pytest.skip(f"eBPF unavailable: {exc}")
 
@@ -111,19 +111,21 @@ def _finish(*procs: subprocess.Popen[str]) -> None:
 
 
 @probe_param
+@pytest.mark.parametrize("family", ["ipv4", "ipv6"])
 def test_rtt_matches_tcp_info(lab: Lab, make_probe: Callable[[str], LinkProbe],
-                              probe_name: str) -> None:
+                              probe_name: str, family: str) -> None:
     probe = make_probe(probe_name)
+    peer = lab.addr("b") if family == "ipv4" else lab.addr6("b")
     delayed = delay_supported()
     if delayed:
         lab.set_delay("b", DELAY_MS)  # RTT a<->b of a few ms, as between real sites
     try:
         srv = _server(lab, "b", 5002, "echo", 12)
         probe.collect()
-        cli = lab.popen("a", [PY, "-m", "tools.lab", "pingpong", lab.addr("b"), "--port",
+        cli = lab.popen("a", [PY, "-m", "tools.lab", "pingpong", peer, "--port",
                               "5002", "--seconds", "6", "--count", "5000", "--gap", "0.002"],
                         stdout=subprocess.PIPE, text=True)
-        samples = _intervals(probe, lab.addr("b"), 5)
+        samples = _intervals(probe, peer, 5)
         out, _ = cli.communicate(timeout=30)
         _finish(srv)
     finally:
@@ -133,7 +135,7 @@ def test_rtt_matches_tcp_info(lab: Lab, make_probe: Callable[[str], LinkProbe],
     got = [s.rtt_us.p50 for s in samples if s.rtt_us is not None]
     assert truth and len(got) >= 3, (truth[:5], samples)
     want, have = statistics.median(truth), statistics.median(got)
-    print(f"{probe_name}: rtt p50 {have:.0f} us vs tcp_info {want:.0f} us")
+    print(f"{probe_name}/{family}: rtt p50 {have:.0f} us vs tcp_info {want:.0f} us")
     assert abs(have - want) <= max(0.10 * want, 50.0), (have, want, got)
     if delayed:
         assert want >= 2 * DELAY_MS * 1000 * 0.95  # the delay line really was in the path
