@@ -18,7 +18,7 @@ from typing import IO, Any
 import pytest
 
 from cloud_core.k8s.client import KubeClient
-from cloud_core.k8s.leader import _parse_micro
+from cloud_core.k8s.leader import LeaderElector, _parse_micro
 from tests.k8s.conftest import ROOT, Cluster, wait_for
 from tools.envtest import ControlPlane
 
@@ -138,3 +138,31 @@ def test_leader_killed_mid_burst_hands_over(control_plane: ControlPlane, cluster
     finally:
         for r in replicas:
             r.stop()
+
+
+def test_three_candidates_one_leader_and_graceful_handover(
+        control_plane: ControlPlane, service_account_client: KubeClient) -> None:
+    """Racing writes on one Lease: never two leaders; a released lease is taken at once."""
+    els = [LeaderElector(service_account_client, "cfnet-system", "cfnet-core", f"cand-{i}",
+                         lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.3)
+           for i in range(3)]
+    for el in els:
+        el.start()
+    try:
+        leader = wait_for(lambda: [e for e in els if e.is_leader()], timeout=15,
+                          what="a leader")[0]
+        for _ in range(40):  # 2 s of samples while all three keep campaigning
+            assert sum(e.is_leader() for e in els) <= 1
+            time.sleep(0.05)
+        assert leader.is_leader()
+        leader.stop(release=True)  # SIGTERM path: holderIdentity cleared
+        rest = [e for e in els if e is not leader]
+        nxt = wait_for(lambda: [e for e in rest if e.is_leader()], timeout=10,
+                       what="the next leader")[0]
+        assert sum(e.is_leader() for e in rest) == 1
+        lease = service_account_client.get(
+            "/apis/coordination.k8s.io/v1/namespaces/cfnet-system/leases/cfnet-core")
+        assert lease["spec"]["holderIdentity"] == nxt.identity
+    finally:
+        for e in els:
+            e.stop(release=True)
