@@ -17,6 +17,7 @@ are measured here, in the same run, and printed as a table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import sys
@@ -73,14 +74,14 @@ def make_instance(n_nodes: int, n_pods: int, seed: int = 1, n_regions: int = 20,
             health = Health.SUSPECT
         elif x < 0.015:
             health = Health.CORDONED
-        base = 1.0 + 0.5 * ((ri * 7) % 5) / 4
+        price_scale = 1.0 + 0.5 * ((ri * 7) % 5) / 4
         nodes.append(NodeInfo(
             name=f"n{i:05d}", region=regions[ri], zone=zone,
             security_level=rnd.choices([0, 1, 2, 3], [4, 3, 2, 1])[0],
             labels={"cfnet.io/tier": "edge" if rnd.random() < 0.6 else "cloud"},
             taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),) if gpu else (),
             capacity=cap, allocated=alloc, health=health,
-            price_per_hour=round((3.0 if gpu else 0.8 if big else 0.4) * base
+            price_per_hour=round((3.0 if gpu else 0.8 if big else 0.4) * price_scale
                                  * rnd.uniform(0.95, 1.05), 4),
             energy_price_per_kwh=0.1 + 0.02 * (ri % 6),
             carbon_g_per_kwh=50 + 35 * ((ri * 11) % 20),
@@ -106,11 +107,11 @@ def make_instance(n_nodes: int, n_pods: int, seed: int = 1, n_regions: int = 20,
         spread = rnd.random() < 0.3
         zone_spread = spread and reps <= zones_per_region and rnd.random() < 0.3
         app = f"app{dep}"
-        anti = ()
+        anti: tuple[PodAffinityTerm, ...] = ()
         if spread:
             anti = (PodAffinityTerm(LabelSelector({"app": app}),
                                     ZONE if zone_spread else HOSTNAME),)
-        residency = frozenset()
+        residency: frozenset[str] = frozenset()
         if rnd.random() < 0.6:
             residency = frozenset({regions[home], regions[(home + 1) % n_regions]})
         sla = rnd.choice([None, None, 25.0, 40.0, 60.0])
@@ -129,9 +130,7 @@ def make_instance(n_nodes: int, n_pods: int, seed: int = 1, n_regions: int = 20,
             data_location=regions[home] if data_gb else None,
             cost_weight=rnd.choice([0.5, 1.0, 1.0, 2.0]), labels={"app": app})
         for k in range(reps):
-            kw = {f: getattr(base, f) for f in base.__dataclass_fields__}
-            kw.update(uid=f"{app}-{k}", name=f"{app}-{k}")
-            pods.append(Workload(**kw))
+            pods.append(dataclasses.replace(base, uid=f"{app}-{k}", name=f"{app}-{k}"))
     return ClusterSnapshot(tuple(nodes), links, now=1e9), pods
 
 
@@ -196,7 +195,7 @@ def lower_bound(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineConf
     groups: dict[object, list[Workload]] = {}
     for w in pods:
         groups.setdefault(class_key(w), []).append(w)
-    specs = []
+    specs: list[ClassSpec] = []
     for g in groups.values():
         w = g[0]
         frs = pc.filter_results(w)
@@ -284,7 +283,7 @@ def run_small(seed: int) -> None:
             frs = pc.filter_results(w)
             ok = np.logical_and.reduce([fr.ok for fr in frs])
             c = pc.cost(w)
-            feas.append({int(n): int(round(c[n] * scale)) for n in np.flatnonzero(ok)})
+            feas.append({int(n): round(c[n] * scale) for n in np.flatnonzero(ok)})
         conflicts = []
         for a, wa in enumerate(pods):
             for t in wa.pod_anti_affinity:

@@ -99,7 +99,7 @@ class PodIndex:
                 self.anti_other.append((p, t))
 
     def matching(self, term: PodAffinityTerm, owner_ns: str) -> list[RunningPod]:
-        out = []
+        out: list[RunningPod] = []
         for ns in term.namespaces or (owner_ns,):
             if term.selector.match_labels:
                 k, v = next(iter(term.selector.match_labels.items()))
@@ -212,7 +212,8 @@ class PreparedCluster:
         short = free < req
         # GPU first: the scarcest resource is the most useful reason
         labels = np.where(short[:, 2], 2, np.where(short[:, 0], 0, 1))
-        return FilterResult("resources", ~short.any(axis=1), labels, RESOURCE_NAMES)
+        return FilterResult("resources", np.asarray(~short.any(axis=1)), labels,
+                            RESOURCE_NAMES)
 
     def filter_results(self, w: Workload, free: np.ndarray | None = None
                        ) -> list[FilterResult]:
@@ -252,6 +253,34 @@ class PreparedCluster:
         stats: dict[str, float] = {}
         deferred_reason: dict[int, str] = {}
         base_static: dict[int, list[FilterResult]] = {}
+        def run_round(order: list[int], first_only: set[int]) -> int:
+            specs: list[ClassSpec] = []
+            for ci in order:
+                w = reps[ci]
+                frs = self.filter_results(w)
+                base_static[ci] = frs
+                count = len(members[ci]) - len(placed_nodes[ci])
+                specs.append(ClassSpec(count=1 if ci in first_only else count, req=_req(w),
+                                       mask=_all_ok(frs[:-1]), cost=self.cost(w),
+                                       gang=w.gang))
+            _set_conflicts([reps[ci] for ci in order], specs)
+            domains = {k: self.ix.domain_ids(k)[0] for s in specs for k in s.conflicts}
+            out = solve(specs, self.free, domains, self.cfg)
+            method.append(out.method)
+            for k, v in out.stats.items():
+                stats[k] = stats.get(k, 0.0) + v
+            placed = 0
+            for j, ci in enumerate(order):
+                for n in out.nodes[j]:
+                    w = members[ci][len(placed_nodes[ci])]
+                    placed_nodes[ci].append(n)
+                    self.free[n] -= specs[j].req
+                    self.pods.add(_as_running(w, self.ix.nodes[n].name))
+                    placed += 1
+                if ci not in first_only or not out.nodes[j]:
+                    pending.discard(ci)
+            return placed
+
         while pending:
             ready, first_pod_only = _ready(reps, pending, deps, self.pods)
             if not ready:
@@ -263,32 +292,18 @@ class PreparedCluster:
                         else "pod affinity: no matching pod can be placed")
                 break
             rounds += 1
-            order = sorted(ready)
-            specs: list[ClassSpec] = []
-            for ci in order:
-                w = reps[ci]
-                frs = self.filter_results(w)
-                base_static[ci] = frs
-                mask = _all_ok(frs[:-1])
-                count = len(members[ci]) - len(placed_nodes[ci])
-                if ci in first_pod_only:
-                    count = 1
-                specs.append(ClassSpec(count=count, req=_req(w), mask=mask, cost=self.cost(w),
-                                       gang=w.gang))
-            _set_conflicts([reps[ci] for ci in order], specs)
-            domains = {k: self.ix.domain_ids(k)[0] for s in specs for k in s.conflicts}
-            out = solve(specs, self.free, domains, self.cfg)
-            method.append(out.method)
-            for k, v in out.stats.items():
-                stats[k] = stats.get(k, 0.0) + v
-            for j, ci in enumerate(order):
-                for n in out.nodes[j]:
-                    w = members[ci][len(placed_nodes[ci])]
-                    placed_nodes[ci].append(n)
-                    self.free[n] -= specs[j].req
-                    self.pods.add(_as_running(w, self.ix.nodes[n].name))
-                if ci not in first_pod_only or not out.nodes[j]:
-                    pending.discard(ci)
+            run_round(sorted(ready), first_pod_only)
+        # Pods placed in later rounds may open domains for the pod affinity of classes
+        # placed earlier: give their leftovers another go until nothing changes.
+        for _ in range(3):
+            again = [ci for ci in range(nclass) if deps.get(ci) and reps[ci].gang is None
+                     and ci not in deferred_reason
+                     and len(placed_nodes[ci]) < len(members[ci])]
+            if not again:
+                break
+            rounds += 1
+            if run_round(again, set()) == 0:
+                break
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
         result = self._decide(reps, members, placed_nodes, base_static, deferred_reason,
@@ -314,8 +329,8 @@ class PreparedCluster:
             static_ok = _all_ok(frs)
             fit0 = int(static_ok.sum())
             cand = np.where(static_ok, cost, np.inf)
-            top = np.argsort(cand)[:2] if fit0 else np.array([], dtype=np.int64)
-            top = [int(i) for i in top if np.isfinite(cand[i])]
+            top = [int(i) for i in (np.argsort(cand)[:2] if fit0 else ())
+                   if np.isfinite(cand[i])]
             nodes = placed_nodes[ci]
             unplaced: Decision | None = None
             for j, m in enumerate(members[ci]):
@@ -449,35 +464,40 @@ def _ready(reps: list[Workload], pending: set[int],
            pods: PodIndex) -> tuple[set[int], set[int]]:
     """Classes placeable this round, and those that may only place their first pod.
 
-    A class waits while a pending class could satisfy its pod affinity. When everything
-    waits, a class whose unmet terms all select itself places its first pod anywhere (the
-    Kubernetes rule for the first pod of a self-affine group), which breaks the cycle.
+    A class waits while another pending class could satisfy its pod affinity (its pods may
+    open domains that running pods don't). When everything waits, a class that can go on
+    its own -- each waiting term has running matches or selects the class itself -- goes
+    first; if a term has no match at all, only its first pod is placed (the Kubernetes rule
+    for the first pod of a self-affine group), which breaks the cycle.
     Gangs move together: all their classes in one round, never first-pod-only.
     """
     ready: set[int] = set()
     first: set[int] = set()
-    self_only: list[int] = []
+    breakers: list[tuple[int, bool]] = []  # (class, first pod only)
     for ci in sorted(pending):
         w = reps[ci]
-        ok, only_first, selfish = True, False, True
+        ok, only_first, can_break = True, False, True
         for t, ms in deps.get(ci, []):
-            if pods.matching(t, w.namespace):
-                continue  # satisfiable by pods already running or placed in earlier rounds
+            running = bool(pods.matching(t, w.namespace))
             others = (ms - {ci}) & pending
-            if ci not in ms:
-                selfish = False
             if others:
-                ok = False  # wait for the classes that could satisfy it
-            elif ci in ms:
-                only_first = True
-            else:
-                ok = False  # nothing can ever satisfy it
+                ok = False
+                if not running:
+                    if ci in ms:
+                        only_first = True
+                    else:
+                        can_break = False
+            elif not running:
+                if ci in ms:
+                    only_first = True
+                else:
+                    ok = can_break = False  # nothing can ever satisfy it
         if ok:
             ready.add(ci)
             if only_first:
                 first.add(ci)
-        elif selfish:
-            self_only.append(ci)
+        elif can_break:
+            breakers.append((ci, only_first))
     gangs: dict[str, set[int]] = {}
     for ci in pending:
         if reps[ci].gang is not None:
@@ -486,7 +506,9 @@ def _ready(reps: list[Workload], pending: set[int],
         if not members <= ready or members & first:
             ready -= members
             first -= members
-    self_only = [ci for ci in self_only if reps[ci].gang is None]
-    if not ready and self_only:
-        ready, first = {self_only[0]}, {self_only[0]}
+    breakers = [(ci, f) for ci, f in breakers if reps[ci].gang is None]
+    if not ready and breakers:
+        ci, only_first = breakers[0]
+        ready = {ci}
+        first = {ci} if only_first else set()
     return ready, first

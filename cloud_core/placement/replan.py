@@ -138,25 +138,22 @@ def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]
     lat = {k: v for k, v in lat.items() if k in live}
     need: list[tuple[Workload, str, str]] = []
     for w, node in running:
-        i = ix.pos.get(node)
-        nd = ix.nodes[i] if i is not None else None
-        if nd is None or nd.health == Health.DOWN:
+        at = ix.pos.get(node)
+        if at is None or ix.nodes[at].health == Health.DOWN:
             need.append((w, node, "node down"))
             continue
         if w.max_latency_ms is None or w.latency_to is None:
             strikes.pop(w.uid, None)
             continue
         sla = w.max_latency_ms
-        p95 = float(ix.latency_to(w.latency_to)[i])
+        p95 = float(ix.latency_to(w.latency_to)[at])
         key = f"{node}->{w.latency_to}"
         h = lat.get(key)
         if math.isfinite(p95):
             h = Holt(p95) if h is None else h.update(p95, cfg.alpha, cfg.beta)
             lat[key] = h
-        if cfg.horizon <= 0:
-            ahead = p95  # forecasts off: act on measurements only
-        else:
-            ahead = h.forecast(cfg.horizon) if h is not None else math.inf
+        # horizon 0: forecasts off, act on measurements only
+        ahead = p95 if cfg.horizon <= 0 else h.forecast(cfg.horizon) if h else math.inf
         if not math.isfinite(p95) or p95 > sla or ahead > sla:
             strikes[w.uid] = strikes.get(w.uid, 0) + 1
         elif p95 <= cfg.clear_ratio * sla and ahead <= cfg.clear_ratio * sla:
@@ -176,8 +173,8 @@ def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]
         hot = [nd for nd, h in load.items() if h.forecast(1.0) > cfg.max_load]
         probes = []
         for w, node, _ in need:
-            sla = None if w.max_latency_ms is None else w.max_latency_ms * cfg.dest_ratio
-            probes.append(_avoiding(w, [node, *hot], sla))
+            dest_sla = None if w.max_latency_ms is None else w.max_latency_ms * cfg.dest_ratio
+            probes.append(_avoiding(w, [node, *hot], dest_sla))
         res = PreparedCluster(snap2, cfg.engine).place(probes)
         originals = [w for w, _, _ in need]
         chosen = {u: n for u, n in res.assignments.items()}

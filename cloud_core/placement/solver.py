@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from ortools.graph.python import min_cost_flow
@@ -437,7 +438,7 @@ def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str,
     got: list[list[int]] = [[] for _ in classes]
     for (ci, n), v in x.items():
         got[ci].extend([n] * int(s.value(v)))
-    return got, int(round(s.objective_value)), "optimal" if st == cp_model.OPTIMAL else "feasible"
+    return got, round(s.objective_value), "optimal" if st == cp_model.OPTIMAL else "feasible"
 
 
 # -- references for tests and the benchmark -------------------------------------------------
@@ -458,7 +459,7 @@ def solve_exact_pods(feasible: Sequence[Mapping[int, int]], req: Sequence[Sequen
     gangs; minimise cost + penalty x unplaced. ``feasible[p]`` maps node -> integer cost."""
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
-    obj = []
+    obj: list[Any] = []
     for p, nodes in enumerate(feasible):
         vs = []
         for n, cst in nodes.items():
@@ -488,11 +489,11 @@ def solve_exact_pods(feasible: Sequence[Mapping[int, int]], req: Sequence[Sequen
     s.parameters.max_time_in_seconds = time_limit_s
     s.parameters.num_workers = 1
     st = s.solve(m)
-    nodes = [-1] * len(feasible)
+    where = [-1] * len(feasible)
     for (p, n), v in x.items():
         if s.value(v):
-            nodes[p] = n
-    return ExactResult(st == cp_model.OPTIMAL, int(round(s.objective_value)), nodes)
+            where[p] = n
+    return ExactResult(st == cp_model.OPTIMAL, round(s.objective_value), where)
 
 
 def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: int,

@@ -4,6 +4,7 @@ plain YAML, parsed into ``Workload``. Every error names the field and the reason
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,7 +26,8 @@ from .model import (
 
 SCHEDULER_NAME = "cfnet-scheduler"
 GPU = "nvidia.com/gpu"
-CONTROLLERS = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "DaemonSet", "ReplicationController")
+CONTROLLERS = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "DaemonSet",
+               "ReplicationController")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 ANN = "cfnet.io/"
 
@@ -44,13 +46,10 @@ def parse_quantity(value: Any, field: str, kind: str) -> int:
         raise SpecError(field, f"{value!r} is not a quantity")
     num = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
     num *= _MEM_SUFFIX[m.group(3)]
-    if kind == "cpu":
-        out = num * 1000
-    else:
-        out = num
-    if kind == "count" and out != int(out):
+    if kind == "count" and num != int(num):
         raise SpecError(field, f"{value!r} must be a whole number")
-    return int(round(out)) if kind == "cpu" else int(out + 0.999999) if out % 1 else int(out)
+    # millicores round to the nearest; bytes round up, as Kubernetes does
+    return round(num * 1000) if kind == "cpu" else math.ceil(num)
 
 
 def _map(obj: Any, field: str) -> Mapping[str, Any]:
@@ -90,9 +89,8 @@ def _requirement(obj: Any, field: str) -> NodeSelectorRequirement:
         raise SpecError(f"{field}.values", f"{op} needs at least one value")
     if op in ("Exists", "DoesNotExist") and values:
         raise SpecError(f"{field}.values", f"{op} takes no values")
-    if op in ("Gt", "Lt"):
-        if len(values) != 1 or not values[0].lstrip("-").isdigit():
-            raise SpecError(f"{field}.values", f"{op} needs exactly one integer")
+    if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
+        raise SpecError(f"{field}.values", f"{op} needs exactly one integer")
     return NodeSelectorRequirement(key, op, values)
 
 
@@ -312,7 +310,8 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
     req = _map(doc.get("requests"), f"{where}requests")
     for k in req:
         if k not in ("cpu", "memory", GPU):
-            raise SpecError(f"{where}requests.{k}", "unknown resource (cpu, memory, nvidia.com/gpu)")
+            raise SpecError(f"{where}requests.{k}",
+                            "unknown resource (cpu, memory, nvidia.com/gpu)")
     res = Resources(
         parse_quantity(req["cpu"], f"{where}requests.cpu", "cpu") if "cpu" in req else 0,
         parse_quantity(req["memory"], f"{where}requests.memory", "mem") if "memory" in req else 0,

@@ -143,10 +143,10 @@ def _static(ctx: _Ctx, w: Workload, node: NodeInfo) -> list[tuple[str, str]]:
         for tol in w.tolerations:
             if tol.effect and tol.effect != taint.effect:
                 continue
-            if tol.operator == "Exists" and (not tol.key or tol.key == taint.key):
-                tolerated = True
-            elif tol.operator != "Exists" and tol.key == taint.key and tol.value == taint.value:
-                tolerated = True
+            exists = tol.operator == "Exists" and (not tol.key or tol.key == taint.key)
+            equal = (tol.operator != "Exists" and tol.key == taint.key
+                     and tol.value == taint.value)
+            tolerated = tolerated or exists or equal
         if not tolerated:
             out.append(("taints", f"untolerated {taint.key}={taint.value}:{taint.effect}"))
     if w.max_latency_ms is not None:
@@ -220,11 +220,11 @@ def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
     ctx = _Ctx(snapshot, config or EngineConfig())
     out: list[Violation] = []
     by_uid = {w.uid: w for w in workloads}
-    for uid, node in assignments.items():
+    for uid, name in assignments.items():
         if uid not in by_uid:
-            out.append(Violation(uid, node, "unknown_workload", "not in the batch"))
-        elif node not in ctx.nodes:
-            out.append(Violation(uid, node, "unknown_node", "no such node"))
+            out.append(Violation(uid, name, "unknown_workload", "not in the batch"))
+        elif name not in ctx.nodes:
+            out.append(Violation(uid, name, "unknown_node", "no such node"))
     placed = [w for w in workloads if assignments.get(w.uid) in ctx.nodes]
     pods = [_Pod(p.uid, p.namespace, p.labels, p.node, p.anti_affinity) for p in snapshot.pods]
     pods += [_Pod(w.uid, w.namespace, w.labels, assignments[w.uid], w.pod_anti_affinity)

@@ -214,7 +214,7 @@ def test_pod_affinity(running: list[tuple[str, str, tuple[PodAffinityTerm, ...]]
     pods = tuple(RunningPod(f"p{i}", f"p{i}", "default", nd, {"app": app}, Resources(),
                             anti) for i, (app, nd, anti) in enumerate(running))
     pc = PreparedCluster(snap(AFF_NODES, pods=pods))
-    frs = {f.name: f for f in pc.filter_results(wl("w", **w_kw))}  # type: ignore[arg-type]
+    frs = {f.name: f for f in pc.filter_results(wl("w", **w_kw))}
     names = [n.name for n in AFF_NODES]
     assert {names[i] for i in np.flatnonzero(frs["pod_affinity"].ok)} == want_aff
     assert {names[i] for i in np.flatnonzero(frs["pod_anti_affinity"].ok)} == want_anti

@@ -43,7 +43,7 @@ from cloud_core.placement.validate import nodes_that_fit
 REGIONS = ("r0", "r1", "r2")
 APPS = ("a", "b", "c")
 KEYS = (HOSTNAME, ZONE, REGION)
-PROFILE = settings(max_examples=300, deadline=None,
+PROFILE = settings(max_examples=1000, deadline=None,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -113,7 +113,7 @@ def batches(draw: Any, snap: ClusterSnapshot, max_pods: int = 12, affinity: bool
         sla = draw(st.sampled_from([None, None, 10.0, 20.0]))
         target = draw(st.sampled_from([*node_names, "user", "r1", "r0-x"]))
         selector = {"tier": "edge"} if draw(st.integers(0, 3)) == 0 else {}
-        affinity_terms = ()
+        affinity_terms: tuple[NodeSelectorTerm, ...] = ()
         if draw(st.integers(0, 4)) == 0:
             affinity_terms = (NodeSelectorTerm((NodeSelectorRequirement(
                 "tier", "NotIn", ("cloud",)),)),)
@@ -128,7 +128,7 @@ def batches(draw: Any, snap: ClusterSnapshot, max_pods: int = 12, affinity: bool
             data_gb=draw(st.sampled_from([0.0, 50.0])), data_location="r0",
             cost_weight=draw(st.sampled_from([0.5, 1.0])), labels={"app": app},
             gang=f"gang{g}" if gangs and draw(st.integers(0, 4)) == 0 else None)
-        out.extend(Workload(f"g{g}-{k}", f"g{g}-{k}", **base)  # type: ignore[arg-type]
+        out.extend(Workload(f"g{g}-{k}", f"g{g}-{k}", **base)
                    for k in range(reps))
     return out
 
@@ -158,6 +158,21 @@ def test_no_violations_and_true_reasons(inst: tuple[ClusterSnapshot, list[Worklo
             assert not any(x.uid in res.assignments for x in ws if x.gang == w.gang)
             continue
         assert nodes_that_fit(snap, ws, res.assignments, w) == [], (d, res.assignments)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(instances(max_nodes=60, max_pods=120))
+def test_larger_batches_stay_sound(inst: tuple[ClusterSnapshot, list[Workload]]) -> None:
+    """Bigger batches exercise arc pruning, residual flow rounds and the fill."""
+    snap, ws = inst
+    cfg = EngineConfig(flow_min_arcs=4, flow_arc_slack=1.0, cpsat_max_arcs=0)
+    res = place(snap, ws, cfg)
+    assert validate(snap, ws, res.assignments, cfg) == []
+    by_uid = {w.uid: w for w in ws}
+    for d in res.unplaced[:5]:
+        w = by_uid[d.workload_uid]
+        if w.gang is None:
+            assert nodes_that_fit(snap, ws, res.assignments, w, cfg) == []
 
 
 def _reference(snap: ClusterSnapshot, ws: list[Workload], cfg: EngineConfig
@@ -201,7 +216,7 @@ def _engine_cost(snap: ClusterSnapshot, ws: list[Workload], assign: dict[str, st
                for w in ws if w.uid in assign)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(instances(affinity=False, max_nodes=6, max_pods=8))
 def test_small_instances_match_cpsat_optimum(inst: tuple[ClusterSnapshot, list[Workload]]
                                              ) -> None:
@@ -215,7 +230,7 @@ def test_small_instances_match_cpsat_optimum(inst: tuple[ClusterSnapshot, list[W
     assert _engine_cost(snap, ws, dict(res.assignments), cfg) == cost
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(instances(affinity=False, gangs=False, shapes=False, max_nodes=8, max_pods=10,
                  running=False))
 def test_min_cost_flow_is_exact_when_constraints_decompose(

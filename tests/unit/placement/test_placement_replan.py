@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import pytest
 from placement_helpers import node, snap, wl
 
 from cloud_core.placement import (
+    ClusterSnapshot,
     Health,
     LinkInfo,
     ReplanConfig,
@@ -25,7 +27,8 @@ W = wl("w", max_latency_ms=50.0, latency_to="user")
 
 
 def cluster(p95_a: float, p95_b: float = 10.0, now: float = 1000.0, health_a: Health =
-            Health.ONLINE, extra: dict[tuple[str, str], LinkInfo] | None = None):  # noqa: ANN201
+            Health.ONLINE, extra: dict[tuple[str, str], LinkInfo] | None = None
+            ) -> ClusterSnapshot:
     nodes = [node("a", health=health_a), node("b", price_per_hour=2.0)]
     links = {("a", "user"): LinkInfo(p95_a / 2, p95_a), ("b", "user"): LinkInfo(5, p95_b)}
     links |= extra or {}
@@ -33,7 +36,7 @@ def cluster(p95_a: float, p95_b: float = 10.0, now: float = 1000.0, health_a: He
     return snap(nodes, links, pods=pods, now=now)
 
 
-def run(seq: list[float], cfg: ReplanConfig = CFG, p95_b: float = 10.0,
+def run(seq: Sequence[float], cfg: ReplanConfig = CFG, p95_b: float = 10.0,
         dt: float = 60.0) -> list[list[tuple[str, str, str]]]:
     state = ReplanState()
     out = []
@@ -66,7 +69,7 @@ def test_forecast_acts_before_the_sla_breaks() -> None:
     seq = [10, 20, 30, 40, 44, 46, 48, 49]
     got = run(seq)
     first = next(i for i, m in enumerate(got) if m)
-    assert seq[first] < W.max_latency_ms  # type: ignore[operator]
+    assert W.max_latency_ms is not None and seq[first] < W.max_latency_ms
     assert "forecast" in got[first][0][2]
 
 
