@@ -12,15 +12,15 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from cloud_core.registry import parse_registry
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import MqttSettings
-from edge_agent.wire import parse_report, parse_status
+from edge_agent.mqtt import MqttClient, MqttSettings
+from edge_agent.wire import parse_report, parse_status, telemetry_topic
 from tests.integration.helpers import settings, wait_for
 from tools.broker import Broker
 from tools.simulate import (
@@ -207,3 +207,56 @@ def test_two_replicas_in_a_share_group_split_the_fleet(
     assert seen_a | seen_b == names
     assert leader.ingest.counters().rejected_total == 0
     assert follower.ingest.counters().rejected_total == 0
+
+
+# ---------------------------------------------------------------------------- bridge
+
+BRIDGE_CONF = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "bridge.conf"
+
+
+def render_bridge(central: Broker, user: str, password: str) -> str:
+    """The shipped bridge.conf pointed at ``central`` (address, account, CA); nothing else."""
+    out = []
+    for line in BRIDGE_CONF.read_text().splitlines():
+        key = line.split(" ", 1)[0]
+        if key == "address":
+            line = f"address {central.host}:{central.port}"
+        elif key in ("remote_username", "remote_clientid"):
+            line = f"{key} {user}"
+        elif key == "remote_password":
+            line = f"remote_password {password}"
+        elif key == "bridge_cafile":
+            line = f"bridge_cafile {central.ca_file}"
+        out.append(line)
+    return "\n".join(out)
+
+
+def test_shipped_bridge_carries_a_regional_fleet_to_the_central_core(
+        broker_factory: Callable[..., Broker], tmp_path: Path) -> None:
+    central = broker_factory()
+    # tools.certs has no 'bridge' role yet: 'sim' grants the outward half (write any
+    # node's telemetry and status); placements coming back would need read as well.
+    bridge = central.add_account("sim-bridge", "sim")
+    core = start_core(central, "core-central", tmp_path, place=False)
+    try:
+        regional = broker_factory(extra_conf=render_bridge(central, bridge.username,
+                                                           bridge.password))
+        wait_for(lambda: "sim-bridge" in central.log_text(), what="bridge connected")
+        w = World(SimConfig(nodes=50, rate=2.0, duration_s=3.0, seed=11, node_prefix="rg"))
+        summary = Simulator(w, sim_settings(regional, ["sim-r0"])).run()
+        wait_for(lambda: core.ingest.counters().accepted >= summary["published"],
+                 what="every regional report at the central core")
+        assert core.ingest.counters().accepted == summary["published"]
+        snap = core.state.snapshot(time.time())
+        assert all(snap.nodes[nd.name].status == "online" for nd in w.nodes)
+        # the regional broker's ACL still decides who speaks for which node
+        ag = MqttClient(settings(regional, regional.add_account("edge-r1", "agent")))
+        ag.start()
+        assert ag.wait_connected(10)
+        body = w.report_bytes(w.nodes[0], 999, "forged", time.time(), 0.0, random.Random(1))
+        ag.publish(telemetry_topic(w.nodes[0].name), body).wait(5)
+        time.sleep(1.0)
+        ag.stop()
+        assert core.state.node_history(w.nodes[0].name)[-1][0] != "forged"
+    finally:
+        core.stop()
