@@ -38,6 +38,12 @@ def node_health(snap: StateSnapshot, node: str, cfg: HealthConfig = HealthConfig
     v = snap.nodes.get(node)
     if v is None or (v.last_report == 0 and v.status != "online"):
         return Health.UNKNOWN
+    fresh_status = snap.now - v.status_ts <= cfg.offline_after_s
+    if v.last_report == 0 and v.status == "online" and fresh_status:
+        # Known only from its retained 'online' status (a core that just
+        # started): give its first report time to arrive before judging it,
+        # or a restarted core would move every workload off healthy nodes.
+        return Health.SUSPECT
     age = snap.now - v.last_report if v.last_report else float("inf")
     will_fired = v.status == "offline" and v.status_ts >= v.last_report
     if not will_fired and age <= v.interval_s * cfg.suspect_intervals:

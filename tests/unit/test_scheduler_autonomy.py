@@ -159,3 +159,11 @@ def test_link_table_is_bounded_per_node() -> None:
     assert len(links) == MAX_LINKS_PER_NODE
     # The most recently measured peers are the ones kept.
     assert ("edge-b", "10.5.3.231") in state.snapshot(clock()).links
+
+
+def test_node_known_only_from_retained_status_is_suspect_not_down() -> None:
+    """A core that just restarted has the retained 'online' status before the first report."""
+    _ing, state, clock = _world()  # edge-a: status only, no report yet
+    assert _verdict(state, clock) is LiveHealth.SUSPECT
+    clock.t += 6  # no report within offline_after_s: now it is judged
+    assert _verdict(state, clock) is LiveHealth.DOWN
