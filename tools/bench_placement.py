@@ -187,7 +187,7 @@ def cost_of(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[str, s
 
 
 def lower_bound(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineConfig,
-                min_placed: int, time_limit_s: float) -> tuple[float, bool]:
+                min_placed: int | None, time_limit_s: float) -> tuple[float, bool]:
     from cloud_core.placement.engine import class_key
     from cloud_core.placement.solver import ClassSpec, lp_lower_bound
 
@@ -243,6 +243,7 @@ def run(n_nodes: int, n_pods: int, seed: int, lp_limit: float, single: int) -> N
     t_lb = time.perf_counter() - t0
     rows.append(Row("LP lower bound" + ("" if finished else " (did not finish)"),
                     len(res.assignments), t_lb, lb, 0))
+    most, _ = lower_bound(snap, pods, cfg, None, lp_limit)
     # one pod at a time through the engine: decision latency
     pc = PreparedCluster(snap, cfg)
     lat = []
@@ -261,6 +262,8 @@ def run(n_nodes: int, n_pods: int, seed: int, lp_limit: float, single: int) -> N
         print(f"| {r.name} | {r.placed} | {r.seconds:.3f} | {pps:,.0f} | {r.cost:.2f} | "
               f"{gap:+.2f} % | {r.violations} |")
     print()
+    print(f"LP upper bound on pods placeable: {most:.1f} (cfnet placed "
+          f"{len(res.assignments)}, kube-style {len(kb)})")
     print(f"one pod at a time (cfnet PreparedCluster.place([pod]), {len(lat)} decisions at "
           f"{n_nodes} nodes): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
 

@@ -30,7 +30,7 @@ from .model import (
 )
 from .replan import Move, ReplanConfig, ReplanState, plan_moves
 from .spec import parse_pod, parse_workload_yaml
-from .validate import Violation, validate
+from .validate import Violation, nodes_that_fit, validate
 
 
 def prepare(snapshot: ClusterSnapshot, config: EngineConfig | None = None) -> PreparedCluster:
@@ -55,6 +55,6 @@ __all__ = [
     "LinkInfo", "Move", "NodeInfo", "NodeSelectorRequirement", "NodeSelectorTerm",
     "PlacementError", "PlacementResult", "PodAffinityTerm", "PreparedCluster",
     "ReplanConfig", "ReplanState", "Resources", "RunningPod", "ScoreWeights", "SpecError",
-    "Taint", "Toleration", "Violation", "Workload", "explain", "parse_pod",
+    "Taint", "Toleration", "Violation", "Workload", "explain", "nodes_that_fit", "parse_pod",
     "parse_workload_yaml", "place", "plan_moves", "prepare", "validate",
 ]

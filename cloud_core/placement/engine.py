@@ -215,13 +215,15 @@ class PreparedCluster:
         return FilterResult("resources", np.asarray(~short.any(axis=1)), labels,
                             RESOURCE_NAMES)
 
-    def filter_results(self, w: Workload, free: np.ndarray | None = None
-                       ) -> list[FilterResult]:
-        """Every filter for ``w`` over all nodes, in the order of ``FILTER_ORDER``."""
+    def filter_results(self, w: Workload, free: np.ndarray | None = None,
+                       resources: bool = True) -> list[FilterResult]:
+        """Every filter for ``w`` over all nodes, in the order of ``FILTER_ORDER``
+        (``resources=False`` leaves out the last one, which the solver does itself)."""
         res = [self._static_result(f, w) for f in STATIC_FILTERS]
         res.append(self._latency_result(w))
         res.extend(self._affinity_results(w))
-        res.append(self.resources_result(w, free))
+        if resources:
+            res.append(self.resources_result(w, free))
         return res
 
     def cost(self, w: Workload) -> np.ndarray:
@@ -252,17 +254,17 @@ class PreparedCluster:
         method: list[str] = []
         stats: dict[str, float] = {}
         deferred_reason: dict[int, str] = {}
-        base_static: dict[int, list[FilterResult]] = {}
+        base_mask: dict[int, np.ndarray] = {}
+        free0 = self.free.copy()
         def run_round(order: list[int], first_only: set[int]) -> int:
             specs: list[ClassSpec] = []
             for ci in order:
                 w = reps[ci]
-                frs = self.filter_results(w)
-                base_static[ci] = frs
+                mask = _all_ok(self.filter_results(w, resources=False))
+                base_mask.setdefault(ci, mask)
                 count = len(members[ci]) - len(placed_nodes[ci])
                 specs.append(ClassSpec(count=1 if ci in first_only else count, req=_req(w),
-                                       mask=_all_ok(frs[:-1]), cost=self.cost(w),
-                                       gang=w.gang))
+                                       mask=mask, cost=self.cost(w), gang=w.gang))
             _set_conflicts([reps[ci] for ci in order], specs)
             domains = {k: self.ix.domain_ids(k)[0] for s in specs for k in s.conflicts}
             out = solve(specs, self.free, domains, self.cfg)
@@ -306,7 +308,7 @@ class PreparedCluster:
                 break
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
-        result = self._decide(reps, members, placed_nodes, base_static, deferred_reason,
+        result = self._decide(reps, members, placed_nodes, base_mask, free0, deferred_reason,
                               workloads)
         # the prepared view keeps the batch's placements accounted (like bind())
         self._cost.clear()
@@ -315,8 +317,8 @@ class PreparedCluster:
                                "+".join(dict.fromkeys(method)) or "none", stats)
 
     def _decide(self, reps: list[Workload], members: list[list[Workload]],
-                placed_nodes: list[list[int]], base: dict[int, list[FilterResult]],
-                deferred: dict[int, str], workloads: Sequence[Workload]
+                placed_nodes: list[list[int]], base: dict[int, np.ndarray],
+                free0: np.ndarray, deferred: dict[int, str], workloads: Sequence[Workload]
                 ) -> tuple[tuple[Decision, ...], dict[str, str], float]:
         names = [nd.name for nd in self.ix.nodes]
         total = self.ix.n
@@ -325,11 +327,16 @@ class PreparedCluster:
         total_cost = 0.0
         for ci, w in enumerate(reps):
             cost = self.cost(w)
-            frs = base.get(ci) or self.filter_results(w)
-            static_ok = _all_ok(frs)
+            # what fitted before the batch: the runner-up comes from there
+            static_ok = base[ci] if ci in base else _all_ok(self.filter_results(w, free0))
+            req = _req(w)
+            for r in range(3):
+                if req[r]:
+                    static_ok = static_ok & (free0[:, r] >= req[r])
             fit0 = int(static_ok.sum())
             cand = np.where(static_ok, cost, np.inf)
-            top = [int(i) for i in (np.argsort(cand)[:2] if fit0 else ())
+            two = np.argpartition(cand, 1)[:2] if cand.size > 2 else np.arange(cand.size)
+            top = [int(i) for i in sorted(two.tolist(), key=lambda i: cand[i])
                    if np.isfinite(cand[i])]
             nodes = placed_nodes[ci]
             unplaced: Decision | None = None

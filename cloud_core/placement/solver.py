@@ -107,7 +107,10 @@ class Packer:
 
     def candidates(self, ci: int) -> np.ndarray:
         c = self.classes[ci]
-        cand = c.mask & (self.free >= c.req).all(axis=1)
+        cand = c.mask.copy()
+        for r in range(3):  # column by column: no (N, 3) temporary, skip zero requests
+            if c.req[r]:
+                cand &= self.free[:, r] >= c.req[r]
         for k, bl in self.blocked[ci].items():
             d = self.domains[k]
             cand &= ~(bl[d] & (d >= 0))
@@ -496,19 +499,20 @@ def solve_exact_pods(feasible: Sequence[Mapping[int, int]], req: Sequence[Sequen
     return ExactResult(st == cp_model.OPTIMAL, round(s.objective_value), where)
 
 
-def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: int,
+def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: int | None,
                    time_limit_s: float = 60.0) -> tuple[float, bool]:
     """LP relaxation (GLOP) of the class-level problem: the least $/hour of placing at least
     ``min_placed`` pods with continuous counts, every resource per node, and self
     anti-affinity per host as a per-arc bound of 1. Cross-class and zone/region
     anti-affinity and gangs are relaxed away, so no integer placement of ``min_placed`` or
-    more pods costs less. Returns (bound, finished)."""
+    more pods costs less. With ``min_placed`` None it maximises the number placed instead
+    (an upper bound on what any placement can place). Returns (value, finished)."""
     solver = pywraplp.Solver.CreateSolver("GLOP")
     solver.SetTimeLimit(int(time_limit_s * 1000))
     inf = solver.infinity()
     per_node: dict[int, list[tuple[int, object]]] = {}
     obj = solver.Objective()
-    total = solver.Constraint(float(min_placed), inf)
+    total = solver.Constraint(float(min_placed or 0), inf)
     for ci, c in enumerate(classes):
         k = capacity_per_node(c.req, free)
         idx = np.flatnonzero(c.mask & (k > 0))
@@ -519,7 +523,7 @@ def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: i
             v = solver.NumVar(0, ub, "")
             row.SetCoefficient(v, 1)
             total.SetCoefficient(v, 1)
-            obj.SetCoefficient(v, float(c.cost[n]))
+            obj.SetCoefficient(v, 1.0 if min_placed is None else float(c.cost[n]))
             per_node.setdefault(n, []).append((ci, v))
     for n, lst in per_node.items():
         for r in range(3):
@@ -527,7 +531,10 @@ def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: i
                 ct = solver.Constraint(-inf, float(free[n, r]))
                 for ci, v in lst:
                     ct.SetCoefficient(v, float(classes[ci].req[r]))
-    obj.SetMinimization()
+    if min_placed is None:
+        obj.SetMaximization()
+    else:
+        obj.SetMinimization()
     st = solver.Solve()
     if st != pywraplp.Solver.OPTIMAL:
         return float("nan"), False
