@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edge_agent.active import ActiveProber
@@ -155,3 +157,31 @@ def test_active_prober_due_caps_and_rate_limits() -> None:
     p._last.update({"a": 100.0, "b": 100.0})
     assert p.due(["a", "b", "c"], now=105.0) == ["c"]
     assert p.due(["a", "b", "c"], now=111.0) == ["c", "a"]
+
+
+def test_open_probe_falls_back_to_sockdiag_when_ebpf_is_off() -> None:
+    from edge_agent.probes import ProbeConfig, open_probe
+
+    probe, reason = open_probe(ProbeConfig(ebpf=False))
+    try:
+        assert probe.name == "sockdiag"
+        assert reason is not None and "disabled" in reason
+        assert probe.collect() == []  # the first call only takes a baseline
+    finally:
+        probe.close()
+
+
+def test_open_probe_falls_back_with_the_reason_when_ebpf_cannot_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge_agent.probes import ProbeConfig, open_probe
+
+    # No BPF sources where the loader is told to look: whatever else this
+    # machine lacks (root, BCC, BTF), eBPF can't load and the reason says why.
+    monkeypatch.setenv("CFNET_BPF_DIR", str(tmp_path))
+    probe, reason = open_probe(ProbeConfig(ebpf=True))
+    try:
+        assert probe.name == "sockdiag"
+        assert reason
+    finally:
+        probe.close()
