@@ -185,3 +185,37 @@ def test_open_probe_falls_back_with_the_reason_when_ebpf_cannot_load(
         assert reason
     finally:
         probe.close()
+
+
+def test_python_buckets_match_the_bpf_c(tmp_path: Path) -> None:
+    """Compile cf_log2/cf_bucket from bpf/tcp_links.c natively and compare with bucket_of."""
+    import random
+    import re
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    bpf = Path(__file__).resolve().parents[2] / "bpf"
+    src = (bpf / "tcp_links.c").read_text()
+    funcs = [m.group(0) for m in re.finditer(
+        r"static __always_inline u32 cf_(log2|bucket)\(.*?\n}\n", src, re.S)]
+    assert len(funcs) == 2
+    harness = "\n".join([
+        "#include <stdio.h>", "#include <stdint.h>",
+        "typedef uint64_t u64; typedef uint32_t u32; typedef uint8_t __u8;",
+        "typedef uint16_t __u16; typedef uint32_t __u32; typedef uint64_t __u64;",
+        "#undef __always_inline", "#define __always_inline inline",
+        f'#include "{bpf / "cfnet_links.h"}"', *funcs,
+        'int main(void){unsigned long long v; while(scanf("%llu",&v)==1)'
+        ' printf("%u\\n", cf_bucket(v)); return 0;}',
+    ])
+    (tmp_path / "b.c").write_text(harness)
+    subprocess.run([cc, "-O1", "-o", str(tmp_path / "b"), str(tmp_path / "b.c")], check=True,
+                   capture_output=True, timeout=60)
+    rng = random.Random(7)
+    values = list(range(0, 2100)) + [rng.randrange(0, 2**40) for _ in range(5000)]
+    out = subprocess.run([str(tmp_path / "b")], input="\n".join(map(str, values)),
+                         capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    assert [int(o) for o in out] == [bucket_of(v) for v in values]
