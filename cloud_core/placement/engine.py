@@ -23,7 +23,16 @@ from .filters import (
     term_matches_pod,
 )
 from .index import ClusterIndex
-from .model import ClusterSnapshot, PodAffinityTerm, RunningPod, Workload
+from .model import (
+    HOSTNAME,
+    REGION,
+    ZONE,
+    ClusterSnapshot,
+    PodAffinityTerm,
+    RunningPod,
+    Workload,
+    node_label,
+)
 from .solver import ClassSpec, solve
 
 _KEY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("uid", "name"))
@@ -134,6 +143,18 @@ class PreparedCluster:
         self._node_keys: dict[tuple[str, Hashable], tuple[np.ndarray, list[Hashable]]] = {}
         self._static: dict[tuple[str, Hashable, Hashable], FilterResult] = {}
         self._cost: dict[tuple[Hashable, ...], np.ndarray] = {}
+        self._labels: dict[str, tuple[np.ndarray, list[str | None]]] = {}
+        # Indexes that don't depend on the workload are built here, once, so that a
+        # one-pod-at-a-time caller doesn't pay for them on its first decisions.
+        probe = Workload("", "")
+        for f in STATIC_FILTERS:
+            if _node_spec(f, probe) is None:
+                self._static_result(f, probe)
+        for key in sorted({k for nd in self.ix.nodes for k in nd.labels}):
+            self._label_ids(key)
+        for key in (HOSTNAME, ZONE, REGION):
+            self.ix.domain_ids(key)
+        self.ix.latency_to(self.ix.nodes[0].name if self.ix.nodes else "")
 
     # -- filters -------------------------------------------------------------------------
     def _static_result(self, f: StaticFilter, w: Workload) -> FilterResult:
@@ -146,10 +167,13 @@ class PreparedCluster:
             return got
         ids_distinct = self._node_keys.get((f.name, spec))
         if ids_distinct is None:
-            seen: dict[Hashable, int] = {}
-            ids = np.fromiter((seen.setdefault(nk(nd), len(seen)) for nd in self.ix.nodes),
-                              dtype=np.int64, count=self.ix.n)
-            ids_distinct = (ids, list(seen))
+            if isinstance(spec, tuple):
+                ids_distinct = self._label_projection(spec)
+            else:
+                seen: dict[Hashable, int] = {}
+                ids = np.fromiter((seen.setdefault(nk(nd), len(seen))
+                                   for nd in self.ix.nodes), dtype=np.int64, count=self.ix.n)
+                ids_distinct = (ids, list(seen))
             self._node_keys[f.name, spec] = ids_distinct
         ids, distinct = ids_distinct
         reasons = [f.check(pk, d) for d in distinct]
@@ -160,6 +184,28 @@ class PreparedCluster:
         got = FilterResult(f.name, okt[ids], lab[ids], names)
         self._static[key] = got
         return got
+
+    def _label_ids(self, key: str) -> tuple[np.ndarray, list[str | None]]:
+        got = self._labels.get(key)
+        if got is None:
+            seen: dict[str | None, int] = {}
+            ids = np.fromiter((seen.setdefault(node_label(nd, key), len(seen))
+                               for nd in self.ix.nodes), dtype=np.int64, count=self.ix.n)
+            got = (ids, list(seen))
+            self._labels[key] = got
+        return got
+
+    def _label_projection(self, keys: tuple[str, ...]) -> tuple[np.ndarray, list[Hashable]]:
+        """Node ids by their values of ``keys``, combined from per-key ids (numpy, no loop
+        over nodes once each key has been seen)."""
+        if not keys:
+            return np.zeros(self.ix.n, dtype=np.int64), [()]
+        cols = [self._label_ids(k) for k in keys]
+        stacked = np.stack([c[0] for c in cols], axis=1)
+        uniq, inv = np.unique(stacked, axis=0, return_inverse=True)
+        distinct: list[Hashable] = [tuple(cols[j][1][int(v)] for j, v in enumerate(row))
+                                    for row in uniq]
+        return inv.reshape(-1).astype(np.int64), distinct
 
     def _latency_result(self, w: Workload) -> FilterResult:
         n = self.ix.n

@@ -7,7 +7,6 @@ against all nodes with a few vector operations instead of a Python loop per (pod
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 import numpy as np
 
@@ -58,7 +57,9 @@ class ClusterIndex:
         self.zone_id = np.array([self.zones[nd.zone] for nd in nodes], dtype=np.int64)
         self._domain_ids: dict[str, tuple[np.ndarray, dict[str, int]]] = {}
         self._lat: dict[str, np.ndarray] = {}
-        self._by_dst: dict[str, list[tuple[int, float]]] | None = None
+        self._peers: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+        self._l_src = self._l_dst = np.zeros(0, dtype=np.int64)
+        self._l_val = np.zeros(0, dtype=np.float64)
 
     # -- topology ------------------------------------------------------------------------
     def domain_ids(self, key: str) -> tuple[np.ndarray, dict[str, int]]:
@@ -89,6 +90,34 @@ class ClusterIndex:
         return None, None, None
 
     # -- latency -------------------------------------------------------------------------
+    def _build_links(self) -> None:
+        """Every link as arrays (both directions: RTT is a round trip, a link measured from
+        either end tells the same story), plus per-peer arrays for peers that aren't nodes."""
+        pos = self.pos
+        src: list[int] = []
+        dst: list[int] = []
+        val: list[float] = []
+        peers: dict[str, tuple[list[int], list[float]]] = {}
+        for (a, b), link in self.snap.links.items():
+            v = effective_p95(link, self.cfg)
+            i, j = pos.get(a), pos.get(b)
+            for x, y, yname in ((i, j, b), (j, i, a)):
+                if x is None:
+                    continue
+                if y is None:
+                    lst = peers.setdefault(yname, ([], []))
+                    lst[0].append(x)
+                    lst[1].append(v)
+                else:
+                    src.append(x)
+                    dst.append(y)
+                    val.append(v)
+        self._l_src = np.array(src, dtype=np.int64)
+        self._l_dst = np.array(dst, dtype=np.int64)
+        self._l_val = np.array(val, dtype=np.float64)
+        self._peers = {k: (np.array(a, dtype=np.int64), np.array(b, dtype=np.float64))
+                       for k, (a, b) in peers.items()}
+
     def latency_to(self, target: str) -> np.ndarray:
         """Effective p95 (ms) from every node to ``target``; inf where nothing is measured.
 
@@ -98,35 +127,24 @@ class ClusterIndex:
         got = self._lat.get(target)
         if got is not None:
             return got
-        if self._by_dst is None:
-            by_dst: dict[str, list[tuple[int, float]]] = defaultdict(list)
-            pos = self.pos
-            # RTT is a round trip: a link measured from either end tells the same story.
-            for (src, dst), link in self.snap.links.items():
-                v = effective_p95(link, self.cfg)
-                i = pos.get(src)
-                if i is not None:
-                    by_dst[dst].append((i, v))
-                j = pos.get(dst)
-                if j is not None:
-                    by_dst[src].append((j, v))
-            self._by_dst = by_dst
+        if self._peers is None:
+            self._build_links()
+        assert self._peers is not None
         node, zone, region = self.locate(target)
         out = np.full(self.n, INF)
         if node is not None:
-            members = [node]
+            sel = self._l_dst == self.pos[node]
         elif zone is not None:
-            members = [nd.name for nd in self.nodes if nd.zone == zone]
+            sel = self.zone_id[self._l_dst] == self.zones[zone]
         elif region is not None:
-            members = [nd.name for nd in self.nodes if nd.region == region]
+            sel = self.region_id[self._l_dst] == self.regions[region]
         else:
-            members = [target]  # a measured peer that is not a node (a user gateway)
-        for m in members:
-            lst = self._by_dst.get(m)
-            if lst:
-                idx = np.fromiter((i for i, _ in lst), dtype=np.int64, count=len(lst))
-                val = np.fromiter((v for _, v in lst), dtype=np.float64, count=len(lst))
-                np.minimum.at(out, idx, val)
+            sel = None  # a measured peer that is not a node (a user gateway)
+        if sel is not None:
+            np.minimum.at(out, self._l_src[sel], self._l_val[sel])
+        elif target in self._peers:
+            idx, val = self._peers[target]
+            np.minimum.at(out, idx, val)
         if node is not None:
             out[self.pos[node]] = 0.0
         elif zone is not None:
