@@ -182,3 +182,15 @@ def test_cpsat_and_flow_agree_on_uncoupled_batch() -> None:
     a = place(snap(nodes), ws, EngineConfig(use_cpsat=False))
     b = place(snap(nodes), ws)
     assert a.total_cost == pytest.approx(b.total_cost)
+
+
+def test_empty_inputs() -> None:
+    r = place(snap([]), [wl("a"), wl("b", max_latency_ms=5.0, latency_to="x")])
+    assert [d.summary for d in r.decisions] == ["0/0 nodes fit", "0/0 nodes fit"]
+    r = place(snap([node("a")]), [])
+    assert r.decisions == () and r.assignments == {} and r.total_cost == 0.0
+
+
+def test_zero_request_pods_are_placed() -> None:
+    r = place(snap([node("a")]), [wl(f"z{i}", requests=Resources()) for i in range(50)])
+    assert len(r.assignments) == 50
