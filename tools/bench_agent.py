@@ -105,18 +105,16 @@ def run_bench(phase_s: float, segs_per_s: float) -> list[dict[str, Any]]:
     stats_before = STATS_SYSCTL.read_text().strip() if STATS_SYSCTL.exists() else None
     results: list[dict[str, Any]] = []
     with Lab([SiteSpec("a"), SiteSpec("b")], prefix=f"cfbench{os.getpid() % 10000}") as lab:
-        sink = lab.popen("b", [PY, "-m", "tools.lab", "serve", "--port", "5100",
-                               "--seconds", str(traffic_s + 5)], stdout=subprocess.PIPE, text=True)
+        sink = lab.popen("b", [PY, "-m", "tools.traffic", "sink", "--port", "5100",
+                               "--duration", str(traffic_s + 5)], stderr=subprocess.DEVNULL)
         sender = None
         try:
-            assert sink.stdout is not None
-            sink.stdout.readline()
-            sender = lab.popen("a", [PY, "-m", "tools.lab", "send", lab.addr("b"), "--port",
-                                     "5100", "--seconds", str(traffic_s),
-                                     "--bytes", str(int(rate_mbit * 1e6 / 8 * traffic_s)),
+            sender = lab.popen("a", [PY, "-m", "tools.traffic", "send", lab.addr("b"), "--port",
+                                     "5100", "--duration", str(traffic_s),
+                                     "--max-mb", f"{rate_mbit / 8 * traffic_s:.0f}",
                                      "--rate-mbit", f"{rate_mbit:.1f}"],
-                               stdout=subprocess.DEVNULL)
-            time.sleep(2.0)  # past slow start
+                               stderr=subprocess.DEVNULL)
+            time.sleep(3.0)  # connected (the sender retries until the sink is up), past slow start
             if stats_before is not None:
                 STATS_SYSCTL.write_text("1")
             for phase in phases:

@@ -26,9 +26,9 @@ different addresses (tracepoints see every namespace, and the eBPF probe
 filters by local address). Everything the lab does is logged (logger
 ``tools.lab``); every command has a timeout.
 
-Command line: ``python -m tools.lab up|down|cleanup|status`` and small bounded
-traffic tools (``serve``, ``send``, ``pingpong``) the tests and benchmarks
-run inside site namespaces.
+Command line: ``python -m tools.lab up|down|cleanup|status``, and the bounded
+request/response tools the RTT tests run inside site namespaces (``serve``,
+an echo server, and ``pingpong``); bulk traffic is ``tools.traffic``.
 """
 
 from __future__ import annotations
@@ -478,7 +478,11 @@ def tcp_info_rtt_us(sock: socket.socket) -> int:
 
 
 def serve(port: int, mode: str, seconds: float, max_conns: int = 64) -> None:
-    """Accept connections for ``seconds``; discard (sink) or echo what arrives."""
+    """Accept connections for ``seconds``; echo (or discard) what arrives.
+
+    Prints a ``listening`` line once ready. Bulk senders and sinks are
+    ``tools.traffic``; this is the echo end of :func:`pingpong`.
+    """
     deadline = time.monotonic() + seconds
     # Dual-stack: IPv4 and IPv6 clients alike.
     srv = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True,
@@ -515,29 +519,6 @@ def serve(port: int, mode: str, seconds: float, max_conns: int = 64) -> None:
             t = threading.Thread(target=handle, args=(c,), daemon=True)
             t.start()
             threads.append(t)
-
-
-def send(host: str, port: int, total_bytes: int, seconds: float,
-         rate_mbit: float | None = None, chunk: int = 65536) -> None:
-    """Send up to ``total_bytes`` for at most ``seconds``, optionally paced to ``rate_mbit``."""
-    s = _connect(host, port, seconds)
-    buf = b"\0" * chunk
-    sent = 0
-    t0 = time.monotonic()
-    deadline = t0 + seconds
-    with s:
-        while sent < total_bytes and time.monotonic() < deadline:
-            if rate_mbit:
-                ahead = sent * 8 / (rate_mbit * 1e6) - (time.monotonic() - t0)
-                if ahead > 0:
-                    time.sleep(min(ahead, 0.05))
-                    continue
-            s.settimeout(max(0.05, deadline - time.monotonic()))
-            try:
-                sent += s.send(buf[: min(chunk, total_bytes - sent)])
-            except TimeoutError:
-                break
-        print(json.dumps({"sent": sent, "rtt_us": tcp_info_rtt_us(s)}), flush=True)
 
 
 def pingpong(host: str, port: int, count: int, seconds: float, size: int = 64,
@@ -669,23 +650,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("down", "cleanup", "status"):
         p = sub.add_parser(name, help=f"{name} the lab(s) of a prefix")
         p.add_argument("--prefix", default="cfl")
-    sv = sub.add_parser("serve", help="TCP sink/echo server (bounded)")
+    sv = sub.add_parser("serve", help="TCP echo (or sink) server (bounded)")
     sv.add_argument("--port", type=int, default=5001)
-    sv.add_argument("--mode", choices=("sink", "echo"), default="sink")
+    sv.add_argument("--mode", choices=("sink", "echo"), default="echo")
     sv.add_argument("--seconds", type=float, default=30.0)
-    sd = sub.add_parser("send", help="bulk sender (bounded)")
-    sd.add_argument("host")
-    sd.add_argument("--port", type=int, default=5001)
-    sd.add_argument("--bytes", type=int, default=50_000_000)
-    sd.add_argument("--seconds", type=float, default=10.0)
-    sd.add_argument("--rate-mbit", type=float, default=None)
-    sd.add_argument("--chunk", type=int, default=65536)
     pp = sub.add_parser("pingpong", help="request/response round trips (bounded)")
     pp.add_argument("host")
     pp.add_argument("--port", type=int, default=5002)
     pp.add_argument("--count", type=int, default=10_000)
     pp.add_argument("--seconds", type=float, default=10.0)
     pp.add_argument("--gap", type=float, default=0.002)
+    pp.add_argument("--report-every", type=float, default=0.05)
     dl = sub.add_parser("delayline", help="(internal) the router's TUN delay line")
     dl.add_argument("--tun", default=DELAY_TUN)
     dl.add_argument("--config", type=Path, required=True)
@@ -707,10 +682,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"namespaces": list_namespaces(a.prefix)}))
         elif a.cmd == "serve":
             serve(a.port, a.mode, a.seconds)
-        elif a.cmd == "send":
-            send(a.host, a.port, a.bytes, a.seconds, a.rate_mbit, a.chunk)
         elif a.cmd == "pingpong":
-            pingpong(a.host, a.port, a.count, a.seconds, gap_s=a.gap)
+            pingpong(a.host, a.port, a.count, a.seconds, gap_s=a.gap,
+                     report_every_s=a.report_every)
         elif a.cmd == "delayline":
             delayline(a.tun, a.config)
     except LabError as exc:
