@@ -5,6 +5,7 @@ and turns its answer into explained decisions. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
@@ -39,9 +40,12 @@ _KEY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("uid", "n
 RESOURCE_NAMES = ("insufficient cpu", "insufficient memory", "insufficient GPU")
 
 
+_KEY_GETTER = operator.attrgetter(*_KEY_FIELDS)
+
+
 def class_key(w: Workload) -> tuple[Hashable, ...]:
     """Workloads with equal keys are interchangeable for placement."""
-    return tuple(getattr(w, f) for f in _KEY_FIELDS)
+    return _KEY_GETTER(w)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +96,18 @@ class PodIndex:
         self.anti_by_label: dict[tuple[str, str, str], list[tuple[RunningPod,
                                                                   PodAffinityTerm]]] = {}
         self.anti_other: list[tuple[RunningPod, PodAffinityTerm]] = []
-        for p in pods:
-            self.add(p)
+        self._todo: list[RunningPod] = list(pods)
 
     def add(self, p: RunningPod) -> None:
+        # indexed on first use: a batch adds thousands, most calls never look
+        self._todo.append(p)
+
+    def _flush(self) -> None:
+        todo, self._todo = self._todo, []
+        for p in todo:
+            self._index(p)
+
+    def _index(self, p: RunningPod) -> None:
         self.by_ns.setdefault(p.namespace, []).append(p)
         for k, v in p.labels.items():
             self.by_label.setdefault((p.namespace, k, v), []).append(p)
@@ -108,6 +120,8 @@ class PodIndex:
                 self.anti_other.append((p, t))
 
     def matching(self, term: PodAffinityTerm, owner_ns: str) -> list[RunningPod]:
+        if self._todo:
+            self._flush()
         out: list[RunningPod] = []
         for ns in term.namespaces or (owner_ns,):
             if term.selector.match_labels:
@@ -120,6 +134,8 @@ class PodIndex:
 
     def repelling(self, w: Workload) -> list[tuple[RunningPod, PodAffinityTerm]]:
         """Running pods whose anti-affinity terms select ``w``."""
+        if self._todo:
+            self._flush()
         cands = list(self.anti_other)
         for k, v in w.labels.items():
             cands.extend(self.anti_by_label.get((w.namespace, k, v), []))
@@ -272,7 +288,14 @@ class PreparedCluster:
             res.append(self.resources_result(w, free))
         return res
 
-    def cost(self, w: Workload) -> np.ndarray:
+    def cost(self, w: Workload, mask: np.ndarray | None = None) -> np.ndarray:
+        """Per-node cost of ``w``; with ``mask``, only there (inf elsewhere, not cached)."""
+        if mask is not None:
+            out = np.full(self.ix.n, np.inf)
+            sel = np.flatnonzero(mask)
+            if sel.size:
+                out[sel] = scores.total_cost(w, self.ix, sel)
+            return out
         key = class_key(w)
         c = self._cost.get(key)
         if c is None:
@@ -301,6 +324,7 @@ class PreparedCluster:
         stats: dict[str, float] = {}
         deferred_reason: dict[int, str] = {}
         base_mask: dict[int, np.ndarray] = {}
+        batch_cost: dict[int, np.ndarray] = {}
         free0 = self.free.copy()
         def run_round(order: list[int], first_only: set[int]) -> int:
             specs: list[ClassSpec] = []
@@ -308,9 +332,14 @@ class PreparedCluster:
                 w = reps[ci]
                 mask = _all_ok(self.filter_results(w, resources=False))
                 base_mask.setdefault(ci, mask)
+                # costs only where the class may go: most classes are confined to a few
+                # regions, so this skips most of the arithmetic
+                cost = batch_cost.get(ci)
+                if cost is None or not np.isfinite(cost[mask]).all():
+                    cost = batch_cost[ci] = self.cost(w, mask)
                 count = len(members[ci]) - len(placed_nodes[ci])
                 specs.append(ClassSpec(count=1 if ci in first_only else count, req=_req(w),
-                                       mask=mask, cost=self.cost(w), gang=w.gang))
+                                       mask=mask, cost=cost, gang=w.gang))
             _set_conflicts([reps[ci] for ci in order], specs)
             domains = {k: self.ix.domain_ids(k)[0] for s in specs for k in s.conflicts}
             out = solve(specs, self.free, domains, self.cfg)
@@ -354,8 +383,8 @@ class PreparedCluster:
                 break
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
-        result = self._decide(reps, members, placed_nodes, base_mask, free0, deferred_reason,
-                              workloads)
+        result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
+                              deferred_reason, workloads)
         # the prepared view keeps the batch's placements accounted (like bind())
         self._cost.clear()
         self.ix.alloc = self.ix.cap - self.free
@@ -364,7 +393,8 @@ class PreparedCluster:
 
     def _decide(self, reps: list[Workload], members: list[list[Workload]],
                 placed_nodes: list[list[int]], base: dict[int, np.ndarray],
-                free0: np.ndarray, deferred: dict[int, str], workloads: Sequence[Workload]
+                costs: dict[int, np.ndarray], free0: np.ndarray, deferred: dict[int, str],
+                workloads: Sequence[Workload]
                 ) -> tuple[tuple[Decision, ...], dict[str, str], float]:
         names = [nd.name for nd in self.ix.nodes]
         total = self.ix.n
@@ -372,7 +402,7 @@ class PreparedCluster:
         assignments: dict[str, str] = {}
         total_cost = 0.0
         for ci, w in enumerate(reps):
-            cost = self.cost(w)
+            cost = costs[ci] if ci in costs else self.cost(w)
             # what fitted before the batch: the runner-up comes from there
             static_ok = base[ci] if ci in base else _all_ok(self.filter_results(w, free0))
             req = _req(w)
