@@ -45,7 +45,7 @@ _KEY_GETTER = operator.attrgetter(*_KEY_FIELDS)
 
 def class_key(w: Workload) -> tuple[Hashable, ...]:
     """Workloads with equal keys are interchangeable for placement."""
-    return _KEY_GETTER(w)  # type: ignore[no-any-return]
+    return _KEY_GETTER(w)
 
 
 @dataclass(frozen=True, slots=True)
