@@ -6,6 +6,7 @@ See ``docs/placement.md`` for the contract.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from cloud_core.errors import PlacementError, SpecError
@@ -46,8 +47,24 @@ def place(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
 
 def explain(snapshot: ClusterSnapshot, workload: Workload, config: EngineConfig | None = None,
             node: str | None = None) -> Explanation:
-    """Why ``workload`` fits where it fits, and (with ``node``) what that node says."""
-    return PreparedCluster(snapshot, config).explain(workload, node)
+    """Why ``workload`` fits where it fits, and (with ``node``) what that node says.
+
+    If the workload already runs (a pod with its uid is in ``snapshot.pods``), it is taken
+    out first: it must not crowd or repel itself in its own explanation.
+    """
+    return PreparedCluster(without_pod(snapshot, workload.uid), config).explain(workload, node)
+
+
+def without_pod(snapshot: ClusterSnapshot, uid: str) -> ClusterSnapshot:
+    """``snapshot`` as if the running pod ``uid`` were gone (its node's resources freed)."""
+    gone = [p for p in snapshot.pods if p.uid == uid]
+    if not gone:
+        return snapshot
+    freed = {p.node: p.requests for p in gone}
+    nodes = tuple(dataclasses.replace(n, allocated=n.allocated - freed[n.name])
+                  if n.name in freed else n for n in snapshot.nodes)
+    return dataclasses.replace(snapshot, nodes=nodes,
+                               pods=tuple(p for p in snapshot.pods if p.uid != uid))
 
 
 __all__ = [
@@ -56,5 +73,5 @@ __all__ = [
     "PlacementError", "PlacementResult", "PodAffinityTerm", "PreparedCluster",
     "ReplanConfig", "ReplanState", "Resources", "RunningPod", "ScoreWeights", "SpecError",
     "Taint", "Toleration", "Violation", "Workload", "explain", "nodes_that_fit", "parse_pod",
-    "parse_workload_yaml", "place", "plan_moves", "prepare", "validate",
+    "parse_workload_yaml", "place", "plan_moves", "prepare", "validate", "without_pod",
 ]

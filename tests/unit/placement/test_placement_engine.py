@@ -194,3 +194,13 @@ def test_empty_inputs() -> None:
 def test_zero_request_pods_are_placed() -> None:
     r = place(snap([node("a")]), [wl(f"z{i}", requests=Resources()) for i in range(50)])
     assert len(r.assignments) == 50
+
+
+def test_explain_a_running_workload_does_not_count_itself() -> None:
+    me = wl("w", labels={"app": "web"}, pod_anti_affinity=SPREAD,
+            requests=Resources(3000, GIB, 0))
+    pods = (RunningPod("w", "w", "default", "a", {"app": "web"}, Resources(3000, GIB, 0),
+                       SPREAD),)
+    nodes = [node("a", allocated=Resources(3000, GIB, 0))]
+    e = explain(snap(nodes, pods=pods), me, node="a")
+    assert e.node_reasons == () and e.fit == 1
