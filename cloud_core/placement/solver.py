@@ -6,9 +6,10 @@ Works on *classes* of identical workloads (``ClassSpec``) against node arrays:
    exact when the constraints decompose: one resource shape per node, anti-affinity only
    within a class (a unit-capacity arc per host, or a unit-capacity hub per zone/region).
 2. **Exact packing** (``Packer``) replays the flow, pod by pod, checking every resource and
-   every cross-class anti-affinity; what over-packs is evicted, the node's flow capacity
-   lowered and the flow re-solved; a cheapest-feasible fill places the rest, and gangs are
-   made all-or-nothing. This is the feasible warm start.
+   every cross-class anti-affinity; what over-packs or clashes is rejected and the flow is
+   re-solved for the rejected pods on the residual capacity (a few rounds); a
+   cheapest-feasible fill places the rest, and gangs are made all-or-nothing. This is the
+   feasible warm start.
 3. **CP-SAT** when the batch is coupled (several shapes on one node, cross-class
    anti-affinity, gangs) and small enough (``cpsat_max_arcs``): class-level integer counts,
    the warm start as a hint, a time limit; its answer replaces the warm start only if better.
@@ -32,7 +33,6 @@ from ortools.sat.python import cp_model
 from .config import EngineConfig
 
 HOST = "kubernetes.io/hostname"
-BIG = np.iinfo(np.int64).max // 4
 
 
 @dataclass
