@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from cloud_core.errors import PlacementError
+
 from .config import EngineConfig
 from .model import ClusterSnapshot, LinkInfo, NodeInfo, topology_domain
 
@@ -35,6 +37,10 @@ class ClusterIndex:
         self.nodes: tuple[NodeInfo, ...] = nodes
         self.n = len(nodes)
         self.pos: dict[str, int] = {nd.name: i for i, nd in enumerate(nodes)}
+        if len(self.pos) != self.n:
+            names = [nd.name for nd in nodes]
+            dup = next(x for x in names if names.count(x) > 1)
+            raise PlacementError(f"node {dup!r} appears twice in the snapshot")
         self.cap = np.array([[nd.capacity.cpu_milli, nd.capacity.mem_bytes, nd.capacity.gpus]
                              for nd in nodes], dtype=np.int64).reshape(self.n, 3)
         self.alloc = np.array([[nd.allocated.cpu_milli, nd.allocated.mem_bytes,

@@ -204,3 +204,8 @@ def test_explain_a_running_workload_does_not_count_itself() -> None:
     nodes = [node("a", allocated=Resources(3000, GIB, 0))]
     e = explain(snap(nodes, pods=pods), me, node="a")
     assert e.node_reasons == () and e.fit == 1
+
+
+def test_duplicate_node_is_an_error() -> None:
+    with pytest.raises(PlacementError, match="twice"):
+        place(snap([node("a"), node("a")]), [wl("x")])
