@@ -18,7 +18,10 @@ log = logging.getLogger(__name__)
 
 
 def open_probe(cfg: ProbeConfig) -> tuple[LinkProbe, str | None]:
-    """Return (probe, fallback reason or None). Raises ProbeError only if no probe works."""
+    """Return (probe, fallback reason or None).
+
+    Raises ProbeError only if no probe works, ConfigError for a bad local address.
+    """
     reason: str | None = None
     if cfg.ebpf:
         try:

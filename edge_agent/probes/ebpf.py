@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from edge_agent import bpf_loader
-from edge_agent.errors import ProbeError
+from edge_agent.errors import ConfigError, ProbeError
 from edge_agent.probes.base import (
     DEFAULT_MSS,
     DEFAULT_PROBE_PORT,
@@ -45,8 +45,9 @@ class EbpfProbe:
         mss: int = DEFAULT_MSS,
         max_peers: int = 4096,
     ) -> None:
-        bpf_loader.check_environment(TRACEPOINTS)
         self._local = tuple(local_addrs)
+        _encode_all(self._local)  # a bad address is a config error, not a reason to fall back
+        bpf_loader.check_environment(TRACEPOINTS)
         self._mss = mss
         cflags = [f"-DCFNET_PROBE_PORT={int(probe_port)}", f"-DCFNET_MAX_PEERS={int(max_peers)}"]
         if "err" in bpf_loader.tracepoint_fields("tcp", "tcp_retransmit_skb"):
@@ -70,10 +71,10 @@ class EbpfProbe:
 
     def set_local_addrs(self, addrs: Iterable[str]) -> None:
         """Replace the local address set (only effective if constructed with a non-empty one)."""
+        encoded = _encode_all(addrs)
         self._locals.clear()
         key_t, leaf_t = self._locals.Key, self._locals.Leaf
-        for a in addrs:
-            raw, fam = encode_addr(a)
+        for raw, fam in encoded:
             k = key_t()
             ctypes.memmove(k.addr, raw, 16)
             k.family = fam
@@ -149,3 +150,10 @@ class EbpfProbe:
         self._bpf = None
         if bpf is not None:
             bpf.cleanup()
+
+
+def _encode_all(addrs: Iterable[str]) -> list[tuple[bytes, int]]:
+    try:
+        return [encode_addr(a) for a in addrs]
+    except ValueError as exc:
+        raise ConfigError(f"bad local address: {exc}") from exc
