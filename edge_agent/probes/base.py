@@ -76,6 +76,12 @@ def decode_addr(raw: bytes, family: int) -> str:
     raise ValueError(f"unknown address family {family}")
 
 
+def normalize_addr(addr: str) -> str:
+    """Canonical text form (compressed IPv6, mapped IPv4 folded), as samples name peers."""
+    raw, family = encode_addr(addr)
+    return decode_addr(raw, family)
+
+
 def is_loopback(addr: str) -> bool:
     ip = ipaddress.ip_address(addr)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from edge_agent.errors import ProbeError
-from edge_agent.probes.base import DEFAULT_PROBE_PORT, PeerTotals, is_loopback
+from edge_agent.errors import ConfigError, ProbeError
+from edge_agent.probes.base import DEFAULT_PROBE_PORT, PeerTotals, is_loopback, normalize_addr
 from edge_agent.wire import LinkSample
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,10 @@ class SockDiagProbe:
             raise ProbeError(f"sock_diag unavailable: {exc}") from exc
         self._sock = sock
         self._include_loopback = include_loopback
-        self._local = frozenset(local_addrs)
+        try:
+            self._local = frozenset(normalize_addr(a) for a in local_addrs)
+        except ValueError as exc:
+            raise ConfigError(f"bad local address: {exc}") from exc
         self._port = probe_port
         self._prev: dict[tuple[int, int], _SockSnap] = {}
         self._first = True
@@ -94,7 +97,10 @@ class SockDiagProbe:
             info = msg.get_attr("INET_DIAG_INFO")
             if info is None:
                 continue
-            src, dst = _plain(msg["idiag_src"]), _plain(msg["idiag_dst"])
+            try:
+                src, dst = normalize_addr(msg["idiag_src"]), normalize_addr(msg["idiag_dst"])
+            except ValueError:
+                continue
             if not self._include_loopback and is_loopback(dst):
                 continue
             if self._local and src not in self._local:
@@ -137,7 +143,3 @@ class SockDiagProbe:
         except Exception as exc:  # closing is best effort; nothing to recover
             log.debug("closing sock_diag socket: %s", exc)
 
-
-def _plain(addr: str) -> str:
-    """pyroute2 renders IPv4-mapped IPv6 as ::ffff:a.b.c.d; fold it to IPv4."""
-    return addr[7:] if addr.startswith("::ffff:") and "." in addr else addr

@@ -219,3 +219,14 @@ def test_python_buckets_match_the_bpf_c(tmp_path: Path) -> None:
     out = subprocess.run([str(tmp_path / "b")], input="\n".join(map(str, values)),
                          capture_output=True, text=True, check=True, timeout=60).stdout.split()
     assert [int(o) for o in out] == [bucket_of(v) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("addr", "norm"),
+    [("10.0.0.1", "10.0.0.1"), ("::ffff:10.0.0.1", "10.0.0.1"),
+     ("2001:0db8:0000::0001", "2001:db8::1"), ("FD00::1", "fd00::1")],
+)
+def test_normalize_addr(addr: str, norm: str) -> None:
+    from edge_agent.probes.base import normalize_addr
+
+    assert normalize_addr(addr) == norm
