@@ -245,10 +245,13 @@ class Actuator:
         """
         allocated: dict[str, Resources] = {}
         running: list[RunningPod] = []
+        seen_bound: set[str] = set()
         for pod in self.pods.items():
             spec = pod.get("spec") or {}
             node = spec.get("nodeName")
             phase = (pod.get("status") or {}).get("phase")
+            if node:
+                seen_bound.add(obj_key(pod))
             if not node or phase in ("Succeeded", "Failed"):
                 continue
             if str((pod.get("metadata") or {}).get("uid")) in exclude:
@@ -257,6 +260,10 @@ class Actuator:
             running.append(self._running(pod, node, w))
             allocated[node] = allocated.get(node, Resources()) + _pod_requests(w)
         with self._lock:
+            # The watch can deliver a binding before _bind records it as assumed; once the
+            # cache shows the pod bound, the assumption is spent (never count a pod twice).
+            for key in seen_bound & self._assumed.keys():
+                del self._assumed[key]
             assumed = list(self._assumed.items())
         for key, (node, _, w) in assumed:
             ns, _, name = key.partition("/")

@@ -84,7 +84,8 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
     for name, kw in unplaceable.items():
         cluster.pod(name, **kw)
 
-    wait_for(lambda: len(bound(cluster)) >= 200, timeout=240, what="200 bindings")
+    wait_for(lambda: len(bound(cluster)) >= 200, timeout=240,
+             what=f"200 bindings (actuator: {actuator.stats})")
     wait_for(lambda: len({e["involvedObject"]["name"]
                           for e in cluster.events("FailedScheduling")}) >= len(unplaceable),
              timeout=30, what="FailedScheduling events")
@@ -117,6 +118,8 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
     assert "security" in failed["topsecret-0"]
     assert failed["badspec-0"].startswith("invalid workload spec") and "high" in failed["badspec-0"]
     assert actuator.stats.bound == 200
+    actuator.snapshot()
+    assert not actuator._assumed  # every assumed binding was confirmed by the watch
 
 
 def test_bind_conflict_409_is_survived(cluster: Cluster, admin: KubeClient,
