@@ -79,7 +79,9 @@ def test_two_agents_to_core_state(lab: Lab, cloud_broker: Broker, tmp_path: Path
         def link() -> object:
             snap = core.state.snapshot(time.time())
             lk = snap.links.get((a, b))
-            if a in snap.nodes and b in snap.nodes and lk and lk.rtt_p50_us and lk.tx_bps > 1e6:
+            both = a in snap.nodes and b in snap.nodes and all(
+                snap.nodes[n].reports > 0 for n in (a, b))
+            if both and lk and lk.rtt_p50_us and lk.tx_bps > 1e6:
                 return lk
             return None
 
