@@ -505,8 +505,7 @@ def table(drain: list[DrainResult], dinfo: dict[str, Any], lives: list[dict[str,
           share: dict[str, Any] | None) -> str:
     raw = drain[0].rate
     lines = [
-        "| ingest (TLS Mosquitto 2.0.11, one run, 2 shared cores) | cfnet | baseline "
-        "(same run) | ratio |",
+        "| ingest (TLS Mosquitto 2.0.11) | cfnet | baseline (same run) | ratio |",
         "|---|---:|---:|---:|",
     ]
     for d in drain[1:]:
