@@ -595,8 +595,8 @@ class Simulator:
             wait = min(self.tick_s, max(0.0, due[order[i]] - time.time()))
             if wait > 0:
                 self._stop.wait(wait)
-        # acknowledged = published minus what is still in flight after a short grace
-        deadline = time.monotonic() + 5.0
+        # acknowledged = published minus what is still in flight after a grace period
+        deadline = time.monotonic() + 15.0
         while time.monotonic() < deadline and st.acked < st.published:
             st.acked = st.published - sum(1 for h in pending if not h.done())
             if st.acked < st.published:
