@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -46,6 +47,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-place", action="store_true", help="ingest only (follower replica)")
     p.add_argument("--metrics-port", type=int, default=env("CFNET_METRICS_PORT"),
                    help="serve Prometheus metrics on this port (default: off)")
+    k = p.add_argument_group("Kubernetes (place pods with schedulerName: cfnet-scheduler)")
+    k.add_argument("--kubernetes", action="store_true",
+                   help="actuate through the Kubernetes API instead of MQTT placement topics")
+    k.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                   help="kubeconfig file (default: the in-cluster ServiceAccount)")
+    k.add_argument("--identity", default=env("POD_NAME") or socket.gethostname(),
+                   help="this replica's name in the leader Lease")
+    k.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "cfnet-system"))
+    k.add_argument("--lease-duration", type=float, default=15.0)
+    k.add_argument("--edge-taint", choices=("respect", "ignore"), default="respect",
+                   help="KubeEdge's edge taint: respect it (pods need a toleration) or ignore it")
     p.add_argument("--table-every", type=float, default=10.0,
                    help="log the node and link tables every N seconds (0: never)")
     return p.parse_args(argv)
@@ -79,7 +91,9 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
     return CoreConfig(
         mqtt=settings, db_path=a.db, registry=load_registry(a.registry),
         roles=load_roles(a.roles), step_interval_s=a.step_interval,
-        apply_interval_s=a.apply_interval, share_group=a.share_group, place=not a.no_place,
+        apply_interval_s=a.apply_interval, share_group=a.share_group,
+        # With Kubernetes, pods are placed by the actuator below, not by the local loop.
+        place=not (a.no_place or a.kubernetes),
         metrics_port=int(a.metrics_port) if a.metrics_port is not None else None,
     )
 
@@ -99,6 +113,25 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     core.start()
+    kube = None
+    if a.kubernetes:
+        # Imported here: the kubernetes client is only needed in this mode.
+        from cloud_core.k8s.client import KubeClient
+        from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
+
+        try:
+            client = (KubeClient.from_kubeconfig(a.kubeconfig) if a.kubeconfig
+                      else KubeClient.in_cluster())
+        except (CoreError, OSError) as exc:
+            log.error("cannot reach the Kubernetes API: %s", exc)
+            core.stop()
+            return 2
+        kube = start_kubernetes(client, core.state, core.events, KubeSettings(
+            identity=a.identity, lease_namespace=a.lease_namespace,
+            lease_duration_s=a.lease_duration, renew_deadline_s=a.lease_duration * 2 / 3,
+            retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint))
+        log.info("placing through the Kubernetes API as %s (lease %s/cfnet-core)",
+                 a.identity, a.lease_namespace)
     pending = len(core.store.workloads(("planned",)))
     log.info("core %s up: db %s, %d registered nodes, %d planned placements to re-apply",
              a.username, a.db, len(cfg.registry.nodes), pending)
@@ -113,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("ingest: %d accepted, %d duplicate, %d rejected %s\n%s\n\n%s",
                  c.accepted, c.duplicates, c.rejected_total, c.rejected or "",
                  render_nodes(snap), render_links(snap))
+    if kube is not None:
+        kube.stop()
     core.stop()
     return 0
 

@@ -8,7 +8,7 @@ cordons for eligibility, and the measured links between known nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from cloud_core.health import Health as LiveHealth
@@ -22,7 +22,7 @@ from cloud_core.placement.model import (
     Workload,
 )
 from cloud_core.registry import Registry
-from cloud_core.state import StateSnapshot
+from cloud_core.state import LinkView, StateSnapshot
 
 _HEALTH = {
     LiveHealth.ONLINE: Health.ONLINE,
@@ -31,6 +31,32 @@ _HEALTH = {
     LiveHealth.DOWN: Health.DOWN,
     LiveHealth.UNKNOWN: Health.DOWN,
 }
+
+
+def link_info(lk: LinkView, now: float) -> LinkInfo | None:
+    """A measured link as the engine sees it (ms, age); None without an RTT figure."""
+    if lk.rtt_p50_us is None:
+        return None
+    return LinkInfo(
+        rtt_p50_ms=lk.rtt_p50_us / 1000.0,
+        rtt_p95_ms=(lk.rtt_p95_us or lk.rtt_p50_us) / 1000.0,
+        loss=lk.loss,
+        tx_bps=lk.tx_bps,
+        age_s=max(0.0, now - lk.updated),
+    )
+
+
+def translated_links(
+    state: StateSnapshot, name_of: Callable[[str], str | None]
+) -> dict[tuple[str, str], LinkInfo]:
+    """Links between nodes the engine knows, under the names ``name_of`` gives agent ids."""
+    out: dict[tuple[str, str], LinkInfo] = {}
+    for (src, dst), lk in state.links.items():
+        a, b = name_of(src), name_of(dst)
+        info = link_info(lk, state.now)
+        if a is not None and b is not None and info is not None:
+            out[(a, b)] = info
+    return out
 
 
 def build_snapshot(
@@ -61,16 +87,7 @@ def build_snapshot(
             h = Health.CORDONED
         nodes.append(replace(info, allocated=used.get(name, Resources()), health=h))
     known = set(names)
-    links: dict[tuple[str, str], LinkInfo] = {}
-    for (src, dst), lk in state.links.items():
-        if src in known and dst in known and lk.rtt_p50_us is not None:
-            links[(src, dst)] = LinkInfo(
-                rtt_p50_ms=lk.rtt_p50_us / 1000.0,
-                rtt_p95_ms=(lk.rtt_p95_us or lk.rtt_p50_us) / 1000.0,
-                loss=lk.loss,
-                tx_bps=lk.tx_bps,
-                age_s=max(0.0, state.now - lk.updated),
-            )
+    links = translated_links(state, lambda n: n if n in known else None)
     pods = tuple(
         RunningPod(
             uid=w.uid, name=w.name, namespace=w.namespace, node=node, labels=w.labels,

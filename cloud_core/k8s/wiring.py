@@ -1,0 +1,83 @@
+"""Run the Kubernetes actuator inside `cfnet-core`, fed by the core's measured links.
+
+`cfnet-core --kubernetes` keeps MQTT ingest, health and the console of the
+core, and hands placement to the Kubernetes actuator (pods with
+``schedulerName: cfnet-scheduler``), with Lease-based leader election between
+replicas. The actuator sees the links the agents measure, translated from
+agent ids to Node names through the registry's ``cfnet.io/agent-id`` labels.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cloud_core.events import EventLog
+from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.leader import LeaderElector
+from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
+from cloud_core.snapshot import translated_links
+from cloud_core.state import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSettings:
+    identity: str
+    lease_namespace: str = "cfnet-system"
+    lease_name: str = "cfnet-core"
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    edge_taint: str = "respect"
+
+
+@dataclass
+class KubeRunner:
+    actuator: Actuator
+    elector: LeaderElector
+
+    def stop(self) -> None:
+        self.elector.stop(release=True)
+        self.actuator.stop()
+
+
+def start_kubernetes(
+    client: KubeClient,
+    state: ClusterState,
+    events: EventLog,
+    settings: KubeSettings,
+    clock: Callable[[], float] = time.time,
+) -> KubeRunner:
+    registry = NodeRegistry(RegistryConfig(edge_taint=settings.edge_taint))
+
+    def links() -> dict[tuple[str, str], Any]:
+        return translated_links(state.snapshot(clock()), registry.node_for_agent)
+
+    def alert(a: dict[str, Any]) -> None:
+        events.emit("alert", str(a.get("message") or a), severity="warning",
+                    node=a.get("node"), workload=a.get("pod"))
+
+    def leading() -> None:
+        events.emit("health", f"{settings.identity} is the leader")
+
+    def following() -> None:
+        events.emit("health", f"{settings.identity} stopped leading")
+
+    def bound(pod: str, node: str) -> None:
+        events.emit("placement", f"{pod} bound to {node}", node=node, workload=pod)
+
+    elector = LeaderElector(
+        client, settings.lease_namespace, settings.lease_name, settings.identity,
+        lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
+        retry_period_s=settings.retry_period_s, on_started=leading, on_stopped=following,
+    )
+    actuator = Actuator(
+        client, registry, ActuatorConfig(identity=settings.identity),
+        is_leader=elector.is_leader, on_alert=alert, links=links, on_bound=bound,
+    )
+    actuator.start()
+    elector.start()
+    return KubeRunner(actuator, elector)
