@@ -57,8 +57,8 @@ def test_measured_links_decide_a_latency_bound_pod(broker: Broker, admin: KubeCl
             pods = wait_for(placed, timeout=30)
             assert pods["near-a"] == "k-b"
             assert pods["too-strict"] is None
-            msg = [e["message"] for e in cluster.events("FailedScheduling")
-                   if e["involvedObject"]["name"] == "too-strict"][0]
+            msg = next(e["message"] for e in cluster.events("FailedScheduling")
+                       if e["involvedObject"]["name"] == "too-strict")
             assert "latency" in msg
             assert any("bound to k-b" in e.message for e in core.events.recent(50))
         finally:
