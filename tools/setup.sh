@@ -88,4 +88,11 @@ else
 fi
 "$VENV/bin/python" -c 'import bcc, paho.mqtt, ortools, kubernetes, pyroute2, psutil' \
   && say "venv: bcc, paho-mqtt, ortools, kubernetes, pyroute2, psutil import fine"
+# --- Go (builds kube-apiserver and etcd for the Kubernetes tests) -----------
+if command -v go >/dev/null; then
+  say "go: $(go version | cut -d' ' -f3) (the Kubernetes tests build kube-apiserver/etcd with it)"
+else
+  say "go: NOT FOUND — the Kubernetes tests need Go >= 1.24 to build kube-apiserver and etcd"
+  say "go: Debian 12's golang is too old; install the official toolchain into /usr/local/go"
+fi
 say "done"
