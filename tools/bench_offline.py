@@ -321,8 +321,8 @@ def table(trials: list[Trial], hc: HealthConfig, keepalive_s: int) -> str:
                     f"NotReady after {K8S_GRACE_S:.0f} s ({K8S_GRACE_NEW_S:.0f} s in some "
                     f"releases), eviction {K8S_EVICT_S:.0f} s later |")
     rows.append("")
-    rows.append(f"Settings: agent keepalive {keepalive_s} s (broker declares it gone after "
-                f"1.5 x = {1.5 * keepalive_s:.1f} s and sends its will), report interval 1 s, "
+    rows.append(f"Settings: agent keepalive {keepalive_s} s (the broker's nominal deadline "
+                f"for its will: 1.5 x = {1.5 * keepalive_s:.1f} s), report interval 1 s, "
                 f"core `offline_after_s` {hc.offline_after_s:g} s, `peer_fresh_s` "
                 f"{hc.peer_fresh_s:g} s; probe sock_diag. Health polled every 10 ms from the "
                 f"core's state. Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
