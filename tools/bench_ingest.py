@@ -349,8 +349,13 @@ def sample_core(core: CoreService, prefix: str) -> LiveSample:
 
 
 def live_phase(broker: Broker, work: Path, nodes: int, rate: float, seconds: float,
-               seed: int, log: Callable[[str], None], *, place: bool) -> dict[str, Any]:
-    """``place=False``: an ingest-only replica; ``True``: the full core (scheduler on)."""
+               seed: int, log: Callable[[str], None], *, place: bool,
+               scrape_every: float = 10.0) -> dict[str, Any]:
+    """``place=False``: an ingest-only replica; ``True``: the full core (scheduler on).
+
+    ``scrape_every`` 0: never scrape /metrics (its health pass can stall a core
+    that is behind, see docs/scale.md), to see what ingest alone does.
+    """
     name = "core-blead" if place else "core-bingest"
     creds = broker.add_account(name, "core")
     core = CoreService(core_config(broker, creds, work / f"{name}.db", metrics_port=0,
@@ -364,7 +369,7 @@ def live_phase(broker: Broker, work: Path, nodes: int, rate: float, seconds: flo
     samples: list[LiveSample] = []
     scrapes: list[tuple[LiveSample, LiveSample, dict[str, float]]] = []
     t0 = time.time()
-    next_scrape = t0 + warm + 2.0
+    next_scrape = t0 + warm + 2.0 if scrape_every > 0 else math.inf
     while time.time() < t0 + seconds + 1.0:
         time.sleep(1.0)
         s = sample_core(core, "lv")
@@ -375,11 +380,11 @@ def live_phase(broker: Broker, work: Path, nodes: int, rate: float, seconds: flo
             before = sample_core(core, "lv")
             m = scrape(core.metrics_port)
             scrapes.append((before, sample_core(core, "lv"), m))
-            next_scrape = s.t + 10.0
+            next_scrape = s.t + scrape_every
     result = sim.join(seconds + 120)
     time.sleep(2.0)
     final = core.ingest.counters()
-    final_m = scrape(core.metrics_port)
+    final_m = scrape(core.metrics_port) if scrape_every > 0 else {}
     core.stop()
     steady = [s for s in samples if s.t <= t0 + seconds]
     span = steady[-1].t - steady[0].t if len(steady) > 1 else math.nan
@@ -561,6 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--live", type=float, default=40.0, help="seconds of the live parts")
     ap.add_argument("--drain", type=int, default=60_000, help="reports queued for the drain")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--scrape-every", type=float, default=10.0,
+                    help="seconds between /metrics scrapes in the live parts (0: none)")
     ap.add_argument("--rounds", type=int, default=3, help="drain rounds (best counts)")
     ap.add_argument("--skip", default="",
                     help="comma list of parts to skip: drain,live,live-core,share")
@@ -594,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             with Broker(work / f"b-{part}", persistence=False) as broker:
                 lives.append(live_phase(broker, work, n, a.rate, a.live, a.seed, log,
-                                        place=place))
+                                        place=place, scrape_every=a.scrape_every))
         if "share" not in skip:
             with Broker(work / "b-share", persistence=False) as broker:
                 share = share_phase(broker, work, a.share_nodes, a.rate, a.live, a.seed, log)
