@@ -34,7 +34,28 @@ class HealthConfig:
     peer_fresh_s: float = 5.0
 
 
-def node_health(snap: StateSnapshot, node: str, cfg: HealthConfig = HealthConfig()) -> Health:
+# Who heard from whom: dst (node id or raw peer address) -> [(src, heard time)].
+PeerIndex = dict[str, list[tuple[str, float]]]
+
+
+def peer_index(snap: StateSnapshot) -> PeerIndex:
+    """Index links by destination once, so judging many silent nodes stays linear."""
+    idx: PeerIndex = {}
+    for (src, dst), lk in snap.links.items():
+        if lk.heard <= 0:
+            continue
+        idx.setdefault(dst, []).append((src, lk.heard))
+        if lk.peer_addr != dst:
+            idx.setdefault(lk.peer_addr, []).append((src, lk.heard))
+    return idx
+
+
+def node_health(
+    snap: StateSnapshot,
+    node: str,
+    cfg: HealthConfig = HealthConfig(),
+    index: PeerIndex | None = None,
+) -> Health:
     v = snap.nodes.get(node)
     if v is None or (v.last_report == 0 and v.status != "online"):
         return Health.UNKNOWN
@@ -50,10 +71,13 @@ def node_health(snap: StateSnapshot, node: str, cfg: HealthConfig = HealthConfig
         return Health.ONLINE
     if not will_fired and age <= cfg.offline_after_s:
         return Health.SUSPECT
-    return Health.UNREACHABLE if peers_see(snap, node, cfg.peer_fresh_s) else Health.DOWN
+    seen = peers_see(snap, node, cfg.peer_fresh_s, index)
+    return Health.UNREACHABLE if seen else Health.DOWN
 
 
-def peers_see(snap: StateSnapshot, node: str, fresh_s: float) -> bool:
+def peers_see(
+    snap: StateSnapshot, node: str, fresh_s: float, index: PeerIndex | None = None
+) -> bool:
     """Whether some other node heard from ``node`` within ``fresh_s``, *after* it fell silent.
 
     Only answers count (``LinkView.heard``: bytes the node acked or sent), not
@@ -63,24 +87,40 @@ def peers_see(snap: StateSnapshot, node: str, fresh_s: float) -> bool:
     (its last report + its interval + the peer's interval, with slack): a peer
     report that merely covers the moments before a crash proves nothing.
     """
+    if index is None:
+        index = peer_index(snap)
     v = snap.nodes.get(node)
-    addrs = set(v.addresses) if v is not None else set()
+    keys = {node, *(v.addresses if v is not None else ())}
     silent_since = v.last_report + v.interval_s if v is not None and v.last_report else 0.0
-    for (src, dst), lk in snap.links.items():
-        if src == node or src not in snap.nodes:
-            continue
-        peer = snap.nodes[src]
-        after = silent_since + peer.interval_s * 1.5 if silent_since else 0.0
-        # The peer's own report must be fresh too, or its view is as old as ours.
-        if (
-            (dst == node or lk.peer_addr in addrs)
-            and lk.heard > after
-            and snap.now - lk.heard <= fresh_s
-            and snap.now - peer.last_report <= fresh_s
-        ):
-            return True
+    for key in keys:
+        for src, heard in index.get(key, ()):
+            if src == node or src not in snap.nodes:
+                continue
+            peer = snap.nodes[src]
+            after = silent_since + peer.interval_s * 1.5 if silent_since else 0.0
+            # The peer's own report must be fresh too, or its view is as old as ours.
+            if (
+                heard > after
+                and snap.now - heard <= fresh_s
+                and snap.now - peer.last_report <= fresh_s
+            ):
+                return True
     return False
 
 
 def all_health(snap: StateSnapshot, cfg: HealthConfig = HealthConfig()) -> dict[str, Health]:
-    return {n: node_health(snap, n, cfg) for n in snap.nodes}
+    index: PeerIndex | None = None
+    out: dict[str, Health] = {}
+    for n in snap.nodes:
+        if index is None and _needs_peers(snap, n, cfg):
+            index = peer_index(snap)
+        out[n] = node_health(snap, n, cfg, index if index is not None else {})
+    return out
+
+
+def _needs_peers(snap: StateSnapshot, node: str, cfg: HealthConfig) -> bool:
+    """False only when the node is plainly reporting (its verdict can't depend on peers)."""
+    v = snap.nodes[node]
+    will_fired = v.status == "offline" and v.status_ts >= v.last_report
+    return not (v.last_report > 0 and snap.now - v.last_report <= cfg.offline_after_s
+                and not will_fired)
