@@ -93,7 +93,7 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
         roles=load_roles(a.roles), step_interval_s=a.step_interval,
         apply_interval_s=a.apply_interval, share_group=a.share_group,
         # With Kubernetes, pods are placed by the actuator below, not by the local loop.
-        place=not (a.no_place or a.kubernetes),
+        place=not (a.no_place or a.kubernetes), console=not a.no_place,
         metrics_port=int(a.metrics_port) if a.metrics_port is not None else None,
     )
 

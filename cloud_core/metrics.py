@@ -10,6 +10,7 @@ Each core owns its registry: no module-level state.
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cloud_core.errors import CoreError
 from cloud_core.health import Health, HealthConfig, all_health
 from cloud_core.ingest import Ingest
 from cloud_core.state import ClusterState
@@ -71,7 +73,11 @@ class _Live(Collector):
         if self.store is not None:
             w = GaugeMetricFamily("cfnet_workloads", "Workloads by state", labels=["state"])
             counts: dict[str, int] = {}
-            for row in self.store.workloads():
+            try:
+                rows = self.store.workloads()
+            except (sqlite3.Error, CoreError):
+                return  # a scrape racing the core's shutdown: the store is closed
+            for row in rows:
                 counts[row.state] = counts.get(row.state, 0) + 1
             for k in ("pending", "planned", "placed", "unplaceable"):
                 w.add_metric([k], counts.get(k, 0))

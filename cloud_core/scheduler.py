@@ -91,6 +91,7 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         apply_interval_s: float = 0.0,
         on_placement: Callable[[float, int, dict[str, float]], None] | None = None,
+        replan_interval_s: float = 1.0,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -105,6 +106,13 @@ class Scheduler:
         # lets an operator watch a large batch roll out).
         self._apply_interval_s = apply_interval_s
         self._on_placement = on_placement
+        # The re-planner counts SLA strikes per call, and a strike should be
+        # one *measurement* interval: calling it every 0.5 s step would turn
+        # "3 intervals" into 1.5 s and let one spike report move a workload.
+        # So it runs once per report interval, or at once when health changes.
+        self._replan_interval_s = replan_interval_s
+        self._last_replan = -1e18
+        self._health_changed = False
         self._replan_state = ReplanState()
         self._health: dict[str, LiveHealth] = {}
         self._published: dict[str, frozenset[str]] = {}
@@ -151,6 +159,7 @@ class Scheduler:
         for node, h in sorted(now.items()):
             old = self._health.get(node)
             if old != h and not (old is None and h is LiveHealth.UNKNOWN):
+                self._health_changed = True
                 sev = {"down": "critical", "unreachable": "warning", "suspect": "warning"}
                 self.events.emit(
                     "health",
@@ -237,7 +246,12 @@ class Scheduler:
                 time.sleep(self._apply_interval_s)
         return applied
 
-    def replan(self) -> int:
+    def replan(self, *, force: bool = False) -> int:
+        now = self._clock()
+        due = now - self._last_replan >= self._replan_interval_s or self._health_changed
+        if not (due or force):
+            return 0
+        self._last_replan, self._health_changed = now, False
         running = self.running()
         if not running:
             return 0

@@ -54,6 +54,7 @@ class CoreConfig:
     share_group: str | None = None
     health: HealthConfig = HealthConfig()
     place: bool = True  # False on a follower replica: ingest only
+    console: bool = True  # answer console requests (the placing replica does)
     metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
     metrics_addr: str = "0.0.0.0"
 
@@ -87,7 +88,10 @@ class CoreService:
         prefix = f"$share/{cfg.share_group}/" if cfg.share_group else ""
         for t in (TELEMETRY_WILDCARD, STATUS_WILDCARD):
             self.mqtt.subscribe(prefix + t, qos=1)
-        self.mqtt.subscribe(prefix + REQUEST_WILDCARD, qos=1)
+        # Console requests are never shared: a `submit` must reach the replica
+        # that places, not whichever one the broker picks next.
+        if cfg.console:
+            self.mqtt.subscribe(REQUEST_WILDCARD, qos=1)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cfnet-console")
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
