@@ -26,11 +26,13 @@ from cloud_core.health import HealthConfig
 from cloud_core.ingest import Ingest
 from cloud_core.metrics import CoreMetrics
 from cloud_core.registry import Registry
+from cloud_core.replicas import DigestExchange
 from cloud_core.scheduler import Scheduler
 from cloud_core.state import ClusterState
 from cloud_core.store import Store
 from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import (
+    DIGEST_WILDCARD,
     EVENTS_TOPIC,
     REQUEST_WILDCARD,
     STATUS_WILDCARD,
@@ -55,6 +57,7 @@ class CoreConfig:
     health: HealthConfig = HealthConfig()
     place: bool = True  # False on a follower replica: ingest only
     console: bool = True  # answer console requests (the placing replica does)
+    digest_interval_s: float = 1.0  # with share_group: how often replicas exchange digests
     metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
     metrics_addr: str = "0.0.0.0"
 
@@ -86,6 +89,11 @@ class CoreService:
             health_config=cfg.health, clock=clock,
         )
         prefix = f"$share/{cfg.share_group}/" if cfg.share_group else ""
+        self.digests: DigestExchange | None = None
+        if cfg.share_group:
+            self.digests = DigestExchange(cfg.mqtt.username or "core", self.state, self.mqtt,
+                                          cfg.digest_interval_s, clock)
+            self.mqtt.subscribe(DIGEST_WILDCARD, qos=0)
         for t in (TELEMETRY_WILDCARD, STATUS_WILDCARD):
             self.mqtt.subscribe(prefix + t, qos=1)
         # Console requests are never shared: a `submit` must reach the replica
@@ -102,6 +110,8 @@ class CoreService:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
             log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_addr, self.metrics_port)
         self.mqtt.start()
+        if self.digests is not None:
+            self.digests.start()
         if self.cfg.place:
             self._loop = threading.Thread(target=self._run, name="cfnet-scheduler", daemon=True)
             self._loop.start()
@@ -110,6 +120,8 @@ class CoreService:
         self._stop.set()
         if self._loop is not None:
             self._loop.join(timeout=10)
+        if self.digests is not None:
+            self.digests.stop()
         self.mqtt.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.metrics.close()
@@ -136,6 +148,9 @@ class CoreService:
     def _on_message(self, m: Message) -> None:
         if m.topic.startswith("cfnet/v1/console/"):
             self._on_request(m)
+        elif m.topic.startswith("cfnet/v1/core/"):
+            if self.digests is not None:
+                self.digests.handle(m)
         else:
             self.ingest.handle(m.topic, m.payload)
 

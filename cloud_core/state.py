@@ -12,10 +12,11 @@ import math
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
+from typing import Any
 
-from edge_agent.wire import LinkSample, NodeStatus, Resources, TelemetryReport
+from edge_agent.wire import Gpu, LinkSample, NodeStatus, Resources, TelemetryReport
 
 # Loss from one 1-second interval with 40 segments is mostly noise; the link's
 # loss figure is retransmits over segments across this many recent reports.
@@ -109,6 +110,9 @@ class _Node:
     # (boot -> (high-water seq, recent seqs)) for dedupe.
     seen: dict[str, tuple[int, set[int]]] = field(default_factory=dict)
     history: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=SEQ_HISTORY))
+    # Core time this replica itself last ingested something for the node (not
+    # merged from another replica's digest): only that goes into our digests.
+    local_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -124,6 +128,7 @@ class _Link:
     connect_us: float | None = None
     probe: str = ""
     heard: float = 0.0
+    local_at: float = 0.0
 
 
 class ClusterState:
@@ -174,6 +179,7 @@ class ClusterState:
                 n.resources = r.resources
                 n.buffered, n.dropped = r.buffered, r.dropped
             n.last_report = now
+            n.local_at = now
             for lk in r.links:
                 self._apply_link(r, lk, now)
             return True
@@ -200,6 +206,7 @@ class ClusterState:
         if s.connect_us is not None:
             lk.connect_us = s.connect_us
         lk.updated = now
+        lk.local_at = now
         lk.probe = r.probe
         if s.tx_bps > 0 or s.rx_bps > 0:
             lk.heard = now
@@ -210,6 +217,7 @@ class ClusterState:
             if n is None:
                 n = self._nodes[s.node] = _Node(node=s.node)
             n.status, n.status_ts = s.state, now
+            n.local_at = now
             if s.state == "online":
                 for a in n.addresses:
                     if self._addr_owner.get(a) == s.node:
@@ -218,6 +226,98 @@ class ClusterState:
                 n.agent_labels = s.labels
                 for a in s.addresses:
                     self._addr_owner[a] = s.node
+
+    # ------------------------------------------------------------------ replicas
+
+    def export_local(self, since: float, now: float) -> list[dict[str, Any]]:
+        """What this replica itself ingested after ``since``, as plain data for a digest.
+
+        Times travel as ages (``now - t``) so replicas' clocks need not agree.
+        """
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            for name, n in self._nodes.items():
+                if n.local_at <= since:
+                    continue
+                links = [
+                    {"peer": lk.peer_addr, "rtt": list(lk.rtt) if lk.rtt else None,
+                     "retrans": sum(w[0] for w in lk.window), "segs": sum(w[1] for w in lk.window),
+                     "tx": lk.tx_bps, "rx": lk.rx_bps, "samples": lk.samples,
+                     "age": now - lk.updated, "heard_age": now - lk.heard if lk.heard else None,
+                     "connect_us": lk.connect_us, "probe": lk.probe}
+                    for lk in self._links.get(name, {}).values()
+                    if lk.local_at > since and lk.updated > 0
+                ]
+                out.append({
+                    "node": name, "boot": n.boot, "seq": n.seq, "probe": n.probe,
+                    "age": now - n.last_report if n.last_report else None,
+                    "report_ts": n.report_ts, "interval_s": n.interval_s,
+                    "res": asdict(n.resources) if n.resources else None,
+                    "buffered": n.buffered, "dropped": n.dropped, "status": n.status,
+                    "status_age": now - n.status_ts if n.status_ts else None,
+                    "addresses": list(n.addresses), "labels": [list(kv) for kv in n.agent_labels],
+                    "links": links,
+                })
+        return out
+
+    def merge(self, items: list[dict[str, Any]], now: float) -> int:
+        """Fold another replica's digest in; newer data wins. Returns items that failed."""
+        bad = 0
+        with self._lock:
+            for it in items:
+                try:
+                    self._merge_node(it, now)
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    bad += 1
+        return bad
+
+    def _merge_node(self, it: dict[str, Any], now: float) -> None:
+        name = str(it["node"])
+        n = self._nodes.get(name)
+        if n is None:
+            n = self._nodes[name] = _Node(node=name)
+        if it.get("age") is not None:
+            last = now - float(it["age"])
+            if last > n.last_report:
+                n.last_report, n.boot, n.seq = last, str(it["boot"]), int(it["seq"])
+                n.probe, n.report_ts = str(it["probe"]), float(it["report_ts"])
+                n.interval_s = float(it["interval_s"])
+                n.buffered, n.dropped = int(it["buffered"]), int(it["dropped"])
+                res = it.get("res")
+                if res is not None:
+                    gpus = tuple(Gpu(**g) for g in res.get("gpus", ()))
+                    n.resources = Resources(**{**res, "gpus": gpus})
+        if it.get("status_age") is not None:
+            st = now - float(it["status_age"])
+            if st > n.status_ts:
+                n.status, n.status_ts = str(it["status"]), st
+                if n.status == "online":
+                    for a in n.addresses:
+                        if self._addr_owner.get(a) == name:
+                            del self._addr_owner[a]
+                    n.addresses = tuple(str(a) for a in it["addresses"])
+                    n.agent_labels = tuple((str(k), str(v)) for k, v in it["labels"])
+                    for a in n.addresses:
+                        self._addr_owner[a] = name
+        mine = self._links.setdefault(name, OrderedDict())
+        for lk_d in it.get("links", ()):
+            peer = str(lk_d["peer"])
+            updated = now - float(lk_d["age"])
+            lk = mine.get(peer)
+            if lk is None:
+                lk = mine[peer] = _Link(src=name, peer_addr=peer)
+                while len(mine) > MAX_LINKS_PER_NODE:
+                    mine.popitem(last=False)
+            if updated <= lk.updated:
+                continue
+            rtt = lk_d.get("rtt")
+            lk.rtt = (float(rtt[0]), float(rtt[1]), float(rtt[2])) if rtt else lk.rtt
+            lk.window = deque([(int(lk_d["retrans"]), int(lk_d["segs"]))], maxlen=LOSS_WINDOW)
+            lk.tx_bps, lk.rx_bps = float(lk_d["tx"]), float(lk_d["rx"])
+            lk.samples, lk.updated, lk.probe = int(lk_d["samples"]), updated, str(lk_d["probe"])
+            lk.connect_us = lk_d.get("connect_us")
+            if lk_d.get("heard_age") is not None:
+                lk.heard = max(lk.heard, now - float(lk_d["heard_age"]))
 
     # ------------------------------------------------------------------ reads
 

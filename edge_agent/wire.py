@@ -68,6 +68,14 @@ def response_topic(operator: str) -> str:
 
 
 TELEMETRY_WILDCARD = f"{TOPIC_ROOT}/nodes/+/telemetry"
+# Core replicas that split ingest through $share tell each other what they took in.
+DIGEST_WILDCARD = f"{TOPIC_ROOT}/core/+/digest"
+
+
+def digest_topic(replica: str) -> str:
+    return f"{TOPIC_ROOT}/core/{replica}/digest"
+
+
 STATUS_WILDCARD = f"{TOPIC_ROOT}/nodes/+/status"
 REQUEST_WILDCARD = f"{TOPIC_ROOT}/console/+/request"
 

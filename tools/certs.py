@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Literal, cast, get_args
 
 from edge_agent.wire import (
+    DIGEST_WILDCARD,
     EVENTS_TOPIC,
     ID_RE,
     REQUEST_WILDCARD,
@@ -116,6 +117,9 @@ def acl_rules(name: str, role: Role) -> list[tuple[str, str]]:
             ("read", SHARE_PREFIX + PLACEMENTS_WILDCARD),
             ("write", RESPONSE_WILDCARD),
             ("readwrite", EVENTS_TOPIC),
+            # Replicas sharing ingest publish digests of what they took in.
+            ("write", f"{TOPIC_ROOT}/core/{name}/digest"),
+            ("read", DIGEST_WILDCARD),
         ]
         return rules
     if role == "sim":

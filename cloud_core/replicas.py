@@ -1,0 +1,111 @@
+"""Replicas that split ingest (MQTT ``$share``) tell each other what they took in.
+
+With a shared subscription the broker hands each report to one replica only,
+so no replica's state would hold the whole fleet. Each replica therefore
+publishes, once per ``interval``, a digest of the nodes and links it ingested
+itself since the last one — the latest values only, so a digest costs far
+less to fold in than the reports it summarises — on
+``cfnet/v1/core/<replica>/digest``; every replica folds the others' digests
+into its state. The leader's state thus converges to the whole fleet while
+parsing and validation stay split.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cloud_core.state import ClusterState
+from edge_agent.mqtt import Message, MqttClient
+from edge_agent.wire import WireError, digest_topic, load_json, split_topic
+
+log = logging.getLogger(__name__)
+
+# Below the broker's packet limit (272 KiB) with room to spare.
+MAX_DIGEST_BYTES = 200 * 1024
+
+
+def encode_digests(items: list[dict[str, Any]], limit: int = MAX_DIGEST_BYTES) -> list[bytes]:
+    """Items split into JSON messages of at most ``limit`` bytes each."""
+    out: list[bytes] = []
+    chunk: list[bytes] = []
+    size = 0
+    for it in items:
+        b = json.dumps(it, separators=(",", ":")).encode()
+        if chunk and size + len(b) + 16 > limit:
+            out.append(b'{"v":1,"items":[' + b",".join(chunk) + b"]}")
+            chunk, size = [], 0
+        chunk.append(b)
+        size += len(b) + 1
+    if chunk:
+        out.append(b'{"v":1,"items":[' + b",".join(chunk) + b"]}")
+    return out
+
+
+class DigestExchange:
+    def __init__(
+        self,
+        replica: str,
+        state: ClusterState,
+        mqtt: MqttClient,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.replica = replica
+        self.state = state
+        self.mqtt = mqtt
+        self.interval_s = interval_s
+        self._clock = clock
+        self._since = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.sent_items = 0
+        self.merged_items = 0
+        self.bad_items = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="cfnet-digest", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def publish_once(self) -> int:
+        if not self.mqtt.connected:
+            return 0
+        now = self._clock()
+        items = self.state.export_local(self._since, now)
+        for payload in encode_digests(items):
+            self.mqtt.publish(digest_topic(self.replica), payload, qos=0)
+        self._since = now
+        self.sent_items += len(items)
+        return len(items)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.publish_once()
+            except Exception:
+                log.exception("digest publish failed")
+
+    def handle(self, m: Message) -> None:
+        try:
+            _area, sender, _leaf = split_topic(m.topic)
+            if sender == self.replica:
+                return  # our own digest, echoed back
+            body = load_json(m.payload)
+            items = body["items"] if isinstance(body, dict) else None
+            if not isinstance(items, list):
+                raise WireError("schema", "digest without items")
+        except (WireError, KeyError) as exc:
+            self.bad_items += 1
+            log.warning("bad digest on %.80s: %s", m.topic, exc)
+            return
+        self.bad_items += self.state.merge(items, self._clock())
+        self.merged_items += len(items)
