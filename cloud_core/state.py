@@ -163,7 +163,9 @@ class ClusterState:
             recent.add(r.seq)
             if r.seq > hwm:
                 hwm = r.seq
-                if len(recent) > DEDUPE_WINDOW:
+                # Prune only at twice the window: pruning at the window itself
+                # rebuilt a 4,096-entry set on every report of a long-lived boot.
+                if len(recent) > 2 * DEDUPE_WINDOW:
                     recent = {s for s in recent if s > hwm - DEDUPE_WINDOW}
             n.seen[r.boot] = (hwm, recent)
             if len(n.seen) > 8:  # forget the oldest boots of a flapping agent
