@@ -303,6 +303,57 @@ class _Obj:
         return None if v is None else _Obj(v, self._name(key))
 
 
+_NUM = (int, float)
+_MAX_INT = 2**63 - 1
+
+
+def _link_fast(d: Any) -> LinkSample | None:
+    """The common case in a few comparisons; None sends the link down the slow path.
+
+    Ingest cost is dominated by links, and almost every link is well formed.
+    This accepts only what :func:`_parse_link` accepts with the same values
+    (NaN and infinities fail the range comparisons); anything unusual or wrong
+    returns None, so the slow path produces the exact error and reason.
+    """
+    if type(d) is not dict:
+        return None
+    peer, retrans, segs = d.get("peer"), d.get("retrans"), d.get("segs_out")
+    loss, tx, rx, samples = d.get("loss"), d.get("tx_bps"), d.get("rx_bps"), d.get("samples")
+    if not (
+        type(peer) is str and 0 < len(peer) <= 64
+        and type(retrans) is int and 0 <= retrans <= _MAX_INT
+        and type(segs) is int and 0 <= segs <= _MAX_INT
+        and type(samples) is int and 0 <= samples <= _MAX_INT
+        and type(loss) in _NUM and 0.0 <= loss <= 1.0
+        and type(tx) in _NUM and 0.0 <= tx <= 1e13
+        and type(rx) in _NUM and 0.0 <= rx <= 1e13
+    ):
+        return None
+    rtt = d.get("rtt_us")
+    rs = None
+    if rtt is not None:
+        if type(rtt) is not dict:
+            return None
+        p50, p95, mn = rtt.get("p50"), rtt.get("p95"), rtt.get("min")
+        if not (type(p50) in _NUM and type(p95) in _NUM and type(mn) in _NUM
+                and 0.0 <= mn <= p50 <= p95 <= 1e8):
+            return None
+        rs = RttStats(p50=float(p50), p95=float(p95), min=float(mn))
+    conn = d.get("connect_us")
+    if conn is not None and not (type(conn) in _NUM and 0.0 <= conn <= 1e8):
+        return None
+    conns = d.get("conns")
+    if conns is not None and not (type(conns) is int and 0 <= conns <= _MAX_INT):
+        return None
+    active = d.get("active", False)
+    return LinkSample(
+        peer=peer, rtt_us=rs, retrans=retrans, segs_out=segs, loss=float(loss),
+        tx_bps=float(tx), rx_bps=float(rx), samples=samples,
+        connect_us=float(conn) if conn is not None else None, conns=conns or 0,
+        active=active if type(active) is bool else False,
+    )
+
+
 def _parse_link(o: _Obj) -> LinkSample:
     rtt_o = o.obj("rtt_us", required=False)
     rtt = None
@@ -389,7 +440,7 @@ def parse_report(payload: bytes, topic_node: str | None = None) -> TelemetryRepo
     res = o.obj("resources")
     assert res is not None
     links = tuple(
-        _parse_link(_Obj(lk, f"links[{i}]"))
+        _link_fast(lk) or _parse_link(_Obj(lk, f"links[{i}]"))
         for i, lk in enumerate(o.list_("links", max_len=MAX_LINKS))
     )
     return TelemetryReport(
