@@ -307,7 +307,7 @@ _NUM = (int, float)
 _MAX_INT = 2**63 - 1
 
 
-def _link_fast(d: Any) -> LinkSample | None:
+def _link_fast(raw: Any) -> LinkSample | None:
     """The common case in a few comparisons; None sends the link down the slow path.
 
     Ingest cost is dominated by links, and almost every link is well formed.
@@ -315,8 +315,9 @@ def _link_fast(d: Any) -> LinkSample | None:
     (NaN and infinities fail the range comparisons); anything unusual or wrong
     returns None, so the slow path produces the exact error and reason.
     """
-    if type(d) is not dict:
+    if type(raw) is not dict:
         return None
+    d: Any = raw  # values are checked one by one below
     peer, retrans, segs = d.get("peer"), d.get("retrans"), d.get("segs_out")
     loss, tx, rx, samples = d.get("loss"), d.get("tx_bps"), d.get("rx_bps"), d.get("samples")
     if not (
@@ -329,12 +330,13 @@ def _link_fast(d: Any) -> LinkSample | None:
         and type(rx) in _NUM and 0.0 <= rx <= 1e13
     ):
         return None
-    rtt = d.get("rtt_us")
+    rtt: Any = d.get("rtt_us")
     rs = None
     if rtt is not None:
         if type(rtt) is not dict:
             return None
-        p50, p95, mn = rtt.get("p50"), rtt.get("p95"), rtt.get("min")
+        r: Any = rtt
+        p50, p95, mn = r.get("p50"), r.get("p95"), r.get("min")
         if not (type(p50) in _NUM and type(p95) in _NUM and type(mn) in _NUM
                 and 0.0 <= mn <= p50 <= p95 <= 1e8):
             return None
