@@ -8,6 +8,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edge_agent import wire
 from tests.unit.reports import report_bytes, report_dict
@@ -127,3 +129,31 @@ def test_gpu_fields_validated() -> None:
     bad["resources"]["gpus"][0]["util"] = math.inf
     with pytest.raises(wire.WireError):
         wire.parse_report(json.dumps(bad).encode())
+
+
+_vals = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**64), st.floats(allow_nan=True),
+                  st.text(max_size=70), st.just(1.5e13))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.fixed_dictionaries(
+    {"peer": st.one_of(st.just("10.0.0.1"), _vals), "retrans": _vals, "segs_out": _vals,
+     "loss": _vals, "tx_bps": _vals, "rx_bps": _vals, "samples": _vals},
+    optional={"rtt_us": st.one_of(_vals, st.fixed_dictionaries(
+        {"p50": _vals, "p95": _vals, "min": _vals})), "connect_us": _vals, "conns": _vals,
+        "active": _vals}))
+def test_link_fast_path_agrees_with_full_validator(d: dict[str, Any]) -> None:
+    fast = wire._link_fast(d)
+    try:
+        slow: wire.LinkSample | None = wire._parse_link(wire._Obj(d, "links[0]"))
+    except wire.WireError:
+        slow = None
+    if fast is not None:
+        assert fast == slow  # the fast path never accepts what the validator refuses
+
+
+def test_link_fast_path_takes_the_common_case() -> None:
+    link = report_dict()["links"][0]
+    fast = wire._link_fast(link)
+    assert fast is not None and fast == wire._parse_link(wire._Obj(link, "links[0]"))
+    assert wire._link_fast({**link, "loss": float("nan")}) is None  # left to the validator
