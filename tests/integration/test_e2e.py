@@ -92,8 +92,8 @@ def test_two_agents_to_core_state(lab: Lab, cloud_broker: Broker, tmp_path: Path
         snap = core.state.snapshot(time.time())
         want_probe = "ebpf" if ebpf else "sockdiag"
         assert snap.nodes[a].probe == want_probe and snap.nodes[b].probe == want_probe
-        assert lk.rtt_p50_us > 0 and lk.rtt_p95_us >= lk.rtt_p50_us  # type: ignore[attr-defined]
-        assert 0.0 <= lk.loss <= 1.0  # type: ignore[attr-defined]
+        assert lk.rtt_p50_us > 0 and lk.rtt_p95_us >= lk.rtt_p50_us
+        assert 0.0 <= lk.loss <= 1.0
         assert core.ingest.counters().rejected_total == 0
         # The operator's view of the same lab, through cfnetctl from the cloud site.
         ops = cloud_broker.add_account(f"ops{tag}", "operator")
