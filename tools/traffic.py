@@ -12,43 +12,16 @@ import argparse
 import contextlib
 import socket
 import sys
-import threading
 import time
+
+from tools.lab import serve
 
 CHUNK = 16 * 1024
 
 
-def sink(port: int, duration_s: float, bind: str = "0.0.0.0") -> int:
-    deadline = time.monotonic() + duration_s
-    total = 0
-    lock = threading.Lock()
-    srv = socket.create_server((bind, port), reuse_port=True)
-    srv.settimeout(0.5)
-
-    def drain(conn: socket.socket) -> None:
-        nonlocal total
-        conn.settimeout(0.5)
-        with conn:
-            while time.monotonic() < deadline:
-                try:
-                    data = conn.recv(65536)
-                except TimeoutError:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                with lock:
-                    total += len(data)
-
-    with srv:
-        while time.monotonic() < deadline:
-            try:
-                conn, _ = srv.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=drain, args=(conn,), daemon=True).start()
-    return total
+def sink(port: int, duration_s: float) -> None:
+    """Accept and discard for ``duration_s`` (the lab's bounded server in sink mode)."""
+    serve(port, "sink", duration_s)
 
 
 def send(host: str, port: int, rate_mbit: float, duration_s: float, max_mb: float) -> int:
@@ -89,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-mb", type=float, default=500)
     a = p.parse_args(argv)
     if a.cmd == "sink":
-        n = sink(a.port, a.duration)
-    else:
-        n = send(a.host, a.port, a.rate_mbit, a.duration, a.max_mb)
-    print(f"{a.cmd}: {n / 1e6:.1f} MB", file=sys.stderr)
+        sink(a.port, a.duration)
+        return 0
+    n = send(a.host, a.port, a.rate_mbit, a.duration, a.max_mb)
+    print(f"send: {n / 1e6:.1f} MB", file=sys.stderr)
     return 0
 
 
