@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    core.start()
+    # On Kubernetes, replicas share one MQTT account and take turns: only the
+    # Lease holder connects (see CoreService.connect).
+    core.start(connect=not a.kubernetes)
     kube = None
     if a.kubernetes:
         # Imported here: the kubernetes client is only needed in this mode.
@@ -129,13 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         kube = start_kubernetes(client, core.state, core.events, KubeSettings(
             identity=a.identity, lease_namespace=a.lease_namespace,
             lease_duration_s=a.lease_duration, renew_deadline_s=a.lease_duration * 2 / 3,
-            retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint))
+            retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint),
+            on_lead=core.connect, on_follow=core.disconnect)
         log.info("placing through the Kubernetes API as %s (lease %s/cfnet-core)",
                  a.identity, a.lease_namespace)
     pending = len(core.store.workloads(("planned",)))
     log.info("core %s up: db %s, %d registered nodes, %d planned placements to re-apply",
              a.username, a.db, len(cfg.registry.nodes), pending)
-    if not core.mqtt.wait_connected(10):
+    if not a.kubernetes and not core.mqtt.wait_connected(10):
         log.warning("broker %s:%s not reachable yet (%s); retrying in the background",
                     a.broker_host, a.broker_port, core.mqtt.last_refusal or "no answer")
     while not stop.wait(a.table_every if a.table_every > 0 else 3600):

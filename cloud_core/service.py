@@ -105,16 +105,29 @@ class CoreService:
         self._loop: threading.Thread | None = None
         self.steps = 0
 
-    def start(self) -> None:
+    def start(self, *, connect: bool = True) -> None:
+        """Start serving; ``connect=False`` leaves MQTT to :meth:`connect` (on leadership)."""
         if self.cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
             log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_addr, self.metrics_port)
-        self.mqtt.start()
+        if connect:
+            self.connect()
         if self.digests is not None:
             self.digests.start()
         if self.cfg.place:
             self._loop = threading.Thread(target=self._run, name="cfnet-scheduler", daemon=True)
             self._loop.start()
+
+    def connect(self) -> None:
+        """Connect to the broker (again). With one MQTT account shared by replicas
+        that take turns (Kubernetes leader election), the new leader's connection
+        takes over the account's persistent session, queued reports included, and
+        the broker drops the old leader's connection: MQTT fences a deposed leader."""
+        if not self.mqtt.connected:
+            self.mqtt.start()
+
+    def disconnect(self) -> None:
+        self.mqtt.stop()
 
     def stop(self) -> None:
         self._stop.set()

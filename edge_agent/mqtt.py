@@ -165,7 +165,8 @@ class MqttClient:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Begin connecting in the background; returns at once."""
+        """Begin connecting in the background; returns at once. May follow a stop()."""
+        self._stopping.clear()
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = self.settings.session_expiry_s
         try:

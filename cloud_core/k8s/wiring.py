@@ -50,7 +50,11 @@ def start_kubernetes(
     events: EventLog,
     settings: KubeSettings,
     clock: Callable[[], float] = time.time,
+    on_lead: Callable[[], None] | None = None,
+    on_follow: Callable[[], None] | None = None,
 ) -> KubeRunner:
+    """Start the actuator and the election. ``on_lead``/``on_follow`` run when this
+    replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading)."""
     registry = NodeRegistry(RegistryConfig(edge_taint=settings.edge_taint))
 
     def links() -> dict[tuple[str, str], Any]:
@@ -61,10 +65,14 @@ def start_kubernetes(
                     node=a.get("node"), workload=a.get("pod"))
 
     def leading() -> None:
+        if on_lead is not None:
+            on_lead()
         events.emit("health", f"{settings.identity} is the leader")
 
     def following() -> None:
         events.emit("health", f"{settings.identity} stopped leading")
+        if on_follow is not None:
+            on_follow()
 
     def bound(pod: str, node: str) -> None:
         events.emit("placement", f"{pod} bound to {node}", node=node, workload=pod)

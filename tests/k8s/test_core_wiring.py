@@ -28,7 +28,8 @@ def test_measured_links_decide_a_latency_bound_pod(broker: Broker, admin: KubeCl
                      edge_taint=False)
     core = CoreService(CoreConfig(mqtt=settings(broker, broker.add_account("core-k8s", "core")),
                                   db_path=tmp_path / "core.db", place=False))
-    core.start()
+    # As `cfnet-core --kubernetes`: MQTT only once this replica holds the Lease.
+    core.start(connect=False)
     agents = []
     try:
         for a, addr in addrs.items():
@@ -38,10 +39,15 @@ def test_measured_links_decide_a_latency_bound_pod(broker: Broker, admin: KubeCl
             ag.announce()
             ag.report()
             agents.append(ag)
-        wait_for(lambda: len(core.state.snapshot(time.time()).links) == 6, timeout=20)
+        assert not core.mqtt.connected
         runner = start_kubernetes(admin, core.state, core.events, KubeSettings(
             identity="core-test", lease_namespace=cluster.namespace, lease_duration_s=4,
-            renew_deadline_s=3, retry_period_s=1))
+            renew_deadline_s=3, retry_period_s=1), on_lead=core.connect,
+            on_follow=core.disconnect)
+        wait_for(lambda: core.mqtt.connected, timeout=20)
+        for ag in agents:  # reports published after the leader connected
+            ag.report()
+        wait_for(lambda: len(core.state.snapshot(time.time()).links) == 6, timeout=20)
         try:
             # 2 CPUs: k-a itself is too small; k-b is 5 ms away, k-c 80 ms.
             cluster.pod("near-a", cpu="2", annotations={"cfnet.io/max-latency-ms": "20",
