@@ -149,16 +149,19 @@ def run(duration_s: float, work: Path) -> int:
                 ], stdout=_logfile(work / f"{node}.log"), stderr=subprocess.STDOUT,
                     cwd=str(REPO)))
             say(f"{len(EDGES)} agents started (logs: edge-*.log)")
-            # Traffic: every edge sends to the next one, paced and bounded.
+            # Traffic: every edge sends to the next one, paced and bounded; it
+            # lasts the whole demo (the wait for first reports included).
+            traffic_s = duration_s + 40
             for i, (site, *_rest) in enumerate(EDGES):
                 nxt = EDGES[(i + 1) % len(EDGES)][0]
                 procs.append(lab.popen(nxt, [sys.executable, "-m", "tools.traffic", "sink",
-                                             "--port", "5201", "--duration", str(duration_s + 5)],
-                                       cwd=str(REPO), stderr=subprocess.DEVNULL))
+                                             "--port", "5201", "--duration", str(traffic_s + 5)],
+                                       cwd=str(REPO), stdout=subprocess.DEVNULL,
+                                       stderr=_logfile(work / f"sink-{nxt}.log")))
                 procs.append(lab.popen(site, [
                     sys.executable, "-m", "tools.traffic", "send", lab.addr(nxt), "--port", "5201",
-                    "--rate-mbit", "2", "--duration", str(duration_s), "--max-mb", "100",
-                ], cwd=str(REPO), stderr=subprocess.DEVNULL))
+                    "--rate-mbit", "2", "--duration", str(traffic_s), "--max-mb", "100",
+                ], cwd=str(REPO), stderr=_logfile(work / f"send-{site}.log")))
             op = broker.add_account("demo", "operator")
             settings = MqttSettings(host=broker.host, port=broker.port, username="demo",
                                     password=op.password, ca_file=broker.ca_file,
