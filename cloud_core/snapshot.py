@@ -33,13 +33,29 @@ _HEALTH = {
 }
 
 
+# A latency SLA is about requests, not segments. Once at least this share of
+# segments is lost, the 95th-percentile request waits for a retransmission:
+# at least Linux's minimum RTO on top of the RTT. So heavy loss breaks a
+# latency SLA (and triggers re-placement) even when the RTT of the segments
+# that do arrive looks fine.
+LOSS_BREAKS_P95 = 0.05
+MIN_RTO_MS = 200.0
+
+
 def link_info(lk: LinkView, now: float) -> LinkInfo | None:
-    """A measured link as the engine sees it (ms, age); None without an RTT figure."""
+    """A measured link as the engine sees it (ms, age); None without an RTT figure.
+
+    ``rtt_p95_ms`` is the p95 a request sees: the measured p95 RTT, plus the
+    minimum RTO when loss reaches :data:`LOSS_BREAKS_P95`.
+    """
     if lk.rtt_p50_us is None:
         return None
+    p95_ms = (lk.rtt_p95_us or lk.rtt_p50_us) / 1000.0
+    if lk.loss >= LOSS_BREAKS_P95:
+        p95_ms += MIN_RTO_MS
     return LinkInfo(
         rtt_p50_ms=lk.rtt_p50_us / 1000.0,
-        rtt_p95_ms=(lk.rtt_p95_us or lk.rtt_p50_us) / 1000.0,
+        rtt_p95_ms=p95_ms,
         loss=lk.loss,
         tx_bps=lk.tx_bps,
         age_s=max(0.0, now - lk.updated),

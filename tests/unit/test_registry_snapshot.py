@@ -10,8 +10,8 @@ from cloud_core.health import Health as LiveHealth
 from cloud_core.ingest import Ingest
 from cloud_core.placement import Health, Resources, Workload
 from cloud_core.registry import RegistryError, parse_registry
-from cloud_core.snapshot import build_snapshot
-from cloud_core.state import ClusterState
+from cloud_core.snapshot import build_snapshot, link_info
+from cloud_core.state import ClusterState, LinkView
 from edge_agent import wire
 from tests.unit.reports import report_bytes
 
@@ -76,5 +76,26 @@ def test_snapshot_uses_registry_facts_measured_capacity_and_health() -> None:
     assert nodes["edge-z"].capacity.cpu_milli == 4000  # measured: 4 cores
     assert nodes["edge-z"].health == Health.CORDONED
     lk = snap.links[("edge-a", "edge-z")]
-    assert lk.rtt_p50_ms == pytest.approx(1.2) and lk.rtt_p95_ms == pytest.approx(1.5)
+    # The report's 5 % loss: the p95 a request sees includes a retransmission.
+    assert lk.rtt_p50_ms == pytest.approx(1.2) and lk.rtt_p95_ms == pytest.approx(201.5)
     assert [p.uid for p in snap.pods] == ["w1"]
+
+
+@pytest.mark.parametrize(("loss", "p95_ms"), [
+    (0.0, 1.5), (0.02, 1.5), (0.0499, 1.5), (0.05, 201.5), (0.3, 201.5),
+])
+def test_heavy_loss_counts_against_the_latency_sla(loss: float, p95_ms: float) -> None:
+    lv = LinkView(src="a", dst="b", peer_addr="10.0.0.2", rtt_p50_us=1200.0,
+                  rtt_p95_us=1500.0, rtt_min_us=900.0, loss=loss, tx_bps=1e6, rx_bps=0.0,
+                  samples=10, updated=99.0, connect_us=None, probe="ebpf")
+    info = link_info(lv, now=100.0)
+    assert info is not None
+    assert info.rtt_p95_ms == pytest.approx(p95_ms)
+    assert (info.rtt_p50_ms, info.loss, info.age_s) == (pytest.approx(1.2), loss, 1.0)
+
+
+def test_link_without_rtt_is_not_a_measurement() -> None:
+    lv = LinkView(src="a", dst="b", peer_addr="x", rtt_p50_us=None, rtt_p95_us=None,
+                  rtt_min_us=None, loss=0.0, tx_bps=0.0, rx_bps=0.0, samples=0, updated=1.0,
+                  connect_us=None, probe="sockdiag")
+    assert link_info(lv, now=2.0) is None
