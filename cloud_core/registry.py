@@ -32,8 +32,9 @@ from typing import Any
 
 import yaml
 
-from cloud_core.errors import CoreError
-from cloud_core.placement.model import NodeInfo, Resources, Taint, frozen_map
+from cloud_core.errors import CoreError, SpecError
+from cloud_core.placement.model import NodeInfo, Taint, frozen_map
+from cloud_core.placement.spec import parse_resources
 from edge_agent.wire import valid_id
 
 
@@ -44,24 +45,13 @@ class RegistryError(CoreError):
 _NUM_FIELDS = (
     "price_per_hour", "energy_price_per_kwh", "carbon_g_per_kwh", "idle_watts", "max_watts",
 )
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3}
-
-
-def _quantity(v: Any, where: str) -> float:
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        return float(v)
-    s = str(v).strip()
-    for suf in sorted(_SUFFIX, key=len, reverse=True):
-        if suf and s.endswith(suf):
-            try:
-                return float(s[: -len(suf)]) * _SUFFIX[suf]
-            except ValueError:
-                break
+def _number(v: Any, where: str) -> float:
+    if isinstance(v, bool):
+        raise RegistryError(f"{where}: {v!r} is not a number")
     try:
-        return float(s)
-    except ValueError as exc:
-        raise RegistryError(f"{where}: {v!r} is not a quantity") from exc
+        return float(v)
+    except (TypeError, ValueError) as exc:
+        raise RegistryError(f"{where}: {v!r} is not a number") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +93,7 @@ def _node_info(d: dict[str, Any], where: str, base: NodeInfo) -> NodeFacts:
             raise RegistryError(f"{where}.security_level: must be an integer") from exc
     for k in _NUM_FIELDS:
         if k in d:
-            val = _quantity(d[k], f"{where}.{k}")
+            val = _number(d[k], f"{where}.{k}")
             if val < 0:
                 raise RegistryError(f"{where}.{k}: must not be negative")
             kw[k] = val
@@ -122,11 +112,12 @@ def _node_info(d: dict[str, Any], where: str, base: NodeInfo) -> NodeFacts:
     cap_set = "capacity" in d
     if cap_set:
         c = d["capacity"] or {}
-        kw["capacity"] = Resources(
-            cpu_milli=round(_quantity(c.get("cpu", 0), f"{where}.capacity.cpu") * 1000),
-            mem_bytes=int(_quantity(c.get("memory", 0), f"{where}.capacity.memory")),
-            gpus=int(_quantity(c.get("nvidia.com/gpu", 0), f"{where}.capacity.gpu")),
-        )
+        if not isinstance(c, dict):
+            raise RegistryError(f"{where}.capacity: must be a mapping")
+        try:
+            kw["capacity"] = parse_resources(c, f"{where}.capacity")
+        except SpecError as exc:
+            raise RegistryError(str(exc)) from exc
     return NodeFacts(replace(base, **kw), capacity_set=cap_set)
 
 

@@ -14,12 +14,12 @@ can check the pods already running there.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cloud_core.errors import SpecError
 from cloud_core.placement.model import (
     Health,
     NodeInfo,
@@ -27,6 +27,7 @@ from cloud_core.placement.model import (
     Taint,
     frozen_map,
 )
+from cloud_core.placement.spec import parse_resources
 
 REGION = "topology.kubernetes.io/region"
 ZONE = "topology.kubernetes.io/zone"
@@ -37,28 +38,10 @@ KUBEEDGE_GROUP = "apps.kubeedge.io/belonging-to"
 AGENT_ID = "cfnet.io/agent-id"
 WATCHED_FACTS = (REGION, ZONE, SECURITY)
 
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-           "m": 1e-3, "u": 1e-6, "n": 1e-9}
-_QTY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m|u|n)?$")
-
-
-def quantity(value: Any) -> float:
-    """A Kubernetes quantity (``"500m"``, ``"4Gi"``, ``2``) as a float in base units."""
-    if isinstance(value, int | float):
-        return float(value)
-    m = _QTY.match(str(value).strip())
-    if not m:
-        raise ValueError(f"not a quantity: {value!r}")
-    return float(m.group(1)) * _SUFFIX[m.group(2) or ""]
-
-
 def resources_of(d: Mapping[str, Any] | None) -> Resources:
-    """``status.allocatable``-style map → ``Resources`` (cpu in millicores)."""
-    d = d or {}
-    return Resources(cpu_milli=round(quantity(d.get("cpu", 0)) * 1000),
-                     mem_bytes=int(quantity(d.get("memory", 0))),
-                     gpus=int(quantity(d.get("nvidia.com/gpu", 0))))
+    """``status.allocatable``-style map → ``Resources``, with the engine's own quantity
+    parser (raises SpecError on a malformed quantity)."""
+    return parse_resources(d or {}, "status.allocatable")
 
 
 @dataclass(frozen=True)
@@ -137,7 +120,7 @@ def record_of(node: Mapping[str, Any], cfg: RegistryConfig) -> NodeRecord:
         health = Health.UNREACHABLE if flavour != "cloud" else Health.DOWN
     try:
         capacity = resources_of(status.get("allocatable") or status.get("capacity"))
-    except ValueError:
+    except SpecError:
         capacity = Resources()
     return NodeRecord(name=name, agent_id=labels.get(cfg.agent_id_label, name),
                       region=labels.get(REGION, ""), zone=labels.get(ZONE, ""),

@@ -151,20 +151,25 @@ def _tolerations(obj: Any, field: str) -> tuple[Toleration, ...]:
     return tuple(out)
 
 
+def parse_resources(m: Mapping[str, Any], field: str) -> Resources:
+    """A ``{cpu, memory, nvidia.com/gpu}`` map (requests, or a node's capacity) as
+    Resources; absent keys are 0, other keys are ignored. Errors name ``field.<key>``."""
+    return Resources(
+        parse_quantity(m["cpu"], f"{field}.cpu", "cpu") if "cpu" in m else 0,
+        parse_quantity(m["memory"], f"{field}.memory", "mem") if "memory" in m else 0,
+        parse_quantity(m[GPU], f"{field}.{GPU}", "count") if GPU in m else 0,
+    )
+
+
 def _requests(containers: Sequence[Any], field: str) -> Resources:
-    cpu = mem = gpu = 0
+    total = Resources()
     for i, c in enumerate(containers):
         f = f"{field}[{i}].resources"
         res = _map(_map(c, f"{field}[{i}]").get("resources"), f)
         req = dict(_map(res.get("limits"), f"{f}.limits"))  # limits default the requests
         req.update(_map(res.get("requests"), f"{f}.requests"))
-        if "cpu" in req:
-            cpu += parse_quantity(req["cpu"], f"{f}.requests.cpu", "cpu")
-        if "memory" in req:
-            mem += parse_quantity(req["memory"], f"{f}.requests.memory", "mem")
-        if GPU in req:
-            gpu += parse_quantity(req[GPU], f"{f}.requests.{GPU}", "count")
-    return Resources(cpu, mem, gpu)
+        total = total + parse_resources(req, f"{f}.requests")
+    return total
 
 
 def _number(v: Any, field: str, minimum: float = 0.0, strict: bool = False) -> float:
@@ -312,10 +317,7 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
         if k not in ("cpu", "memory", GPU):
             raise SpecError(f"{where}requests.{k}",
                             "unknown resource (cpu, memory, nvidia.com/gpu)")
-    res = Resources(
-        parse_quantity(req["cpu"], f"{where}requests.cpu", "cpu") if "cpu" in req else 0,
-        parse_quantity(req["memory"], f"{where}requests.memory", "mem") if "memory" in req else 0,
-        parse_quantity(req[GPU], f"{where}requests.{GPU}", "count") if GPU in req else 0)
+    res = parse_resources(req, f"{where}requests")
     replicas = _int(doc.get("replicas", 1), f"{where}replicas")
     extras = _extras(lambda k: doc.get(_CAMEL[k]), "", lambda k: f"{where}{_CAMEL[k]}")
     base = Workload(

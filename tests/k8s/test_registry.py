@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_core.k8s.registry import NodeRegistry, RegistryConfig, quantity
+from cloud_core.errors import SpecError
+from cloud_core.k8s.registry import NodeRegistry, RegistryConfig, resources_of
 from cloud_core.placement import Health, Resources
 from tests.k8s.conftest import Cluster
 
@@ -59,7 +60,9 @@ def test_registry_from_node_objects(cluster: Cluster) -> None:
 
 
 def test_quantities() -> None:
-    assert quantity("500m") == 0.5 and quantity("4Gi") == 4 * 2**30 and quantity(2) == 2.0
-    assert quantity("1e3") == 1000.0 and quantity("1k") == 1000.0
-    with pytest.raises(ValueError):
-        quantity("lots")
+    assert resources_of({"cpu": "500m", "memory": "4Gi", "nvidia.com/gpu": 2}) == \
+        Resources(500, 4 * 2**30, 2)
+    assert resources_of({"cpu": 2, "memory": "1e3"}) == Resources(2000, 1000, 0)
+    assert resources_of({"memory": "1k"}).mem_bytes == 1000
+    with pytest.raises(SpecError):
+        resources_of({"cpu": "lots"})
