@@ -35,9 +35,6 @@ class EventLog:
         self._ring: deque[Event] = deque(maxlen=keep)
         self._lock = threading.Lock()
 
-    def set_publisher(self, publish: Callable[[Event], None]) -> None:
-        self._publish = publish
-
     def emit(
         self,
         kind: str,

@@ -88,10 +88,6 @@ class StateSnapshot:
         v = self.nodes.get(node)
         return math.inf if v is None or v.last_report == 0 else self.now - v.last_report
 
-    def link_age(self, src: str, dst: str) -> float:
-        lk = self.links.get((src, dst))
-        return math.inf if lk is None else self.now - lk.updated
-
 
 @dataclass(slots=True)
 class _Node:
@@ -145,14 +141,6 @@ class ClusterState:
         self._addr_owner: dict[str, str] = {}
 
     # ------------------------------------------------------------------ writes
-
-    def is_duplicate(self, node: str, boot: str, seq: int) -> bool:
-        with self._lock:
-            n = self._nodes.get(node)
-            if n is None or boot not in n.seen:
-                return False
-            hwm, recent = n.seen[boot]
-            return seq in recent or seq <= hwm - DEDUPE_WINDOW
 
     def apply_report(self, r: TelemetryReport, now: float) -> bool:
         """Fold one validated report in; False (and no change) if already seen."""

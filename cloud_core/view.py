@@ -123,25 +123,3 @@ def render_links(snap: StateSnapshot, node: str | None = None) -> str:
         for r in link_rows(snap, node)
     ]
     return table(rows, ("FROM", "TO", "RTT p50", "p95", "LOSS", "TX", "RX", "AGE"))
-
-
-def render_matrix(snap: StateSnapshot) -> str:
-    """A node × node matrix of p50 RTT and loss: rows measure, columns are peers."""
-    names = sorted(snap.nodes)
-    if not names:
-        return "(no nodes yet)"
-    header = ["from \\ to", *names]
-    rows = []
-    for src in names:
-        row: list[str] = [src]
-        for dst in names:
-            if src == dst:
-                row.append("·")
-                continue
-            lk = snap.links.get((src, dst))
-            if lk is None:
-                row.append("-")
-            else:
-                row.append(f"{fmt_us(lk.rtt_p50_us)} {lk.loss * 100:.0f}%")
-        rows.append(row)
-    return table(rows, header)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,6 @@ class AgentConfig:
     buffer_max_bytes: int = 16 * 1024 * 1024
     buffer_max_age_s: float = 7 * 86400.0
     metrics_port: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_password(self) -> str | None:
         if self.password is not None:
@@ -89,8 +88,6 @@ def load_config(argv: list[str] | None = None) -> AgentConfig:
     p = argparse.ArgumentParser(prog="cfnet-agent", description="cfnet edge agent")
     p.add_argument("-c", "--config", type=Path, help="YAML config file")
     for f in fields(AgentConfig):
-        if f.name == "extra":
-            continue
         flag = "--" + f.name.replace("_", "-")
         if f.name in _BOOLS:
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
