@@ -85,16 +85,7 @@ def node_rows(snap: StateSnapshot, cfg: HealthConfig = HealthConfig()) -> list[d
 
 
 def render_nodes(snap: StateSnapshot, cfg: HealthConfig = HealthConfig()) -> str:
-    rows = [
-        (
-            r["node"], r["health"], r["probe"],
-            f"{r['cpu_util'] * 100:.0f}%/{r['cpu_cores']}" if r["cpu_util"] is not None else "-",
-            f"{fmt_bytes(r['mem_used_bytes'])}/{fmt_bytes(r['mem_total_bytes'])}",
-            r["gpus"], fmt_age(r["age_s"]), r["reports"], r["buffered"],
-        )
-        for r in node_rows(snap, cfg)
-    ]
-    return table(rows, ("NODE", "HEALTH", "PROBE", "CPU", "MEMORY", "GPU", "AGE", "REPORTS", "BUF"))
+    return nodes_table(node_rows(snap, cfg))
 
 
 def link_rows(snap: StateSnapshot, node: str | None = None) -> list[dict[str, Any]]:
@@ -114,12 +105,34 @@ def link_rows(snap: StateSnapshot, node: str | None = None) -> list[dict[str, An
 
 
 def render_links(snap: StateSnapshot, node: str | None = None) -> str:
+    return links_table(link_rows(snap, node))
+
+
+def cut(s: Any, n: int) -> str:
+    """``s`` in at most ``n`` characters ('-' for None), an ellipsis marking a cut."""
+    s = "-" if s is None else str(s)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def nodes_table(data: list[dict[str, Any]]) -> str:
+    """Node rows (``node_rows`` or the console's richer ones) as an 80-column table."""
     rows = [
-        (
-            r["src"], r["dst"], fmt_us(r["rtt_p50_us"]), fmt_us(r["rtt_p95_us"]),
-            f"{r['loss'] * 100:.1f}%", fmt_bps(r["tx_bps"]), fmt_bps(r["rx_bps"]),
-            fmt_age(r["age_s"]),
-        )
-        for r in link_rows(snap, node)
+        (cut(r["node"], 16), r["health"] + ("/cordon" if r.get("cordoned") else ""),
+         cut(r.get("region"), 8), r.get("security_level", "-"),
+         f"{(r['cpu_util'] or 0) * 100:.0f}%" if r.get("cpu_util") is not None else "-",
+         fmt_bytes(r.get("mem_used_bytes")), r.get("workloads", 0),
+         fmt_age(r["age_s"]) if r.get("age_s") is not None else "never",
+         r.get("probe", "-"))
+        for r in data
     ]
-    return table(rows, ("FROM", "TO", "RTT p50", "p95", "LOSS", "TX", "RX", "AGE"))
+    return table(rows, ("NODE", "HEALTH", "REGION", "SEC", "CPU", "MEM", "WL", "SEEN", "PROBE"))
+
+
+def links_table(data: list[dict[str, Any]]) -> str:
+    rows = [
+        (cut(r["src"], 14), cut(r["dst"], 14), fmt_us(r["rtt_p50_us"]),
+         fmt_us(r["rtt_p95_us"]), f"{r['loss'] * 100:.1f}%", fmt_bps(r["tx_bps"]),
+         fmt_age(r["age_s"]))
+        for r in data
+    ]
+    return table(rows, ("FROM", "TO", "RTT p50", "p95", "LOSS", "TX", "AGE"))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
-from cloud_core.view import fmt_age, fmt_bps, fmt_us, table
+from cloud_core.view import fmt_bps, fmt_us, nodes_table, table
 from edge_agent.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.lab import Lab, SiteSpec
@@ -99,16 +99,12 @@ def render(c: ConsoleClient) -> str:
                 row.append(f"{fmt_us(r['rtt_p50_us'])} {r['loss'] * 100:.0f}% "
                            f"{fmt_bps(r['tx_bps'])}")
         matrix.append(row)
-    node_rows = [(short[n["node"]], n["health"], n["region"], n["security_level"],
-                  n["probe"], f"{(n['cpu_util'] or 0) * 100:.0f}%", n["workloads"],
-                  fmt_age(n["age_s"] if n["age_s"] is not None else float("inf")))
-                 for n in nodes]
     wl_rows = [(w["name"], w["state"], (w["node"] or "-").replace("edge-", ""),
                 (w["reason"] or "")[:40]) for w in wl]
     return "\n\n".join([
         "LINKS (row measures column: RTT p50, loss, throughput)",
         table(matrix, ["", *[short[n] for n in names]]),
-        table(node_rows, ["NODE", "HEALTH", "REGION", "SEC", "PROBE", "CPU", "WL", "AGE"]),
+        nodes_table(nodes),
         table(wl_rows, ["WORKLOAD", "STATE", "NODE", "WHY NOT"]),
     ])
 

@@ -23,7 +23,7 @@ import yaml
 
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
 from cloud_core.console.map import render_map
-from cloud_core.view import fmt_age, fmt_bps, fmt_bytes, fmt_us, table
+from cloud_core.view import cut, links_table, nodes_table, table
 from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import EVENTS_TOPIC
 
@@ -82,37 +82,9 @@ def _parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------- rendering
 
 
-def _cut(s: Any, n: int) -> str:
-    s = "-" if s is None else str(s)
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
-def render_nodes(data: list[dict[str, Any]]) -> str:
-    rows = [
-        (_cut(r["node"], 16), r["health"] + ("/cordon" if r.get("cordoned") else ""),
-         _cut(r.get("region"), 8), r.get("security_level", "-"),
-         f"{(r['cpu_util'] or 0) * 100:.0f}%" if r.get("cpu_util") is not None else "-",
-         fmt_bytes(r.get("mem_used_bytes")), r.get("workloads", 0),
-         fmt_age(r["age_s"]) if r.get("age_s") is not None else "never",
-         r.get("probe", "-"))
-        for r in data
-    ]
-    return table(rows, ("NODE", "HEALTH", "REGION", "SEC", "CPU", "MEM", "WL", "SEEN", "PROBE"))
-
-
-def render_links(data: list[dict[str, Any]]) -> str:
-    rows = [
-        (_cut(r["src"], 14), _cut(r["dst"], 14), fmt_us(r["rtt_p50_us"]),
-         fmt_us(r["rtt_p95_us"]), f"{r['loss'] * 100:.1f}%", fmt_bps(r["tx_bps"]),
-         fmt_age(r["age_s"]))
-        for r in data
-    ]
-    return table(rows, ("FROM", "TO", "RTT p50", "p95", "LOSS", "TX", "AGE"))
-
-
 def render_workloads(data: list[dict[str, Any]]) -> str:
-    rows = [(_cut(f"{w['namespace']}/{w['name']}", 24), w["state"], _cut(w["node"], 14),
-             _cut(w["reason"], 30)) for w in data]
+    rows = [(cut(f"{w['namespace']}/{w['name']}", 24), w["state"], cut(w["node"], 14),
+             cut(w["reason"], 30)) for w in data]
     return table(rows, ("WORKLOAD", "STATE", "NODE", "REASON"))
 
 
@@ -123,7 +95,7 @@ def render_events(data: list[dict[str, Any]]) -> str:
 def render_event(e: dict[str, Any]) -> str:
     ts = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
     sev = {"critical": "CRIT", "warning": "WARN"}.get(e.get("severity", ""), "info")
-    return _cut(f"{ts} {sev:4} {e.get('kind', ''):9} {e.get('message', '')}", WIDTH)
+    return cut(f"{ts} {sev:4} {e.get('kind', ''):9} {e.get('message', '')}", WIDTH)
 
 
 def render_explain(d: dict[str, Any]) -> str:
@@ -142,21 +114,21 @@ def render_explain(d: dict[str, Any]) -> str:
 
 
 def render_decisions(d: dict[str, Any]) -> str:
-    rows = [(_cut(x["workload_uid"], 26), _cut(x.get("node"), 14), _cut(x.get("runner_up"), 12),
-             _cut(x.get("summary"), 24)) for x in d["decisions"]]
+    rows = [(cut(x["workload_uid"], 26), cut(x.get("node"), 14), cut(x.get("runner_up"), 12),
+             cut(x.get("summary"), 24)) for x in d["decisions"]]
     return table(rows, ("WORKLOAD", "WOULD GO TO", "RUNNER-UP", "WHY")) + \
         "\n(what-if: nothing was changed)"
 
 
 def render(cmd: str, data: Any) -> str:
     if cmd == "nodes":
-        return render_nodes(data)
+        return nodes_table(data)
     if cmd == "links":
-        return render_links(data)
+        return links_table(data)
     if cmd == "workloads":
         return render_workloads(data)
     if cmd == "placements":
-        prow = [(n, len(u), _cut(", ".join(u), 55)) for n, u in sorted(data.items())]
+        prow = [(n, len(u), cut(", ".join(u), 55)) for n, u in sorted(data.items())]
         return table(prow, ("NODE", "N", "WORKLOADS"))
     if cmd == "explain":
         return render_explain(data)
@@ -165,7 +137,7 @@ def render(cmd: str, data: Any) -> str:
     if cmd == "events":
         return render_events(data)
     if cmd in ("submit",):
-        return table([(_cut(r["uid"], 40), r["result"]) for r in data], ("WORKLOAD", "RESULT"))
+        return table([(cut(r["uid"], 40), r["result"]) for r in data], ("WORKLOAD", "RESULT"))
     if cmd in ("cordon", "uncordon"):
         return f"node {data['node']} {'cordoned' if data['cordoned'] else 'uncordoned'}" + \
             ("" if data.get("changed") else " (already)")
@@ -174,8 +146,8 @@ def render(cmd: str, data: Any) -> str:
     if cmd == "delete":
         return f"deleted {data['uid']}" + (f" (was on {data['was_on']})" if data["was_on"] else "")
     if cmd == "audit":
-        rows = [(time.strftime("%m-%d %H:%M:%S", time.localtime(a["ts"])), _cut(a["operator"], 10),
-                 _cut(a["cmd"], 10), _cut(a["result"], 40)) for a in data]
+        rows = [(time.strftime("%m-%d %H:%M:%S", time.localtime(a["ts"])), cut(a["operator"], 10),
+                 cut(a["cmd"], 10), cut(a["result"], 40)) for a in data]
         return table(rows, ("WHEN", "WHO", "WHAT", "RESULT"))
     return json.dumps(data, indent=2)
 
@@ -238,8 +210,8 @@ def top(client: ConsoleClient, interval: float, iterations: int, timeout: float)
             screen = "\n\n".join([
                 time.strftime("cfnet top — %H:%M:%S") + f"   nodes {len(nodes)}  "
                 f"links {len(links)}   (Ctrl-C to quit)",
-                render_nodes(nodes),
-                "SLOWEST LINKS\n" + render_links(worst),
+                nodes_table(nodes),
+                "SLOWEST LINKS\n" + links_table(worst),
                 "ALERTS\n" + (render_events(alerts) if alerts else "(none)"),
             ])
             if sys.stdout.isatty():
