@@ -14,11 +14,11 @@ from pathlib import Path
 
 import yaml
 
+from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.errors import CoreError
 from cloud_core.registry import load_registry
 from cloud_core.service import CoreConfig, CoreService
 from cloud_core.view import render_links, render_nodes
-from edge_agent.mqtt import MqttSettings
 
 log = logging.getLogger("cfnet.core")
 
@@ -26,13 +26,8 @@ log = logging.getLogger("cfnet.core")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="cfnet-core", description="cfnet cloud core")
-    p.add_argument("--broker-host", default=env("CFNET_BROKER_HOST", "127.0.0.1"))
-    p.add_argument("--broker-port", type=int, default=int(env("CFNET_BROKER_PORT", "8883")))
+    add_broker_args(p)
     p.add_argument("--username", default=env("CFNET_USERNAME", "core-0"))
-    p.add_argument("--password", default=env("CFNET_PASSWORD"))
-    p.add_argument("--password-file", type=Path, default=env("CFNET_PASSWORD_FILE"))
-    p.add_argument("--ca-file", type=Path, default=env("CFNET_CA_FILE"))
-    p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--db", type=Path, default=Path(env("CFNET_DB", "/var/lib/cfnet-core/core.db")),
                    help="SQLite database: workloads, placements, journal, audit")
     p.add_argument("--registry", type=Path, default=env("CFNET_REGISTRY"),
@@ -78,16 +73,7 @@ def load_roles(path: Path | None) -> dict[str, str]:
 
 
 def build_config(a: argparse.Namespace) -> CoreConfig:
-    password = a.password
-    if password is None and a.password_file is not None:
-        try:
-            password = a.password_file.read_text().strip()
-        except OSError as exc:
-            raise CoreError(f"cannot read {a.password_file}: {exc}") from exc
-    settings = MqttSettings(
-        host=a.broker_host, port=a.broker_port, username=a.username, password=password,
-        tls=a.tls, ca_file=a.ca_file, client_id=a.username, keepalive_s=5,
-    )
+    settings = broker_settings(a, a.username, client_id=a.username, keepalive_s=5)
     return CoreConfig(
         mqtt=settings, db_path=a.db, registry=load_registry(a.registry),
         roles=load_roles(a.roles), step_interval_s=a.step_interval,

@@ -21,8 +21,10 @@ from typing import Any
 
 import yaml
 
+from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
 from cloud_core.console.map import render_map
+from cloud_core.errors import CoreError
 from cloud_core.view import cut, links_table, nodes_table, table
 from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import EVENTS_TOPIC
@@ -33,14 +35,9 @@ WIDTH = 80
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="cfnetctl", description="cfnet operator console (MQTT)")
-    p.add_argument("--broker-host", default=env("CFNET_BROKER_HOST", "127.0.0.1"))
-    p.add_argument("--broker-port", type=int, default=int(env("CFNET_BROKER_PORT", "8883")))
+    add_broker_args(p)
     p.add_argument("--user", default=env("CFNET_USER", env("USER", "operator")),
                    help="operator account (also $CFNET_USER)")
-    p.add_argument("--password", default=env("CFNET_PASSWORD"))
-    p.add_argument("--password-file", type=Path, default=env("CFNET_PASSWORD_FILE"))
-    p.add_argument("--ca-file", type=Path, default=env("CFNET_CA_FILE"))
-    p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--timeout", type=float, default=float(env("CFNET_TIMEOUT", "5")),
                    help="seconds to wait for the broker and the core (default 5)")
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
@@ -227,19 +224,12 @@ def top(client: ConsoleClient, interval: float, iterations: int, timeout: float)
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    password = a.password
-    if password is None and a.password_file is not None:
-        try:
-            password = a.password_file.read_text().strip()
-        except OSError as exc:
-            print(f"cfnetctl: cannot read password file {a.password_file}: {exc.strerror}",
-                  file=sys.stderr)
-            return 2
-    settings = MqttSettings(
-        host=a.broker_host, port=a.broker_port, username=a.user, password=password,
-        tls=a.tls, ca_file=a.ca_file, client_id="", clean_start=True, session_expiry_s=0,
-        keepalive_s=max(5, int(a.timeout)),
-    )
+    try:
+        settings = broker_settings(a, a.user, client_id="", clean_start=True,
+                                   session_expiry_s=0, keepalive_s=max(5, int(a.timeout)))
+    except CoreError as exc:
+        print(f"cfnetctl: {exc}", file=sys.stderr)
+        return 2
     args: dict[str, Any] = {}
     try:
         if a.cmd in ("submit", "what-if"):
