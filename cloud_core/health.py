@@ -109,6 +109,8 @@ def peers_see(
 
 
 def all_health(snap: StateSnapshot, cfg: HealthConfig = HealthConfig()) -> dict[str, Health]:
+    # Runs every scheduler step and every scrape: the peer index (a pass over
+    # all links) is built only once some node's verdict can depend on it.
     index: PeerIndex | None = None
     out: dict[str, Health] = {}
     for n in snap.nodes:

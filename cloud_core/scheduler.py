@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cloud_core.actuators import Actuator
@@ -126,8 +126,6 @@ class Scheduler:
         if w is None:
             w = parse_spec(row.spec)
             if w.uid != row.uid:
-                from dataclasses import replace
-
                 w = replace(w, uid=row.uid)
             self._parsed[row.uid] = w
         return w
