@@ -1,7 +1,8 @@
 """MQTT ingest: validate every message, count and drop bad ones, fold good ones into state.
 
 Nothing that arrives here can crash the loop or touch state unless it fully
-validates: parsing is done by the wire contract into frozen dataclasses first,
+validates: parsing is done into the wire contract's frozen dataclasses first
+(by the compiled decoder in ``decode.py``, which answers as the contract does),
 and only a complete report is applied. Drops are counted by reason so an
 operator can see *why* a device's data is missing.
 """
@@ -15,8 +16,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cloud_core.decode import ReportDecoder
 from cloud_core.state import ClusterState
-from edge_agent.wire import WireError, parse_report, parse_status, split_topic
+from edge_agent.wire import WireError, parse_status, split_topic
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ class Ingest:
     def __init__(self, state: ClusterState, clock: Callable[[], float] = time.time) -> None:
         self.state = state
         self._clock = clock
+        self.decoder = ReportDecoder()
         self._lock = threading.Lock()
         self._accepted = 0
         self._duplicates = 0
@@ -68,7 +71,7 @@ class Ingest:
                 raise WireError("topic", f"not a node topic: {topic[:80]}")
             now = self._clock()
             if leaf == "telemetry":
-                report = parse_report(payload, topic_node=ident)
+                report = self.decoder.decode(payload, ident)
                 if not self.state.apply_report(report, now):
                     with self._lock:
                         self._duplicates += 1
