@@ -52,6 +52,10 @@ class MqttSettings:
     clean_start: bool = False
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
+    # QoS 1 messages sent before waiting for acknowledgements. An agent sends
+    # one report a second, so 20 is plenty; a load generator speaking for
+    # thousands of nodes over one connection needs up to the broker's limit.
+    max_inflight: int = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +144,7 @@ class MqttClient:
         # paho sends (and on reconnect re-sends) in-flight QoS 1 messages in
         # order, and the broker keeps per-topic order, so a bounded window keeps
         # oldest-first delivery while not waiting a round trip per report.
-        c.max_inflight_messages_set(20)
+        c.max_inflight_messages_set(settings.max_inflight)
         c.max_queued_messages_set(0)
         if settings.username is not None:
             c.username_pw_set(settings.username, settings.password)

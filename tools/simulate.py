@@ -57,6 +57,7 @@ from typing import Any
 
 from edge_agent.mqtt import MqttClient, MqttSettings, PublishHandle
 from edge_agent.wire import status_topic, telemetry_topic
+from tools.publisher import Publisher, PublisherError
 
 log = logging.getLogger("tools.simulate")
 
@@ -446,6 +447,55 @@ def _asdict(nd: VNode) -> dict[str, Any]:
 # ====================================================================== runner
 
 
+class _PahoSender:
+    """The project's paho adapter behind the same small interface as :class:`Publisher`.
+
+    Kept for comparison (``--client paho``): the lean publisher is the default
+    because paho's per-message cost made the simulator the bottleneck.
+    """
+
+    def __init__(self, settings: MqttSettings) -> None:
+        self.settings = settings
+        self._client = MqttClient(settings)
+        self._pending: deque[PublishHandle] = deque()
+        self.sent = 0
+
+    def connect(self, timeout_s: float) -> None:
+        self._client.start()
+        if not self._client.wait_connected(timeout_s):
+            raise SimError(f"{self.settings.username}: not connected "
+                           f"({self._client.last_refusal or 'timeout'})")
+
+    @property
+    def in_flight(self) -> int:
+        while self._pending and self._pending[0].done():  # acks come back in order
+            self._pending.popleft()
+        return len(self._pending)
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self._pending.append(self._client.publish(topic, payload, qos=1, retain=retain))
+        self.sent += 1
+
+    def flush(self) -> None:
+        pass  # paho's network thread sends
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        if timeout_s > 0 and self.in_flight:
+            time.sleep(timeout_s)
+
+    def drain(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.in_flight == 0
+
+    def close(self) -> None:
+        self._client.stop()
+
+
+Sender = Publisher | _PahoSender
+
+
 @dataclass(slots=True)
 class SliceStats:
     """What one connection did (offered = reports due; published = handed to MQTT)."""
@@ -480,7 +530,7 @@ class Simulator:
 
     def __init__(self, world: World, connections: Sequence[MqttSettings], *,
                  shard: tuple[int, int] = (0, 1), tick_s: float = 0.01,
-                 max_pending: int = 2000,
+                 max_pending: int = 2000, client: str = "lean",
                  on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         if not connections:
             raise SimError("at least one connection (sim account) is needed")
@@ -497,6 +547,9 @@ class Simulator:
         # past this the slice waits (as an agent does), so a slow broker shows up
         # as late reports instead of an unbounded queue in the client.
         self.max_pending = max_pending
+        if client not in ("lean", "paho"):
+            raise SimError(f"client must be lean or paho, not {client!r}")
+        self.client = client
         self.stats: list[SliceStats] = []
         self.events: list[dict[str, Any]] = []
         self._events_lock = threading.Lock()
@@ -516,16 +569,15 @@ class Simulator:
 
     def run(self, *, connect_timeout_s: float = 20.0) -> dict[str, Any]:
         """Connect, announce, publish for ``duration_s`` (or until :meth:`stop`), summarise."""
-        clients: list[MqttClient] = []
+        clients: list[Sender] = []
         try:
             for s, _nodes in self._slices:
-                c = MqttClient(s)
-                c.start()
+                c: Sender = Publisher(s) if self.client == "lean" else _PahoSender(s)
                 clients.append(c)
-            for c in clients:
-                if not c.wait_connected(connect_timeout_s):
-                    raise SimError(f"{c.settings.username}: not connected "
-                                   f"({c.last_refusal or 'timeout'})")
+                try:
+                    c.connect(connect_timeout_s)
+                except PublisherError as exc:
+                    raise SimError(f"{s.username}: {exc}") from exc
             self.t0 = time.time()
             for d in self.cfg.degradations:
                 self._schedule_note("degradation", d.at_s, d.duration_s, site=d.site,
@@ -542,7 +594,7 @@ class Simulator:
                 t.join(self.cfg.duration_s + 60)
         finally:
             for c in clients:
-                c.stop()
+                c.close()
         return self.summary()
 
     def _schedule_note(self, kind: str, at: float, dur: float, **kw: Any) -> None:
@@ -554,15 +606,14 @@ class Simulator:
                     self._event(f"{kind}_end", **kw)
         threading.Thread(target=note, daemon=True).start()
 
-    def _run_slice(self, client: MqttClient, nodes: list[VNode], st: SliceStats) -> None:
+    def _run_slice(self, client: Sender, nodes: list[VNode], st: SliceStats) -> None:
         world, cfg = self.world, self.cfg
         rnd = random.Random(cfg.seed * 7919 + (nodes[0].index if nodes else 0))
         period = 1.0 / cfg.rate
         runs = {nd.index: _NodeRun(boot=uuid.uuid4().hex[:12]) for nd in nodes}
-        pending: deque[PublishHandle] = deque()
         for nd in nodes:
             self._publish(client, status_topic(nd.name), world.status(nd, "online",
-                          runs[nd.index].boot), st, retain=True, pending=None)
+                          runs[nd.index].boot), st, retain=True)
             st.statuses += 1
         # spread the slice evenly over one period (offset by its position in the fleet)
         n_all = cfg.nodes
@@ -584,27 +635,31 @@ class Simulator:
                 i = (i + 1) % len(order)
                 if t_due >= end:
                     break
-                self._node_tick(client, nd, run, t_due, now, st, rnd, pending)
-            while pending and pending[0].done():  # acks come back in order
-                pending.popleft()
-            while len(pending) >= self.max_pending and not self._stop.is_set() \
-                    and time.time() < end:
-                time.sleep(0.002)
-                while pending and pending[0].done():
-                    pending.popleft()
-            wait = min(self.tick_s, max(0.0, due[order[i]] - time.time()))
-            if wait > 0:
-                self._stop.wait(wait)
+                self._node_tick(client, nd, run, t_due, now, st, rnd)
+            try:
+                client.flush()
+                client.poll()
+                while client.in_flight >= self.max_pending and not self._stop.is_set() \
+                        and time.time() < end:
+                    client.poll(0.002)
+                wait = min(self.tick_s, max(0.0, due[order[i]] - time.time()))
+                if wait > 0:
+                    # Waiting for the next node to be due is also when acks are read.
+                    client.poll(wait)
+            except PublisherError as exc:
+                st.errors += 1
+                log.error("%s: %s", st.account, exc)
+                return
         # acknowledged = published minus what is still in flight after a grace period
-        deadline = time.monotonic() + 15.0
-        while time.monotonic() < deadline and st.acked < st.published:
-            st.acked = st.published - sum(1 for h in pending if not h.done())
-            if st.acked < st.published:
-                time.sleep(0.05)
+        try:
+            client.drain(15.0)
+        except PublisherError as exc:
+            st.errors += 1
+            log.error("%s: %s", st.account, exc)
+        st.acked = max(0, st.published - client.in_flight)
 
-    def _node_tick(self, client: MqttClient, nd: VNode, run: _NodeRun, t_due: float,
-                   now: float, st: SliceStats, rnd: random.Random,
-                   pending: deque[PublishHandle]) -> None:
+    def _node_tick(self, client: Sender, nd: VNode, run: _NodeRun, t_due: float,
+                   now: float, st: SliceStats, rnd: random.Random) -> None:
         world = self.world
         t = t_due - self.t0
         st.offered += 1
@@ -614,8 +669,7 @@ class Simulator:
                 run.cut = cut
                 if cut.will:
                     self._publish(client, status_topic(nd.name),
-                                  world.status(nd, "offline", run.boot), st, retain=True,
-                                  pending=None)
+                                  world.status(nd, "offline", run.boot), st, retain=True)
                     st.statuses += 1
                 if nd.index == self.world.by_site[nd.site][0]:
                     self._event("disconnect_start", site=nd.site, at_s=cut.at_s)
@@ -626,7 +680,7 @@ class Simulator:
         if run.cut is not None:
             run.cut = None
             self._publish(client, status_topic(nd.name), world.status(nd, "online", run.boot),
-                          st, retain=True, pending=None)
+                          st, retain=True)
             st.statuses += 1
             if nd.index == self.world.by_site[nd.site][0]:
                 self._event("disconnect_end", site=nd.site)
@@ -634,7 +688,7 @@ class Simulator:
             for seq, ts, tb in run.backlog:
                 rep = world.report_bytes(nd, seq, run.boot, ts, tb, rnd, buffered=left)
                 left -= 1
-                self._publish(client, telemetry_topic(nd.name), rep, st, pending=pending)
+                self._publish(client, telemetry_topic(nd.name), rep, st)
                 st.backlog_sent += 1
             run.backlog.clear()
         lag = now - t_due
@@ -643,22 +697,18 @@ class Simulator:
             st.late += 1
         run.seq += 1
         rep = world.report_bytes(nd, run.seq, run.boot, time.time(), t, rnd)
-        self._publish(client, telemetry_topic(nd.name), rep, st, pending=pending)
+        self._publish(client, telemetry_topic(nd.name), rep, st)
         st.published += 1
 
-    def _publish(self, client: MqttClient, topic: str, body: dict[str, Any] | bytes,
-                 st: SliceStats, *, retain: bool = False,
-                 pending: deque[PublishHandle] | None) -> None:
+    def _publish(self, client: Sender, topic: str, body: dict[str, Any] | bytes,
+                 st: SliceStats, *, retain: bool = False) -> None:
         payload = body if isinstance(body, bytes) else json.dumps(
             body, separators=(",", ":")).encode()
         try:
-            h = client.publish(topic, payload, qos=1, retain=retain)
+            client.publish(topic, payload, retain=retain)
         except Exception:
             st.errors += 1
             log.exception("publish failed")
-            return
-        if pending is not None:
-            pending.append(h)
 
     def summary(self) -> dict[str, Any]:
         tot: dict[str, Any] = {k: sum(getattr(s, k) for s in self.stats)
@@ -686,7 +736,8 @@ def settings_from_pki(pki: Path, accounts: Sequence[str], host: str, port: int,
             raise SimError(f"no password for {a} in {pki}: {exc}") from exc
         out.append(MqttSettings(host=host, port=port, username=a, password=pw, tls=tls,
                                 ca_file=ca_file or (pki / "ca.crt"), client_id=a,
-                                keepalive_s=10, session_expiry_s=0, clean_start=True))
+                                keepalive_s=10, session_expiry_s=0, clean_start=True,
+                                max_inflight=100))  # the broker's own limit
     return out
 
 
@@ -714,6 +765,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--shard", default="0/1", help="i/n: run connections k with k %% n == i")
     ap.add_argument("--max-pending", type=int, default=2000,
                     help="unacknowledged QoS 1 reports per connection before it waits")
+    ap.add_argument("--client", choices=("lean", "paho"), default="lean",
+                    help="publisher: lean (tools.publisher, default) or paho (edge_agent.mqtt)")
     ap.add_argument("--registry-out", type=Path, default=None,
                     help="write the fleet's node registry (YAML) here and continue")
     ap.add_argument("--quiet", action="store_true")
@@ -734,7 +787,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         si, _, sn = a.shard.partition("/")
         conns = settings_from_pki(a.pki, [x for x in a.accounts.split(",") if x],
                                   a.broker_host, a.broker_port, a.ca_file, tls=not a.no_tls)
-        sim = Simulator(world, conns, shard=(int(si), int(sn or 1)), max_pending=a.max_pending)
+        sim = Simulator(world, conns, shard=(int(si), int(sn or 1)), max_pending=a.max_pending,
+                        client=a.client)
         summary = sim.run()
     except (SimError, ValueError) as exc:
         print(f"simulate: {exc}", flush=True)

@@ -108,13 +108,15 @@ def test_schedule_parsing_and_bounds() -> None:
 # ---------------------------------------------------------------------------- broker + core
 
 
+@pytest.mark.parametrize("client", ["lean", "paho"])
 def test_core_accepts_every_simulated_report(broker: Broker, cores: list[CoreService],
-                                             tmp_path: Path) -> None:
-    core = start_core(broker, "core-sim1", tmp_path, place=False)
+                                             tmp_path: Path, client: str) -> None:
+    core = start_core(broker, f"core-sim1{client[0]}", tmp_path, place=False)
     cores.append(core)
     w = World(SimConfig(nodes=300, rate=2.0, duration_s=4.0, regions=2, sites_per_region=3,
                         seed=3, node_prefix="sa"))
-    summary = Simulator(w, sim_settings(broker, ["sim-a0", "sim-a1", "sim-a2"])).run()
+    accounts = [f"sim-a{client[0]}{i}" for i in range(3)]
+    summary = Simulator(w, sim_settings(broker, accounts), client=client).run()
     assert summary["errors"] == 0 and summary["connections"] == 3
     assert summary["acked"] == summary["published"] > 0
     c = wait_for(lambda: (lambda c: c if c.accepted >= summary["published"] else None)(
