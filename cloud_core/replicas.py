@@ -12,16 +12,17 @@ parsing and validation stay split.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from cloud_core.state import ClusterState
 from edge_agent.mqtt import Message, MqttClient
-from edge_agent.wire import WireError, digest_topic, load_json, split_topic
+from edge_agent.wire import MAX_PAYLOAD_BYTES, WireError, digest_topic, split_topic
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,18 @@ MAX_DIGEST_BYTES = 200 * 1024
 
 
 def encode_digests(items: list[dict[str, Any]], limit: int = MAX_DIGEST_BYTES) -> list[bytes]:
-    """Items split into JSON messages of at most ``limit`` bytes each."""
+    """Items split into JSON messages of at most ``limit`` bytes each.
+
+    msgspec encodes (dataclasses such as ``Resources`` included) several times
+    faster than ``json.dumps`` of ``asdict``: at 5,000 nodes a second the
+    digest would otherwise cost a replica a fifth of a core.
+    """
+    enc = msgspec.json.Encoder()
     out: list[bytes] = []
     chunk: list[bytes] = []
     size = 0
     for it in items:
-        b = json.dumps(it, separators=(",", ":")).encode()
+        b = enc.encode(it)
         if chunk and size + len(b) + 16 > limit:
             out.append(b'{"v":1,"items":[' + b",".join(chunk) + b"]}")
             chunk, size = [], 0
@@ -99,11 +106,14 @@ class DigestExchange:
             _area, sender, _leaf = split_topic(m.topic)
             if sender == self.replica:
                 return  # our own digest, echoed back
-            body = load_json(m.payload)
+            if len(m.payload) > MAX_PAYLOAD_BYTES:
+                raise WireError("oversized", f"{len(m.payload)} bytes")
+            # JSON as load_json reads it (NaN and Infinity refused), compiled.
+            body = msgspec.json.decode(m.payload)
             items = body["items"] if isinstance(body, dict) else None
             if not isinstance(items, list):
                 raise WireError("schema", "digest without items")
-        except (WireError, KeyError) as exc:
+        except (WireError, KeyError, msgspec.DecodeError) as exc:
             self.bad_items += 1
             log.warning("bad digest on %.80s: %s", m.topic, exc)
             return

@@ -12,7 +12,7 @@ import math
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -245,7 +245,7 @@ class ClusterState:
                     "node": name, "boot": n.boot, "seq": n.seq, "probe": n.probe,
                     "age": now - n.last_report if n.last_report else None,
                     "report_ts": n.report_ts, "interval_s": n.interval_s,
-                    "res": asdict(n.resources) if n.resources else None,
+                    "res": n.resources,  # a dataclass: the digest encoder writes it as JSON
                     "buffered": n.buffered, "dropped": n.dropped, "status": n.status,
                     "status_age": now - n.status_ts if n.status_ts else None,
                     "addresses": list(n.addresses), "labels": [list(kv) for kv in n.agent_labels],
