@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--apply-interval", type=float, default=0.0,
                    help="pause between node applies (paces large roll-outs)")
     p.add_argument("--no-place", action="store_true", help="ingest only (follower replica)")
+    p.add_argument("--mqtt-in-process", action="store_true",
+                   help="keep the MQTT connection in the core's own process (default: a "
+                        "child process, so receiving and ingesting use two CPUs)")
     p.add_argument("--metrics-port", type=int, default=env("CFNET_METRICS_PORT"),
                    help="serve Prometheus metrics on this port (default: off)")
     k = p.add_argument_group("Kubernetes (place pods with schedulerName: cfnet-scheduler)")
@@ -81,6 +84,7 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
         # With Kubernetes, pods are placed by the actuator below, not by the local loop.
         place=not (a.no_place or a.kubernetes), console=not a.no_place,
         metrics_port=int(a.metrics_port) if a.metrics_port is not None else None,
+        mqtt_process=not a.mqtt_in_process,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from cloud_core.mqtt_process import MqttProcess
 from cloud_core.state import ClusterState
 from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import MAX_PAYLOAD_BYTES, WireError, digest_topic, split_topic
@@ -58,7 +59,7 @@ class DigestExchange:
         self,
         replica: str,
         state: ClusterState,
-        mqtt: MqttClient,
+        mqtt: MqttClient | MqttProcess,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:

@@ -25,6 +25,7 @@ from cloud_core.events import Event, EventLog
 from cloud_core.health import HealthConfig
 from cloud_core.ingest import Ingest
 from cloud_core.metrics import CoreMetrics
+from cloud_core.mqtt_process import MqttProcess
 from cloud_core.registry import Registry
 from cloud_core.replicas import DigestExchange
 from cloud_core.scheduler import Scheduler
@@ -60,6 +61,9 @@ class CoreConfig:
     digest_interval_s: float = 1.0  # with share_group: how often replicas exchange digests
     metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
     metrics_addr: str = "0.0.0.0"
+    # MQTT in a child process (cloud_core/mqtt_process.py), so receiving and
+    # ingesting use two CPUs; cfnet-core turns it on, tests mostly keep one process.
+    mqtt_process: bool = False
 
 
 class CoreService:
@@ -71,7 +75,10 @@ class CoreService:
         self.ingest = Ingest(self.state, clock)
         self.store = Store(cfg.db_path, clock)
         self.events = EventLog(self._publish_event, clock)
-        self.mqtt = MqttClient(cfg.mqtt, on_message=self._on_message)
+        self.mqtt: MqttClient | MqttProcess = (
+            MqttProcess(cfg.mqtt, on_message=self._on_message) if cfg.mqtt_process
+            else MqttClient(cfg.mqtt, on_message=self._on_message)
+        )
         self.actuator = actuator or LocalActuator(
             lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True)
         )

@@ -3,15 +3,18 @@
 One TLS Mosquitto (the harness broker, production settings), one run, three parts:
 
 1. **Drain capacity.** The fleet simulator queues ``--drain`` telemetry reports
-   (plus 10,000 retained statuses) on the broker for three offline persistent
+   (plus 10,000 retained statuses) on the broker for four offline persistent
    sessions at once; then each receiver connects alone and drains its queue:
    a **raw paho-mqtt** loop that only counts (the baseline), the project's
    MQTT adapter (``edge_agent.mqtt.MqttClient``) that only counts, and the
-   **core** (``CoreService``: parse, validate, dedupe, fold into state).
+   **core** (``CoreService``: parse, validate, dedupe, fold into state), once
+   with its MQTT connection in its own process and once in a child process
+   (``cloud_core.mqtt_process``, what ``cfnet-core`` runs).
    Rate = reports / (last - first arrival). Nothing else is publishing while
    a receiver drains, so this is each receive path's own ceiling here.
 2. **Live fleet.** ``--nodes`` simulated nodes at ``--rate`` reports/s each for
-   ``--live`` seconds into one core (scheduler running, /metrics on): accepted
+   ``--live`` seconds into one core (as ``cfnet-core`` runs it: MQTT in a child
+   process; once ingest-only, once with the scheduler on; /metrics on): accepted
    reports/s, staleness (age of each node's latest report at the core, as the
    core's ``cfnet_node_staleness_seconds`` defines it) p50/p99/max sampled
    every second, and data age (now - the report's own timestamp). The core's
@@ -234,7 +237,8 @@ def drain_phase(broker: Broker, work: Path, n_reports: int, nodes: int, seed: in
     raw_c = broker.add_account("core-braw", "core")
     ad_c = broker.add_account("core-badapt", "core")
     core_c = broker.add_account("core-bdrain", "core")
-    # 1. create the three persistent sessions (subscribed), then leave them offline
+    proc_c = broker.add_account("core-bdrainp", "core")
+    # 1. create the four persistent sessions (subscribed), then leave them offline
     raw = RawLoop(broker, raw_c)
     raw.start()
     raw.wait_subscribed(15)
@@ -244,11 +248,13 @@ def drain_phase(broker: Broker, work: Path, n_reports: int, nodes: int, seed: in
     ad.mqtt.wait_connected(15)
     time.sleep(0.5)
     ad.stop()
-    core = CoreService(core_config(broker, core_c, work / "drain0.db", place=False))
-    core.start()
-    core.mqtt.wait_connected(15)
-    time.sleep(0.5)
-    core.stop()
+    for creds, proc in ((core_c, False), (proc_c, True)):
+        core = CoreService(core_config(broker, creds, work / f"drain0{proc:d}.db", place=False,
+                                       mqtt_process=proc))
+        core.start()
+        core.mqtt.wait_connected(15)
+        time.sleep(0.5)
+        core.stop()
     # Offered 2 reports/s per node; the simulator sends what it can in the time
     # (bounded), and exactly what it sent is what each session has queued. Other
     # work on a shared machine comes and goes: every round queues a fresh batch
@@ -264,7 +270,7 @@ def drain_phase(broker: Broker, work: Path, n_reports: int, nodes: int, seed: in
                       prefix=f"d{r}")
         queued = int(sim["published"])
         queued_all.append(queued)
-        log(f"drain round {r + 1}: {queued} reports queued for 3 sessions "
+        log(f"drain round {r + 1}: {queued} reports queued for 4 sessions "
             f"(simulator sent {queued / max(sim['elapsed_s'], 1e-9):,.0f}/s)")
         got: list[DrainResult] = []
         raw = RawLoop(broker, raw_c)
@@ -277,13 +283,17 @@ def drain_phase(broker: Broker, work: Path, n_reports: int, nodes: int, seed: in
         s, n = timed_drain(lambda ad=ad: ad.count, queued, 300)  # type: ignore[misc]
         ad.stop()
         got.append(DrainResult("MqttClient adapter (count only)", n, s))
-        core = CoreService(core_config(broker, core_c, work / f"drain{r}.db", place=False))
-        core.start()
-        s, n = timed_drain(lambda core=core: core.ingest.counters().accepted,  # type: ignore[misc]
-                           queued, 300)
-        rejected += core.ingest.counters().rejected_total
-        core.stop()
-        got.append(DrainResult("core ingest (parse, validate, state)", n, s))
+        for creds, proc, name in (
+                (core_c, False, "core ingest, one process (parse, validate, state)"),
+                (proc_c, True, "core ingest, MQTT in a child process (cfnet-core default)")):
+            core = CoreService(core_config(broker, creds, work / f"drain{r}{proc:d}.db",
+                                           place=False, mqtt_process=proc))
+            core.start()
+            s, n = timed_drain(lambda core=core: core.ingest.counters().accepted,  # type: ignore[misc]
+                               queued, 300)
+            rejected += core.ingest.counters().rejected_total
+            core.stop()
+            got.append(DrainResult(name, n, s))
         for d in got:
             log(f"  {d.name}: {d.reports} in {d.seconds:.2f} s = {d.rate:,.0f}/s")
             if d.name not in best or d.rate > best[d.name].rate:
@@ -359,7 +369,7 @@ def live_phase(broker: Broker, work: Path, nodes: int, rate: float, seconds: flo
     name = "core-blead" if place else "core-bingest"
     creds = broker.add_account(name, "core")
     core = CoreService(core_config(broker, creds, work / f"{name}.db", metrics_port=0,
-                                   metrics_addr="127.0.0.1", place=place))
+                                   metrics_addr="127.0.0.1", place=place, mqtt_process=True))
     core.start()
     core.mqtt.wait_connected(15)
     assert core.metrics_port is not None

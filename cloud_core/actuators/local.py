@@ -10,11 +10,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from cloud_core.errors import CoreError
 from cloud_core.store import WorkloadRow
-from edge_agent.mqtt import PublishHandle
 from edge_agent.wire import SCHEMA_VERSION, placements_topic
+
+
+class Acknowledgeable(Protocol):
+    """A QoS 1 publish in flight (``edge_agent.mqtt.PublishHandle`` or the MQTT process's)."""
+
+    def wait(self, timeout_s: float) -> bool: ...
 
 
 class ActuationError(CoreError):
@@ -39,7 +45,7 @@ class LocalActuator:
 
     def __init__(
         self,
-        publish: Callable[[str, bytes], PublishHandle],
+        publish: Callable[[str, bytes], Acknowledgeable],
         ack_timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:

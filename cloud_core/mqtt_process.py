@@ -1,0 +1,362 @@
+"""The core's MQTT connection in a child process, so receiving and ingesting run in parallel.
+
+paho's receive path costs about 50 µs of Python per message, the core's
+decode, validation and fold about 25 µs more. In one process they share one
+GIL and one CPU: the core drained about half of what a bare paho loop
+receives. Here the connection (``edge_agent.mqtt.MqttClient``, unchanged)
+lives in a child process that forwards messages to the core in batches over a
+pipe, and takes the core's publishes the other way; the core spends its CPU
+on ingest while the child spends another CPU on MQTT.
+
+:class:`MqttProcess` has the surface of ``MqttClient`` that the core uses
+(``subscribe``, ``start``, ``stop``, ``connected``, ``wait_connected``,
+``last_refusal``, ``publish`` returning a handle with ``wait`` and ``done``).
+Messages reach ``on_message`` in broker order, on one thread. The child
+acknowledges a QoS 1 message once it is queued for the core, not once it is
+folded in: telemetry state is rebuilt from the next reports anyway, and the
+core's durable work (plans, placements) is journalled separately.
+
+The child exits when the core asks, and on its own when the core goes away
+(its end of the pipe closes), so a killed core leaves no orphan holding the
+account's session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from cloud_core.errors import CoreError
+from edge_agent.mqtt import Message, MqttSettings
+
+log = logging.getLogger(__name__)
+
+# A batch goes to the core when it holds this many messages, or after this
+# long: large enough to amortise the pipe, short enough to add no visible delay.
+BATCH_MAX = 512
+BATCH_WAIT_S = 0.002
+
+_Wire = tuple[str, bytes, int, bool, str | None, bytes | None, tuple[tuple[str, str], ...]]
+# A publish the broker has not acknowledged after this long is reported failed,
+# so one lost acknowledgement cannot hold up the ones behind it.
+ACK_GIVE_UP_S = 60.0
+
+
+class MqttProcessError(CoreError):
+    """The MQTT child process could not be started or died."""
+
+
+class RemoteHandle:
+    """A QoS>0 publish made through the child; resolved when the broker acks it."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self._done = threading.Event()
+        self._ok = False
+
+    def resolve(self, ok: bool) -> None:
+        self._ok = ok
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the broker acked the message; False on timeout or refusal."""
+        return self._done.wait(timeout_s) and self._ok
+
+    def done(self) -> bool:
+        return self._done.is_set() and self._ok
+
+
+class MqttProcess:
+    def __init__(self, settings: MqttSettings,
+                 on_message: Callable[[Message], None] | None = None) -> None:
+        self.settings = settings
+        self._on_message = on_message
+        self._subs: list[tuple[str, int, bool]] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cmd: Connection | None = None
+        self._cmd_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._connected = threading.Event()
+        self._refusal = ""
+        self._tokens = itertools.count(1)
+        self._handles: dict[int, RemoteHandle] = {}
+        self._handles_lock = threading.Lock()
+        self.handler_errors = 0
+        self.received = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def subscribe(self, topic: str, qos: int = 1, *, no_local: bool = False) -> None:
+        self._subs.append((topic, qos, no_local))
+        if self._cmd is not None:
+            self._send(("sub", topic, qos, no_local))
+
+    def start(self) -> None:
+        """Start the child (it connects in the background); returns at once."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        # A fresh interpreter (python -m cloud_core.mqtt_process) rather than
+        # multiprocessing: never fork a process that runs threads, and do not
+        # re-import the parent's __main__ as spawn would.
+        cmd_r, cmd_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cloud_core.mqtt_process", str(cmd_r), str(out_w)],
+                pass_fds=(cmd_r, out_w), stdin=subprocess.DEVNULL, close_fds=True,
+            )
+        except OSError as exc:
+            for fd in (cmd_r, cmd_w, out_r, out_w):
+                os.close(fd)
+            raise MqttProcessError(f"cannot start the MQTT process: {exc}") from exc
+        os.close(cmd_r)
+        os.close(out_w)
+        self._proc = proc
+        self._cmd = Connection(cmd_w, readable=False)
+        self._send(("init", self.settings, list(self._subs),
+                    logging.getLogger().getEffectiveLevel()))
+        out = Connection(out_r, writable=False)
+        self._reader = threading.Thread(target=self._read, args=(out,), name="cfnet-mqtt-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def stop(self, *, graceful: bool = True) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        self._send(("stop", graceful))
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("MQTT process did not stop; killing it")
+            proc.kill()
+            proc.wait(timeout=5)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        if self._cmd is not None:
+            self._cmd.close()
+            self._cmd = None
+        self._connected.clear()
+        with self._handles_lock:
+            for h in self._handles.values():
+                h.resolve(False)
+            self._handles.clear()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    @property
+    def last_refusal(self) -> str:
+        return self._refusal
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
+                response_topic: str | None = None, correlation_data: bytes | None = None,
+                message_expiry_s: int | None = None) -> RemoteHandle:
+        h = RemoteHandle(next(self._tokens))
+        if qos > 0:
+            with self._handles_lock:
+                self._handles[h.token] = h
+        else:
+            h.resolve(True)
+        if not self._send(("pub", h.token, topic, payload, qos, retain, response_topic,
+                           correlation_data, message_expiry_s)):
+            self._resolve(h.token, False)
+        return h
+
+    # ------------------------------------------------------------------ internals
+
+    def _send(self, cmd: tuple[Any, ...]) -> bool:
+        with self._cmd_lock:
+            if self._cmd is None:
+                return False
+            try:
+                self._cmd.send(cmd)
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def _resolve(self, token: int, ok: bool) -> None:
+        with self._handles_lock:
+            h = self._handles.pop(token, None)
+        if h is not None:
+            h.resolve(ok)
+
+    def _read(self, conn: Connection) -> None:
+        on_message = self._on_message
+        while True:
+            try:
+                kind, body = conn.recv()
+            except (EOFError, OSError):
+                break
+            if kind == "msgs":
+                for topic, payload, qos, retain, rt, cd, up in body:
+                    self.received += 1
+                    if on_message is None:
+                        continue
+                    try:
+                        on_message(Message(topic, payload, qos, retain, rt, cd, up))
+                    except Exception:
+                        self.handler_errors += 1
+                        log.exception("MQTT handler failed")
+            elif kind == "state":
+                connected, refusal = body
+                self._refusal = refusal
+                if connected:
+                    self._connected.set()
+                else:
+                    self._connected.clear()
+            elif kind == "acks":
+                for token, ok in body:
+                    self._resolve(token, ok)
+        conn.close()
+        if self._proc is not None:  # not asked to stop: the child died
+            log.error("MQTT process exited unexpectedly")
+        self._connected.clear()
+
+
+# ====================================================================== the child
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: ``python -m cloud_core.mqtt_process <command fd> <output fd>``."""
+    args = sys.argv[1:] if argv is None else argv
+    cmd = Connection(int(args[0]), writable=False)
+    out = Connection(int(args[1]), readable=False)
+    try:
+        kind, settings, subs, level = cmd.recv()
+    except (EOFError, OSError, ValueError):
+        return 1
+    if kind != "init":
+        return 1
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _Child(settings, subs, cmd, out).run()
+    return 0
+
+
+class _Child:
+    """Runs in the child: one MqttClient, a forwarder, an ack waiter, the command loop."""
+
+    def __init__(self, settings: MqttSettings, subs: list[tuple[str, int, bool]],
+                 cmd: Connection, out: Connection) -> None:
+        from edge_agent.mqtt import MqttClient  # paho only in the child
+
+        self.cmd, self.out = cmd, out
+        self.inbox: deque[_Wire] = deque()
+        self.pending: deque[tuple[int, Any, float]] = deque()
+        self.pending_ready = threading.Event()
+        self.stopping = threading.Event()
+        self.out_lock = threading.Lock()
+        self.client = MqttClient(settings, on_message=self._on_message)
+        for topic, qos, no_local in subs:
+            self.client.subscribe(topic, qos=qos, no_local=no_local)
+
+    def _on_message(self, m: Message) -> None:
+        # deque.append is atomic: no lock on paho's network thread.
+        self.inbox.append((m.topic, m.payload, m.qos, m.retain, m.response_topic,
+                           m.correlation_data, m.user_properties))
+
+    def _emit(self, kind: str, body: Any) -> bool:
+        with self.out_lock:
+            try:
+                self.out.send((kind, body))
+            except (OSError, ValueError):
+                self.stopping.set()  # the core is gone
+                return False
+        return True
+
+    def run(self) -> None:
+        self.client.start()
+        threads = [threading.Thread(target=self._forward, name="forward", daemon=True),
+                   threading.Thread(target=self._acks, name="acks", daemon=True)]
+        for t in threads:
+            t.start()
+        graceful = True
+        try:
+            while not self.stopping.is_set():
+                try:
+                    c = self.cmd.recv()
+                except (EOFError, OSError):
+                    break  # the core went away
+                if c[0] == "pub":
+                    _, token, topic, payload, qos, retain, rt, cd, exp = c
+                    try:
+                        h = self.client.publish(topic, payload, qos=qos, retain=retain,
+                                                response_topic=rt, correlation_data=cd,
+                                                message_expiry_s=exp)
+                    except Exception as exc:
+                        log.warning("publish to %.80s failed: %s", topic, exc)
+                        if qos > 0:
+                            self._emit("acks", [(token, False)])
+                        continue
+                    if qos > 0:
+                        self.pending.append((token, h, time.monotonic()))
+                        self.pending_ready.set()
+                elif c[0] == "sub":
+                    self.client.subscribe(c[1], qos=c[2], no_local=c[3])
+                elif c[0] == "stop":
+                    graceful = bool(c[1])
+                    break
+        finally:
+            self.stopping.set()
+            self.pending_ready.set()
+            self.client.stop(graceful=graceful)
+            for t in threads:
+                t.join(timeout=5)
+            while self._flush():
+                pass
+            self.out.close()
+
+    def _flush(self) -> int:
+        batch: list[_Wire] = []
+        inbox = self.inbox
+        while inbox and len(batch) < BATCH_MAX:
+            batch.append(inbox.popleft())
+        if batch:
+            self._emit("msgs", batch)
+        return len(batch)
+
+    def _forward(self) -> None:
+        last_state: tuple[bool, str] = (False, "")
+        ppid = os.getppid()
+        while not self.stopping.is_set():
+            state = (self.client.connected, self.client.last_refusal)
+            if state != last_state:
+                last_state = state
+                self._emit("state", state)
+            if self._flush() < BATCH_MAX:
+                time.sleep(BATCH_WAIT_S)
+            if os.getppid() != ppid:  # re-parented: the core died without closing
+                self.stopping.set()
+                self.cmd.close()
+
+    def _acks(self) -> None:
+        # QoS 1 acks come back in order, so waiting on the oldest is enough.
+        while not self.stopping.is_set() or self.pending:
+            if not self.pending:
+                self.pending_ready.wait(0.5)
+                self.pending_ready.clear()
+                continue
+            token, h, t0 = self.pending[0]
+            if h.wait(0.2) or self.stopping.is_set() \
+                    or time.monotonic() - t0 > ACK_GIVE_UP_S:
+                self.pending.popleft()
+                self._emit("acks", [(token, h.done())])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
