@@ -225,10 +225,33 @@ class DrainResult:
     name: str
     reports: int
     seconds: float
+    cpu_s: float = math.nan  # CPU of the receiving processes over the drain (not the broker's)
+
+    @property
+    def cpu_us_per_report(self) -> float:
+        return self.cpu_s / self.reports * 1e6 if self.reports else math.nan
 
     @property
     def rate(self) -> float:
         return self.reports / self.seconds if self.seconds > 0 else math.nan
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def receiver_cpu_s(core: CoreService | None = None) -> float:
+    """This process's CPU, plus the core's MQTT child process if it has one."""
+    total = process_cpu_s(os.getpid())
+    proc = getattr(core.mqtt, "_proc", None) if core is not None else None
+    if proc is not None:
+        total += process_cpu_s(proc.pid)
+    return total
 
 
 def drain_phase(broker: Broker, work: Path, n_reports: int, nodes: int, seed: int,
@@ -274,28 +297,37 @@ def drain_phase(broker: Broker, work: Path, n_reports: int, nodes: int, seed: in
             f"(simulator sent {queued / max(sim['elapsed_s'], 1e-9):,.0f}/s)")
         got: list[DrainResult] = []
         raw = RawLoop(broker, raw_c)
+        c0 = receiver_cpu_s()
         raw.start()
         s, n = timed_drain(lambda raw=raw: raw.count, queued, 300)  # type: ignore[misc]
+        c1 = receiver_cpu_s()
         raw.stop()
-        got.append(DrainResult("raw paho loop (count only)", n, s))
+        got.append(DrainResult("raw paho loop (count only)", n, s, c1 - c0))
         ad = AdapterLoop(broker, ad_c)
+        c0 = receiver_cpu_s()
         ad.start()
         s, n = timed_drain(lambda ad=ad: ad.count, queued, 300)  # type: ignore[misc]
+        c1 = receiver_cpu_s()
         ad.stop()
-        got.append(DrainResult("MqttClient adapter (count only)", n, s))
+        got.append(DrainResult("MqttClient adapter (count only)", n, s, c1 - c0))
         for creds, proc, name in (
                 (core_c, False, "core ingest, one process (parse, validate, state)"),
                 (proc_c, True, "core ingest, MQTT in a child process (cfnet-core default)")):
             core = CoreService(core_config(broker, creds, work / f"drain{r}{proc:d}.db",
                                            place=False, mqtt_process=proc))
             core.start()
+            # From the connection on: the child's interpreter start-up is not ingest.
+            core.mqtt.wait_connected(15)
+            c0 = receiver_cpu_s(core)
             s, n = timed_drain(lambda core=core: core.ingest.counters().accepted,  # type: ignore[misc]
                                queued, 300)
+            c1 = receiver_cpu_s(core)
             rejected += core.ingest.counters().rejected_total
             core.stop()
-            got.append(DrainResult(name, n, s))
+            got.append(DrainResult(name, n, s, c1 - c0))
         for d in got:
-            log(f"  {d.name}: {d.reports} in {d.seconds:.2f} s = {d.rate:,.0f}/s")
+            log(f"  {d.name}: {d.reports} in {d.seconds:.2f} s = {d.rate:,.0f}/s, "
+                f"{d.cpu_us_per_report:.0f} us CPU/report")
             if d.name not in best or d.rate > best[d.name].rate:
                 best[d.name] = d
     results = list(best.values())
@@ -527,6 +559,10 @@ def table(drain: list[DrainResult], dinfo: dict[str, Any], lives: list[dict[str,
         lines.append(f"| drain {dinfo['queued']:,} queued reports (best of {dinfo['rounds']}): "
                      f"{d.name}, reports/s | "
                      f"{fmt(d.rate)} | raw paho {fmt(raw)} | {d.rate / raw:.0%} |")
+    names = ", ".join(d.name.split(" (")[0] for d in drain[1:])
+    lines.append(f"| drain: receiver CPU per report, µs ({names}) | "
+                 f"{' / '.join(f'{d.cpu_us_per_report:.0f}' for d in drain[1:])} | "
+                 f"raw paho {drain[0].cpu_us_per_report:.0f} | |")
     for live in lives:
         what = "full core, scheduler on" if live["place"] else "ingest-only replica"
         lines += [
