@@ -226,6 +226,7 @@ class DrainResult:
     reports: int
     seconds: float
     cpu_s: float = math.nan  # CPU of the receiving processes over the drain (not the broker's)
+    short: str = ""
 
     @property
     def cpu_us_per_report(self) -> float:
@@ -302,17 +303,19 @@ def drain_phase(broker: Broker, work: Path, n_reports: int, nodes: int, seed: in
         s, n = timed_drain(lambda raw=raw: raw.count, queued, 300)  # type: ignore[misc]
         c1 = receiver_cpu_s()
         raw.stop()
-        got.append(DrainResult("raw paho loop (count only)", n, s, c1 - c0))
+        got.append(DrainResult("raw paho loop (count only)", n, s, c1 - c0, "raw paho"))
         ad = AdapterLoop(broker, ad_c)
         c0 = receiver_cpu_s()
         ad.start()
         s, n = timed_drain(lambda ad=ad: ad.count, queued, 300)  # type: ignore[misc]
         c1 = receiver_cpu_s()
         ad.stop()
-        got.append(DrainResult("MqttClient adapter (count only)", n, s, c1 - c0))
-        for creds, proc, name in (
-                (core_c, False, "core ingest, one process (parse, validate, state)"),
-                (proc_c, True, "core ingest, MQTT in a child process (cfnet-core default)")):
+        got.append(DrainResult("MqttClient adapter (count only)", n, s, c1 - c0, "adapter"))
+        for creds, proc, name, short in (
+                (core_c, False, "core ingest, one process (parse, validate, state)",
+                 "core, one process"),
+                (proc_c, True, "core ingest, MQTT in a child process (cfnet-core default)",
+                 "core, MQTT child")):
             core = CoreService(core_config(broker, creds, work / f"drain{r}{proc:d}.db",
                                            place=False, mqtt_process=proc))
             core.start()
@@ -324,7 +327,7 @@ def drain_phase(broker: Broker, work: Path, n_reports: int, nodes: int, seed: in
             c1 = receiver_cpu_s(core)
             rejected += core.ingest.counters().rejected_total
             core.stop()
-            got.append(DrainResult(name, n, s, c1 - c0))
+            got.append(DrainResult(name, n, s, c1 - c0, short))
         for d in got:
             log(f"  {d.name}: {d.reports} in {d.seconds:.2f} s = {d.rate:,.0f}/s, "
                 f"{d.cpu_us_per_report:.0f} us CPU/report")
@@ -559,10 +562,11 @@ def table(drain: list[DrainResult], dinfo: dict[str, Any], lives: list[dict[str,
         lines.append(f"| drain {dinfo['queued']:,} queued reports (best of {dinfo['rounds']}): "
                      f"{d.name}, reports/s | "
                      f"{fmt(d.rate)} | raw paho {fmt(raw)} | {d.rate / raw:.0%} |")
-    names = ", ".join(d.name.split(" (")[0] for d in drain[1:])
-    lines.append(f"| drain: receiver CPU per report, µs ({names}) | "
-                 f"{' / '.join(f'{d.cpu_us_per_report:.0f}' for d in drain[1:])} | "
-                 f"raw paho {drain[0].cpu_us_per_report:.0f} | |")
+    names = " / ".join(d.short or d.name for d in drain[1:])
+    if drain[1:]:
+        lines.append(f"| drain: receiver CPU per report, µs ({names}) | "
+                     f"{' / '.join(f'{d.cpu_us_per_report:.0f}' for d in drain[1:])} | "
+                     f"raw paho {drain[0].cpu_us_per_report:.0f} | |")
     for live in lives:
         what = "full core, scheduler on" if live["place"] else "ingest-only replica"
         lines += [
@@ -606,9 +610,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--core-nodes", type=int, default=2000,
                     help="fleet size for the live part with the scheduler on")
     ap.add_argument("--share-nodes", type=int, default=2000,
-                    help="fleet size for the two-replica part (at 10,000 on 2 CPUs the "
-                         "replicas fall behind and their /metrics stop answering: "
-                         "docs/scale.md)")
+                    help="fleet size for the two-replica part (at 10,000 on 2 CPUs two "
+                         "replicas fall behind where one core keeps up: docs/scale.md)")
     ap.add_argument("--live", type=float, default=40.0, help="seconds of the live parts")
     ap.add_argument("--drain", type=int, default=60_000, help="reports queued for the drain")
     ap.add_argument("--seed", type=int, default=1)
