@@ -38,6 +38,7 @@ from typing import Literal
 from edge_agent.wire import MAX_PAYLOAD_BYTES
 from tools.certs import CertError, CertStore, Credentials, Role
 from tools.netns import in_netns
+from tools.publisher import utf8_field, varint
 
 __all__ = ["Broker", "BrokerError", "Credentials", "Role", "free_port"]
 
@@ -61,20 +62,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _encode_str(value: str) -> bytes:
-    raw = value.encode()
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def _remaining_length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def mqtt_connect_probe(
     host: str,
     port: int,
@@ -89,16 +76,16 @@ def mqtt_connect_probe(
     Raises OSError (ssl.SSLError included) when no CONNACK comes back.
     """
     flags = 0x02  # clean session
-    payload = _encode_str(f"cfnet-probe-{os.getpid()}-{time.monotonic_ns() % 10**9}")
+    payload = utf8_field(f"cfnet-probe-{os.getpid()}-{time.monotonic_ns() % 10**9}")
     if username is not None:
         flags |= 0x80
-        payload += _encode_str(username)
+        payload += utf8_field(username)
         if password is not None:
             flags |= 0x40
-            payload += _encode_str(password)
-    variable = _encode_str("MQTT") + bytes([4, flags]) + (10).to_bytes(2, "big")
+            payload += utf8_field(password)
+    variable = utf8_field("MQTT") + bytes([4, flags]) + (10).to_bytes(2, "big")
     body = variable + payload
-    packet = bytes([0x10]) + _remaining_length(len(body)) + body
+    packet = bytes([0x10]) + varint(len(body)) + body
     raw = socket.create_connection((host, port), timeout=timeout_s)
     sock: socket.socket = raw
     try:

@@ -53,6 +53,7 @@ class PublisherError(RuntimeError):
 
 
 def varint(n: int) -> bytes:
+    """MQTT's variable byte integer (the remaining length of a packet)."""
     out = bytearray()
     while True:
         byte, n = n % 128, n // 128
@@ -75,7 +76,8 @@ def _read_varint(buf: bytes | bytearray, i: int) -> tuple[int, int] | None:
     raise PublisherError("malformed remaining length")
 
 
-def _utf8(s: str) -> bytes:
+def utf8_field(s: str) -> bytes:
+    """A length-prefixed UTF-8 string, as MQTT writes them."""
     b = s.encode()
     return struct.pack("!H", len(b)) + b
 
@@ -85,12 +87,12 @@ def connect_packet(client_id: str, username: str | None, password: str | None,
     flags = (0x02 if clean_start else 0) | (0x80 if username is not None else 0) \
         | (0x40 if password is not None else 0)
     props = b"\x11" + struct.pack("!I", session_expiry_s) if session_expiry_s else b""
-    body = _utf8("MQTT") + bytes([5, flags]) + struct.pack("!H", keepalive_s) \
-        + varint(len(props)) + props + _utf8(client_id)
+    body = utf8_field("MQTT") + bytes([5, flags]) + struct.pack("!H", keepalive_s) \
+        + varint(len(props)) + props + utf8_field(client_id)
     if username is not None:
-        body += _utf8(username)
+        body += utf8_field(username)
     if password is not None:
-        body += _utf8(password)
+        body += utf8_field(password)
     return b"\x10" + varint(len(body)) + body
 
 
