@@ -15,6 +15,17 @@ class ScoreWeights:
     data: float = 1.0
     latency: float = 0.01  # $/hour for using the whole SLA (margin 0)
     balance: float = 0.01  # $/hour for filling a node to 100 %
+    # Soft node affinity: $/hour for matching none of a workload's preferred terms (a node
+    # matching all of them pays 0, one matching half the weight pays half). 0.05 $/h is a
+    # 20 % price gap on a quarter of a $1/h node, or the whole latency and balance terms
+    # five times over: a preferred node wins over a slightly cheaper, emptier or closer one
+    # but not over one that saves real money. A hard constraint always wins whatever this
+    # is: filters remove nodes before any cost is looked at, so no cost can buy them back.
+    affinity: float = 0.05
+    # Per PreferNoSchedule taint the workload doesn't tolerate ($/hour). The same scale as a
+    # full preference: "avoid if you can" weighs like "prefer if you can", so a preferred
+    # node with one such taint nets out and the other terms decide.
+    taint: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,13 @@ _KEY_GETTER = operator.attrgetter(*_KEY_FIELDS)
 
 
 def class_key(w: Workload) -> tuple[Hashable, ...]:
-    """Workloads with equal keys are interchangeable for placement."""
+    """Workloads with equal keys are interchangeable for placement.
+
+    Every field but uid and name is in the key -- soft ones too (``preferred_node_affinity``,
+    tolerations of ``PreferNoSchedule``): two pods that differ only in what they prefer have
+    different costs, so one class (one cost vector) would send both where the first prefers.
+    Taking all fields by construction means a new field can't be forgotten here.
+    """
     return _KEY_GETTER(w)
 
 
@@ -170,6 +176,7 @@ class PreparedCluster:
             self._label_ids(key)
         for key in (HOSTNAME, ZONE, REGION):
             self.ix.domain_ids(key)
+        self.ix.soft_taints()
         self.ix.latency_to(self.ix.nodes[0].name if self.ix.nodes else "")
 
     # -- filters -------------------------------------------------------------------------

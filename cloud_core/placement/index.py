@@ -13,7 +13,8 @@ import numpy as np
 from cloud_core.errors import PlacementError
 
 from .config import EngineConfig
-from .model import ClusterSnapshot, LinkInfo, NodeInfo, topology_domain
+from .filters import requirement_matches
+from .model import ClusterSnapshot, LinkInfo, NodeInfo, NodeSelectorTerm, Taint, topology_domain
 
 INF = math.inf
 
@@ -62,6 +63,8 @@ class ClusterIndex:
         self.region_id = np.array([self.regions[nd.region] for nd in nodes], dtype=np.int64)
         self.zone_id = np.array([self.zones[nd.zone] for nd in nodes], dtype=np.int64)
         self._domain_ids: dict[str, tuple[np.ndarray, dict[str, int]]] = {}
+        self._term_mask: dict[NodeSelectorTerm, np.ndarray] = {}
+        self._soft_taints: tuple[np.ndarray, list[tuple[Taint, ...]]] | None = None
         self._lat: dict[str, np.ndarray] = {}
         self._peers: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
         self._l_src = self._l_dst = np.zeros(0, dtype=np.int64)
@@ -81,6 +84,40 @@ class ClusterIndex:
             got = (arr, ids)
             self._domain_ids[key] = got
         return got
+
+    # -- labels and taints (soft costs) --------------------------------------------------
+    def term_mask(self, term: NodeSelectorTerm) -> np.ndarray:
+        """Nodes matching a node selector term (expressions ANDed; an empty term matches
+        nothing, as in Kubernetes). Each requirement is evaluated once per distinct value of
+        its label, not once per node, and the mask is kept: labels don't change within a
+        snapshot and many workload classes share their preferred terms."""
+        got = self._term_mask.get(term)
+        if got is None:
+            got = np.zeros(self.n, dtype=bool) if not term.match_expressions \
+                else np.ones(self.n, dtype=bool)
+            for req in term.match_expressions:
+                ids, values = self.domain_ids(req.key)  # -1: label absent
+                lut = np.empty(len(values) + 1, dtype=bool)
+                for v, i in values.items():
+                    lut[i] = requirement_matches(req, v)
+                lut[-1] = requirement_matches(req, None)
+                got &= lut[ids]
+            got.flags.writeable = False  # shared by every class that prefers this term
+            self._term_mask[term] = got
+        return got
+
+    def soft_taints(self) -> tuple[np.ndarray, list[tuple[Taint, ...]]]:
+        """Per node, the id of its set of ``PreferNoSchedule`` taints, and the distinct sets
+        (id 0 is the empty set when some node has none): tolerations are then matched once
+        per distinct set, not once per node."""
+        if self._soft_taints is None:
+            seen: dict[tuple[Taint, ...], int] = {(): 0}
+            ids = np.fromiter(
+                (seen.setdefault(tuple(t for t in nd.taints if t.effect == "PreferNoSchedule"),
+                                 len(seen)) for nd in self.nodes),
+                dtype=np.int64, count=self.n)
+            self._soft_taints = (ids, list(seen))
+        return self._soft_taints
 
     def locate(self, name: str | None) -> tuple[str | None, str | None, str | None]:
         """(node, zone, region) of a node, zone or region name -- in that lookup order."""

@@ -12,6 +12,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from cloud_core.errors import PlacementError
+
 
 class Health(StrEnum):
     """A node's health as the core's health tracker sees it."""
@@ -221,6 +223,8 @@ class Workload:
     requests: Resources = Resources()
     node_selector: Mapping[str, str] = field(default_factory=frozen_map)
     node_affinity: tuple[NodeSelectorTerm, ...] = ()
+    # Soft node affinity: (weight 1..100, term) pairs; a cost, never a filter (scores.py).
+    preferred_node_affinity: tuple[tuple[int, NodeSelectorTerm], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     pod_affinity: tuple[PodAffinityTerm, ...] = ()
     pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
@@ -239,6 +243,23 @@ class Workload:
         # Callers may hand in plain dicts; freeze them so workloads stay hashable.
         _freeze(self, "node_selector")
         _freeze(self, "labels")
+        if self.preferred_node_affinity:
+            check_preferences(self.preferred_node_affinity)
+
+
+def check_preferences(prefs: tuple[tuple[int, NodeSelectorTerm], ...]) -> None:
+    """Weights are whole numbers in 1..100 (Kubernetes): the affinity cost divides by their
+    sum, so a zero, negative or non-numeric weight must be refused here, not crash a solve."""
+    if not isinstance(prefs, tuple):
+        raise PlacementError(f"preferred_node_affinity must be a tuple, got {prefs!r}")
+    for i, p in enumerate(prefs):
+        if not (isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], NodeSelectorTerm)):
+            raise PlacementError(f"preferred_node_affinity[{i}] must be a (weight, "
+                                 f"NodeSelectorTerm) pair, got {p!r}")
+        w = p[0]
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
+            raise PlacementError(f"preferred_node_affinity[{i}] weight must be an integer "
+                                 f"from 1 to 100, got {w!r}")
 
 
 HOSTNAME = "kubernetes.io/hostname"

@@ -9,11 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from .config import EngineConfig
+from .filters import tolerates
 from .index import ClusterIndex
-from .model import Workload
+from .model import Taint, Toleration, Workload
 
 Arr = np.ndarray
-TERMS = ("price", "energy", "carbon", "data", "latency", "balance")
+TERMS = ("price", "energy", "carbon", "data", "latency", "balance", "affinity", "taint")
+SOFT_EFFECT = "PreferNoSchedule"
 
 
 def dominant_share(req: Arr, cap: Arr) -> Arr:
@@ -60,6 +62,46 @@ def balance_cost(alloc_after: Arr, cap: Arr) -> Arr:
     return np.minimum(dominant_share(alloc_after, cap), 1.0)
 
 
+def affinity_cost(matched: Arr, total: float) -> Arr:
+    """Soft node affinity: the share of the preferred weight a node misses (0: it matches
+    every preferred term, 1: none). Normalised by the total so that a workload with many
+    preferences can't outweigh price, latency and the rest merely by having more of them."""
+    if total <= 0:
+        return np.zeros_like(matched, dtype=np.float64)
+    return 1.0 - np.asarray(matched, dtype=np.float64) / total
+
+
+def preferred_weight(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
+                     ) -> tuple[Arr, float]:
+    """Per node of ``sel``, the summed weight of the preferred terms it matches, and the
+    total weight. Empty terms are left out of both: Kubernetes makes them no-ops."""
+    terms = [(wt, t) for wt, t in w.preferred_node_affinity if t.match_expressions]
+    total = float(sum(wt for wt, _ in terms))
+    matched = np.zeros(ix.n, dtype=np.float64)[sel]
+    for wt, t in terms:
+        matched += wt * ix.term_mask(t)[sel]
+    return matched, total
+
+
+def untolerated_soft_taints(tolerations: tuple[Toleration, ...],
+                            taints: tuple[Taint, ...]) -> int:
+    """How many ``PreferNoSchedule`` taints no toleration covers (same matching as the
+    ``taints`` filter applies to ``NoSchedule``/``NoExecute``)."""
+    return sum(1 for t in taints if t.effect == SOFT_EFFECT
+               and not any(tolerates(tol, t) for tol in tolerations))
+
+
+def taint_counts(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)) -> Arr:
+    """``untolerated_soft_taints`` on every node of ``sel``, once per distinct taint set."""
+    ids, distinct = ix.soft_taints()
+    sub = ids[sel]
+    if len(distinct) == 1:  # no node has a PreferNoSchedule taint
+        return np.zeros(sub.shape, dtype=np.float64)
+    per_set = np.array([untolerated_soft_taints(w.tolerations, ts) for ts in distinct],
+                       dtype=np.float64)
+    return per_set[sub]
+
+
 def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
                ) -> dict[str, Arr]:
     """Weighted cost terms of ``w`` on nodes ``ix.nodes[sel]`` (a dict of arrays)."""
@@ -98,6 +140,12 @@ def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
         out["latency"] = np.zeros_like(share)
     after = (ix.alloc[sel] + req) * inv
     out["balance"] = wt.balance * np.minimum(after.max(axis=1), 1.0)
+    if w.preferred_node_affinity:
+        matched, total = preferred_weight(w, ix, sel)
+        out["affinity"] = wt.affinity * affinity_cost(matched, total)
+    else:
+        out["affinity"] = np.zeros_like(share)
+    out["taint"] = wt.taint * taint_counts(w, ix, sel)
     return out
 
 

@@ -30,6 +30,7 @@ CONTROLLERS = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "DaemonSet",
                "ReplicationController")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 ANN = "cfnet.io/"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 _MEM_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
                "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
@@ -94,20 +95,41 @@ def _requirement(obj: Any, field: str) -> NodeSelectorRequirement:
     return NodeSelectorRequirement(key, op, values)
 
 
+def _node_term(obj: Any, f: str) -> NodeSelectorTerm:
+    """One node selector term; shared by required terms and preferred ``preference``s so
+    that soft and hard affinity can never disagree on what a term means."""
+    tm = _map(obj, f)
+    reqs = [_requirement(r, f"{f}.matchExpressions[{j}]")
+            for j, r in enumerate(_list(tm.get("matchExpressions"), f"{f}.matchExpressions"))]
+    for j, r in enumerate(_list(tm.get("matchFields"), f"{f}.matchFields")):
+        req = _requirement(r, f"{f}.matchFields[{j}]")
+        if req.key != "metadata.name":
+            raise SpecError(f"{f}.matchFields[{j}].key", "only metadata.name is supported")
+        reqs.append(NodeSelectorRequirement(HOSTNAME, req.operator, req.values))
+    return NodeSelectorTerm(tuple(reqs))
+
+
 def _node_terms(obj: Any, field: str) -> tuple[NodeSelectorTerm, ...]:
-    terms = []
+    return tuple(_node_term(t, f"{field}[{i}]") for i, t in enumerate(_list(obj, field)))
+
+
+def _preferred_terms(obj: Any, field: str) -> tuple[tuple[int, NodeSelectorTerm], ...]:
+    """``[{weight: 1..100, preference: <node selector term>}]`` (Kubernetes'
+    ``preferredDuringSchedulingIgnoredDuringExecution``) as (weight, term) pairs."""
+    out = []
     for i, t in enumerate(_list(obj, field)):
         f = f"{field}[{i}]"
         tm = _map(t, f)
-        reqs = [_requirement(r, f"{f}.matchExpressions[{j}]")
-                for j, r in enumerate(_list(tm.get("matchExpressions"), f"{f}.matchExpressions"))]
-        for j, r in enumerate(_list(tm.get("matchFields"), f"{f}.matchFields")):
-            req = _requirement(r, f"{f}.matchFields[{j}]")
-            if req.key != "metadata.name":
-                raise SpecError(f"{f}.matchFields[{j}].key", "only metadata.name is supported")
-            reqs.append(NodeSelectorRequirement(HOSTNAME, req.operator, req.values))
-        terms.append(NodeSelectorTerm(tuple(reqs)))
-    return tuple(terms)
+        w = tm.get("weight")
+        if w is None:
+            raise SpecError(f"{f}.weight", "is required")
+        # no strings or floats: Kubernetes' weight is an int32, and "50" is a typo to report
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
+            raise SpecError(f"{f}.weight", f"{w!r} must be an integer from 1 to 100")
+        if tm.get("preference") is None:
+            raise SpecError(f"{f}.preference", "is required")
+        out.append((w, _node_term(tm["preference"], f"{f}.preference")))
+    return tuple(out)
 
 
 def _selector(obj: Any, field: str) -> LabelSelector:
@@ -286,6 +308,8 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
         node_selector=_str_map(spec.get("nodeSelector"), f"{sp}.nodeSelector"),
         node_affinity=_node_terms(req_na.get("nodeSelectorTerms"),
                                   f"{sp}.affinity.nodeAffinity.{rq}.nodeSelectorTerms"),
+        preferred_node_affinity=_preferred_terms(
+            na.get(PREFERRED), f"{sp}.affinity.nodeAffinity.{PREFERRED}"),
         tolerations=_tolerations(spec.get("tolerations"), f"{sp}.tolerations"),
         pod_affinity=_pod_terms(pa.get(rq), f"{sp}.affinity.podAffinity.{rq}"),
         pod_anti_affinity=_pod_terms(paa.get(rq), f"{sp}.affinity.podAntiAffinity.{rq}"),
@@ -295,9 +319,9 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
 
 
 _PLAIN_KEYS = {"name", "namespace", "uid", "replicas", "requests", "nodeSelector", "nodeAffinity",
-               "tolerations", "podAffinity", "podAntiAffinity", "labels", "maxLatencyMs",
-               "latencyTo", "residency", "minSecurityLevel", "data", "dataGb", "dataLocation",
-               "costWeight", "gang"}
+               "preferredNodeAffinity", "tolerations", "podAffinity", "podAntiAffinity",
+               "labels", "maxLatencyMs", "latencyTo", "residency", "minSecurityLevel", "data",
+               "dataGb", "dataLocation", "costWeight", "gang"}
 _CAMEL = {"max-latency-ms": "maxLatencyMs", "latency-to": "latencyTo", "residency": "residency",
           "min-security-level": "minSecurityLevel", "data": "data", "data-gb": "dataGb",
           "data-location": "dataLocation", "cost-weight": "costWeight", "gang": "gang"}
@@ -324,6 +348,8 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
         uid="", name=name, namespace=ns, requests=res,
         node_selector=_str_map(doc.get("nodeSelector"), f"{where}nodeSelector"),
         node_affinity=_node_terms(doc.get("nodeAffinity"), f"{where}nodeAffinity"),
+        preferred_node_affinity=_preferred_terms(doc.get("preferredNodeAffinity"),
+                                                 f"{where}preferredNodeAffinity"),
         tolerations=_tolerations(doc.get("tolerations"), f"{where}tolerations"),
         pod_affinity=_pod_terms(doc.get("podAffinity"), f"{where}podAffinity"),
         pod_anti_affinity=_pod_terms(doc.get("podAntiAffinity"), f"{where}podAntiAffinity"),

@@ -13,6 +13,8 @@ from cloud_core.placement import (
     Health,
     LabelSelector,
     LinkInfo,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
     PodAffinityTerm,
     Resources,
     RunningPod,
@@ -23,7 +25,9 @@ from cloud_core.placement import (
     prepare,
     validate,
 )
+from cloud_core.placement.engine import class_key
 from cloud_core.placement.model import ZONE
+from cloud_core.placement.scores import TERMS
 
 SPREAD = (PodAffinityTerm(LabelSelector({"app": "web"})),)
 
@@ -169,7 +173,8 @@ def test_explain() -> None:
     assert e.summary == "1/2 nodes fit: 1 residency"
     assert e.node_reasons == ("residency",)
     assert e.best[0][0] == "a"
-    assert set(e.breakdown) == {"price", "energy", "carbon", "data", "latency", "balance"}
+    assert set(e.breakdown) == {"price", "energy", "carbon", "data", "latency", "balance",
+                                "affinity", "taint"} == set(TERMS)
     assert "b: residency" in str(e)
     with pytest.raises(PlacementError):
         explain(snap(nodes), w, node="zz")
@@ -209,3 +214,95 @@ def test_explain_a_running_workload_does_not_count_itself() -> None:
 def test_duplicate_node_is_an_error() -> None:
     with pytest.raises(PlacementError, match="twice"):
         place(snap([node("a"), node("a")]), [wl("x")])
+
+
+# -- soft costs: preferred node affinity and PreferNoSchedule taints -----------------------
+def _prefers(key: str, value: str, weight: int = 100) -> tuple[tuple[int, NodeSelectorTerm],
+                                                                 ...]:
+    return ((weight, NodeSelectorTerm((NodeSelectorRequirement(key, "In", (value,)),))),)
+
+
+SOLVERS = [EngineConfig(), EngineConfig(use_cpsat=False)]
+
+
+@pytest.mark.parametrize("cfg", SOLVERS, ids=["cpsat", "flow"])
+def test_preferred_node_affinity_picks_the_preferred_node(cfg: EngineConfig) -> None:
+    """Two otherwise identical nodes: the preference decides, even against a small price
+    edge (0.025 $/h here) and the index order that would break a tie."""
+    nodes = [node("a", price_per_hour=0.9), node("b", labels={"disk": "ssd"})]
+    assert place(snap(nodes), [wl("plain")], cfg).assignments == {"plain": "a"}
+    w = wl("w", preferred_node_affinity=_prefers("disk", "ssd"))
+    r = place(snap(nodes), [w], cfg)
+    assert r.assignments == {"w": "b"}
+    assert r.decisions[0].runner_up == "a"
+    e = explain(snap(nodes), w, node="a")
+    assert e.breakdown["affinity"] == pytest.approx(cfg.weights.affinity)
+    assert "affinity" in str(e)
+    assert explain(snap(nodes), w, node="b").breakdown["affinity"] == 0.0
+    # a large price gap is worth more than a preference
+    dear = [node("a", price_per_hour=0.5), node("b", labels={"disk": "ssd"})]
+    assert place(snap(dear), [w], cfg).assignments == {"w": "a"}
+
+
+@pytest.mark.parametrize("cfg", SOLVERS, ids=["cpsat", "flow"])
+def test_hard_constraints_win_over_preferences(cfg: EngineConfig) -> None:
+    """A preference never makes a node valid, nor a workload unplaceable."""
+    nodes = [node("a", "eu"), node("b", "us", labels={"disk": "ssd"}),
+             node("c", "eu", labels={"disk": "ssd"}, capacity=Resources(500, GIB, 0))]
+    prefs = _prefers("disk", "ssd")
+    cases = [
+        wl("residency", preferred_node_affinity=prefs, residency=frozenset({"eu"})),
+        wl("required", preferred_node_affinity=prefs, node_affinity=(NodeSelectorTerm((
+            NodeSelectorRequirement("disk", "DoesNotExist"),)),)),
+        wl("selector", preferred_node_affinity=prefs,
+           node_selector={"kubernetes.io/hostname": "a"}),
+        wl("taint", preferred_node_affinity=prefs),  # b is tainted below
+    ]
+    tainted = [nodes[0], node("b", "us", labels={"disk": "ssd"},
+                              taints=(Taint("gpu", "", "NoSchedule"),)), nodes[2]]
+    for w in cases:
+        sn = snap(tainted if w.uid == "taint" else nodes)
+        r = place(sn, [w], cfg)
+        assert r.assignments == {w.uid: "a"}, w.uid  # c is preferred too, but full
+        assert validate(sn, [w], r.assignments) == []
+    # the only preferred node is full: the pod still goes, elsewhere
+    full = [node("a"), node("b", labels={"disk": "ssd"}, allocated=Resources(4000, 0, 0))]
+    assert place(snap(full), [wl("w", preferred_node_affinity=prefs)],
+                 cfg).assignments == {"w": "a"}
+
+
+@pytest.mark.parametrize("cfg", SOLVERS, ids=["cpsat", "flow"])
+def test_prefer_no_schedule_taint_is_avoided_unless_tolerated(cfg: EngineConfig) -> None:
+    soft = Taint("spot", "", "PreferNoSchedule")
+    nodes = [node("spot", price_per_hour=0.9, taints=(soft,)), node("clean")]
+    assert place(snap(nodes), [wl("w")], cfg).assignments == {"w": "clean"}
+    tol = wl("t", tolerations=(Toleration("spot", "Exists"),))
+    assert place(snap(nodes), [tol], cfg).assignments == {"t": "spot"}  # cheaper wins again
+    # soft means soft: the only node left is tainted, and the pod goes there
+    only = [nodes[0], node("clean", allocated=Resources(4000, 0, 0))]
+    r = place(snap(only), [wl("w")], cfg)
+    assert r.assignments == {"w": "spot"}
+    assert validate(snap(only), [wl("w")], r.assignments) == []
+
+
+@pytest.mark.parametrize("cfg", SOLVERS, ids=["cpsat", "flow"])
+def test_pods_differing_only_in_preferences_are_separate_classes(cfg: EngineConfig) -> None:
+    """One batch, two pods that differ only in what they prefer (and two that differ only in
+    tolerating a soft taint): each lands on its own preferred node. Both nodes could hold
+    both pods, so pods merged into one class would share the first pod's cost and node."""
+    nodes = [node("y", labels={"site": "y"}, taints=(Taint("spot", "", "PreferNoSchedule"),)),
+             node("x", labels={"site": "x"})]
+    to_x = wl("to-x", labels={"app": "a"}, preferred_node_affinity=_prefers("site", "x"))
+    to_y = wl("to-y", labels={"app": "a"}, preferred_node_affinity=_prefers("site", "y"),
+              tolerations=(Toleration("spot", "Exists"),))
+    assert class_key(to_x) != class_key(to_y)
+    for batch in ([to_x, to_y], [to_y, to_x]):
+        r = place(snap(nodes), batch, cfg)
+        assert r.assignments == {"to-x": "x", "to-y": "y"}
+        assert r.stats["classes"] == 2
+    # only the soft-taint toleration differs: the tolerating pod takes the cheaper node
+    cheap_spot = [node("y", price_per_hour=0.9, taints=(Taint("spot", "", "PreferNoSchedule"),)),
+                  node("x")]
+    plain, tolerant = wl("plain"), wl("tolerant", tolerations=(Toleration("spot", "Exists"),))
+    r = place(snap(cheap_spot), [plain, tolerant], cfg)
+    assert r.assignments == {"plain": "x", "tolerant": "y"}

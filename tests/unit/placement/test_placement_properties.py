@@ -5,6 +5,9 @@
   (checked by the validator), or its gang is entirely unplaced;
 * on small instances the engine's objective equals a pod-level CP-SAT model's proven optimum
   (with the default solver chain, and with min-cost flow alone when constraints decompose).
+
+Batches carry soft preferences and nodes ``PreferNoSchedule`` taints: they change the
+objective (which the reference prices pod by pod), never what is valid.
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ def clusters(draw: Any, max_nodes: int = 10, running: bool = True,
             f"n{i}", region, f"{region}-{draw(st.sampled_from('xy'))}",
             security_level=draw(st.integers(0, 3)),
             labels={"tier": draw(st.sampled_from(["edge", "cloud"]))},
-            taints=(Taint("gpu", "", "NoSchedule"),) if draw(st.booleans()) and cap.gpus
-            else (),
+            taints=((Taint("gpu", "", "NoSchedule"),) if draw(st.booleans()) and cap.gpus
+                    else ()) + ((Taint("spot", "", "PreferNoSchedule"),)
+                                if draw(st.integers(0, 3)) == 0 else ()),
             capacity=cap, allocated=alloc,
             health=Health.ONLINE if healthy_only else draw(st.sampled_from(
                 [Health.ONLINE] * 6 + [Health.DOWN, Health.SUSPECT, Health.CORDONED])),
@@ -117,10 +121,19 @@ def batches(draw: Any, snap: ClusterSnapshot, max_pods: int = 12, affinity: bool
         if draw(st.integers(0, 4)) == 0:
             affinity_terms = (NodeSelectorTerm((NodeSelectorRequirement(
                 "tier", "NotIn", ("cloud",)),)),)
+        preferred: tuple[tuple[int, NodeSelectorTerm], ...] = ()
+        if draw(st.integers(0, 2)) == 0:  # soft costs: only the objective may change
+            preferred = ((draw(st.integers(1, 100)), NodeSelectorTerm((NodeSelectorRequirement(
+                "tier", "In", (draw(st.sampled_from(["edge", "cloud"])),)),))),)
+            if draw(st.booleans()):
+                preferred += ((draw(st.integers(1, 100)), NodeSelectorTerm((
+                    NodeSelectorRequirement(HOSTNAME, "In", (draw(st.sampled_from(
+                        node_names)),)),))),)
         base = dict(
             namespace="default", requests=req, node_selector=selector,
-            node_affinity=affinity_terms,
-            tolerations=(Toleration("gpu", "Exists"),) if draw(st.booleans()) else (),
+            node_affinity=affinity_terms, preferred_node_affinity=preferred,
+            tolerations=draw(st.sampled_from([(), (Toleration("gpu", "Exists"),),
+                                              (Toleration("spot", "Exists"),)])),
             pod_affinity=aff, pod_anti_affinity=anti,
             max_latency_ms=sla, latency_to=target if sla else None,
             residency=frozenset(draw(st.sets(st.sampled_from(REGIONS), max_size=2))),

@@ -6,8 +6,22 @@ import numpy as np
 import pytest
 from placement_helpers import GIB, node, snap, wl
 
-from cloud_core.placement import EngineConfig, LinkInfo, PreparedCluster, Resources, ScoreWeights
+from cloud_core.placement import (
+    EngineConfig,
+    LinkInfo,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PreparedCluster,
+    Resources,
+    ScoreWeights,
+    Taint,
+    Toleration,
+)
+from cloud_core.placement.filters import check_node_affinity
+from cloud_core.placement.model import HOSTNAME, ZONE, node_label
 from cloud_core.placement.scores import (
+    TERMS,
+    affinity_cost,
     balance_cost,
     carbon_cost,
     components,
@@ -16,8 +30,10 @@ from cloud_core.placement.scores import (
     energy_cost,
     latency_cost,
     power_kw,
+    preferred_weight,
     price_cost,
     total_cost,
+    untolerated_soft_taints,
 )
 
 A = np.asarray
@@ -109,6 +125,9 @@ def test_components_on_nodes() -> None:
     assert c["data"] == pytest.approx([0.0, 2 * 100 * 0.09 / 10])
     assert c["latency"] == pytest.approx([0.0, 0.1 * 10 / 40])
     assert c["balance"] == pytest.approx([0.2 * 0.25, 0.2 * 0.75])
+    assert c["affinity"] == pytest.approx([0.0, 0.0])  # no preferences, no taints
+    assert c["taint"] == pytest.approx([0.0, 0.0])
+    assert set(c) == set(TERMS)
     assert total_cost(w, pc.ix) == pytest.approx(sum(c.values()))
 
 
@@ -123,3 +142,133 @@ def test_cost_weight_trades_price_against_latency() -> None:
     fast = wl("b", max_latency_ms=50, latency_to="u", cost_weight=0.1)
     assert int(np.argmin(pc.cost(cheap))) == 1
     assert int(np.argmin(pc.cost(fast))) == 0
+
+
+# -- soft node affinity and PreferNoSchedule taints ------------------------------------------
+@pytest.mark.parametrize("matched,total,want", [
+    (100.0, 100.0, 0.0),  # matches every preferred term
+    (0.0, 100.0, 1.0),  # matches none
+    (80.0, 100.0, 0.2),  # partial: the share of weight it misses
+    (1.0, 3.0, 2 / 3),
+    (0.0, 0.0, 0.0),  # no (non-empty) preferences: no cost anywhere
+])
+def test_affinity_cost(matched: float, total: float, want: float) -> None:
+    assert affinity_cost(A([matched]), total)[0] == pytest.approx(want)
+
+
+def _req(key: str, op: str, *values: str) -> NodeSelectorRequirement:
+    return NodeSelectorRequirement(key, op, values)
+
+
+def _term(*reqs: NodeSelectorRequirement) -> NodeSelectorTerm:
+    return NodeSelectorTerm(reqs)
+
+
+# labelled nodes: "ssd" {disk: ssd, gen: 5}, "hdd" {disk: hdd, gen: 3}, "bare" {},
+# "odd" {gen: x} (a non-integer value never satisfies Gt/Lt)
+LABELLED = [node("ssd", "r1", "r1-a", labels={"disk": "ssd", "gen": "5"}),
+            node("hdd", "r1", "r1-b", labels={"disk": "hdd", "gen": "3"}),
+            node("bare", "r2", "r2-a"),
+            node("odd", "r2", "r2-a", labels={"gen": "x"})]
+
+
+@pytest.mark.parametrize("term,want", [
+    (_term(_req("disk", "In", "ssd")), [1, 0, 0, 0]),
+    (_term(_req("disk", "In", "ssd", "hdd")), [1, 1, 0, 0]),
+    (_term(_req("disk", "NotIn", "ssd")), [0, 1, 1, 1]),  # absent label: NotIn matches
+    (_term(_req("disk", "Exists")), [1, 1, 0, 0]),
+    (_term(_req("disk", "DoesNotExist")), [0, 0, 1, 1]),
+    (_term(_req("gen", "Gt", "4")), [1, 0, 0, 0]),
+    (_term(_req("gen", "Lt", "4")), [0, 1, 0, 0]),
+    (_term(_req("disk", "In", "hdd"), _req("gen", "Gt", "2")), [0, 1, 0, 0]),  # ANDed
+    (_term(_req("disk", "In", "ssd"), _req("gen", "Lt", "4")), [0, 0, 0, 0]),
+    (_term(_req(HOSTNAME, "In", "bare")), [0, 0, 1, 0]),  # matchFields metadata.name
+    (_term(_req(ZONE, "In", "r2-a")), [0, 0, 1, 1]),  # topology facts the registry owns
+    (_term(), [0, 0, 0, 0]),  # an empty term matches nothing
+])
+def test_preferred_term_matches(term: NodeSelectorTerm, want: list[int]) -> None:
+    """Each operator, over all nodes at once -- and the same verdict as the required-affinity
+    filter gives node by node (soft and hard affinity must agree on what a term means)."""
+    pc = PreparedCluster(snap(LABELLED))
+    mask = pc.ix.term_mask(term)
+    assert mask.tolist() == [bool(x) for x in want]
+    keys = sorted({r.key for r in term.match_expressions})
+    for i, nd in enumerate(LABELLED):
+        hard = check_node_affinity((term,), tuple(node_label(nd, k) for k in keys))
+        assert (hard is None) == bool(mask[i])
+
+
+SSD = _term(_req("disk", "In", "ssd"))
+NEW = _term(_req("gen", "Gt", "4"))
+HDD = _term(_req("disk", "In", "hdd"))
+
+
+@pytest.mark.parametrize("prefs,want", [
+    ((), [0.0, 0.0, 0.0, 0.0]),  # no preferences: no cost
+    (((100, SSD),), [0.0, 1.0, 1.0, 1.0]),  # match / no match
+    (((80, SSD), (20, HDD)), [0.2, 0.8, 1.0, 1.0]),  # partial weights
+    (((50, SSD), (50, NEW)), [0.0, 1.0, 1.0, 1.0]),  # ssd matches both
+    (((1, HDD), (3, _term(_req("disk", "DoesNotExist")))), [1.0, 0.75, 0.25, 0.25]),
+    (((10, SSD), (90, _term())), [0.0, 1.0, 1.0, 1.0]),  # empty terms are no-ops
+    (((10, _term()),), [0.0, 0.0, 0.0, 0.0]),
+])
+def test_preferred_affinity_cost_per_node(prefs: tuple[tuple[int, NodeSelectorTerm], ...],
+                                          want: list[float]) -> None:
+    """``weights.affinity`` x the share of preferred weight each node misses."""
+    cfg = EngineConfig(weights=ScoreWeights(affinity=0.5))
+    pc = PreparedCluster(snap(LABELLED), cfg)
+    w = wl("w", preferred_node_affinity=prefs)
+    assert components(w, pc.ix)["affinity"] == pytest.approx([0.5 * x for x in want])
+    # the same on a subset of nodes (the engine scores only where a class may go)
+    sel = np.array([3, 1])
+    assert components(w, pc.ix, sel)["affinity"] == pytest.approx([0.5 * want[3],
+                                                                   0.5 * want[1]])
+    matched, total = preferred_weight(w, pc.ix)
+    assert total == sum(wt for wt, t in prefs if t.match_expressions)
+    assert (matched <= total).all()
+
+
+SOFT = Taint("spot", "yes", "PreferNoSchedule")
+SOFT2 = Taint("noisy", "", "PreferNoSchedule")
+
+
+@pytest.mark.parametrize("tols,taints,want", [
+    ((), (), 0),
+    ((), (SOFT,), 1),
+    ((), (SOFT, SOFT2), 2),  # each untolerated soft taint counts
+    ((), (Taint("gpu", "", "NoSchedule"),), 0),  # hard taints are the filter's business
+    ((Toleration("spot", "Exists"),), (SOFT,), 0),
+    ((Toleration("spot", "Equal", "yes"),), (SOFT,), 0),
+    ((Toleration("spot", "Equal", "no"),), (SOFT,), 1),  # wrong value
+    ((Toleration("spot", "Exists", effect="PreferNoSchedule"),), (SOFT,), 0),
+    ((Toleration("spot", "Exists", effect="NoSchedule"),), (SOFT,), 1),  # other effect
+    ((Toleration("", "Exists"),), (SOFT, SOFT2), 0),  # empty key + Exists: everything
+    ((Toleration("spot", "Exists"),), (SOFT, SOFT2), 1),
+])
+def test_untolerated_soft_taints(tols: tuple[Toleration, ...], taints: tuple[Taint, ...],
+                                 want: int) -> None:
+    assert untolerated_soft_taints(tols, taints) == want
+
+
+def test_taint_cost_on_nodes() -> None:
+    """``weights.taint`` per untolerated PreferNoSchedule taint, node by node."""
+    nodes = [node("clean"), node("spot", taints=(SOFT,)),
+             node("both", taints=(SOFT, SOFT2, Taint("gpu", "", "NoSchedule"))),
+             node("spot2", taints=(SOFT,))]
+    pc = PreparedCluster(snap(nodes), EngineConfig(weights=ScoreWeights(taint=0.3)))
+    assert components(wl("a"), pc.ix)["taint"] == pytest.approx([0.0, 0.3, 0.6, 0.3])
+    tol = wl("b", tolerations=(Toleration("spot", "Exists"),))
+    assert components(tol, pc.ix)["taint"] == pytest.approx([0.0, 0.0, 0.3, 0.0])
+    assert components(tol, pc.ix, np.array([2]))["taint"] == pytest.approx([0.3])
+    clean = PreparedCluster(snap([node("x"), node("y")]))
+    assert components(wl("a"), clean.ix)["taint"] == pytest.approx([0.0, 0.0])
+
+
+def test_default_soft_weights_outweigh_small_price_gaps_only() -> None:
+    """The defaults: a full preference (or a soft taint) beats a 10 % price gap on a quarter
+    of a $1/h node, and loses to a 50 % one."""
+    wt = ScoreWeights()
+    small_gap, big_gap = 0.25 * 0.1, 0.25 * 0.5
+    assert small_gap < wt.affinity < big_gap
+    assert small_gap < wt.taint < big_gap
+    assert wt.affinity > wt.latency + wt.balance

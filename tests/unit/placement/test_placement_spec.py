@@ -10,11 +10,14 @@ import pytest
 from cloud_core.errors import CoreError, PlacementError, SpecError
 from cloud_core.placement import (
     NodeSelectorRequirement,
+    NodeSelectorTerm,
     Resources,
     Toleration,
+    Workload,
     parse_pod,
     parse_workload_yaml,
 )
+from cloud_core.placement.model import HOSTNAME
 from cloud_core.placement.spec import parse_quantity
 
 POD: dict[str, Any] = {
@@ -39,9 +42,16 @@ POD: dict[str, Any] = {
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
                          "effect": "NoSchedule"}],
         "affinity": {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "disk", "operator": "In", "values": ["ssd"]}]}]}},
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "disk", "operator": "In", "values": ["ssd"]}]}]},
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 80, "preference": {"matchExpressions": [
+                        {"key": "gen", "operator": "Gt", "values": ["4"]}]}},
+                    {"weight": 20, "preference": {"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": ["edge-1"]}]}},
+                ]},
             "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                 {"labelSelector": {"matchLabels": {"app": "infer"}},
                  "topologyKey": "kubernetes.io/hostname"}]},
@@ -62,6 +72,9 @@ def test_full_pod() -> None:
     assert w.tolerations == (Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule"),)
     assert w.node_affinity[0].match_expressions == (
         NodeSelectorRequirement("disk", "In", ("ssd",)),)
+    assert w.preferred_node_affinity == (
+        (80, NodeSelectorTerm((NodeSelectorRequirement("gen", "Gt", ("4",)),))),
+        (20, NodeSelectorTerm((NodeSelectorRequirement(HOSTNAME, "In", ("edge-1",)),))))
     assert w.pod_anti_affinity[0].topology_key == "kubernetes.io/hostname"
     assert w.pod_affinity[0].topology_key == "topology.kubernetes.io/zone"
     assert w.max_latency_ms == 50 and w.latency_to == "eu-west-1a"
@@ -108,6 +121,58 @@ name: logger
     assert ws[2].requests == Resources()
 
 
+def test_preferred_node_affinity_in_templates_and_plain_yaml() -> None:
+    """The controller's pod template and the plain form carry preferences like a Pod; an
+    empty preference parses (Kubernetes: a no-op) and absent means none."""
+    dep = {"kind": "Deployment", "metadata": {"name": "web"},
+           "spec": {"replicas": 2, "template": {"spec": {
+               "containers": [{"name": "c"}],
+               "affinity": {"nodeAffinity": {PREF: [
+                   {"weight": 100, "preference": {"matchExpressions": [
+                       {"key": "zone-class", "operator": "NotIn", "values": ["far"]}]}},
+                   {"weight": 1, "preference": {}}]}}}}}}
+    ws = parse_workload_yaml(__import__("yaml").safe_dump(dep))
+    want = ((100, NodeSelectorTerm((NodeSelectorRequirement("zone-class", "NotIn",
+                                                            ("far",)),))),
+            (1, NodeSelectorTerm()))
+    assert [w.preferred_node_affinity for w in ws] == [want, want]
+    text = """
+name: trainer
+preferredNodeAffinity:
+  - weight: 30
+    preference: {matchExpressions: [{key: disk, operator: Exists}]}
+  - weight: 70
+    preference:
+      matchExpressions: [{key: gen, operator: Lt, values: ["9"]}]
+      matchFields: [{key: metadata.name, operator: NotIn, values: [n1]}]
+---
+name: logger
+"""
+    t, lg = parse_workload_yaml(text)
+    assert t.preferred_node_affinity == (
+        (30, NodeSelectorTerm((NodeSelectorRequirement("disk", "Exists"),))),
+        (70, NodeSelectorTerm((NodeSelectorRequirement("gen", "Lt", ("9",)),
+                               NodeSelectorRequirement(HOSTNAME, "NotIn", ("n1",))))))
+    assert lg.preferred_node_affinity == ()
+    pod = copy.deepcopy(POD)
+    del pod["spec"]["affinity"]["nodeAffinity"][PREF]
+    assert parse_pod(pod).preferred_node_affinity == ()
+
+
+@pytest.mark.parametrize("weight", [0, -1, 101, 1.5, 50.0, "50", True, None, [1]])
+def test_workload_refuses_bad_preference_weights(weight: Any) -> None:
+    """Built in code, not parsed: still a clear PlacementError, never a crash in a solve."""
+    term = NodeSelectorTerm((NodeSelectorRequirement("a", "Exists"),))
+    with pytest.raises(PlacementError, match=r"preferred_node_affinity\[0\]"):
+        Workload("w", "w", preferred_node_affinity=((weight, term),))
+
+
+@pytest.mark.parametrize("prefs", [[(1, "not a term")], [(1,)], (1, 2), "x"])
+def test_workload_refuses_malformed_preferences(prefs: Any) -> None:
+    with pytest.raises(PlacementError, match="preferred_node_affinity"):
+        Workload("w", "w", preferred_node_affinity=prefs)
+
+
 @pytest.mark.parametrize("value,kind,want", [
     ("500m", "cpu", 500), ("2", "cpu", 2000), ("0.25", "cpu", 250), (1, "cpu", 1000),
     ("1Gi", "mem", 1 << 30), ("128Mi", "mem", 128 << 20), ("1G", "mem", 10**9),
@@ -132,6 +197,9 @@ def _bad(path: list[Any], value: Any) -> dict[str, Any]:
 _DELETE = object()
 ANN = ["metadata", "annotations"]
 AFF = ["spec", "affinity"]
+PREF = "preferredDuringSchedulingIgnoredDuringExecution"
+PREF_PATH = [*AFF, "nodeAffinity", PREF]
+PREF_FIELD = f"spec.affinity.nodeAffinity.{PREF}"
 
 
 @pytest.mark.parametrize("path,value,field,reason", [
@@ -169,6 +237,23 @@ AFF = ["spec", "affinity"]
     ([*ANN, "cfnet.io/cost-weight"], "nan", "metadata.annotations.cfnet.io/cost-weight",
      "finite"),
     (["kind"], "Service", "kind", "not a Pod"),
+    ([*PREF_PATH, 0, "weight"], 0, f"{PREF_FIELD}[0].weight", "integer from 1 to 100"),
+    ([*PREF_PATH, 0, "weight"], 101, f"{PREF_FIELD}[0].weight", "integer from 1 to 100"),
+    ([*PREF_PATH, 0, "weight"], -5, f"{PREF_FIELD}[0].weight", "integer from 1 to 100"),
+    ([*PREF_PATH, 1, "weight"], "50", f"{PREF_FIELD}[1].weight", "integer from 1 to 100"),
+    ([*PREF_PATH, 1, "weight"], 2.5, f"{PREF_FIELD}[1].weight", "integer from 1 to 100"),
+    ([*PREF_PATH, 1, "weight"], True, f"{PREF_FIELD}[1].weight", "integer from 1 to 100"),
+    ([*PREF_PATH, 0, "weight"], _DELETE, f"{PREF_FIELD}[0].weight", "is required"),
+    ([*PREF_PATH, 0, "preference"], _DELETE, f"{PREF_FIELD}[0].preference", "is required"),
+    ([*PREF_PATH, 0, "preference"], ["x"], f"{PREF_FIELD}[0].preference", "must be a mapping"),
+    ([*PREF_PATH, 0], "x", f"{PREF_FIELD}[0]", "must be a mapping"),
+    (PREF_PATH, {"weight": 1}, PREF_FIELD, "must be a list"),
+    ([*PREF_PATH, 0, "preference", "matchExpressions", 0, "operator"], "Like",
+     f"{PREF_FIELD}[0].preference.matchExpressions[0].operator", "not one of"),
+    ([*PREF_PATH, 0, "preference", "matchExpressions", 0, "values"], ["four"],
+     f"{PREF_FIELD}[0].preference.matchExpressions[0].values", "exactly one integer"),
+    ([*PREF_PATH, 1, "preference", "matchFields", 0, "key"], "metadata.uid",
+     f"{PREF_FIELD}[1].preference.matchFields[0].key", "only metadata.name"),
 ])
 def test_errors_name_field_and_reason(path: list[Any], value: Any, field: str,
                                       reason: str) -> None:
@@ -188,6 +273,18 @@ def test_errors_name_field_and_reason(path: list[Any], value: Any, field: str,
     ("name: a\n---\n- x\n", "[1].(root)", "mapping"),
     ("name: [\n", "(yaml)", "not valid YAML"),
     ("name: a\nmaxLatencyMs: 10\n", "latencyTo", "required"),
+    ("name: a\npreferredNodeAffinity: [{weight: 0, preference: {}}]\n",
+     "preferredNodeAffinity[0].weight", "integer from 1 to 100"),
+    ("name: a\npreferredNodeAffinity: [{weight: 101, preference: {}}]\n",
+     "preferredNodeAffinity[0].weight", "integer from 1 to 100"),
+    ("name: a\npreferredNodeAffinity: [{preference: {}}]\n",
+     "preferredNodeAffinity[0].weight", "is required"),
+    ("name: a\npreferredNodeAffinity: [{weight: 5}]\n",
+     "preferredNodeAffinity[0].preference", "is required"),
+    ("name: a\n---\nname: b\npreferredNodeAffinity: [{weight: 5, preference: "
+     "{matchExpressions: [{key: k, operator: In}]}}]\n",
+     "[1].preferredNodeAffinity[0].preference.matchExpressions[0].values",
+     "needs at least one value"),
 ])
 def test_plain_errors(text: str, field: str, reason: str) -> None:
     with pytest.raises(SpecError) as e:
