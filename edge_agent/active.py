@@ -107,6 +107,8 @@ class ActiveProber:
         self.timeout_s = timeout_s
         self._last: dict[str, float] = {}
         self.last_error: dict[str, str] = {}
+        self._round: threading.Thread | None = None
+        self._round_lock = threading.Lock()
 
     def due(self, peers: Sequence[str], now: float | None = None) -> list[str]:
         """The peers this round would probe: not probed recently, oldest first, capped."""
@@ -115,6 +117,32 @@ class ActiveProber:
                  if t - self._last.get(p, float("-inf")) >= self.min_interval_s]
         ready.sort(key=lambda p: self._last.get(p, float("-inf")))
         return ready[: self.max_peers_per_round]
+
+    def start(self, peers: Sequence[str]) -> bool:
+        """Start a round in the background and return at once; False if one is still running.
+
+        The agent calls this from its report loop. A round to distant or lossy
+        peers can take the whole timeout, and waiting for it delayed that
+        interval's report: in the demo, nodes with far peers looked silent
+        ("suspect") for half a second every ``min_interval_s``. The exchange's
+        RTT samples reach the link probe like any traffic, so nothing needs to
+        wait for the round to end.
+        """
+        with self._round_lock:
+            if self._round is not None and self._round.is_alive():
+                return False
+            t = threading.Thread(target=self.probe, args=(list(peers),), daemon=True,
+                                 name="cfnet-probe-round")
+            self._round = t
+            t.start()
+        return True
+
+    def wait_round(self, timeout_s: float) -> bool:
+        """Wait for the round in progress, if any; True once none is running."""
+        t = self._round
+        if t is not None:
+            t.join(timeout_s)
+        return t is None or not t.is_alive()
 
     def probe(self, peers: list[str]) -> None:
         """Run one bounded round (in parallel, returns within about ``timeout_s``)."""

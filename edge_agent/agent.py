@@ -57,7 +57,7 @@ class Agent:
         buffer: ReportBuffer,
         labels: tuple[tuple[str, str], ...] = (),
         boot: str | None = None,
-        active_probe: Callable[[list[str]], None] | None = None,
+        active_probe: Callable[[list[str]], object] | None = None,
         peers: tuple[str, ...] = (),
         include_interfaces: bool = True,
     ) -> None:

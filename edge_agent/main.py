@@ -74,7 +74,7 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
         buffer=buffer,
         labels=cfg.labels,
         boot=boot,
-        active_probe=prober.probe if prober else None,
+        active_probe=prober.start if prober else None,
         peers=cfg.peers,
     )
     agent_ref.append(agent)

@@ -230,3 +230,36 @@ def test_normalize_addr(addr: str, norm: str) -> None:
     from edge_agent.probes.base import normalize_addr
 
     assert normalize_addr(addr) == norm
+
+
+def test_active_round_runs_in_the_background() -> None:
+    """The agent's report loop must not wait for a round: a round to a slow peer would
+    delay that interval's report and make the node look silent."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    held: list[socket.socket] = []
+    accepted = threading.Event()
+
+    def hold() -> None:  # accept and never echo: the round waits until we hang up
+        conn, _ = srv.accept()
+        held.append(conn)
+        accepted.set()
+
+    threading.Thread(target=hold, daemon=True).start()
+    p = ActiveProber(port=srv.getsockname()[1], min_interval_s=60, timeout_s=30)
+    try:
+        assert p.start(["127.0.0.1"])  # returns while the exchange is still waiting
+        assert accepted.wait(10)
+        assert not p.wait_round(0)  # still running ...
+        assert not p.start(["127.0.0.1"])  # ... so a second round is not started
+        held[0].close()  # the peer hangs up: the exchange ends with an error
+        assert p.wait_round(10)
+        assert "127.0.0.1" in p.last_error  # closed or reset, by the kernel's choice
+    finally:
+        srv.close()
+        for c in held:
+            c.close()
