@@ -25,7 +25,8 @@ instead, to show what loss alone does.
 
 Settings (documented, not defaults changed in the core): core step every
 0.5 s (the rig's), ``ReplanConfig.violation_intervals`` 3 (the default; strikes
-are counted per scheduler step), ``cooldown_s`` lowered from 600 s to
+are counted once per report interval, and a p95 at twice the SLA or more counts
+twice), ``cooldown_s`` lowered from 600 s to
 ``--cooldown`` (3 s) because the same workload moves every ~10 s here.
 
     python -m tools.bench_reaction [--runs 20 --sla-ms 20 --quick]

@@ -53,6 +53,11 @@ def run(seq: Sequence[float], cfg: ReplanConfig = CFG, p95_b: float = 10.0,
     ([60, 60, 60, 60], 2),  # violated 3 intervals: move on the third
     ([60, 60, 10, 60, 60], None),  # cleared in between (below 0.9 x SLA): strikes reset
     ([60, 60, 47, 60], 3),  # 47 ms is inside the hysteresis band: strikes survive
+    ([120, 120, 120], 1),  # 2 x SLA or more counts twice: move on the second
+    ([120, 60, 60], 1),  # severe, then a plain violation: 2 + 1 strikes
+    ([60, 120, 60], 1),  # a plain violation, then a severe one
+    ([120, 10, 120, 10], None),  # one severe measurement alone never moves anything
+    ([99, 99, 99], 2),  # just under 2 x SLA: plain strikes
 ])
 def test_strikes_and_hysteresis(seq: list[float], move_at: int | None) -> None:
     cfg = dataclasses.replace(CFG, horizon=0.0)  # measured values only
@@ -62,6 +67,21 @@ def test_strikes_and_hysteresis(seq: list[float], move_at: int | None) -> None:
     if move_at is not None:
         assert got[move_at][0][:2] == ("a", "b")
         assert "SLA at risk" in got[move_at][0][2]
+
+
+@pytest.mark.parametrize("vi,severe_ratio,seq,move_at", [
+    (3, 0.0, [120, 120, 120], 2),  # severe_ratio 0: every strike counts one
+    (2, 2.0, [120, 120], 1),  # with 2 intervals a severe one still needs a second look
+    (2, 2.0, [120], None),
+    (1, 2.0, [120], 0),  # 1 interval: at once, as configured
+    (4, 2.0, [120, 120], 1),  # 4 intervals: two severe measurements
+])
+def test_severe_violations_count_twice_but_never_alone(
+        vi: int, severe_ratio: float, seq: list[float], move_at: int | None) -> None:
+    cfg = dataclasses.replace(CFG, horizon=0.0, violation_intervals=vi,
+                              severe_ratio=severe_ratio)
+    moved = [i for i, m in enumerate(run(seq, cfg)) if m]
+    assert moved == ([] if move_at is None else [move_at])
 
 
 def test_forecast_acts_before_the_sla_breaks() -> None:
