@@ -115,8 +115,8 @@ def test_tiny_buffer_thins_exactly_stays_bounded_then_drains_oldest_first(
         stop(p)
     log1 = (tmp_path / "agent1.log").read_text(errors="replace")
     assert "Traceback" not in log1, log1[-3000:]
-    m = [ln for ln in log1.splitlines() if "stopping:" in ln]
-    taken = int(m[-1].split("stopping: ")[1].split()[0])
+    m = [ln for ln in log1.splitlines() if "stopped:" in ln]
+    taken = int(m[-1].split("stopped: ")[1].split()[0])
     survivors = [int(r[0]) for r in rows(db, "SELECT seq FROM reports ORDER BY id")]
     meta = dict(rows(db, "SELECT k, v FROM meta"))
     total = int(rows(db, "SELECT SUM(size) FROM reports")[0][0])

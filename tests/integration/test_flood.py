@@ -263,7 +263,7 @@ def test_flood_of_hostile_messages_does_not_stop_good_ingest(
         good.send_signal(signal.SIGTERM)
         good.wait(20)
         glog = (tmp / "good.log").read_text(errors="replace")
-        stopping = [ln for ln in glog.splitlines() if "stopping:" in ln][-1]
+        stopping = [ln for ln in glog.splitlines() if "stopped:" in ln][-1]
         taken, published = (int(x) for x in re.findall(r"(\d+) (?:reports taken|published)",
                                                         stopping))
         def settled_row() -> dict[str, Any] | None:

@@ -73,7 +73,9 @@ def test_unreachable_node_keeps_workloads_whose_sla_still_holds() -> None:
 
 def test_unreachable_node_loses_only_the_workload_whose_sla_broke() -> None:
     moves = run(Health.UNREACHABLE, lat_ac=80.0)
-    assert [m[0] for m in moves] == ["near-c"]
+    # The snapshot never shows the move done and cool-down is 0, so near-c may be
+    # planned again; what matters is that nothing else is.
+    assert moves and {m[0] for m in moves} == {"near-c"}
     assert moves[0][1] == "edge-a" and moves[0][2] in ("edge-b", "edge-c")
 
 
