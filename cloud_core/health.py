@@ -10,6 +10,7 @@ does, it is ``down``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -54,7 +55,7 @@ def node_health(
     snap: StateSnapshot,
     node: str,
     cfg: HealthConfig = HealthConfig(),
-    index: PeerIndex | None = None,
+    index: Callable[[], PeerIndex] | None = None,
 ) -> Health:
     v = snap.nodes.get(node)
     if v is None or (v.last_report == 0 and v.status != "online"):
@@ -76,7 +77,7 @@ def node_health(
 
 
 def peers_see(
-    snap: StateSnapshot, node: str, fresh_s: float, index: PeerIndex | None = None
+    snap: StateSnapshot, node: str, fresh_s: float, index: Callable[[], PeerIndex] | None = None
 ) -> bool:
     """Whether some other node heard from ``node`` within ``fresh_s``, *after* it fell silent.
 
@@ -87,13 +88,12 @@ def peers_see(
     (its last report + its interval + the peer's interval, with slack): a peer
     report that merely covers the moments before a crash proves nothing.
     """
-    if index is None:
-        index = peer_index(snap)
+    heard_by = peer_index(snap) if index is None else index()
     v = snap.nodes.get(node)
     keys = {node, *(v.addresses if v is not None else ())}
     silent_since = v.last_report + v.interval_s if v is not None and v.last_report else 0.0
     for key in keys:
-        for src, heard in index.get(key, ()):
+        for src, heard in heard_by.get(key, ()):
             if src == node or src not in snap.nodes:
                 continue
             peer = snap.nodes[src]
@@ -110,19 +110,12 @@ def peers_see(
 
 def all_health(snap: StateSnapshot, cfg: HealthConfig = HealthConfig()) -> dict[str, Health]:
     # Runs every scheduler step and every scrape: the peer index (a pass over
-    # all links) is built only once some node's verdict can depend on it.
-    index: PeerIndex | None = None
-    out: dict[str, Health] = {}
-    for n in snap.nodes:
-        if index is None and _needs_peers(snap, n, cfg):
-            index = peer_index(snap)
-        out[n] = node_health(snap, n, cfg, index if index is not None else {})
-    return out
+    # all links) is built once, and only when some node's verdict needs it.
+    built: list[PeerIndex] = []
 
+    def index() -> PeerIndex:
+        if not built:
+            built.append(peer_index(snap))
+        return built[0]
 
-def _needs_peers(snap: StateSnapshot, node: str, cfg: HealthConfig) -> bool:
-    """False only when the node is plainly reporting (its verdict can't depend on peers)."""
-    v = snap.nodes[node]
-    will_fired = v.status == "offline" and v.status_ts >= v.last_report
-    return not (v.last_report > 0 and snap.now - v.last_report <= cfg.offline_after_s
-                and not will_fired)
+    return {n: node_health(snap, n, cfg, index) for n in snap.nodes}

@@ -90,8 +90,6 @@ class MqttProcess:
         self._tokens = itertools.count(1)
         self._handles: dict[int, RemoteHandle] = {}
         self._handles_lock = threading.Lock()
-        self.handler_errors = 0
-        self.received = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -152,6 +150,11 @@ class MqttProcess:
             self._handles.clear()
 
     @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs (for CPU accounting and tests)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def connected(self) -> bool:
         return self._connected.is_set()
 
@@ -204,14 +207,12 @@ class MqttProcess:
             except (EOFError, OSError):
                 break
             if kind == "msgs":
+                if on_message is None:
+                    continue
                 for topic, payload, qos, retain, rt, cd, up in body:
-                    self.received += 1
-                    if on_message is None:
-                        continue
                     try:
                         on_message(Message(topic, payload, qos, retain, rt, cd, up))
                     except Exception:
-                        self.handler_errors += 1
                         log.exception("MQTT handler failed")
             elif kind == "state":
                 connected, refusal = body

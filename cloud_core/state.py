@@ -223,7 +223,8 @@ class ClusterState:
     # ------------------------------------------------------------------ replicas
 
     def export_local(self, since: float, now: float) -> list[dict[str, Any]]:
-        """What this replica itself ingested after ``since``, as plain data for a digest.
+        """What this replica itself ingested after ``since``, for a digest (msgspec-encoded:
+        tuples and the ``Resources`` dataclass go out as JSON as they are).
 
         Times travel as ages (``now - t``) so replicas' clocks need not agree.
         """
@@ -233,7 +234,7 @@ class ClusterState:
                 if n.local_at <= since:
                     continue
                 links = [
-                    {"peer": lk.peer_addr, "rtt": list(lk.rtt) if lk.rtt else None,
+                    {"peer": lk.peer_addr, "rtt": lk.rtt,
                      "retrans": sum(w[0] for w in lk.window), "segs": sum(w[1] for w in lk.window),
                      "tx": lk.tx_bps, "rx": lk.rx_bps, "samples": lk.samples,
                      "age": now - lk.updated, "heard_age": now - lk.heard if lk.heard else None,
@@ -248,7 +249,7 @@ class ClusterState:
                     "res": n.resources,  # a dataclass: the digest encoder writes it as JSON
                     "buffered": n.buffered, "dropped": n.dropped, "status": n.status,
                     "status_age": now - n.status_ts if n.status_ts else None,
-                    "addresses": list(n.addresses), "labels": [list(kv) for kv in n.agent_labels],
+                    "addresses": n.addresses, "labels": n.agent_labels,
                     "links": links,
                 })
         return out

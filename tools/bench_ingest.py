@@ -53,6 +53,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from cloud_core.mqtt_process import MqttProcess
 from cloud_core.service import CoreConfig, CoreService
 from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import STATUS_WILDCARD, TELEMETRY_WILDCARD
@@ -249,9 +250,9 @@ def process_cpu_s(pid: int) -> float:
 def receiver_cpu_s(core: CoreService | None = None) -> float:
     """This process's CPU, plus the core's MQTT child process if it has one."""
     total = process_cpu_s(os.getpid())
-    proc = getattr(core.mqtt, "_proc", None) if core is not None else None
-    if proc is not None:
-        total += process_cpu_s(proc.pid)
+    pid = core.mqtt.pid if core is not None and isinstance(core.mqtt, MqttProcess) else None
+    if pid is not None:
+        total += process_cpu_s(pid)
     return total
 
 

@@ -76,6 +76,17 @@ def _read_varint(buf: bytes | bytearray, i: int) -> tuple[int, int] | None:
     raise PublisherError("malformed remaining length")
 
 
+def next_packet(buf: bytes | bytearray, i: int) -> tuple[int, int, int] | None:
+    """(packet type, body start, body end) of the packet at ``buf[i]``; None if incomplete."""
+    if i + 2 > len(buf):
+        return None
+    got = _read_varint(buf, i + 1)
+    if got is None or got[1] + got[0] > len(buf):
+        return None
+    n, start = got
+    return buf[i] & 0xF0, start, start + n
+
+
 def utf8_field(s: str) -> bytes:
     """A length-prefixed UTF-8 string, as MQTT writes them."""
     b = s.encode()
@@ -255,42 +266,32 @@ class Publisher:
 
     def _consume(self) -> None:
         buf, i = self._in, 0
-        while True:
-            if i + 2 > len(buf):
-                break
-            got = _read_varint(buf, i + 1)
-            if got is None:
-                break
-            n, start = got
-            if start + n > len(buf):
-                break
-            ptype = buf[i] & 0xF0
+        while (frame := next_packet(buf, i)) is not None:
+            ptype, start, end = frame
             if ptype == 0x40:  # PUBACK: packet id, then a reason code if not success
-                if n >= 3 and buf[start + 2] >= 0x80:
+                if end - start >= 3 and buf[start + 2] >= 0x80:
                     self.refused += 1
                 else:
                     self.acked += 1
             elif ptype == 0xE0:
-                reason = buf[start] if n else 0
+                reason = buf[start] if end > start else 0
                 raise PublisherError(f"the broker disconnected us (reason 0x{reason:02x})")
             elif ptype != 0xD0:  # PINGRESP needs nothing
                 raise PublisherError(f"unexpected packet type 0x{ptype:02x}")
-            i = start + n
+            i = end
         del buf[:i]
 
     def _read_packet(self, deadline: float) -> tuple[int, bytes]:
         """One whole packet, blocking (used only for CONNACK)."""
         assert self._sock is not None
-        while True:
-            got = _read_varint(self._in, 1) if len(self._in) >= 2 else None
-            if got is not None and got[1] + got[0] <= len(self._in):
-                n, start = got
-                ptype, body = self._in[0] & 0xF0, bytes(self._in[start:start + n])
-                del self._in[:start + n]
-                return ptype, body
+        while (frame := next_packet(self._in, 0)) is None:
             if time.monotonic() > deadline:
                 raise PublisherError("timed out waiting for the broker")
             data = self._sock.recv(65536)
             if not data:
                 raise PublisherError("the broker closed the connection")
             self._in += data
+        ptype, start, end = frame
+        body = bytes(self._in[start:end])
+        del self._in[:end]
+        return ptype, body

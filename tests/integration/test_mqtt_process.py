@@ -108,8 +108,7 @@ def test_messages_arrive_in_order_with_properties_and_publishes_are_acked(
     finally:
         mp.stop()
     assert not mp.connected
-    proc_gone = mp._proc is None
-    assert proc_gone
+    assert mp.pid is None
     # a stopped connection cannot publish; the handle says so instead of hanging
     assert not mp.publish(EVENTS_TOPIC, b"late").wait(1)
 
@@ -134,7 +133,7 @@ mp = MqttProcess(MqttSettings(host=sys.argv[1], port=int(sys.argv[2]), username=
                               password=sys.argv[4], ca_file=Path(sys.argv[5]),
                               client_id=sys.argv[3]))
 mp.start()
-print(mp._proc.pid, flush=True)
+print(mp.pid, flush=True)
 mp.wait_connected(20)
 print("connected" if mp.connected else "not connected", flush=True)
 time.sleep(120)
