@@ -458,7 +458,6 @@ class _PahoSender:
         self.settings = settings
         self._client = MqttClient(settings)
         self._pending: deque[PublishHandle] = deque()
-        self.sent = 0
 
     def connect(self, timeout_s: float) -> None:
         self._client.start()
@@ -474,7 +473,6 @@ class _PahoSender:
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self._pending.append(self._client.publish(topic, payload, qos=1, retain=retain))
-        self.sent += 1
 
     def flush(self) -> None:
         pass  # paho's network thread sends
