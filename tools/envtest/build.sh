@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Build the test control plane (kube-apiserver + etcd) from the Go module proxy.
+# Build the test control plane (kube-apiserver + etcd, and kube-controller-manager and
+# kube-scheduler from the same k8s.io/kubernetes module) from the Go module proxy.
 #
 # Nothing here is committed but this script: the wrapper modules and the binaries live in
-#   ${CFNET_CACHE:-/var/cache/cfnet}/envtest/k8s-<version>/      (kube-apiserver)
+#   ${CFNET_CACHE:-/var/cache/cfnet}/envtest/k8s-<version>/      (kube-apiserver,
+#                                       kube-controller-manager, kube-scheduler)
 #   ${CFNET_CACHE:-/var/cache/cfnet}/envtest/etcd-<version>/     (etcd)
 # keyed by version, and a rerun is a no-op once both binaries exist.
 #
@@ -11,7 +13,11 @@
 # published v0.<minor>.<patch>. etcd: a wrapper module whose main calls
 # go.etcd.io/etcd/server/v3/etcdmain.Main.
 #
-# Usage: tools/envtest/build.sh [--print-dir]
+# kube-controller-manager and kube-scheduler are built from the same wrapper module once
+# kube-apiserver is; they share its build cache, so each takes a minute or two on 2 cores.
+#
+# Usage: tools/envtest/build.sh [--print-dir]   (prints apiserver, etcd, controller-manager,
+#                                                scheduler paths, one a line)
 #   CFNET_K8S_VERSION (default v1.34.4), CFNET_ETCD_VERSION (default v3.6.16),
 #   CFNET_CACHE (default /var/cache/cfnet), CFNET_BUILD_JOBS (go build -p, default nproc).
 set -euo pipefail
@@ -28,6 +34,8 @@ export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 if [[ "${1:-}" == "--print-dir" ]]; then
   echo "$K8S_DIR/bin/kube-apiserver"
   echo "$ETCD_DIR/bin/etcd"
+  echo "$K8S_DIR/bin/kube-controller-manager"
+  echo "$K8S_DIR/bin/kube-scheduler"
   exit 0
 fi
 
@@ -86,10 +94,14 @@ build_apiserver() {
   cat > tools.go <<'GO'
 //go:build tools
 
-// Package tools pins the kube-apiserver main package into the module graph.
+// Package tools pins the control plane's main packages into the module graph.
 package tools
 
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
 GO
   log "resolving the module graph (go mod tidy; first run downloads several hundred MB)"
   go mod tidy -e 2>&1 | grep -v '^go: finding\|^go: downloading' >&2 || true
@@ -107,6 +119,44 @@ GO
   fi
   mv "$bin.tmp" "$bin"
   log "kube-apiserver built in $((SECONDS - t0)) s: $bin"
+}
+
+# kube-controller-manager / kube-scheduler: same wrapper module, same flags, after the API
+# server (whose module graph and build cache they reuse).
+build_component() {
+  local name="$1" bin="$K8S_DIR/bin/$1"
+  if [[ -x "$bin" ]]; then log "$name $K8S_VERSION cached: $bin"; return 0; fi
+  local t0=$SECONDS minor
+  minor="$(cut -d. -f2 <<<"$K8S_VERSION")"
+  cd "$K8S_DIR/src"
+  if ! grep -q "cmd/$name" tools.go 2>/dev/null; then
+    log "$name is not in the wrapper module yet: adding it (go mod tidy)"
+    cat > tools.go <<'GO'
+//go:build tools
+
+// Package tools pins the control plane's main packages into the module graph.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+    go mod tidy -e 2>&1 | grep -v '^go: finding\|^go: downloading' >&2 || true
+  fi
+  local ld="-s -w"
+  ld+=" -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+  ld+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+  ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  ld+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+  log "compiling $name $K8S_VERSION (-p $JOBS; reuses kube-apiserver's build cache)"
+  if ! go build -p "$JOBS" -trimpath -ldflags "$ld" -v -o "$bin.tmp" \
+      "k8s.io/kubernetes/cmd/$name" 2>&1 | progress "$name" || [[ ! -x "$bin.tmp" ]]; then
+    log "$name build failed (output above)"; exit 1
+  fi
+  mv "$bin.tmp" "$bin"
+  log "$name built in $((SECONDS - t0)) s: $bin"
 }
 
 build_etcd() {
@@ -159,6 +209,10 @@ fi
 T0=$SECONDS
 build_etcd
 build_apiserver
+build_component kube-controller-manager
+build_component kube-scheduler
 log "control plane binaries ready in $((SECONDS - T0)) s"
 echo "$K8S_DIR/bin/kube-apiserver"
 echo "$ETCD_DIR/bin/etcd"
+echo "$K8S_DIR/bin/kube-controller-manager"
+echo "$K8S_DIR/bin/kube-scheduler"

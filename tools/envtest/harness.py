@@ -39,11 +39,18 @@ class EnvtestError(RuntimeError):
     """The control plane could not be built or started; the message says which step failed."""
 
 
-def binary_paths() -> tuple[Path, Path]:
-    """Where build.sh puts (kube-apiserver, etcd) for the configured versions."""
+def all_binary_paths() -> dict[str, Path]:
+    """Where build.sh puts every control-plane binary for the configured versions."""
     out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-dir"], check=True,
                          capture_output=True, text=True).stdout.split()
-    return Path(out[0]), Path(out[1])
+    names = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
+    return {name: Path(p) for name, p in zip(names, out, strict=True)}
+
+
+def binary_paths() -> tuple[Path, Path]:
+    """Where build.sh puts (kube-apiserver, etcd) for the configured versions."""
+    paths = all_binary_paths()
+    return paths["kube-apiserver"], paths["etcd"]
 
 
 def ensure_binaries(*, stream: Any = None) -> tuple[Path, Path]:
@@ -52,8 +59,9 @@ def ensure_binaries(*, stream: Any = None) -> tuple[Path, Path]:
     Progress goes to ``stream`` (default: the real stderr, so pytest's capture does not hide a
     twenty-minute compile).
     """
-    apiserver, etcd = binary_paths()
-    if apiserver.exists() and etcd.exists():
+    paths = all_binary_paths()
+    apiserver, etcd = paths["kube-apiserver"], paths["etcd"]
+    if all(p.exists() for p in paths.values()):
         return apiserver, etcd
     out = stream or sys.__stderr__
     print(f"[envtest] building control plane binaries into {apiserver.parent.parent.parent} "
@@ -65,7 +73,7 @@ def ensure_binaries(*, stream: Any = None) -> tuple[Path, Path]:
     for line in proc.stderr:
         print(line.rstrip(), file=out, flush=True)
         tail = [*tail[-40:], line]
-    if proc.wait() != 0 or not (apiserver.exists() and etcd.exists()):
+    if proc.wait() != 0 or not all(p.exists() for p in paths.values()):
         raise EnvtestError("building the control plane failed (tools/envtest/build.sh):\n"
                            + "".join(tail))
     return apiserver, etcd
