@@ -1,0 +1,27 @@
+{{/* Common labels; selectors use only name + instance so they stay immutable across upgrades. */}}
+{{- define "cfnet.labels" -}}
+app.kubernetes.io/part-of: cfnet
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "cfnet.selector" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- end }}
+
+{{- define "cfnet.image" -}}
+{{ .root.Values.image.registry }}/cfnet-{{ .component }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
+{{- end }}
+
+{{/* The broker's host: set explicitly, or this release's Mosquitto Service. */}}
+{{- define "cfnet.brokerHost" -}}
+{{- if .Values.broker.host -}}
+{{ .Values.broker.host }}
+{{- else if .Values.mosquitto.enabled -}}
+mosquitto.{{ .Release.Namespace }}.svc
+{{- else -}}
+{{ fail "broker.host is required when mosquitto.enabled is false" }}
+{{- end -}}
+{{- end }}

@@ -1,0 +1,136 @@
+"""The Helm chart with the real helm (built from the Go module proxy by tools/helm/build.sh):
+`helm lint --strict` clean for the default and the alternative values, `helm template` output
+shaped as the issue asks (least privilege, probes, eBPF mounts), and deploy/k8s generated from
+it. Applying the rendered manifests to a real API server is in tests/k8s/test_manifests.py."""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tools import helm as chart
+from tools.helm import CHART, ROOT, HelmError, documents, template
+
+# Values a platform team sets instead of the defaults: own broker, Secrets from the chart,
+# the agent on capabilities instead of privileged, no PDB.
+ALT_VALUES = ["mosquitto.enabled=false", "broker.host=mqtt.example.org",
+              "credentials.create=true", "credentials.caCrt=CA",
+              "credentials.corePassword=c0re", "credentials.agentPassword=ag3nt",
+              "agent.privileged=false", "core.podDisruptionBudget.enabled=false",
+              "image.tag=9.9.9", "core.replicas=3"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helm_built() -> Iterator[None]:
+    try:
+        chart.ensure_helm()
+    except (HelmError, subprocess.CalledProcessError) as e:
+        pytest.fail(f"cannot build helm: {e}", pytrace=False)
+    yield
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+@pytest.mark.parametrize("values", [[], ALT_VALUES], ids=["defaults", "alternative"])
+def test_helm_lint_strict_is_clean(values: list[str]) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    for v in values:
+        args += ["--set", v]
+    r = chart.helm(*args, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in r.stdout
+    assert "[ERROR]" not in r.stdout and "[WARNING]" not in r.stdout
+
+
+def test_deploy_k8s_is_generated_from_the_chart() -> None:
+    stale = chart.check()
+    assert not stale, f"deploy/k8s differs from the chart ({stale}); run python -m tools.helm render"
+
+
+def test_defaults_render_the_core_as_asked() -> None:
+    objs = by_kind(documents(template()))
+    dep = objs[("Deployment", "cfnet-core")]
+    assert dep["metadata"]["namespace"] == "cfnet-system"
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "cfnet-core"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"]
+    (c,) = pod["containers"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert c["image"] == f"ghcr.io/cfnet/cfnet-core:{version}"
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}
+    assert {"startupProbe", "livenessProbe", "readinessProbe"} <= set(c)
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert "--kubernetes" in c["args"] and "--broker-host=mosquitto.cfnet-system.svc" in c["args"]
+    assert {e["name"] for e in c["env"]} >= {"POD_NAME", "POD_NAMESPACE"}  # election identity
+    pdb = objs[("PodDisruptionBudget", "cfnet-core")]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    # Lease: create, and get/update of its own Lease only, in its own namespace.
+    role = objs[("Role", "cfnet-core-leader-election")]
+    assert role["metadata"]["namespace"] == "cfnet-system"
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": ["cfnet-core"], "verbs": ["get", "update"]}]
+    cr = objs[("ClusterRole", "cfnet-core")]
+    for rule in cr["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        assert "secrets" not in rule["resources"]
+
+
+def test_defaults_render_the_agent_as_asked() -> None:
+    objs = by_kind(documents(template()))
+    ds = objs[("DaemonSet", "cfnet-agent")]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["automountServiceAccountToken"] is False
+    assert {"operator": "Exists"} in pod["tolerations"]  # edge taints included
+    (c,) = pod["containers"]
+    assert c["securityContext"] == {"privileged": True}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert {"/sys/kernel/btf", "/sys/kernel/tracing", "/sys/kernel/debug", "/lib/modules",
+            "/usr/src", "/var/lib/cfnet-agent", "/etc/cfnet-agent"} <= set(mounts)
+    assert mounts["/lib/modules"]["readOnly"] and mounts["/sys/kernel/btf"]["readOnly"]
+    cm = objs[("ConfigMap", "cfnet-agent-config")]
+    assert "broker_host: mosquitto.cfnet-system.svc" in cm["data"]["agent.yaml"]
+    assert ("Deployment", "mosquitto") in objs and ("Service", "mosquitto") in objs
+    assert not [k for k in objs if k[0] == "Secret"]  # credentials are the operator's
+
+
+def test_alternative_values_render() -> None:
+    objs = by_kind(documents(template(values=ALT_VALUES)))
+    assert not [k for k in objs if k[1] == "mosquitto"]
+    assert ("PodDisruptionBudget", "cfnet-core") not in objs
+    dep = objs[("Deployment", "cfnet-core")]
+    assert dep["spec"]["replicas"] == 3
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"].endswith("cfnet-core:9.9.9")
+    assert "--broker-host=mqtt.example.org" in c["args"]
+    agent = objs[("DaemonSet", "cfnet-agent")]["spec"]["template"]["spec"]["containers"][0]
+    sc = agent["securityContext"]
+    assert sc["privileged"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert {"BPF", "PERFMON"} <= set(sc["capabilities"]["add"])
+    sec = objs[("Secret", "cfnet-core-mqtt")]
+    assert set(sec["data"]) == {"ca.crt", "password"}
+    assert ("Secret", "cfnet-agent-credentials") in objs
+
+
+def test_no_broker_is_refused_with_a_reason() -> None:
+    with pytest.raises(HelmError, match=r"broker\.host is required"):
+        template(values=["mosquitto.enabled=false"])
+    with pytest.raises(HelmError, match=r"credentials\.corePassword is required"):
+        template(values=["credentials.create=true", "credentials.caCrt=x"])
+
+
+def test_chart_mosquitto_conf_is_the_production_one() -> None:
+    # helm cannot read files outside the chart; the copy must not drift from deploy/mosquitto.
+    assert (CHART / "files" / "mosquitto.conf").read_text() == \
+        (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()

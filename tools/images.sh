@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Build cfnet's two OCI images (Containerfile targets `core` and `agent`) here, without Docker
+# and without a registry: the base the Containerfile's FROM names is made by mmdebstrap (a
+# Debian 12 rootfs), imported into podman's store under that same name, and the images are
+# then built from the unchanged Containerfile by `podman build` (buildah).
+#
+#   tools/images.sh base            the base image (cached; a no-op when present)
+#   tools/images.sh build [core|agent|all]   base, then the image(s); prints their names
+#   tools/images.sh sizes           uncompressed and gzip-compressed sizes of both images
+#   tools/images.sh save DIR        the images as OCI layouts DIR/{core,agent} (for umoci)
+#
+# Caches, all outside the repository and keyed by content:
+#   ${CFNET_CACHE:-/var/cache/cfnet}/images/base-<key>.tar   the mmdebstrap rootfs; <key> is a
+#       hash of the suite, variant and package list below, so changing them makes a new base;
+#   podman's own store (/var/lib/containers): the base and the images' layers. A rebuild with
+#       unchanged pyproject.toml reuses the dependency layers; pip's downloads are kept in a
+#       build cache mount.
+# Environment: CFNET_CA_BUNDLE (a CA bundle pip trusts while building, as a build secret;
+#   default $PIP_CERT or the host bundle), CFNET_BASE (default docker.io/library/debian:bookworm-slim, the Containerfile's
+#   own default), CFNET_IMAGE_TAG (default: the version in pyproject.toml), CFNET_MIRROR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+CACHE="${CFNET_CACHE:-/var/cache/cfnet}/images"
+BASE="${CFNET_BASE:-docker.io/library/debian:bookworm-slim}"
+MIRROR="${CFNET_MIRROR:-http://deb.debian.org/debian}"
+TAG="${CFNET_IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)}"
+SUITE=bookworm
+CA_BUNDLE="${CFNET_CA_BUNDLE:-${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}"
+# What debian:bookworm-slim is: minbase, no docs, man pages or translations.
+DPKG_OPTS=(--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
+           --dpkgopt='path-include=/usr/share/doc/*/copyright'
+           --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*')
+# mmdebstrap may merge /usr with the usrmerge package, which pulls in full perl (50 MB); with
+# usr-is-merged included it should not, and whatever of these is there goes again (the merge
+# stays once done; dpkg ignores a package that is not installed).
+PURGE=(usrmerge libfile-find-rule-perl libnumber-compare-perl libtext-glob-perl perl
+       perl-modules-5.36 libperl5.36)
+log() { printf '[images %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+base_key() { printf '%s\n' "$SUITE" minbase usr-is-merged updates security "$MIRROR" "${DPKG_OPTS[@]}" "${PURGE[@]}" | sha256sum | cut -c1-12; }
+
+ensure_base() {
+  if podman image exists "$BASE"; then log "base $BASE present in podman's store"; return 0; fi
+  local tar
+  tar="$CACHE/base-$SUITE-$(base_key).tar"
+  mkdir -p "$CACHE"
+  exec 8>"$CACHE/.base.lock"
+  flock 8
+  if [[ ! -s "$tar" ]]; then
+    command -v mmdebstrap >/dev/null || { log "mmdebstrap missing (make setup installs it)"; exit 2; }
+    log "mmdebstrap: Debian $SUITE minbase rootfs -> $tar (first run only; ~1-2 min)"
+    local t0=$SECONDS
+    mmdebstrap --quiet --variant=minbase --format=tar "${DPKG_OPTS[@]}" --include=usr-is-merged \
+      --aptopt='Acquire::Retries "3"' \
+      --customize-hook="chroot \"\$1\" dpkg --purge ${PURGE[*]}" \
+      --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
+      "$SUITE" "$tar.tmp" "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" \
+      "deb ${MIRROR%/debian}/debian-security $SUITE-security main"
+    mv "$tar.tmp" "$tar"
+    log "mmdebstrap done in $((SECONDS - t0)) s ($(du -m "$tar" | cut -f1) MB)"
+  else
+    log "base rootfs cached: $tar"
+  fi
+  podman import --quiet --change 'CMD ["bash"]' \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    "$tar" "$BASE" >/dev/null
+  log "imported $tar as $BASE"
+}
+
+build() {
+  local target="$1" t0=$SECONDS secret=()
+  # This machine reaches PyPI through a TLS-re-signing proxy whose CA is in the host bundle.
+  [[ -s "$CA_BUNDLE" ]] && secret=(--secret "id=pip-ca,src=$CA_BUNDLE")
+  log "building cfnet-$target:$TAG (Containerfile target $target, BASE=$BASE)"
+  # --layers: reuse unchanged steps across runs (podman's default is no layer cache for build)
+  # --isolation chroot: RUN steps need no OCI runtime, so builds work where crun/runc cannot
+  # start a container (this machine's cgroup v1/v2 hybrid; see run_flags).
+  podman build --quiet --layers --isolation chroot --target "$target" --build-arg "BASE=$BASE" \
+    "${secret[@]}" -f Containerfile -t "localhost/cfnet-$target:$TAG" . >/dev/null
+  log "cfnet-$target:$TAG built in $((SECONDS - t0)) s"
+  echo "localhost/cfnet-$target:$TAG"
+}
+
+sizes() {
+  local t
+  for t in core agent; do
+    local img="localhost/cfnet-$t:$TAG" raw gz
+    raw=$(podman image inspect --format '{{.Size}}' "$img")
+    gz=$(podman save --format oci-archive "$img" 2>/dev/null | wc -c)
+    printf 'cfnet-%s:%s uncompressed %d MB, as saved (gzip layers) %d MB\n' \
+      "$t" "$TAG" $((raw / 1000000)) $((gz / 1000000))
+  done
+}
+
+case "${1:-build}" in
+  base) ensure_base ;;
+  build)
+    ensure_base
+    case "${2:-all}" in
+      all) build core; build agent ;;
+      core|agent) build "$2" ;;
+      *) log "unknown target ${2}"; exit 2 ;;
+    esac ;;
+  sizes) sizes ;;
+  save)
+    dir="${2:?usage: tools/images.sh save DIR}"
+    for t in core agent; do
+      rm -rf "$dir/$t"
+      podman save --format oci-dir -o "$dir/$t" "localhost/cfnet-$t:$TAG" >/dev/null
+      echo "$dir/$t"
+    done ;;
+  *) sed -n '2,22p' "$0"; exit 2 ;;
+esac
