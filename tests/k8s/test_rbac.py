@@ -1,5 +1,8 @@
-"""deploy/k8s's ClusterRole as written: what the core needs is allowed (the actuator tests run
-under it too), and verbs it lacks are refused by the real API server's RBAC authorizer."""
+"""The core's ServiceAccount as the Helm chart renders it (deploy/k8s/rbac.yaml is the chart's
+``helm template`` output, kept in sync by tests/deploy/test_chart.py, and is what the
+``service_account_client`` fixture applies): what the core does is allowed (the actuator tests
+run under it too), and what it never needs is refused by the real API server's RBAC
+authorizer."""
 
 from __future__ import annotations
 
@@ -8,23 +11,65 @@ from typing import Any
 
 import pytest
 
-from cloud_core.errors import KubeForbidden
+from cloud_core.errors import KubeForbidden, KubeNotFound
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.leader import LeaderElector
 from tests.k8s.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.slow
 
+# (group, plural, writable by the core): the pool kinds of OpenYurt and KubeEdge.
+POOL_KINDS = (("apps.openyurt.io", "yurtappsets", True), ("apps.kubeedge.io",
+              "edgeapplications", True), ("apps.openyurt.io", "nodepools", False),
+              ("apps.kubeedge.io", "nodegroups", False))
+
+
+def _served_version(admin: KubeClient, group: str, plural: str) -> str | None:
+    """The storage version of an installed CRD (None when the control plane lacks it)."""
+    try:
+        crd = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                        f"{plural}.{group}")
+    except KubeNotFound:
+        return None
+    return next(str(v["name"]) for v in crd["spec"]["versions"] if v.get("storage"))
+
 
 def test_role_allows_what_the_core_does(service_account_client: KubeClient,
-                                        cluster: Cluster) -> None:
+                                        cluster: Cluster, admin: KubeClient) -> None:
     sa = service_account_client
+    ns = cluster.namespace
     cluster.node("rb-1", region="eu-west")
     pod = cluster.pod("allowed")
     assert sa.list("/api/v1/nodes")[0]
-    assert sa.get(f"/api/v1/namespaces/{cluster.namespace}/pods/allowed")
-    sa.bind_pod(cluster.namespace, "allowed", pod["metadata"]["uid"], "rb-1")
+    assert sa.get(f"/api/v1/namespaces/{ns}/pods/allowed")
+    sa.bind_pod(ns, "allowed", pod["metadata"]["uid"], "rb-1")
     sa.emit_event(pod, reason="Scheduled", message="test")
+    # Cordon / uncordon (the console's cordon and drain act on the Node).
+    sa.patch("/api/v1/nodes/rb-1", {"spec": {"unschedulable": True}})
+    sa.patch("/api/v1/nodes/rb-1", {"spec": {"unschedulable": False}})
+    # Re-placement reads: PDBs and the controllers that own pods.
+    sa.list(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets")
+    for kind in ("deployments", "replicasets", "statefulsets"):
+        sa.list(f"/apis/apps/v1/{kind}")
+    # Re-placement writes: evict (PDBs honoured), create the replacement, delete a pod.
+    sa.create(f"/api/v1/namespaces/{ns}/pods/allowed/eviction", {
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "allowed", "namespace": ns}})
+    repl = dict(cluster.pod("template"))
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "replacement", "namespace": ns}, "spec": repl["spec"]}
+    sa.create(f"/api/v1/namespaces/{ns}/pods", body)
+    sa.delete(f"/api/v1/namespaces/{ns}/pods/replacement", grace_period_s=0)
+    sa.create(f"/apis/events.k8s.io/v1/namespaces/{ns}/events", {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"generateName": "cfnet-", "namespace": ns},
+        "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "cfnet.io/core",
+        "reportingInstance": "rbac-test", "action": "Binding", "reason": "Scheduled",
+        "type": "Normal", "regarding": {"kind": "Pod", "name": "template", "namespace": ns}})
+    for group, plural, _ in POOL_KINDS:
+        version = _served_version(admin, group, plural)
+        if version is not None:  # installed by the session's CRD fixture
+            sa.list(f"/apis/{group}/{version}/{plural}")
     el = LeaderElector(sa, "cfnet-system", "cfnet-core", "rbac-test", lease_duration_s=3,
                        renew_deadline_s=2, retry_period_s=0.5)
     try:
@@ -42,18 +87,21 @@ def _refused(call: Callable[[], Any]) -> str:
 
 
 def test_verbs_the_role_lacks_are_refused(service_account_client: KubeClient,
-                                          cluster: Cluster) -> None:
+                                          cluster: Cluster, admin: KubeClient) -> None:
     sa = service_account_client
     ns = cluster.namespace
     cluster.node("rb-2", region="eu-west")
     pod = cluster.pod("victim")
-    msg = _refused(lambda: sa.patch("/api/v1/nodes/rb-2",
-                                    {"metadata": {"labels": {"topology.kubernetes.io/region":
-                                                             "elsewhere"}}}))
-    assert 'cannot patch resource "nodes"' in msg
-    _refused(lambda: sa.delete(f"/api/v1/namespaces/{ns}/pods/victim"))
+    # Nodes: read and cordon only, never create, update or delete.
+    msg = _refused(lambda: sa.delete("/api/v1/nodes/rb-2"))
+    assert 'cannot delete resource "nodes"' in msg
+    _refused(lambda: sa.replace("/api/v1/nodes/rb-2", admin.get("/api/v1/nodes/rb-2")))
+    _refused(lambda: sa.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                                 "metadata": {"name": "rb-forged"}}))
+    # Pods: no update/patch (the binding is the only write to a pending pod), no exec.
     _refused(lambda: sa.patch(f"/api/v1/namespaces/{ns}/pods/victim",
                               {"metadata": {"labels": {"x": "y"}}}))
+    _refused(lambda: sa.create(f"/api/v1/namespaces/{ns}/pods/victim/exec", {}))
     _refused(lambda: sa.list(f"/api/v1/namespaces/{ns}/secrets"))
     _refused(lambda: sa.list("/api/v1/configmaps"))
     # The legacy bindings collection is not pods/binding.
@@ -61,6 +109,16 @@ def test_verbs_the_role_lacks_are_refused(service_account_client: KubeClient,
         "apiVersion": "v1", "kind": "Binding",
         "metadata": {"name": "victim", "uid": pod["metadata"]["uid"]},
         "target": {"kind": "Node", "name": "rb-2"}}))
+    # Workload controllers and budgets are read, never written.
+    _refused(lambda: sa.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/any"))
+    _refused(lambda: sa.create(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "x"}, "spec": {"maxUnavailable": 1}}))
+    # Pools are read, never written.
+    for group, plural, writable in POOL_KINDS:
+        version = _served_version(admin, group, plural)
+        if version is not None and not writable:
+            _refused(lambda g=group, v=version, p=plural: sa.delete(f"/apis/{g}/{v}/{p}/any"))
     # Leases: only its own, only in its namespace.
     _refused(lambda: sa.get("/apis/coordination.k8s.io/v1/namespaces/cfnet-system/leases/other"))
     _refused(lambda: sa.get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/"

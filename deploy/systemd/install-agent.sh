@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Install the cfnet edge agent on a plain Debian/Ubuntu host, from the built wheel:
+#
+#   sudo deploy/systemd/install-agent.sh dist/cfnet-0.1.0-py3-none-any.whl [--start]
+#
+# 1. apt: python3-venv and python3-bpfcc (BCC is Debian's, built for its python3);
+# 2. a venv in $CFNET_PREFIX (/opt/cfnet) with the wheel and its agent dependencies, BCC linked
+#    in from dist-packages (not --system-site-packages: that would drag in every Debian module);
+# 3. the BPF sources into $CFNET_PREFIX/bpf (the unit points CFNET_BPF_DIR there);
+# 4. the unit into $SYSTEMD_DIR (/etc/systemd/system) with the prefix filled in, and an
+#    agent.yaml skeleton into $CFNET_CONFIG_DIR (/etc/cfnet-agent) unless one is there;
+# 5. with --start: systemctl daemon-reload and enable --now.
+# Rerunning upgrades in place. CFNET_NO_APT=1 skips step 1 (tests; hosts with the packages).
+set -euo pipefail
+unset PYTHONPATH PYTHONHOME  # the venv must stand on its own
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+WHEEL="${1:?usage: install-agent.sh WHEEL [--start]}"
+PREFIX="${CFNET_PREFIX:-/opt/cfnet}"
+UNIT_DIR="${SYSTEMD_DIR:-/etc/systemd/system}"
+CONF_DIR="${CFNET_CONFIG_DIR:-/etc/cfnet-agent}"
+say() { printf '[install-agent] %s\n' "$*" >&2; }
+
+[[ -f "$WHEEL" ]] || { say "no wheel at $WHEEL (build one: python3 -m pip wheel --no-deps -w dist .)"; exit 2; }
+if [[ -z "${CFNET_NO_APT:-}" ]]; then
+  missing=()
+  for p in python3-venv python3-bpfcc; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    say "apt: installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+[[ -x "$PREFIX/bin/python" ]] || { /usr/bin/python3 -m venv "$PREFIX"; say "venv: created $PREFIX"; }
+# The agent extra where the wheel has one (pip ignores an unknown extra with a warning).
+if ! out="$("$PREFIX/bin/pip" install -q --upgrade "$(realpath "$WHEEL")[agent]" 2>&1)"; then
+  printf '%s\n' "$out" >&2; say "pip install of $WHEEL failed"; exit 1
+fi
+printf '%s\n' "$out" | grep -v "does not provide the extra" | grep . >&2 || true
+"$PREFIX/bin/python" -I -c 'import edge_agent' || { say "edge_agent not importable in $PREFIX"; exit 1; }
+SITE="$("$PREFIX/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+ln -sfn /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
+say "venv: $(basename "$WHEEL") installed in $PREFIX"
+
+mkdir -p "$PREFIX/bpf"
+found=0
+for d in "$SITE/edge_agent/bpf" "$REPO/edge_agent/bpf" "$REPO/bpf"; do
+  if compgen -G "$d/*.c" >/dev/null; then cp "$d"/*.c "$d"/*.h "$PREFIX/bpf/"; found=1; break; fi
+done
+((found)) || { say "BPF sources not found (wheel or checkout)"; exit 1; }
+say "bpf: sources in $PREFIX/bpf"
+
+mkdir -p "$UNIT_DIR" "$CONF_DIR"
+sed "s#/opt/cfnet#$PREFIX#g; s#/etc/cfnet-agent/agent.yaml#$CONF_DIR/agent.yaml#g" \
+  "$HERE/cfnet-agent.service" > "$UNIT_DIR/cfnet-agent.service"
+say "unit: $UNIT_DIR/cfnet-agent.service"
+if [[ ! -e "$CONF_DIR/agent.yaml" ]]; then
+  cat > "$CONF_DIR/agent.yaml" <<YAML
+# cfnet agent configuration (every key is also a --flag and a CFNET_<NAME> variable).
+broker_host: broker.example.org
+broker_port: 8883
+tls: true
+ca_file: $CONF_DIR/ca.crt
+password_file: $CONF_DIR/password
+interval_s: 1.0
+ebpf: true
+buffer_path: /var/lib/cfnet-agent/buffer.db
+YAML
+  chmod 0640 "$CONF_DIR/agent.yaml"
+  say "config: wrote $CONF_DIR/agent.yaml (set broker_host; put ca.crt and password beside it)"
+fi
+if [[ "${2:-}" == "--start" ]]; then
+  systemctl daemon-reload
+  systemctl enable --now cfnet-agent.service
+  say "started: systemctl status cfnet-agent"
+fi
