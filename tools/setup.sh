@@ -10,7 +10,11 @@ say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 APT_PKGS=(mosquitto mosquitto-clients python3-bpfcc bpfcc-tools libbpfcc nftables iproute2
           python3-venv python3-dev iperf3 sqlite3 openssl ca-certificates procps kmod
-          chromium)  # chromium: headless checks of `cfnetctl map`
+          chromium   # chromium: headless checks of `cfnetctl map`
+          # images (tests/deploy): mmdebstrap makes the base, podman/buildah build and run the
+          # Containerfile (runc: crun refuses this kernel's cgroup v1/v2 hybrid), umoci/skopeo
+          # unpack and copy images where podman cannot run one
+          mmdebstrap podman buildah runc umoci skopeo uidmap)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -112,14 +112,17 @@ def test_core_and_agent_images_in_a_lab(images: dict[str, str], lab: Lab,
         (core_dir / "roles.yaml").write_text("operators: {ops-img: viewer}\n")
         for p in [core_dir, *core_dir.iterdir()]:
             p.chmod(0o755 if p.is_dir() else 0o644)  # readable by the image's uid 65532
+        state = tmp_path / "core-state"  # the chart's emptyDir, owned by the pod's fsGroup
+        state.mkdir(mode=0o700)
+        os.chown(state, 65532, 65532)
         core_box = boxes.run(
             "core", images["core"], lab.ns("cloud"),
             [f"--broker-host={broker.host}", f"--broker-port={broker.port}",
              "--username=core-img", "--password-file=/etc/cfnet/mqtt/password",
              "--ca-file=/etc/cfnet/mqtt/ca.crt", "--roles=/etc/cfnet/mqtt/roles.yaml",
              "--db=/var/lib/cfnet-core/core.db", "--metrics-port=9108", "--table-every=0"],
-            "--read-only", "--tmpfs", "/var/lib/cfnet-core:uid=65532,gid=65532,mode=0700",
-            "--tmpfs", "/tmp", "-v", f"{core_dir}:/etc/cfnet/mqtt:ro")
+            "--read-only", "-v", f"{state}:/var/lib/cfnet-core", "--tmpfs", "/tmp",
+            "-v", f"{core_dir}:/etc/cfnet/mqtt:ro")
         agents = {"edgea": "edge-ai", "edgeb": "edge-bi"}
         for site, node in agents.items():
             d = tmp_path / node
