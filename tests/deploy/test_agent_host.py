@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -38,9 +39,14 @@ def unit_settings(unit: Path) -> tuple[list[str], dict[str, str]]:
 
 
 def test_install_script_and_unit_run_the_agent(tmp_path: Path) -> None:
+    # Built from a copy: pip builds in the source tree, and a build/ left in the checkout
+    # would feed stale modules into later wheels.
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "tests", "docs", "deploy"))
     wheel_dir = tmp_path / "dist"
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                        str(wheel_dir), str(REPO)], capture_output=True, text=True, timeout=300)
+                        str(wheel_dir), str(src)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     (wheel,) = wheel_dir.glob("cfnet-*.whl")
     prefix, units, conf = tmp_path / "opt-cfnet", tmp_path / "units", tmp_path / "etc"

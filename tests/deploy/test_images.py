@@ -130,11 +130,15 @@ def test_core_and_agent_images_in_a_lab(images: dict[str, str], lab: Lab,
             (d / "password").write_text(broker.add_account(node, "agent").password)
             (d / "ca.crt").write_bytes(broker.ca_file.read_bytes())
             peer = lab.addr("edgeb" if site == "edgea" else "edgea")
+            # As the DaemonSet runs it: a config file beside the credentials, the node name
+            # from CFNET_NODE (the DaemonSet's spec.nodeName).
+            (d / "agent.yaml").write_text(
+                f"broker_host: {broker.host}\nbroker_port: {broker.port}\ntls: true\n"
+                "ca_file: /etc/cfnet-agent/ca.crt\npassword_file: /etc/cfnet-agent/password\n"
+                f"interval_s: 1.0\nebpf: true\npeers: [{peer}]\n"
+                "buffer_path: /var/lib/cfnet-agent/buffer.db\n")
             boxes.run(node, images["agent"], lab.ns(site),
-                      [f"--node={node}", f"--broker-host={broker.host}",
-                       f"--broker-port={broker.port}", "--password-file=/etc/cfnet-agent/password",
-                       "--ca-file=/etc/cfnet-agent/ca.crt", "--interval-s=1", f"--peers={peer}",
-                       "--buffer-path=/var/lib/cfnet-agent/buffer.db", "--ebpf"],
+                      ["--config", "/etc/cfnet-agent/agent.yaml"], "-e", f"CFNET_NODE={node}",
                       "--privileged", "-v", "/sys/kernel/btf:/sys/kernel/btf:ro",
                       "-v", "/sys/kernel/tracing:/sys/kernel/tracing",
                       "-v", "/sys/kernel/debug:/sys/kernel/debug",
