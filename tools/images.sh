@@ -69,7 +69,8 @@ ensure_base() {
 }
 
 build() {
-  local target="$1" t0=$SECONDS secret=()
+  local target="$1" t0=$SECONDS secret=() old new
+  old=$(podman image inspect --format '{{.Id}}' "localhost/cfnet-$target:$TAG" 2>/dev/null || true)
   # This machine reaches PyPI through a TLS-re-signing proxy whose CA is in the host bundle.
   [[ -s "$CA_BUNDLE" ]] && secret=(--secret "id=pip-ca,src=$CA_BUNDLE")
   log "building cfnet-$target:$TAG (Containerfile target $target, BASE=$BASE)"
@@ -78,6 +79,9 @@ build() {
   # start a container (this machine's cgroup v1/v2 hybrid; see run_flags).
   podman build --quiet --layers --isolation chroot --target "$target" --build-arg "BASE=$BASE" \
     "${secret[@]}" -f Containerfile -t "localhost/cfnet-$target:$TAG" . >/dev/null
+  new=$(podman image inspect --format '{{.Id}}' "localhost/cfnet-$target:$TAG")
+  # The image this one replaces (untagged now) would keep its layers on disk forever.
+  if [[ -n "$old" && "$old" != "$new" ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
   log "cfnet-$target:$TAG built in $((SECONDS - t0)) s"
   echo "localhost/cfnet-$target:$TAG"
 }

@@ -5,9 +5,12 @@ it. Applying the rendered manifests to a real API server is in tests/k8s/test_ma
 
 from __future__ import annotations
 
+import base64
+import shlex
 import subprocess
 import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,3 +137,35 @@ def test_chart_mosquitto_conf_is_the_production_one() -> None:
     # helm cannot read files outside the chart; the copy must not drift from deploy/mosquitto.
     assert (CHART / "files" / "mosquitto.conf").read_text() == \
         (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
+
+
+def readme_command(start: str) -> list[str]:
+    """The README's shell command beginning with ``start``, continuation lines joined."""
+    text = (ROOT / "README.md").read_text()
+    lines = []
+    for line in text[text.index(start):].splitlines():
+        lines.append(line.rstrip("\\").strip())
+        if not line.endswith("\\"):
+            break
+    return shlex.split(" ".join(lines))
+
+
+def test_readme_helm_install_renders(tmp_path: Path) -> None:
+    # The README's `helm install`, rendered as `helm template` (same flags, same files).
+    argv = readme_command("helm install cfnet ")
+    assert argv[:3] == ["helm", "install", "cfnet"]
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "core-k8s.pw").write_text("core-secret\n")
+    (tmp_path / "agent.pw").write_text("agent-secret\n")
+    chart_arg = str(ROOT / argv[3])
+    r = subprocess.run([str(chart.ensure_helm()), "template", "cfnet", chart_arg, *argv[4:]],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    objs = by_kind(documents(r.stdout))
+    core = objs[("Secret", "cfnet-core-mqtt")]
+    assert base64.b64decode(core["data"]["password"]).decode().strip() == "core-secret"
+    assert core["metadata"]["namespace"] == "cfnet-system"
+    agent = objs[("Secret", "cfnet-agent-credentials")]
+    assert base64.b64decode(agent["data"]["password"]).decode().strip() == "agent-secret"
+    assert ("Deployment", "mosquitto") in objs  # the broker the README's Secret is for
