@@ -13,6 +13,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import tomllib
 from pathlib import Path
 
@@ -46,14 +47,23 @@ def build_images(stream: object = None) -> tuple[list[str], str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # helm compiles (CPU) while the images mostly download and write layers (network, disk):
+    # cold, the two together take about as long as the longer one.
+    helm_build = None
     if _selected(items, *_HELM_USERS):
         # A failed build is reported by the tests that need helm (they call ensure_helm).
-        with contextlib.suppress(chart.HelmError, subprocess.CalledProcessError):
-            chart.ensure_helm()
+        def build_helm() -> None:
+            with contextlib.suppress(chart.HelmError, subprocess.CalledProcessError):
+                chart.ensure_helm()
+
+        helm_build = threading.Thread(target=build_helm, name="helm-build")
+        helm_build.start()
     if _selected(items, "tests/deploy/test_images.py"):
         _names, err = build_images()
         if err:
             config.stash[IMAGE_ERROR] = err
+    if helm_build is not None:
+        helm_build.join()
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,7 @@ def test_image_configs(images: dict[str, str]) -> None:
     assert isinstance(core, dict) and isinstance(agent, dict)
     assert core["User"] == "65532:65532"  # the core never runs as root
     assert core["Entrypoint"] == ["cfnet-core"] and agent["Entrypoint"] == ["cfnet-agent"]
-    assert "CFNET_BPF_DIR=/opt/cfnet-agent/bpf" in agent["Env"]
+    assert "CFNET_BPF_DIR=/opt/cfnet-app/bpf" in agent["Env"]
     # The agent image carries BCC and the BPF sources; the core image neither.
     r = podman("run", "--rm", *podman_run_flags(), "--network", "none", "--entrypoint",
                "python3", images["agent"], "-c",
