@@ -7,20 +7,19 @@
 #   tools/images.sh base            the base image (cached; a no-op when present)
 #   tools/images.sh build [core|agent|all]   base, then the image(s); prints their names
 #   tools/images.sh sizes           uncompressed and gzip-compressed sizes of both images
-#   tools/images.sh save DIR        the images as OCI layouts DIR/{core,agent} (for umoci)
 #
 # Caches, all outside the repository and keyed by content:
 #   ${CFNET_CACHE:-/var/cache/cfnet}/images/base-<key>.tar   the mmdebstrap rootfs; <key> is a
 #       hash of the suite, variant and package list below, so changing them makes a new base;
 #   podman's own store (/var/lib/containers): the base and the images' layers. A rebuild with
-#       unchanged pyproject.toml reuses the dependency layers; pip's downloads are kept in a
-#       build cache mount.
-# Environment: CFNET_CA_BUNDLE (a CA bundle pip trusts while building, as a build secret;
-#   default $PIP_CERT or the host bundle), CFNET_BASE (default docker.io/library/debian:bookworm-slim, the Containerfile's
-#   own default), CFNET_IMAGE_TAG (default: the version in pyproject.toml), CFNET_MIRROR.
+#       unchanged pyproject.toml reuses the dependency layers (a source change rebuilds the
+#       small `app` stage only); an image a rebuild replaces is removed.
+# Environment: CFNET_CA_BUNDLE (a CA bundle pip trusts while building, passed as the build
+#   secret pip-ca; default $PIP_CERT or the host bundle), CFNET_BASE (default
+#   docker.io/library/debian:bookworm-slim, the Containerfile's own default), CFNET_IMAGE_TAG
+#   (default: the version in pyproject.toml), CFNET_MIRROR (Debian mirror for mmdebstrap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 CACHE="${CFNET_CACHE:-/var/cache/cfnet}/images"
 BASE="${CFNET_BASE:-docker.io/library/debian:bookworm-slim}"
 MIRROR="${CFNET_MIRROR:-http://deb.debian.org/debian}"
@@ -107,12 +106,5 @@ case "${1:-build}" in
       *) log "unknown target ${2}"; exit 2 ;;
     esac ;;
   sizes) sizes ;;
-  save)
-    dir="${2:?usage: tools/images.sh save DIR}"
-    for t in core agent; do
-      rm -rf "$dir/$t"
-      podman save --format oci-dir -o "$dir/$t" "localhost/cfnet-$t:$TAG" >/dev/null
-      echo "$dir/$t"
-    done ;;
-  *) sed -n '2,22p' "$0"; exit 2 ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac
