@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+# The real control plane of the Kubernetes tests (one more instance for this directory): the
+# core image is run against it as the chart runs it.
+from tests.k8s.conftest import control_plane  # noqa: F401
 from tools import helm as chart
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,6 +8,8 @@ host, as the DaemonSet does). The core built from the image must show both nodes
 eBPF and the link between them, asked through cfnetctl as an operator would. The core runs
 without --kubernetes here: its Kubernetes mode is exercised against the real API server in
 tests/k8s; this test is about the image (interpreter, dependencies, entrypoint, user, mounts).
+The last test runs the core image in that mode, as the chart runs it, against a real API
+server (the session's control plane of tests/k8s/conftest.py, a second instance here).
 """
 
 from __future__ import annotations
@@ -18,13 +20,20 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from cloud_core.errors import KubeNotFound
+from cloud_core.k8s.client import KubeClient
 from tests.deploy.conftest import podman_run_flags
-from tools.broker import Broker
+from tests.k8s.conftest import DEPLOY, load_manifests, wait_for
+from tools import helm as chart
+from tools.broker import Broker, free_port
+from tools.envtest import ControlPlane
 from tools.lab import Lab, SiteSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -76,8 +85,9 @@ class Containers:
 
     def run(self, name: str, image: str, netns: str, args: list[str], *flags: str) -> str:
         full = f"cfnet-test-{self.tag}-{name}"
-        r = podman("run", "-d", "--name", full, *podman_run_flags(),
-                   "--network", f"ns:/run/netns/{netns}", *flags, image, *args, timeout=120)
+        net = ["--network", f"ns:/run/netns/{netns}"] if netns else []
+        r = podman("run", "-d", "--name", full, *podman_run_flags(), *net, *flags, image,
+                   *args, timeout=120)
         assert r.returncode == 0, r.stderr
         self.names.append(full)
         return full
@@ -183,5 +193,85 @@ def test_core_and_agent_images_in_a_lab(images: dict[str, str], lab: Lab,
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        boxes.remove()
+        broker.stop()
+
+
+def test_core_image_leads_as_the_chart_runs_it(images: dict[str, str],
+                                               control_plane: ControlPlane,
+                                               tmp_path: Path) -> None:
+    """The core image with the chart's own container args, user and securityContext, the
+    pod's in-cluster environment (ServiceAccount token, CA and namespace mounted where the
+    kubelet puts them; KUBERNETES_SERVICE_HOST/PORT) and the chart's RBAC on a real API
+    server: it takes the Lease, connects to a real Mosquitto as the chart's MQTT account, and
+    serves /metrics. (Host network: the API server and the broker listen on 127.0.0.1.)"""
+    admin = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+    try:
+        for f in ("namespace.yaml", "rbac.yaml"):
+            for obj in load_manifests(DEPLOY / f):
+                admin.apply(obj)
+    finally:
+        admin.close()
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(control_plane.service_account_token(
+        "cfnet-system", "cfnet-core", create=False))
+    assert control_plane.admin is not None
+    (sa / "ca.crt").write_bytes(Path(control_plane.admin.ca_file).read_bytes())
+    (sa / "namespace").write_text("cfnet-system")
+    broker = Broker(tmp_path / "broker")
+    broker.start()
+    boxes = Containers(f"{os.getpid()}k")
+    try:
+        mqtt = tmp_path / "mqtt"  # the Secret cfnet-core-mqtt as the chart mounts it
+        mqtt.mkdir()
+        (mqtt / "password").write_text(broker.add_account("core-k8s", "core").password)
+        (mqtt / "ca.crt").write_bytes(broker.ca_file.read_bytes())
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        os.chown(state, 65532, 65532)
+        for p in [sa, mqtt, *sa.iterdir(), *mqtt.iterdir()]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        metrics_port = free_port()
+        dep = next(d for d in chart.documents(chart.template(values=[
+            "broker.host=127.0.0.1", f"broker.port={broker.port}",
+            f"core.metricsPort={metrics_port}"])) if d["kind"] == "Deployment"
+            and d["metadata"]["name"] == "cfnet-core")
+        pod = dep["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["securityContext"]["readOnlyRootFilesystem"]
+        host, port = urlsplit(control_plane.admin.host).hostname, \
+            urlsplit(control_plane.admin.host).port
+        name = boxes.run(
+            "core", images["core"], "", c["args"], "--network", "host",
+            "--user", f"{pod['securityContext']['runAsUser']}:"
+                      f"{pod['securityContext']['runAsGroup']}",
+            "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "-e", "POD_NAME=cfnet-core-img-0", "-e", "POD_NAMESPACE=cfnet-system",
+            "-e", f"KUBERNETES_SERVICE_HOST={host}", "-e", f"KUBERNETES_SERVICE_PORT={port}",
+            "-v", f"{sa}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+            "-v", f"{mqtt}:/etc/cfnet/mqtt:ro", "-v", f"{state}:/var/lib/cfnet-core",
+            "--tmpfs", "/tmp")
+        admin = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+
+        def holder() -> object:
+            assert boxes.running(name), boxes.logs(name)[-3000:]
+            try:
+                lease = admin.get("/apis/coordination.k8s.io/v1/namespaces/cfnet-system/"
+                                  "leases/cfnet-core")
+            except KubeNotFound:
+                return None
+            return lease["spec"].get("holderIdentity") == "cfnet-core-img-0"
+
+        try:
+            wait_for(holder, timeout=90, every=0.5, what="the core image holding the Lease")
+        finally:
+            admin.close()
+        wait_for(lambda: "as core-k8s" in broker.log_text(), timeout=30,
+                 what="the leader connecting to MQTT as core-k8s")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            assert r.status == 200 and b"cfnet_" in r.read()
+        assert "Traceback" not in boxes.logs(name), boxes.logs(name)[-3000:]
+    finally:
         boxes.remove()
         broker.stop()
