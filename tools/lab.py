@@ -79,6 +79,10 @@ class SiteSpec:
     rate_mbit: float | None = None
     loss: float = 0.0
     delay_ms: float = 0.0
+    # False: one segment per skb (the default, a drop loses one segment);
+    # True: the veths keep GSO/TSO, so TCP builds multi-segment skbs and a
+    # retransmitted skb can carry several segments (what real NICs do).
+    gso: bool = False
 
 
 def _run(argv: Sequence[str], *, check: bool = True, input_: str | None = None,
@@ -235,8 +239,9 @@ class Lab:
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             # One segment per skb (no TSO/GSO super-packets): a drop on the
             # router then loses one segment, as on a real link, not a burst.
-            _run(["ip", "-n", ns, "link", "set", "eth0", "gso_max_segs", "1"])
-            _run(["ip", "-n", r, "link", "set", rif, "gso_max_segs", "1"])
+            if not self._sites[name].gso:
+                _run(["ip", "-n", ns, "link", "set", "eth0", "gso_max_segs", "1"])
+                _run(["ip", "-n", r, "link", "set", rif, "gso_max_segs", "1"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", ns, "route", "add", "default", "via", self.gateway(name)])
             # nodad: usable at once instead of after ~2 s of duplicate detection.

@@ -188,7 +188,7 @@ def test_open_probe_falls_back_with_the_reason_when_ebpf_cannot_load(
 
 
 def test_python_buckets_match_the_bpf_c(tmp_path: Path) -> None:
-    """Compile cf_log2/cf_bucket from bpf/tcp_links.c natively and compare with bucket_of."""
+    """Compile cf_log2/cf_bucket from edge_agent/bpf/tcp_links.c natively and compare with bucket_of."""
     import random
     import re
     import shutil
@@ -197,7 +197,7 @@ def test_python_buckets_match_the_bpf_c(tmp_path: Path) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    bpf = Path(__file__).resolve().parents[2] / "bpf"
+    bpf = Path(__file__).resolve().parents[2] / "edge_agent" / "bpf"
     src = (bpf / "tcp_links.c").read_text()
     funcs = [m.group(0) for m in re.finditer(
         r"static __always_inline u32 cf_(log2|bucket)\(.*?\n}\n", src, re.S)]

@@ -2,7 +2,9 @@
  *
  *  tcp:tcp_probe            smoothed RTT, bytes sent/acked/received (per incoming segment,
  *                           ESTABLISHED sockets only)
- *  tcp:tcp_retransmit_skb   retransmitted segments (ESTABLISHED only, to match)
+ *  tcp:tcp_retransmit_skb   retransmitted segments (ESTABLISHED only, to match); the
+ *                           segment count of the skb is the one kernel field read
+ *                           (offsets from the running kernel's BTF, see below)
  *  sock:inet_sock_set_state connect latency, connections opened/closed, lifetime
  *
  * Aggregates live in `peers` and `rtt_hist`; edge_agent/probes/ebpf.py reads
@@ -17,6 +19,11 @@
  *   CFNET_RETRANS_HAS_ERR   tcp_retransmit_skb has an `err` field (set by the loader
  *                           from the tracepoint's format, not from the kernel version)
  *   CFNET_MAX_PEERS / CFNET_MAX_SOCKS   map sizes
+ *   CFNET_SKB_CB_OFF, CFNET_TCB_GSO_SEGS_OFF   offsetof(struct sk_buff, cb) and
+ *                           offsetof(struct tcp_skb_cb, tcp_gso_segs), taken by the
+ *                           loader from /sys/kernel/btf/vmlinux (never from the
+ *                           headers BCC compiles against, which may be another
+ *                           kernel's).  Unset: one retransmitted segment per skb.
  */
 #include <uapi/linux/ptrace.h>
 #include "cfnet_links.h"
@@ -253,7 +260,21 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     if (!st)
         return 0;
     cf_mark(st, args->sport, args->dport);
-    __sync_fetch_and_add(&st->retrans, 1);
+    /* With GSO/TSO an skb in the retransmit queue carries several segments,
+     * and tcp_info's total_retrans (the figure loss is judged against) adds
+     * tcp_skb_pcount(skb) per retransmit.  Counting events undercounts loss by
+     * the mean segments per retransmitted skb (2-7x seen on veth with TSO). */
+    u64 segs = 1;
+#if defined(CFNET_SKB_CB_OFF) && defined(CFNET_TCB_GSO_SEGS_OFF)
+    u16 pcount = 0;
+    bpf_probe_read_kernel(&pcount, sizeof(pcount),
+                          (const u8 *)args->skbaddr + CFNET_SKB_CB_OFF + CFNET_TCB_GSO_SEGS_OFF);
+    /* tcp_gso_segs is 0 only for an skb never sized (not in a retransmit queue). */
+    if (pcount > 1)
+        segs = pcount;
+#endif
+    __sync_fetch_and_add(&st->retrans, segs);
+    __sync_fetch_and_add(&st->retrans_skbs, 1);
     return 0;
 }
 
