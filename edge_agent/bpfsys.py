@@ -30,6 +30,7 @@ BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
+BPF_PROG_GET_FD_BY_ID = 13
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_MAP_LOOKUP_AND_DELETE_ELEM = 21
 BPF_ANY = 0
@@ -73,6 +74,30 @@ def _sys_bpf(cmd: int, attr: ctypes.Structure) -> int:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return int(ret)
+
+
+class _GetIdAttr(ctypes.Structure):
+    """union bpf_attr, the BPF_*_GET_FD_BY_ID member."""
+
+    _fields_ = [("id", ctypes.c_uint32), ("next_id", ctypes.c_uint32),
+                ("open_flags", ctypes.c_uint32)]
+
+
+def prog_alive(prog_id: int) -> bool:
+    """Whether a BPF program with this id still exists anywhere in the kernel.
+
+    A program lives while anything references it: an fd, a pinned path, or an
+    attachment (a perf event holds its program). Tests use it to show that a
+    killed agent's programs are gone, attachments included.
+    """
+    try:
+        fd = _sys_bpf(BPF_PROG_GET_FD_BY_ID, _GetIdAttr(id=prog_id))
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return False
+        raise
+    os.close(fd)
+    return True
 
 
 def map_info(fd: int) -> MapInfo:
