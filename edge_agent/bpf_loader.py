@@ -148,25 +148,32 @@ LOADER_TIMEOUT_S = 120.0
 _MAX_FDS = 32
 
 
-def skb_cflags() -> list[str]:
-    """``-D`` flags that let the retransmit program count segments, not skbs.
+def kernel_offset_cflags() -> list[str]:
+    """``-D`` flags with the few kernel struct offsets the programs read, from BTF.
 
-    ``tcp:tcp_retransmit_skb`` fires once per skb, and with GSO/TSO one skb
-    carries several segments (tcp_info's total_retrans adds tcp_skb_pcount).
-    The count sits in the skb's control block (``struct tcp_skb_cb``, in
-    ``sk_buff.cb``); both offsets come from the running kernel's BTF. Without
-    BTF the program falls back to one per skb (and the log says so).
+    The loss ratio must be the kernel's (tcp_info: total_retrans / segs_out).
+    Tracepoints alone can't give it: ``tcp:tcp_retransmit_skb`` fires once
+    per skb while a GSO/TSO skb carries several segments, and no tracepoint
+    counts segments sent. So ``tcp_probe`` reads ``tcp_sock.segs_out`` and
+    ``tcp_sock.total_retrans`` of its socket, and the retransmit program reads
+    ``tcp_skb_cb.tcp_gso_segs`` (in ``sk_buff.cb``). Every offset comes from
+    the running kernel's BTF. Without BTF: no flags, and the programs fall
+    back to one segment per retransmitted skb and an estimated segs_out.
     """
     from edge_agent.btf import Btf, BtfError
 
     try:
         btf = Btf.vmlinux()
-        cb = btf.member_offset("sk_buff", "cb")
-        segs = btf.member_offset("tcp_skb_cb", "tcp_gso_segs")
+        offs = {
+            "CFNET_SKB_CB_OFF": btf.member_offset("sk_buff", "cb"),
+            "CFNET_TCB_GSO_SEGS_OFF": btf.member_offset("tcp_skb_cb", "tcp_gso_segs"),
+            "CFNET_TP_SEGS_OUT_OFF": btf.member_offset("tcp_sock", "segs_out"),
+            "CFNET_TP_TOTAL_RETRANS_OFF": btf.member_offset("tcp_sock", "total_retrans"),
+        }
     except BtfError as exc:
-        log.warning("retransmits counted per skb, not per segment: %s", exc)
+        log.warning("no kernel counters (loss estimated, retransmits per skb): %s", exc)
         return []
-    return [f"-DCFNET_SKB_CB_OFF={cb}", f"-DCFNET_TCB_GSO_SEGS_OFF={segs}"]
+    return [f"-D{k}={v}" for k, v in offs.items()]
 
 
 @dataclass
@@ -254,7 +261,7 @@ def _serve(sock: socket.socket, req: LoadRequest) -> None:
         cflags = list(req.cflags)
         if "err" in tracepoint_fields("tcp", "tcp_retransmit_skb"):
             cflags.append("-DCFNET_RETRANS_HAS_ERR")
-        cflags += skb_cflags()
+        cflags += kernel_offset_cflags()
         bpf = load(req.source, cflags)
         maps = {name: bpf[name.encode()].map_fd for name in req.maps}
         progs = {name.decode(): fn.fd for name, fn in bpf.funcs.items()}

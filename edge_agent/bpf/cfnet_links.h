@@ -40,6 +40,8 @@ struct cf_peer_stats {
     __u64 segs_in;        /* incoming segments carrying data */
     __u64 retrans;        /* retransmitted segments (tcp_skb_pcount of each skb) */
     __u64 retrans_skbs;   /* tcp_retransmit_skb events (one per skb) */
+    __u64 k_segs_out;     /* the kernel's own tcp_sock counters, differenced per socket at */
+    __u64 k_retrans;      /* each tcp_probe event (0 unless the loader found BTF offsets) */
     __u64 connects;       /* active opens completed (SYN_SENT -> ESTABLISHED) */
     __u64 connect_ns_sum;
     __u64 opened;         /* connections that reached ESTABLISHED (both sides) */
@@ -63,7 +65,9 @@ struct cf_sock {
     __u32 snd_una;
     __u32 snd_nxt;
     __u32 valid;          /* snd_una/snd_nxt hold a previous sample */
-    __u32 pad;
+    __u32 k_valid;        /* k_segs_out/k_retrans hold a previous reading */
+    __u32 k_segs_out;     /* tcp_sock.segs_out at the last reading */
+    __u32 k_retrans;      /* tcp_sock.total_retrans at the last reading */
 };
 
 #endif

@@ -20,10 +20,12 @@
  *                           from the tracepoint's format, not from the kernel version)
  *   CFNET_MAX_PEERS / CFNET_MAX_SOCKS   map sizes
  *   CFNET_SKB_CB_OFF, CFNET_TCB_GSO_SEGS_OFF   offsetof(struct sk_buff, cb) and
- *                           offsetof(struct tcp_skb_cb, tcp_gso_segs), taken by the
- *                           loader from /sys/kernel/btf/vmlinux (never from the
- *                           headers BCC compiles against, which may be another
- *                           kernel's).  Unset: one retransmitted segment per skb.
+ *                           offsetof(struct tcp_skb_cb, tcp_gso_segs);
+ *   CFNET_TP_SEGS_OUT_OFF, CFNET_TP_TOTAL_RETRANS_OFF   offsetof(struct tcp_sock, ...).
+ *                           All taken by the loader from /sys/kernel/btf/vmlinux
+ *                           (never from the headers BCC compiles against, which may
+ *                           be another kernel's).  Unset: one retransmitted segment
+ *                           per skb, and no kernel counters (Python estimates segs_out).
  */
 #include <uapi/linux/ptrace.h>
 #include "cfnet_links.h"
@@ -164,21 +166,44 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 
     u64 sk = (u64)args->skaddr;
     u32 una = args->snd_una, nxt = args->snd_nxt;
-    u64 acked = 0, sent = 0;
+    u64 acked = 0, sent = 0, ksegs_d = 0, kret_d = 0;
+    u32 ksegs = 0, kret = 0;
+#if defined(CFNET_TP_SEGS_OUT_OFF) && defined(CFNET_TP_TOTAL_RETRANS_OFF)
+    /* The kernel's own per-socket counters (what tcp_info reports as segs_out
+     * and total_retrans), read at offsets from the running kernel's BTF: the
+     * loss ratio is then the kernel's, whatever GSO, RTO or SACK recovery did. */
+    bpf_probe_read_kernel(&ksegs, sizeof(ksegs), (const u8 *)args->skaddr + CFNET_TP_SEGS_OUT_OFF);
+    bpf_probe_read_kernel(&kret, sizeof(kret),
+                          (const u8 *)args->skaddr + CFNET_TP_TOTAL_RETRANS_OFF);
+    int have_k = 1;
+#else
+    int have_k = 0;
+#endif
     struct cf_sock *s = socks.lookup(&sk);
     if (s) {
         if (s->valid) {
             acked = cf_delta(una, s->snd_una);
             sent = cf_delta(nxt, s->snd_nxt);
         }
+        if (s->k_valid) {
+            ksegs_d = cf_delta(ksegs, s->k_segs_out);
+            kret_d = cf_delta(kret, s->k_retrans);
+        }
         s->snd_una = una;
         s->snd_nxt = nxt;
         s->valid = 1;
+        s->k_segs_out = ksegs;
+        s->k_retrans = kret;
+        s->k_valid = have_k;
     } else {
+        /* A socket we did not see open: this reading is its baseline. */
         struct cf_sock fresh = {};
         fresh.snd_una = una;
         fresh.snd_nxt = nxt;
         fresh.valid = 1;
+        fresh.k_segs_out = ksegs;
+        fresh.k_retrans = kret;
+        fresh.k_valid = have_k;
         socks.update(&sk, &fresh);
     }
 
@@ -193,6 +218,10 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     }
     if (sent)
         __sync_fetch_and_add(&st->bytes_sent, sent);
+    if (ksegs_d)
+        __sync_fetch_and_add(&st->k_segs_out, ksegs_d);
+    if (kret_d)
+        __sync_fetch_and_add(&st->k_retrans, kret_d);
     u32 dlen = args->data_len;
     if (dlen) {
         __sync_fetch_and_add(&st->bytes_rcvd, dlen);
@@ -341,15 +370,21 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         return 0;
     cf_mark(st, args->sport, args->dport);
     __sync_fetch_and_add(&st->opened, 1);
+    /* Seen from its start: the kernel counters' baseline is zero, as in
+     * tcp_info, so the handshake's segments count too. */
     if (s) {
         if (oldstate == CF_TCP_SYN_SENT && s->t_syn_ns && now > s->t_syn_ns) {
             __sync_fetch_and_add(&st->connects, 1);
             __sync_fetch_and_add(&st->connect_ns_sum, now - s->t_syn_ns);
         }
         s->t_est_ns = now;
+        s->k_segs_out = 0;
+        s->k_retrans = 0;
+        s->k_valid = 1;
     } else {
         struct cf_sock fresh = {};
         fresh.t_est_ns = now;
+        fresh.k_valid = 1;
         socks.update(&sk, &fresh);
     }
     return 0;

@@ -87,9 +87,13 @@ class EbpfProbe:
         log.info("ebpf probe loaded by loader pid %d (%s); %d attachments held; local filter %s",
                  self._hand.loader_pid, ", ".join(TRACEPOINTS), len(self._hand.links),
                  ", ".join(self._local) or "off")
-        if not any(f.startswith("-DCFNET_SKB_CB_OFF") for f in self._hand.cflags):
-            log.warning("ebpf probe: retransmits counted per skb (no BTF offsets); "
-                        "loss reads low on GSO/TSO links")
+        # With the kernel's counters the loss ratio is tcp_info's; without, it is
+        # estimated (retransmitted segments / bytes sent over the MSS).
+        self.kernel_counters = any(f.startswith("-DCFNET_TP_SEGS_OUT_OFF")
+                                   for f in self._hand.cflags)
+        if not self.kernel_counters:
+            log.warning("ebpf probe: no BTF offsets for the kernel's TCP counters; "
+                        "segs_out is estimated from bytes sent")
 
     @property
     def fds(self) -> dict[str, list[int]]:
@@ -135,8 +139,12 @@ class EbpfProbe:
                 t.rtt_max = max(t.rtt_max or 0.0, float(v.rtt_max_us))
             t.bytes_acked += v.bytes_acked
             t.bytes_rcvd += v.bytes_rcvd
-            t.retrans += v.retrans
-            t.segs_out += estimate_segs_out(v.bytes_sent, v.acks, v.retrans, self._mss)
+            if self.kernel_counters:
+                t.retrans += v.k_retrans
+                t.segs_out += v.k_segs_out
+            else:
+                t.retrans += v.retrans
+                t.segs_out += estimate_segs_out(v.bytes_sent, v.acks, v.retrans, self._mss)
             t.connects += v.connects
             t.connect_us_sum += v.connect_ns_sum / 1000.0
             t.opened += v.opened
