@@ -27,7 +27,7 @@
  *                           be another kernel's).  Unset: one retransmitted segment
  *                           per skb, and no kernel counters (Python estimates segs_out).
  */
-#include <uapi/linux/ptrace.h>
+/* no kernel header needed: tracepoint args come from tracefs, our structs from cfnet_links.h */
 #include "cfnet_links.h"
 
 #ifndef CFNET_MAX_PEERS
