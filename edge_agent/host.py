@@ -124,7 +124,7 @@ def read_interfaces() -> list[InterfaceSample]:
     and a netlink socket plus a pure-Python dump every report, for the same
     64-bit counters the kernel prints in /proc/net/dev.
     """
-    out = []
+    out: list[InterfaceSample] = []
     try:
         counters = psutil.net_io_counters(pernic=True)
     except Exception as exc:
