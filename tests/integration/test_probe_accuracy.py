@@ -347,3 +347,22 @@ def test_ebpf_loss_matches_kernel(lab: Lab, make_probe: Callable[[str], LinkProb
           f"kernel {k_loss:.4f} ({k_re}/{k_segs}); tolerance {tol:.4f}")
     assert k_re > 0, ref  # the lab really dropped packets
     assert abs(e_loss - k_loss) <= tol, (e_loss, k_loss, got, ref)
+
+
+@pytest.mark.ebpf
+def test_ebpf_folds_ipv4_mapped_addresses(lab: Lab,
+                                          make_probe: Callable[[str], LinkProbe]) -> None:
+    """A dual-stack server's sockets carry ::ffff:a.b.c.d; the program folds both ends to
+    IPv4, so the local filter (IPv4 addresses of a) matches and the peer is b's IPv4."""
+    probe = make_probe("ebpf")
+    srv = _server(lab, "a", 5090, "echo", 8)  # AF_INET6 dual-stack listener in a
+    probe.collect()
+    cli = lab.popen("b", [PY, "-m", "tools.lab", "pingpong", lab.addr("a"), "--port", "5090",
+                          "--seconds", "3", "--count", "500", "--gap", "0.002",
+                          "--report-every", "60"], stdout=subprocess.DEVNULL, text=True)
+    got = _intervals(probe, lab.addr("b"), 3)
+    _finish(cli)
+    srv.kill()
+    srv.wait(10)
+    assert got and sum(s.samples for s in got) >= 50, got
+    assert sum(s.rx_bps for s in got) > 0 and sum(s.conns for s in got) == 1, got
