@@ -218,6 +218,10 @@ def load_in_subprocess(req: LoadRequest, timeout_s: float = LOADER_TIMEOUT_S) ->
         fds: list[int] = []
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ours, 1 << 16, _MAX_FDS)
+            for fd in fds:
+                # recvmsg without MSG_CMSG_CLOEXEC: keep them out of any exec'd child,
+                # or that child would hold the attachments after the agent died.
+                os.set_inheritable(fd, False)
             reply: dict[str, Any] = (json.loads(msg.decode()) if msg
                                      else {"error": "loader exited silently"})
             if "error" in reply:

@@ -341,3 +341,29 @@ def test_btf_member_offsets_of_the_running_kernel() -> None:
         btf.member_offset("tcp_sock", "no_such_member")
     with pytest.raises(BtfError):
         btf.member_offset("no_such_struct_cfnet", "x")
+
+
+def test_open_probe_reports_the_loader_process_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BPF source that doesn't compile: the loader process answers with the reason over
+    its socket (as root, with BCC), the agent falls back to sock_diag and says why."""
+    import os
+    import shutil
+
+    from edge_agent.bpf_loader import bpf_dir
+    from edge_agent.probes import ProbeConfig, open_probe
+
+    shutil.copy(bpf_dir() / "cfnet_links.h", tmp_path)
+    (tmp_path / "tcp_links.c").write_text("this is not C;\n")
+    monkeypatch.setenv("CFNET_BPF_DIR", str(tmp_path))
+    before = set(os.listdir("/proc/self/fd"))
+    probe, reason = open_probe(ProbeConfig(ebpf=True))
+    try:
+        assert probe.name == "sockdiag"
+        assert reason
+        if os.geteuid() == 0 and Path("/sys/kernel/btf/vmlinux").exists():
+            assert "tcp_links.c" in reason, reason  # the loader's own words
+    finally:
+        probe.close()
+    assert set(os.listdir("/proc/self/fd")) <= before  # the socket pair went with it
