@@ -38,8 +38,9 @@ ENV_BPF_DIR = "CFNET_BPF_DIR"
 def bpf_dir() -> Path:
     """Directory holding the BPF C sources: $CFNET_BPF_DIR, else the package's ``bpf/``.
 
-    The sources are package data of ``edge_agent`` (``edge_agent/bpf/``), so an
-    installed wheel carries them as a checkout does.
+    The sources live in the repository's top-level ``bpf/``; ``edge_agent/bpf``
+    is a symlink to it, so they are package data: a wheel carries them as
+    real files, and a checkout finds them through the link.
     """
     env = os.environ.get(ENV_BPF_DIR)
     if env:

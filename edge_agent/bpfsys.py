@@ -4,7 +4,7 @@ The loader process (``python -m edge_agent.bpf_loader``) compiles and attaches
 the programs and hands their file descriptors over; from then on the agent
 needs only a handful of map commands (lookup, update, delete, get-next-key,
 lookup-and-delete, object info), which are plain syscalls. Keys and values
-are ctypes structures built from ``edge_agent/bpf/cfnet_links.h`` by
+are ctypes structures built from ``bpf/cfnet_links.h`` by
 :func:`header_structs`, so that header stays the single definition of the
 layout; each map's key and value sizes are checked against what the kernel
 says they are (``BPF_OBJ_GET_INFO_BY_FD``) before the map is used.

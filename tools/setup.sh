@@ -32,7 +32,7 @@ fi
 # --- kernel headers for BCC -------------------------------------------------
 # BCC compiles its C at load time against /lib/modules/$(uname -r)/build. This
 # kernel has no headers package of its own, so we link the nearest Debian one.
-# That is safe only because edge_agent/bpf/*.c takes no layout from these headers:
+# That is safe only because bpf/*.c takes no layout from these headers:
 # tracepoint arguments (layout from tracefs at load time), our own map structs,
 # and four kernel fields at offsets from the running kernel's BTF.
 KREL=$(uname -r)

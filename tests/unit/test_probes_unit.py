@@ -197,7 +197,7 @@ def test_python_buckets_match_the_bpf_c(tmp_path: Path) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    bpf = Path(__file__).resolve().parents[2] / "edge_agent" / "bpf"
+    bpf = Path(__file__).resolve().parents[2] / "bpf"
     src = (bpf / "tcp_links.c").read_text()
     funcs = [m.group(0) for m in re.finditer(
         r"static __always_inline u32 cf_(log2|bucket)\(.*?\n}\n", src, re.S)]
