@@ -248,6 +248,7 @@ def load_in_subprocess(req: LoadRequest, timeout_s: float = LOADER_TIMEOUT_S) ->
                 os.close(fd)
             raise
         finally:
+            ours.close()  # EOF for a loader still waiting on an ack that won't come
             try:
                 proc.wait(timeout=10 if proc.poll() is None else 1)
             except subprocess.TimeoutExpired:
