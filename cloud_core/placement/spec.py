@@ -5,14 +5,15 @@ plain YAML, parsed into ``Workload``. Every error names the field and the reason
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
 from cloud_core.errors import SpecError
+from edge_agent.names import label_key_problem, label_value_problem
 
+from . import quantity
 from .model import (
     HOSTNAME,
     LabelSelector,
@@ -29,28 +30,38 @@ GPU = "nvidia.com/gpu"
 CONTROLLERS = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "DaemonSet",
                "ReplicationController")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")  # metav1.LabelSelector
 ANN = "cfnet.io/"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
-_MEM_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-               "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-               "E": 10**18, "m": 10**-3, "": 1}
-_QTY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?([A-Za-z]{0,2})$")
-
 
 def parse_quantity(value: Any, field: str, kind: str) -> int:
-    """A Kubernetes quantity: ``kind`` "cpu" gives millicores, "mem" bytes, "count" units."""
+    """A Kubernetes quantity (``resource.ParseQuantity``, see ``quantity.py``): ``kind``
+    "cpu" gives millicores (``MilliValue``: rounded up), "mem" bytes (``Value``: rounded
+    up), "count" whole units (extended resources must be integers). Negative values are
+    refused as the API server refuses negative requests and capacities."""
     if isinstance(value, bool) or value is None:
         raise SpecError(field, f"{value!r} is not a quantity")
-    m = _QTY.match(str(value).strip())
-    if not m or m.group(3) not in _MEM_SUFFIX:
-        raise SpecError(field, f"{value!r} is not a quantity")
-    num = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
-    num *= _MEM_SUFFIX[m.group(3)]
-    if kind == "count" and num != int(num):
+    if isinstance(value, int) and value.bit_length() > 128:
+        raise SpecError(field, "is too large: an integer of more than 128 bits")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(field, f"{value!r} is not a finite quantity")
+    if not isinstance(value, str | int | float):
+        raise SpecError(field, f"a {type(value).__name__} is not a quantity")
+    try:
+        q = quantity.parse(str(value).strip())  # UnmarshalJSON trims spaces too
+        if q.negative and q.mantissa:
+            raise quantity.QuantityError("must be greater than or equal to 0")
+        if kind == "cpu":
+            return q.scaled(3, "millicores")
+        if kind == "mem":
+            return q.scaled(0, "bytes")
+        milli = q.scaled(3, "milli-units")
+    except quantity.QuantityError as exc:
+        raise SpecError(field, str(exc)) from exc
+    if milli % 1000:
         raise SpecError(field, f"{value!r} must be a whole number")
-    # millicores round to the nearest; bytes round up, as Kubernetes does
-    return round(num * 1000) if kind == "cpu" else math.ceil(num)
+    return milli // 1000
 
 
 def _map(obj: Any, field: str) -> Mapping[str, Any]:
@@ -69,48 +80,95 @@ def _list(obj: Any, field: str) -> Sequence[Any]:
     return obj
 
 
-def _str_map(obj: Any, field: str) -> dict[str, str]:
+def _str_map(obj: Any, field: str, labels: bool = True) -> dict[str, str]:
+    """A string map; ``labels``: keys and values checked as Kubernetes label keys and values
+    (``ValidateLabels``: metadata.labels, nodeSelector, matchLabels), else any strings
+    (annotations)."""
     out = {}
     for k, v in _map(obj, field).items():
         if not isinstance(k, str) or not isinstance(v, str | int | float) or isinstance(v, bool):
-            raise SpecError(f"{field}.{k}", "labels and selectors map strings to strings")
+            raise SpecError(f"{field}.{_clip(k)}", "labels and selectors map strings to strings")
         out[k] = str(v)
+        if labels:
+            why = label_key_problem(k) or label_value_problem(out[k])
+            if why:
+                raise SpecError(f"{field}.{_clip(k)}", why)
     return out
 
 
-def _requirement(obj: Any, field: str) -> NodeSelectorRequirement:
+def _clip(v: object, n: int = 64) -> str:
+    """A value for an error message: short, and printable (errors reach terminals)."""
+    s = str(v)
+    s = s if len(s) <= n else s[: n - 3] + "..."
+    return "".join(c if c.isprintable() else "?" for c in s)
+
+
+def _requirement(obj: Any, field: str, ops: tuple[str, ...] = OPERATORS,
+                 key_check: bool = True) -> NodeSelectorRequirement:
+    """One requirement, refused where ``labels.NewRequirement`` would refuse it (the
+    component-helpers node affinity then fails the whole term, so the API server's stored
+    pod could never match through it): key a qualified name, In/NotIn one or more label
+    values, Exists/DoesNotExist none, Gt/Lt exactly one Go integer."""
     m = _map(obj, field)
     key, op = m.get("key"), m.get("operator")
     if not isinstance(key, str) or not key:
         raise SpecError(f"{field}.key", "is required")
-    if op not in OPERATORS:
-        raise SpecError(f"{field}.operator", f"{op!r} is not one of {', '.join(OPERATORS)}")
-    values = tuple(str(v) for v in _list(m.get("values"), f"{field}.values"))
-    if op in ("In", "NotIn") and not values:
-        raise SpecError(f"{field}.values", f"{op} needs at least one value")
+    if key_check and (why := label_key_problem(key)):
+        raise SpecError(f"{field}.key", why)
+    if op not in ops:
+        raise SpecError(f"{field}.operator", f"{_clip(op)!r} is not one of {', '.join(ops)}")
+    raw = _list(m.get("values"), f"{field}.values")
+    for j, v in enumerate(raw):
+        if isinstance(v, bool) or not isinstance(v, str | int):
+            raise SpecError(f"{field}.values[{j}]", "must be a string")
+    values = tuple(str(v) for v in raw)
+    if op in ("In", "NotIn"):
+        if not values:
+            raise SpecError(f"{field}.values", f"{op} needs at least one value")
+        for j, v in enumerate(values):
+            if why := label_value_problem(v):
+                raise SpecError(f"{field}.values[{j}]", why)
     if op in ("Exists", "DoesNotExist") and values:
         raise SpecError(f"{field}.values", f"{op} takes no values")
-    if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
-        raise SpecError(f"{field}.values", f"{op} needs exactly one integer")
+    if op in ("Gt", "Lt") and (len(values) != 1 or quantity.go_parse_int(values[0]) is None):
+        raise SpecError(f"{field}.values", f"{op} needs exactly one integer (Go's ParseInt)")
     return NodeSelectorRequirement(key, op, values)
 
 
 def _node_term(obj: Any, f: str) -> NodeSelectorTerm:
     """One node selector term; shared by required terms and preferred ``preference``s so
-    that soft and hard affinity can never disagree on what a term means."""
+    that soft and hard affinity can never disagree on what a term means. ``matchFields``
+    as the API server validates it: key ``metadata.name``, In or NotIn, exactly one value."""
     tm = _map(obj, f)
     reqs = [_requirement(r, f"{f}.matchExpressions[{j}]")
             for j, r in enumerate(_list(tm.get("matchExpressions"), f"{f}.matchExpressions"))]
     for j, r in enumerate(_list(tm.get("matchFields"), f"{f}.matchFields")):
-        req = _requirement(r, f"{f}.matchFields[{j}]")
+        req = _requirement(r, f"{f}.matchFields[{j}]", ("In", "NotIn"), key_check=False)
         if req.key != "metadata.name":
             raise SpecError(f"{f}.matchFields[{j}].key", "only metadata.name is supported")
+        if len(req.values) != 1:
+            raise SpecError(f"{f}.matchFields[{j}].values",
+                            "must be exactly one value for a node field selector")
         reqs.append(NodeSelectorRequirement(HOSTNAME, req.operator, req.values))
     return NodeSelectorTerm(tuple(reqs))
 
 
 def _node_terms(obj: Any, field: str) -> tuple[NodeSelectorTerm, ...]:
     return tuple(_node_term(t, f"{field}[{i}]") for i, t in enumerate(_list(obj, field)))
+
+
+def _required_terms(na: Mapping[str, Any], field: str) -> tuple[NodeSelectorTerm, ...]:
+    """A Pod's required node affinity. A present selector with no terms is refused, as the
+    API server refuses it ("must have at least one node selector term"): dropping it would
+    place the pod anywhere."""
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    if na.get(key) is None:
+        return ()
+    req = _map(na[key], field)
+    terms = _node_terms(req.get("nodeSelectorTerms"), f"{field}.nodeSelectorTerms")
+    if not terms:
+        raise SpecError(f"{field}.nodeSelectorTerms", "must have at least one node selector term")
+    return terms
 
 
 def _preferred_terms(obj: Any, field: str) -> tuple[tuple[int, NodeSelectorTerm], ...]:
@@ -134,7 +192,7 @@ def _preferred_terms(obj: Any, field: str) -> tuple[tuple[int, NodeSelectorTerm]
 
 def _selector(obj: Any, field: str) -> LabelSelector:
     m = _map(obj, field)
-    exprs = tuple(_requirement(r, f"{field}.matchExpressions[{j}]")
+    exprs = tuple(_requirement(r, f"{field}.matchExpressions[{j}]", LABEL_SELECTOR_OPERATORS)
                   for j, r in enumerate(_list(m.get("matchExpressions"),
                                               f"{field}.matchExpressions")))
     return LabelSelector(_str_map(m.get("matchLabels"), f"{field}.matchLabels"), exprs)
@@ -156,20 +214,35 @@ def _pod_terms(obj: Any, field: str) -> tuple[PodAffinityTerm, ...]:
 
 
 def _tolerations(obj: Any, field: str) -> tuple[Toleration, ...]:
+    """Tolerations as ``validateTolerations`` (pkg/apis/core/validation) accepts them: an
+    empty operator means Equal; an empty key needs Exists (it then tolerates every taint);
+    Exists takes no value; Equal's value is a label value; tolerationSeconds needs
+    NoExecute."""
     out = []
     for i, t in enumerate(_list(obj, field)):
         f = f"{field}[{i}]"
         tm = _map(t, f)
-        op = tm.get("operator", "Equal")
+        op = tm.get("operator") or "Equal"
         if op not in ("Equal", "Exists"):
-            raise SpecError(f"{f}.operator", f"{op!r} is not Equal or Exists")
-        effect = tm.get("effect", "") or ""
+            raise SpecError(f"{f}.operator", f"{_clip(op)!r} is not Equal or Exists")
+        effect = tm.get("effect") or ""
         if effect not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
-            raise SpecError(f"{f}.effect", f"{effect!r} is not a taint effect")
-        key = str(tm.get("key", "") or "")
+            raise SpecError(f"{f}.effect", f"{_clip(effect)!r} is not a taint effect")
+        key, value = tm.get("key") or "", tm.get("value") or ""
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SpecError(f, "key and value must be strings")
+        if key and (why := label_key_problem(key)):
+            raise SpecError(f"{f}.key", why)
         if not key and op != "Exists":
-            raise SpecError(f"{f}.key", "an empty key needs operator Exists")
-        out.append(Toleration(key, op, str(tm.get("value", "") or ""), effect))
+            raise SpecError(f"{f}.operator",
+                            "must be Exists when key is empty (it then matches every taint)")
+        if op == "Exists" and value:
+            raise SpecError(f"{f}.value", "must be empty when operator is Exists")
+        if op == "Equal" and (why := label_value_problem(value)):
+            raise SpecError(f"{f}.value", why)
+        if tm.get("tolerationSeconds") is not None and effect != "NoExecute":
+            raise SpecError(f"{f}.effect", "must be NoExecute when tolerationSeconds is set")
+        out.append(Toleration(key, op, value, effect))
     return tuple(out)
 
 
@@ -290,11 +363,9 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
     containers = _list(spec.get("containers"), f"{sp}.containers")
     if not containers:
         raise SpecError(f"{sp}.containers", "at least one container is required")
-    ann = _str_map(meta.get("annotations"), "metadata.annotations")
+    ann = _str_map(meta.get("annotations"), "metadata.annotations", labels=False)
     aff = _map(spec.get("affinity"), f"{sp}.affinity")
     na = _map(aff.get("nodeAffinity"), f"{sp}.affinity.nodeAffinity")
-    req_na = _map(na.get("requiredDuringSchedulingIgnoredDuringExecution"),
-                  f"{sp}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution")
     pa = _map(aff.get("podAffinity"), f"{sp}.affinity.podAffinity")
     paa = _map(aff.get("podAntiAffinity"), f"{sp}.affinity.podAntiAffinity")
     rq = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -306,8 +377,7 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
         namespace=ns,
         requests=_requests(containers, f"{sp}.containers"),
         node_selector=_str_map(spec.get("nodeSelector"), f"{sp}.nodeSelector"),
-        node_affinity=_node_terms(req_na.get("nodeSelectorTerms"),
-                                  f"{sp}.affinity.nodeAffinity.{rq}.nodeSelectorTerms"),
+        node_affinity=_required_terms(na, f"{sp}.affinity.nodeAffinity.{rq}"),
         preferred_node_affinity=_preferred_terms(
             na.get(PREFERRED), f"{sp}.affinity.nodeAffinity.{PREFERRED}"),
         tolerations=_tolerations(spec.get("tolerations"), f"{sp}.tolerations"),
