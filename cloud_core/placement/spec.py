@@ -11,7 +11,14 @@ from typing import Any
 import yaml
 
 from cloud_core.errors import SpecError
-from edge_agent.names import label_key_problem, label_value_problem
+from edge_agent.names import (
+    ID_MAX,
+    NAME_MAX,
+    label_key_problem,
+    label_value_problem,
+    name_problem,
+    uid_problem,
+)
 
 from . import quantity
 from .model import (
@@ -30,6 +37,9 @@ GPU = "nvidia.com/gpu"
 CONTROLLERS = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "DaemonSet",
                "ReplicationController")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+# The most workloads one document may expand to (replicas), checked before expanding; the
+# console's per-request cap (commands.MAX_SUBMIT) is the same number.
+MAX_EXPAND = 1000
 LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")  # metav1.LabelSelector
 ANN = "cfnet.io/"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
@@ -268,10 +278,12 @@ def _requests(containers: Sequence[Any], field: str) -> Resources:
 
 
 def _number(v: Any, field: str, minimum: float = 0.0, strict: bool = False) -> float:
+    if isinstance(v, bool):
+        raise SpecError(field, f"{v!r} is not a number")
     try:
         x = float(v)
-    except (TypeError, ValueError):
-        raise SpecError(field, f"{v!r} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise SpecError(field, f"{_clip(v)!r} is not a number") from None
     if x != x or x in (float("inf"), float("-inf")):
         raise SpecError(field, f"{v!r} is not a finite number")
     if x < minimum or (strict and x <= minimum):
@@ -279,13 +291,25 @@ def _number(v: Any, field: str, minimum: float = 0.0, strict: bool = False) -> f
     return x
 
 
+def _text(v: Any, field: str, max_len: int = NAME_MAX) -> str:
+    """A free-text reference (a data set, a gang, a zone): a short printable string."""
+    if isinstance(v, bool) or not isinstance(v, str | int | float):
+        raise SpecError(field, "must be a string")
+    t = str(v)
+    if len(t) > max_len or not t.isprintable():
+        raise SpecError(field, f"must be at most {max_len} printable characters")
+    return t
+
+
 def _int(v: Any, field: str) -> int:
-    if isinstance(v, bool):
-        raise SpecError(field, f"{v!r} is not an integer")
+    if isinstance(v, bool) or not isinstance(v, int | str):
+        raise SpecError(field, f"{_clip(v)!r} is not an integer")
+    if (isinstance(v, int) and v.bit_length() > 64) or (isinstance(v, str) and len(v) > 24):
+        raise SpecError(field, "is out of range (more than 64 bits)")
     try:
         x = int(str(v).strip())
     except ValueError:
-        raise SpecError(field, f"{v!r} is not an integer") from None
+        raise SpecError(field, f"{_clip(v)!r} is not an integer") from None
     if x < 0:
         raise SpecError(field, f"{x} must be >= 0")
     return x
@@ -301,7 +325,7 @@ def _extras(get: Any, prefix: str, field_name: Any) -> dict[str, Any]:
     if v is not None:
         if not isinstance(v, str) or not v.strip():
             raise SpecError(field_name("latency-to"), "must name a node, zone or region")
-        out["latency_to"] = v.strip()
+        out["latency_to"] = _text(v.strip(), field_name("latency-to"))
     if "max_latency_ms" in out and "latency_to" not in out:
         raise SpecError(field_name("latency-to"), "is required with max-latency-ms")
     v = get("residency")
@@ -309,7 +333,8 @@ def _extras(get: Any, prefix: str, field_name: Any) -> dict[str, Any]:
         items = v.split(",") if isinstance(v, str) else v
         if not isinstance(items, list):
             raise SpecError(field_name("residency"), "must be a comma list of regions")
-        regions = frozenset(str(x).strip() for x in items if str(x).strip())
+        regions = frozenset(_text(str(x).strip(), field_name("residency"))
+                            for x in items[:64] if str(x).strip())
         if not regions:
             raise SpecError(field_name("residency"), "names no region")
         out["residency"] = regions
@@ -318,19 +343,19 @@ def _extras(get: Any, prefix: str, field_name: Any) -> dict[str, Any]:
         out["min_security_level"] = _int(v, field_name("min-security-level"))
     v = get("data")
     if v is not None:
-        out["data_name"] = str(v)
+        out["data_name"] = _text(v, field_name("data"))
     v = get("data-gb")
     if v is not None:
         out["data_gb"] = _number(v, field_name("data-gb"))
     v = get("data-location")
     if v is not None:
-        out["data_location"] = str(v)
+        out["data_location"] = _text(v, field_name("data-location"))
     v = get("cost-weight")
     if v is not None:
         out["cost_weight"] = _number(v, field_name("cost-weight"))
     v = get("gang")
     if v is not None:
-        out["gang"] = str(v)
+        out["gang"] = _text(v, field_name("gang"))
     return out
 
 
@@ -356,7 +381,9 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise SpecError("metadata.name", "is required")
-    ns = str(meta.get("namespace") or "default")
+    _check_name(name, "metadata.name", NAME_MAX)
+    ns = meta.get("namespace") or "default"
+    _check_name(ns, "metadata.namespace", ID_MAX)
     sched = spec.get("schedulerName")
     if sched is not None and sched != SCHEDULER_NAME:
         raise SpecError(f"{sp}.schedulerName", f"is {sched!r}, not {SCHEDULER_NAME!r}")
@@ -405,14 +432,16 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
     name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise SpecError(f"{where}name", "is required")
-    ns = str(doc.get("namespace") or "default")
+    _check_name(name, f"{where}name", NAME_MAX)
+    ns = doc.get("namespace") or "default"
+    _check_name(ns, f"{where}namespace", ID_MAX)
     req = _map(doc.get("requests"), f"{where}requests")
     for k in req:
         if k not in ("cpu", "memory", GPU):
             raise SpecError(f"{where}requests.{k}",
                             "unknown resource (cpu, memory, nvidia.com/gpu)")
     res = parse_resources(req, f"{where}requests")
-    replicas = _int(doc.get("replicas", 1), f"{where}replicas")
+    replicas = _replicas(doc.get("replicas", 1), f"{where}replicas", name)
     extras = _extras(lambda k: doc.get(_CAMEL[k]), "", lambda k: f"{where}{_CAMEL[k]}")
     base = Workload(
         uid="", name=name, namespace=ns, requests=res,
@@ -424,10 +453,30 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
         pod_affinity=_pod_terms(doc.get("podAffinity"), f"{where}podAffinity"),
         pod_anti_affinity=_pod_terms(doc.get("podAntiAffinity"), f"{where}podAntiAffinity"),
         labels=_str_map(doc.get("labels"), f"{where}labels"), **extras)
-    uid = str(doc.get("uid") or f"{ns}/{name}")
+    uid = doc.get("uid") or f"{ns}/{name}"
+    if why := uid_problem(uid):
+        raise SpecError(f"{where}uid", why)
     if replicas == 1 and "replicas" not in doc:
         return [_with(base, uid, name)]
     return [_with(base, f"{uid}-{i}", f"{name}-{i}") for i in range(replicas)]
+
+
+def _check_name(value: object, field: str, max_len: int) -> None:
+    """The one name rule (``edge_agent.names``) for every name a workload carries."""
+    if why := name_problem(value, max_len):
+        raise SpecError(field, why)
+
+
+def _replicas(v: Any, field: str, name: str) -> int:
+    """A replica count, bounded before anything is expanded: ``replicas: 1000000`` must be
+    refused by looking at one number, not after building a million workloads."""
+    n = _int(v, field)
+    if n > MAX_EXPAND:
+        raise SpecError(field, f"at most {MAX_EXPAND} replicas per document")
+    if n and len(name) + 1 + len(str(n - 1)) > NAME_MAX:
+        raise SpecError(field, f"replica names ({name}-{n - 1}) would exceed {NAME_MAX} "
+                        "characters")
+    return n
 
 
 def _with(w: Workload, uid: str, name: str) -> Workload:
@@ -453,7 +502,7 @@ def parse_workload_yaml(text: str) -> list[Workload]:
             except SpecError as e:
                 raise SpecError(f"{where}{e.field}", e.reason) from e
             n = d.get("spec", {}).get("replicas", 1) if d.get("kind") in CONTROLLERS else 1
-            n = _int(n, f"{where}spec.replicas")
+            n = _replicas(n, f"{where}spec.replicas", w.name)
             out.extend([w] if d.get("kind", "Pod") == "Pod"
                        else [_with(w, f"{w.uid}-{j}", f"{w.name}-{j}") for j in range(n)])
         else:
