@@ -84,7 +84,9 @@ class CoreService:
             else MqttClient(cfg.mqtt, on_message=self._on_message)
         )
         self.actuator = actuator or LocalActuator(
-            lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True)
+            lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True),
+            on_refused=lambda node, msg: self.events.emit(
+                "placement", msg, severity="critical", node=node),
         )
         self.metrics = CoreMetrics(self.ingest, self.state, self.store, cfg.health, clock)
         self.metrics_port: int | None = None
