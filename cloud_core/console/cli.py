@@ -207,7 +207,7 @@ def read_docs(path: str) -> list[dict[str, Any]]:
                          "request can carry; split it into several files")
     try:
         docs = [d for d in yaml.load_all(text, Loader=_NoAliasLoader) if d is not None]
-    except (yaml.YAMLError, RecursionError) as exc:
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
         raise ValueError(f"{path} is not valid YAML: {str(exc)[:300]}") from exc
     if not docs or not all(isinstance(d, dict) for d in docs):
         raise ValueError(f"{path}: expected one or more YAML mappings (workloads)")

@@ -48,7 +48,8 @@ def parse_request(payload: bytes) -> Request:
     cmd = raw["cmd"]
     if len(cmd) > MAX_CMD_LEN or not cmd.isprintable():
         raise WireError("schema", f"'cmd' must be at most {MAX_CMD_LEN} printable characters")
-    args = raw.get("args") or {}
+    args = raw.get("args")
+    args = {} if args is None else args
     if not isinstance(args, dict):
         raise WireError("schema", "'args' must be an object")
     return Request(cmd=cmd, args=args)

@@ -489,8 +489,9 @@ def parse_workload_yaml(text: str) -> list[Workload]:
     """One or more YAML documents, each a Kubernetes object or the plain form."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise SpecError("(yaml)", f"not valid YAML: {e}") from e
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        # ValueError: an integer of more than 4,300 digits
+        raise SpecError("(yaml)", f"not valid YAML: {str(e)[:300]}") from e
     out: list[Workload] = []
     for i, d in enumerate(docs):
         where = f"[{i}]." if len(docs) > 1 else ""
