@@ -80,7 +80,7 @@ def encode_response(resp: Response) -> bytes:
     """The reply as JSON; one that would exceed ``MAX_RESPONSE_BYTES`` is replaced by an
     error that says so (the broker would disconnect the core for an oversized packet)."""
     body = {"ok": resp.ok, "data": _finite(resp.data), "error": resp.error[:4000]}
-    out = json.dumps(body, default=_default, allow_nan=False).encode()
+    out = json.dumps(body, default=_default, allow_nan=False, separators=(",", ":")).encode()
     if len(out) > MAX_RESPONSE_BYTES:
         body = {"ok": False, "data": None,
                 "error": f"the answer is {len(out)} bytes, more than the {MAX_RESPONSE_BYTES} "
