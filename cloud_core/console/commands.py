@@ -116,10 +116,16 @@ def register_commands(
         return link_rows(s, node)
 
     def workloads(op: str, args: dict[str, Any]) -> Any:
+        # optional paging: a listing of thousands would not fit one answer
+        offset, limit = args.get("offset", 0), args.get("limit")
+        for k, v in (("offset", offset), ("limit", limit)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise CommandError(f"{k} must be a non-negative integer")
+        rows = store.workloads()[offset:None if limit is None else offset + limit]
         return [
             {"uid": r.uid, "name": r.name, "namespace": r.namespace, "state": r.state,
              "node": r.node, "reason": r.reason, "age_s": clock() - r.created}
-            for r in store.workloads()
+            for r in rows
         ]
 
     def placements(op: str, args: dict[str, Any]) -> Any:
