@@ -327,3 +327,13 @@ def test_cli_output_has_no_control_characters() -> None:
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     ev = cli.printable(cli.render_event({"ts": 0, "message": "m\x1b[31m\r", "kind": "k"}))
     assert "\x1b" not in ev and "\r" not in ev
+
+
+def test_event_text_bounded() -> None:
+    from cloud_core.events import MAX_EVENT_MESSAGE, EventLog
+
+    sent: list[bytes] = []
+    log = EventLog(lambda ev: sent.append(ev.encode()), lambda: 1.0)
+    ev = log.emit("placement", "unplaceable: " + "reason; " * 100_000)
+    assert len(ev.message) < MAX_EVENT_MESSAGE + 20 and ev.message.endswith(")")
+    assert len(sent[0]) < wire.MAX_PAYLOAD_BYTES
