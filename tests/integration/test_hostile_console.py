@@ -215,6 +215,53 @@ def test_refusals_audited_as_valid_json(rig: Rig, clients: dict[str, ConsoleClie
     assert any("(+199" in json.dumps(a["args"]) for a in r.data)  # the 200 KB value, cut
 
 
+def test_legit_900_workload_what_if_answered(rig: Rig, clients: dict[str, ConsoleClient]
+                                             ) -> None:
+    """Over 64 KiB (the old cap, which dropped it without a word) and under the wire cap."""
+    docs = [{"name": f"web-{i:03d}", "requests": {"cpu": "10m"},
+             "labels": {"app": "a" * 60, "tier": "t" * 60}} for i in range(900)]
+    payload = _req("what-if", {"specs": docs})
+    assert 64 * 1024 < len(payload) < MAX_PAYLOAD_BYTES
+    r = clients["vic"].call_raw(payload, timeout_s=60)
+    assert r.ok, r.error
+    assert len(r.data["decisions"]) == 900
+    assert rig.core_connections() == 1
+
+
+def test_hostile_telemetry_counted_not_internal(rig: Rig, clients: dict[str, ConsoleClient]
+                                                ) -> None:
+    """A legitimate agent account sends numbers no report needs: each is a counted,
+    reasoned reject; the core keeps answering."""
+    agent = MqttClient(settings(rig.b, rig.b.add_account("edge-x", "agent")))
+    agent.start()
+    assert agent.wait_connected(10)
+    before = clients["vic"].call("stats").data["rejected"]
+    bad = [b'{"v": 1, "node": "edge-x", "seq": ' + b"9" * 300 + b"}",
+           b'{"v": 1, "node": "edge-x", "seq": ' + b"9" * 5000 + b"}",
+           b'{"v": 1, "node": "edge-x", "ts": 1e400}',
+           b'{"v": 1, "node": "edge-x", "x": ' + b"[" * 100 + b"]" * 100 + b"}"]
+    try:
+        for p in bad:
+            assert agent.publish("cfnet/v1/nodes/edge-x/telemetry", p).wait(5)
+
+        def counted() -> dict[str, int] | None:
+            got = clients["vic"].call("stats").data["rejected"]
+            n = sum(got.values()) - sum(before.values())
+            return got if n >= len(bad) else None
+
+        got = wait_for(counted, 15, "hostile reports counted")
+        assert "internal" not in got
+        assert got.get("range", 0) - before.get("range", 0) >= 2
+    finally:
+        agent.stop()
+    t0 = time.monotonic()
+    assert clients["vic"].call("nodes", timeout_s=1.0).ok
+    assert time.monotonic() - t0 < 1.0
+    assert rig.core_connections() == 1
+    log = (rig.tmp / "core.log").read_text(errors="replace")
+    assert "Traceback" not in log
+
+
 def test_burst_from_one_account_all_answered(rig: Rig, clients: dict[str, ConsoleClient]
                                              ) -> None:
     eve = clients["eve"]
