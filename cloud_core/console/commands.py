@@ -154,8 +154,8 @@ def register_commands(
         out = []
         for spec, w in _specs(args):
             new = store.submit(w.uid, w.name, w.namespace, spec)
-            out.append({"uid": w.uid, "name": w.name, "namespace": w.namespace,
-                        "result": "submitted" if new else "exists"})
+            # uid and result only: a 1000-replica answer must fit one message
+            out.append({"uid": w.uid, "result": "submitted" if new else "exists"})
             if new:
                 events.emit("console", f"{op} submitted {w.namespace}/{w.name}", workload=w.uid)
         return out

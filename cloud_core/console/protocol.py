@@ -82,10 +82,11 @@ def encode_response(resp: Response) -> bytes:
     body = {"ok": resp.ok, "data": _finite(resp.data), "error": resp.error[:4000]}
     out = json.dumps(body, default=_default, allow_nan=False, separators=(",", ":")).encode()
     if len(out) > MAX_RESPONSE_BYTES:
+        done = ("the command was carried out, but " if resp.ok else "")
         body = {"ok": False, "data": None,
-                "error": f"the answer is {len(out)} bytes, more than the {MAX_RESPONSE_BYTES} "
-                         "one message may carry; ask for less (a limit, a node, fewer "
-                         "workloads)"}
+                "error": f"{done}the answer is {len(out)} bytes, more than the "
+                         f"{MAX_RESPONSE_BYTES} one message may carry; ask for less (a limit, "
+                         "a node, fewer workloads)"}
         out = json.dumps(body).encode()
     return out
 

@@ -361,3 +361,32 @@ def test_cfnetctl_refuses_unsafe_files_and_sanitises(rig: Rig, tmp_path: Path) -
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0
     assert not any(c in p.stdout for c in "\x1b\x07\r")
+
+
+def test_oversized_placement_set_refused_with_event(rig: Rig,
+                                                    clients: dict[str, ConsoleClient]) -> None:
+    """600 workloads with 249-character names on one node: their set would be about
+    330 KiB, over the broker's limit. It is not published (the core stays connected) and a
+    critical event says why."""
+    name = "n" * 245
+    conns = rig.core_connections()  # one more than at first if the restart test ran
+    r = clients["alice"].call("submit", {"specs": [{
+        "name": name, "replicas": 600, "requests": {"cpu": "1m"},
+        "nodeSelector": {"kubernetes.io/hostname": "edge-b"}}]}, timeout_s=30)
+    assert r.ok, r.error
+    assert len(r.data) == 600 and {x["result"] for x in r.data} == {"submitted"}
+
+    def refused() -> list[dict[str, Any]]:
+        evs = clients["vic"].call("events", {"limit": 200}).data
+        return [e for e in evs if e["severity"] == "critical"
+                and "placement set for edge-b not published" in e["message"]]
+
+    evs = wait_for(refused, 60, "critical event for edge-b's set")
+    assert "600 workloads" in evs[-1]["message"]
+    time.sleep(2)  # several more apply attempts: still one event, still one connection
+    assert len(refused()) == 1
+    assert rig.core_connections() == conns
+    assert "oversize" not in rig.b.log_text()
+    t0 = time.monotonic()
+    assert clients["vic"].call("nodes", timeout_s=1.0).ok
+    assert time.monotonic() - t0 < 1.0
