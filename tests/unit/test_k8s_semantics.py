@@ -17,6 +17,7 @@ from cloud_core.errors import SpecError
 from cloud_core.placement import quantity
 from cloud_core.placement.filters import STATIC_FILTERS, requirement_matches, tolerates
 from cloud_core.placement.model import (
+    ClusterSnapshot,
     NodeInfo,
     NodeSelectorRequirement,
     Taint,
@@ -24,6 +25,7 @@ from cloud_core.placement.model import (
     node_label,
 )
 from cloud_core.placement.spec import parse_pod, parse_quantity
+from cloud_core.placement.validate import validate
 
 MAX = 2**63 - 1
 
@@ -216,11 +218,18 @@ def _node(**labels: str) -> NodeInfo:
 
 
 def _filter(name: str, spec: dict[str, Any], node: NodeInfo) -> bool:
+    """The engine's filter's answer; the independent validator (validate.py, which the core
+    runs before acting) must give the same one."""
     pod = {"kind": "Pod", "metadata": {"name": "p"},
            "spec": {"containers": [{"name": "c"}], **spec}}
     w = parse_pod(pod)
     f = next(f for f in STATIC_FILTERS if f.name == name)
-    return f(w, node) is None
+    ok = f(w, node) is None
+    snap = ClusterSnapshot(nodes=(node,), links={})
+    violations = [v for v in validate(snap, [w], {w.uid: node.name})
+                  if v.constraint == name]
+    assert (not violations) is ok, (name, violations)
+    return ok
 
 
 def _aff(*terms: dict[str, Any]) -> dict[str, Any]:
