@@ -337,3 +337,15 @@ def test_event_text_bounded() -> None:
     ev = log.emit("placement", "unplaceable: " + "reason; " * 100_000)
     assert len(ev.message) < MAX_EVENT_MESSAGE + 20 and ev.message.endswith(")")
     assert len(sent[0]) < wire.MAX_PAYLOAD_BYTES
+
+
+def test_audit_rows_written_cut_before_still_read(tmp_path: Path) -> None:
+    """Entries an older core cut mid-JSON (the bug this fixes) read back, not crash."""
+    store = Store(tmp_path / "old.db", lambda: 1.0)
+    store.audit(1.0, "alice", "submit", {"specs": []}, "ok")
+    with store._lock:  # writing the old, broken form directly
+        store._db.execute("INSERT INTO audit (ts, operator, cmd, args, result) "
+                          "VALUES (2.0, 'alice', 'submit', ?, 'ok')", ('{"specs": ["x',))
+    log = store.audit_log(10)
+    assert log[0]["args"] == {"specs": []}
+    assert log[1]["args"] == {"unreadable": '{"specs": ["x'}
