@@ -193,7 +193,13 @@ class DecisionLoop:
         if not rest:
             return PlaceOutcome(assignments, {}, summaries, [])
         t0 = time.perf_counter()
-        result = place(snap, rest, self.engine_config)
+        try:
+            result = place(snap, rest, self.engine_config)
+        except Exception:
+            # One bad workload must not block the whole batch: place them one by one and
+            # report the ones the engine chokes on.
+            log.exception("placing a batch of %d failed; placing one by one", len(rest))
+            return self._place_singly(snap, rest, assignments, summaries)
         chosen = {u: n for u, n in result.assignments.items() if n}
         violations = validate(snap, rest, chosen, self.engine_config)
         if self._on_placement is not None:
@@ -219,6 +225,31 @@ class DecisionLoop:
             else:
                 failures[u] = d.summary or "; ".join(d.reasons)
         return PlaceOutcome(assignments, failures, summaries, rejected, dict(result.stats))
+
+    def _place_singly(self, snap: ClusterSnapshot, rest: Sequence[Workload],
+                      assignments: dict[str, str], summaries: dict[str, str]) -> PlaceOutcome:
+        failures: dict[str, str] = {}
+        rejected: list[Any] = []
+        for w in rest:
+            try:
+                res = place(snap, [w], self.engine_config)
+            except Exception as e:
+                failures[w.uid] = f"placement engine error: {type(e).__name__}: {e}"
+                continue
+            node = res.assignments.get(w.uid)
+            bad = validate(snap, [w], {w.uid: node}, self.engine_config) if node else []
+            if node and not bad:
+                assignments[w.uid] = node
+                summaries[w.uid] = next((d.summary for d in res.decisions), "")
+                snap = with_placements(snap, [w], {w.uid: node})  # count it for the next
+            elif bad:
+                rejected.extend(bad)
+                failures[w.uid] = "validator rejected the engine's choice: " + "; ".join(
+                    f"{v.constraint}: {v.detail}" for v in bad)
+            else:
+                failures[w.uid] = next((d.summary or "; ".join(d.reasons)
+                                        for d in res.decisions), "not placed")
+        return PlaceOutcome(assignments, failures, summaries, rejected)
 
     def report(self, outcome: PlaceOutcome, pending: Sequence[Workload]) -> None:
         """The placement events, in the engine's words (an unchanged failure is said once)."""
@@ -250,9 +281,20 @@ class DecisionLoop:
         if not running:
             return 0
         snap = with_placements(obs.snapshot, list(obs.pending), outcome.assignments)
-        moves, self.replan_state = plan_moves(snap, running, self.replan_state,
-                                              self.replan_config)
+        before = self.replan_state
+        moves, self.replan_state = plan_moves(snap, running, before, self.replan_config)
         done = self.actuator.commit_moves(obs, moves) if moves else []
+        undone = {m.workload_uid for m in moves} - {m.workload_uid for m in done}
+        if undone:
+            # A move that did not happen (a disruption budget said no, the workload changed
+            # meanwhile) starts no cool-down: it is planned again once it strikes out again.
+            last = dict(self.replan_state.last_move)
+            for u in undone:
+                if u in before.last_move:
+                    last[u] = before.last_move[u]
+                else:
+                    last.pop(u, None)
+            self.replan_state = dataclasses.replace(self.replan_state, last_move=last)
         for m in done:
             self.events.emit("placement", f"move {m.workload_uid}: {m.src} -> {m.dst} "
                              f"({m.reason})", severity="warning", workload=m.workload_uid,

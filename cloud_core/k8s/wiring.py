@@ -1,10 +1,11 @@
 """Run the Kubernetes actuator inside `cfnet-core`, fed by the core's measured links.
 
 `cfnet-core --kubernetes` keeps MQTT ingest, health and the console of the
-core, and hands placement to the Kubernetes actuator (pods with
-``schedulerName: cfnet-scheduler``), with Lease-based leader election between
-replicas. The actuator sees the links the agents measure, translated from
-agent ids to Node names through the registry's ``cfnet.io/agent-id`` labels.
+core, and runs the decision loop (``cloud_core.loop``) with the Kubernetes actuator as its
+source of truth and actuator (pods with ``schedulerName: cfnet-scheduler``: binding,
+re-placement by eviction), with Lease-based leader election between replicas. The
+actuator sees the links the agents measure, translated from agent ids to Node names
+through the registry's ``cfnet.io/agent-id`` labels.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.leader import LeaderElector
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
+from cloud_core.placement import ReplanConfig
 from cloud_core.snapshot import translated_links
 from cloud_core.state import ClusterState
 
@@ -32,6 +34,7 @@ class KubeSettings:
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
     edge_taint: str = "respect"
+    replan: ReplanConfig | None = None  # None: the engine's defaults, as in local mode
 
 
 @dataclass
@@ -83,8 +86,9 @@ def start_kubernetes(
         retry_period_s=settings.retry_period_s, on_started=leading, on_stopped=following,
     )
     actuator = Actuator(
-        client, registry, ActuatorConfig(identity=settings.identity),
+        client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan),
         is_leader=elector.is_leader, on_alert=alert, links=links, on_bound=bound,
+        events=events,
     )
     actuator.start()
     elector.start()
