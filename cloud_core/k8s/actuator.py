@@ -283,6 +283,19 @@ class Actuator:
             self._workloads[uid] = w
         return w
 
+    def parse(self, pod: JSON) -> Workload | None:
+        """``pod`` as the engine's Workload (cached per uid); None when it cannot be read."""
+        return self._workload(pod)
+
+    def last_failure(self, uid: str) -> str | None:
+        """The last FailedScheduling message for pod ``uid`` (None: none, or placed)."""
+        with self._lock:
+            return self._last_failure.get(uid)
+
+    def node_changed(self, node: JSON) -> None:
+        """A Node the core itself just wrote (a cordon): take it in now, not at the watch."""
+        self._on_node("MODIFIED", node, None)
+
     def is_pending(self, pod: JSON) -> bool:
         spec = pod.get("spec") or {}
         md = pod.get("metadata") or {}

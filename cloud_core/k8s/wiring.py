@@ -15,10 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cloud_core.console.service import ConsoleService
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.leader import LeaderElector
+from cloud_core.k8s.pools import PoolController
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
 from cloud_core.placement import ReplanConfig
 from cloud_core.snapshot import translated_links
@@ -41,9 +44,11 @@ class KubeSettings:
 class KubeRunner:
     actuator: Actuator
     elector: LeaderElector
+    pools: PoolController
 
     def stop(self) -> None:
         self.elector.stop(release=True)
+        self.pools.stop()
         self.actuator.stop()
 
 
@@ -55,9 +60,12 @@ def start_kubernetes(
     clock: Callable[[], float] = time.time,
     on_lead: Callable[[], None] | None = None,
     on_follow: Callable[[], None] | None = None,
+    console: ConsoleService | None = None,
 ) -> KubeRunner:
     """Start the actuator and the election. ``on_lead``/``on_follow`` run when this
-    replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading)."""
+    replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading).
+    With ``console``, its commands answer from and act on the cluster (``k8s.console``),
+    registered before this replica can lead, so before any request can arrive."""
     registry = NodeRegistry(RegistryConfig(edge_taint=settings.edge_taint))
 
     def links() -> dict[tuple[str, str], Any]:
@@ -90,6 +98,10 @@ def start_kubernetes(
         is_leader=elector.is_leader, on_alert=alert, links=links, on_bound=bound,
         events=events,
     )
+    if console is not None:
+        register_kubernetes_commands(console, actuator, client, events, clock)
+    pools = PoolController(client, actuator, is_leader=elector.is_leader)
     actuator.start()
+    pools.start()
     elector.start()
-    return KubeRunner(actuator, elector)
+    return KubeRunner(actuator, elector, pools)

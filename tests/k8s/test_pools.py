@@ -1,5 +1,6 @@
-"""Pool-level placement written to OpenYurt YurtAppSets and KubeEdge EdgeApplications (CRDs from
-deploy/k8s/crds installed in the real API server), under the core's ServiceAccount."""
+"""Pool-level placement written to OpenYurt YurtAppSets and KubeEdge EdgeApplications (the
+frameworks' unmodified upstream CRDs, tests/k8s/upstream-crds, installed in the real API
+server), under the core's ServiceAccount."""
 
 from __future__ import annotations
 
