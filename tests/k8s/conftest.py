@@ -125,9 +125,11 @@ class Cluster:
         self.c.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                              "metadata": {"name": self.namespace}})
         # The ServiceAccount admission plugin refuses pods until kube-controller-manager has
-        # made the namespace's "default" account.
+        # made the namespace's "default" account. Right after a test restarted the API server
+        # the controllers' watches may still be backing off (client-go: up to 30 s).
         wait_for(lambda: self.c.get(f"/api/v1/namespaces/{self.namespace}/serviceaccounts/"
-                                    "default"), what="default ServiceAccount")
+                                    "default"), timeout=120, every=0.2,
+                 what="default ServiceAccount")
 
     def node(self, name: str, *, region: str, zone: str = "", security: int = 1,
              kubeedge_group: str | None = None, openyurt_pool: str | None = None,

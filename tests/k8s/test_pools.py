@@ -100,5 +100,5 @@ def test_crd_schema_rejects_bad_overrides(cluster: Cluster, admin: KubeClient) -
                          "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
                          "metadata": {"name": "bad"},
                          "spec": {"workloadScope": {"targetNodeGroups": [
-                             {"name": "g", "overriders": {"replicas": -1}}]}}})
+                             {"name": "g", "overriders": {"replicas": "many"}}]}}})
     assert ei.value.status == 422
