@@ -8,6 +8,7 @@ running core and written as the framework's own object, under the unmodified ups
 - KubeEdge: an EdgeApplication (``apps.kubeedge.io/v1alpha1``) for a NodeGroup that lists its
   nodes in ``spec.nodes``.
 
+The controller runs as cluster admin and under deploy/k8s's least-privilege ServiceAccount.
 The objects are compared with what the server stored: a field the upstream schema does not
 know would have been pruned, so equality shows they are valid under the upstream CRDs. No
 yurt-manager / cloudcore runs: nothing acts on these objects here.
@@ -46,11 +47,12 @@ def pool_deployment(ns: str, name: str, replicas: int, flavour: str,
 
 
 @pytest.fixture
-def pools(admin: KubeClient, cluster: Cluster) -> Iterator[PoolController]:
-    act = Actuator(admin, NodeRegistry(), ActuatorConfig(identity="pool-test"))
+def pools(core_client: KubeClient, cluster: Cluster) -> Iterator[PoolController]:
+    """The controller as cluster admin, and under deploy/k8s's ServiceAccount as written."""
+    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="pool-test"))
     act.start()
     assert act.wait_synced(30)
-    pc = PoolController(admin, act, resync_s=1.0)
+    pc = PoolController(core_client, act, resync_s=1.0)
     pc.start()
     yield pc
     pc.stop()
