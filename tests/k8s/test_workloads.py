@@ -9,6 +9,7 @@
   the pods say why. The time from the degradation to the new binding is printed.
 - A PodDisruptionBudget that allows no disruption: the move is refused, said in an Event, and
   nothing is evicted.
+- StatefulSet and Job pods are bound like ReplicaSet ones.
 
 There is no kubelet here. Where a pod has to finish terminating (an evicted pod, a pod the
 ReplicaSet scaled away), the test plays the kubelet's part: it deletes the terminating pod with
@@ -301,3 +302,28 @@ def test_disruption_budget_blocks_the_move(admin: KubeClient, cluster: Cluster,
     live = live_pods(cluster, "guarded")
     assert [p["metadata"]["name"] for p in live] == [pod["metadata"]["name"]]
     assert runner.actuator.stats.moves == 0
+
+
+def test_statefulset_and_job_pods_are_bound(admin: KubeClient, cluster: Cluster,
+                                            actuator: Actuator) -> None:
+    cluster.node("sj-0", region="eu", cpu="4", edge_taint=False)
+    ns = cluster.namespace
+    tpl = deployment(ns, "db", 2)["spec"]["template"]
+    admin.create(f"/apis/apps/v1/namespaces/{ns}/statefulsets", {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
+        "spec": {"replicas": 2, "serviceName": "db", "podManagementPolicy": "Parallel",
+                 "selector": {"matchLabels": {"app": "db"}}, "template": tpl}})
+    jtpl = deployment(ns, "batch", 1)["spec"]["template"]
+    jtpl["spec"]["restartPolicy"] = "Never"
+    admin.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "batch"},
+        "spec": {"parallelism": 2, "completions": 2, "template": jtpl}})
+
+    def bound() -> list[dict[str, Any]] | None:
+        ps = [p for p in cluster.pods() if p["spec"].get("nodeName")]
+        return ps if len(ps) == 4 else None
+
+    pods = wait_for(bound, timeout=60, every=0.5, what="2 StatefulSet + 2 Job pods bound")
+    kinds = sorted(p["metadata"]["ownerReferences"][0]["kind"] for p in pods)
+    assert kinds == ["Job", "Job", "StatefulSet", "StatefulSet"]
+    assert validator_clean(admin, pods) == []
