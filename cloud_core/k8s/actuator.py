@@ -39,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable, SpecError
@@ -91,7 +91,7 @@ class EngineOutcome:
 
 def run_engine(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
                config: Any = None) -> EngineOutcome:
-    """Place a batch and validate the result (the only call into the placement engine)."""
+    """Place a batch and validate the result, outside the decision loop (pool planning)."""
     from cloud_core.placement import place, validate
 
     result = place(snapshot, workloads, config) if config is not None else \
@@ -159,12 +159,6 @@ class ActuatorStats:
     evictions_blocked: int = 0
     pinned_bound: int = 0
     bound_pods: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
-
-
-def _with_allocation(snap: ClusterSnapshot, node: str, req: Resources) -> ClusterSnapshot:
-    nodes = tuple(replace(n, allocated=n.allocated + req) if n.name == node else n
-                  for n in snap.nodes)
-    return replace(snap, nodes=nodes)
 
 
 def _pod_requests(w: Workload | None) -> Resources:
