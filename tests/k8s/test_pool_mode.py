@@ -87,7 +87,8 @@ def test_yurtappset_follows_the_deployment(admin: KubeClient, cluster: Cluster,
             return got if sum(t["tweaks"]["replicas"] for t in tw) == n else None
 
         got = wait_for(lambda: replicas_written(6), timeout=30, what="YurtAppSet for 6")
-        plan = pools.plans[f"{ns}/pm"]
+        # the controller records its plan right after the write the test may have seen first
+        plan = wait_for(lambda: pools.plans.get(f"{ns}/pm"), what="plan recorded")
         tw = {t["pools"][0]: t["tweaks"]["replicas"] for t in got["spec"]["workload"]
               ["workloadTweaks"]}
         assert tw == plan.per_pool and set(tw) == {"pm-pa", "pm-pb"}  # 2 cpus per node
@@ -129,7 +130,7 @@ def test_edgeapplication_for_a_nodegroup_object(admin: KubeClient, cluster: Clus
                            pool_deployment(ns, "cam", 5, "kubeedge", tolerate_edge=True))
         path = f"/apis/apps.kubeedge.io/v1alpha1/namespaces/{ns}/edgeapplications/cam"
         got = wait_for(lambda: admin.get(path), timeout=30, what="EdgeApplication")
-        plan = pools.plans[f"{ns}/cam"]
+        plan = wait_for(lambda: pools.plans.get(f"{ns}/cam"), what="plan recorded")
         assert plan.per_pool == {"pe-g": 4} and len(plan.unplaced) == 1  # 2 nodes x 2 cpus
         assert got["spec"]["workloadScope"]["targetNodeGroups"] == [
             {"name": "pe-g", "overriders": {"replicas": 4}}]
