@@ -166,6 +166,13 @@ def apply_pool_plan(client: KubeClient, deployment: JSON, plan: PoolPlan) -> JSO
     return client.apply(obj)
 
 
+def _template_digest(deployment: JSON) -> str:
+    spec = dict(deployment.get("spec") or {})
+    spec.pop("replicas", None)
+    md = deployment.get("metadata") or {}
+    return json.dumps([spec, md.get("labels"), md.get("annotations")], sort_keys=True)
+
+
 def _pool_path(flavour: str, ns: str, name: str) -> str:
     if flavour == "openyurt":
         return f"/apis/{YURT_API}/namespaces/{ns}/yurtappsets/{name}"
@@ -186,6 +193,8 @@ class PoolController:
         self._stop = threading.Event()
         self._written: dict[tuple[str, str], tuple[str, str]] = {}  # (ns, name) -> (flav, spec)
         self._warned: set[str] = set()
+        self._members: dict[tuple[str, str], dict[str, str]] = {}  # pool membership planned on
+        self._template: dict[tuple[str, str], str] = {}  # the Deployment template planned
         self.plans: dict[str, PoolPlan] = {}  # "ns/name" -> last plan written
         self.deployments = Reflector(client, "/apis/apps/v1/deployments", self._changed,
                                      name="deployments")
@@ -258,6 +267,19 @@ class PoolController:
             seen.add(key)
             plan = plan_pools(snap, self.registry, dep, str(flavour),
                               engine_config=self.actuator.config.engine_config)
+            pool_of = self.registry.membership(str(flavour))
+            members = {n.name: f"{pool_of[n.name]} {n.capacity} {n.health}"
+                       for n in snap.nodes if n.name in pool_of}
+            last = self.plans.get(obj_key(dep))
+            if (last is not None and self._written.get(key, ("",))[0] == flavour
+                    and last.replicas == plan.replicas and plan.placed == last.placed
+                    and self._members.get(key) == members
+                    and self._template.get(key) == _template_digest(dep)):
+                # Nothing that decides the plan changed (the template, the replica count,
+                # the pools' nodes, their capacity and health) and the new one places no
+                # more replicas: a time-limited solver may split equal pools differently from
+                # run to run, and moving replicas between pools for that would churn the edge.
+                continue
             obj = yurt_app_set(dep, plan) if flavour == "openyurt" else \
                 edge_application(dep, plan)
             digest = json.dumps(obj, sort_keys=True)
@@ -272,6 +294,8 @@ class PoolController:
             if old is not None and old[0] != flavour:
                 self._delete(key, old[0])
             self._written[key] = (str(flavour), digest)
+            self._members[key] = members
+            self._template[key] = _template_digest(dep)
             self.plans[obj_key(dep)] = plan
             writes += 1
             self._event(dep, "PoolPlan", "Normal",
@@ -298,6 +322,8 @@ class PoolController:
             log.warning("deleting the %s object %s/%s failed: %s", flavour, *key, e)
             return
         self._written.pop(key, None)
+        self._members.pop(key, None)
+        self._template.pop(key, None)
         self.plans.pop("/".join(key), None)
 
     def _event(self, dep: JSON, reason: str, event_type: str, message: str) -> None:
