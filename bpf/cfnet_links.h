@@ -1,7 +1,10 @@
-/* Structures shared between bpf/tcp_links.c and edge_agent/probes/ebpf.py.
+/* Structures shared between tcp_links.c and edge_agent/probes/ebpf.py.
  *
- * Python never re-declares these: BCC derives ctypes for each map's key and
- * value from these definitions, so this header is the single source of truth.
+ * Python never re-declares these: edge_agent/bpfsys.py builds its ctypes for
+ * each map's key and value from this file (and checks their sizes against
+ * the kernel's), so this header is the single source of truth.  Keep to
+ * what that small parser reads: __u8..__u64 fields, arrays sized by a number
+ * or a #define, members of structs declared above.
  * Only our own structs live here -- no kernel struct is ever dereferenced
  * (the kernel headers on the build host may not match the running kernel).
  */
@@ -35,7 +38,10 @@ struct cf_peer_stats {
     __u64 bytes_rcvd;     /* payload received (tcp_probe data_len) */
     __u64 acks;           /* incoming segments that advanced snd_una */
     __u64 segs_in;        /* incoming segments carrying data */
-    __u64 retrans;        /* tcp_retransmit_skb events */
+    __u64 retrans;        /* retransmitted segments (tcp_skb_pcount of each skb) */
+    __u64 retrans_skbs;   /* tcp_retransmit_skb events (one per skb) */
+    __u64 k_segs_out;     /* the kernel's own tcp_sock counters, differenced per socket at */
+    __u64 k_retrans;      /* each tcp_probe event (0 unless the loader found BTF offsets) */
     __u64 connects;       /* active opens completed (SYN_SENT -> ESTABLISHED) */
     __u64 connect_ns_sum;
     __u64 opened;         /* connections that reached ESTABLISHED (both sides) */
@@ -59,7 +65,9 @@ struct cf_sock {
     __u32 snd_una;
     __u32 snd_nxt;
     __u32 valid;          /* snd_una/snd_nxt hold a previous sample */
-    __u32 pad;
+    __u32 k_valid;        /* k_segs_out/k_retrans hold a previous reading */
+    __u32 k_segs_out;     /* tcp_sock.segs_out at the last reading */
+    __u32 k_retrans;      /* tcp_sock.total_retrans at the last reading */
 };
 
 #endif

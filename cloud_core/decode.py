@@ -35,6 +35,7 @@ from edge_agent.wire import (
     RttStats,
     TelemetryReport,
     parse_report,
+    valid_address,
     valid_id,
 )
 
@@ -136,6 +137,7 @@ class ReportDecoder:
             r.v != SCHEMA_VERSION
             or r.probe not in PROBES
             or not valid_id(r.node)
+            or not all(valid_address(lk.peer) for lk in r.links)
             or (topic_node is not None and r.node != topic_node)
             or res.mem_used_bytes > res.mem_total_bytes
             # The reference treats a zero disk size as "not reported"; rare, so

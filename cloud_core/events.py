@@ -23,6 +23,9 @@ class Event:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
 
 
+MAX_EVENT_MESSAGE = 4000
+
+
 class EventLog:
     def __init__(
         self,
@@ -44,6 +47,10 @@ class EventLog:
         node: str | None = None,
         workload: str | None = None,
     ) -> Event:
+        # an event is published as one message: its text is bounded (the size budget of
+        # everything the core publishes), whatever a reason or summary grew to
+        if len(message) > MAX_EVENT_MESSAGE:
+            message = message[:MAX_EVENT_MESSAGE] + f"...(+{len(message) - MAX_EVENT_MESSAGE})"
         ev = Event(self._clock(), kind, message, severity, node, workload)
         with self._lock:
             self._ring.append(ev)

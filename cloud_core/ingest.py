@@ -90,5 +90,8 @@ class Ingest:
         except WireError as exc:
             return self._reject(exc.reason, topic, exc.detail)
         except Exception as exc:  # a bug in validation must not kill ingest
-            log.exception("ingest failed on %.80s", topic)
-            return self._reject("internal", topic, repr(exc))
+            with self._lock:
+                first = self._rejected["internal"] < 5
+            if first:  # a traceback for the first few, then only the throttled count
+                log.exception("ingest failed on %.80s", topic)
+            return self._reject("internal", topic, repr(exc)[:200])

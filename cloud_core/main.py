@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             identity=a.identity, lease_namespace=a.lease_namespace,
             lease_duration_s=a.lease_duration, renew_deadline_s=a.lease_duration * 2 / 3,
             retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint),
-            on_lead=core.connect, on_follow=core.disconnect)
+            on_lead=core.connect, on_follow=core.disconnect, console=core.console)
         log.info("placing through the Kubernetes API as %s (lease %s/cfnet-core)",
                  a.identity, a.lease_namespace)
     pending = len(core.store.workloads(("planned",)))

@@ -80,7 +80,7 @@ class MqttProcess:
                  on_message: Callable[[Message], None] | None = None) -> None:
         self.settings = settings
         self._on_message = on_message
-        self._subs: list[tuple[str, int, bool]] = []
+        self._subs: list[tuple[str, int, bool, bool]] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self._cmd: Connection | None = None
         self._cmd_lock = threading.Lock()
@@ -93,10 +93,11 @@ class MqttProcess:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def subscribe(self, topic: str, qos: int = 1, *, no_local: bool = False) -> None:
-        self._subs.append((topic, qos, no_local))
+    def subscribe(self, topic: str, qos: int = 1, *, no_local: bool = False,
+                  retain_as_published: bool = False) -> None:
+        self._subs.append((topic, qos, no_local, retain_as_published))
         if self._cmd is not None:
-            self._send(("sub", topic, qos, no_local))
+            self._send(("sub", topic, qos, no_local, retain_as_published))
 
     def start(self) -> None:
         """Start the child (it connects in the background); returns at once."""
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
 class _Child:
     """Runs in the child: one MqttClient, a forwarder, an ack waiter, the command loop."""
 
-    def __init__(self, settings: MqttSettings, subs: list[tuple[str, int, bool]],
+    def __init__(self, settings: MqttSettings, subs: list[tuple[str, int, bool, bool]],
                  cmd: Connection, out: Connection) -> None:
         from edge_agent.mqtt import MqttClient  # paho only in the child
 
@@ -263,8 +264,8 @@ class _Child:
         self.stopping = threading.Event()
         self.out_lock = threading.Lock()
         self.client = MqttClient(settings, on_message=self._on_message)
-        for topic, qos, no_local in subs:
-            self.client.subscribe(topic, qos=qos, no_local=no_local)
+        for topic, qos, no_local, rap in subs:
+            self.client.subscribe(topic, qos=qos, no_local=no_local, retain_as_published=rap)
 
     def _on_message(self, m: Message) -> None:
         # deque.append is atomic: no lock on paho's network thread.
@@ -308,7 +309,7 @@ class _Child:
                         self.pending.append((token, h, time.monotonic()))
                         self.pending_ready.set()
                 elif c[0] == "sub":
-                    self.client.subscribe(c[1], qos=c[2], no_local=c[3])
+                    self.client.subscribe(c[1], qos=c[2], no_local=c[3], retain_as_published=c[4])
                 elif c[0] == "stop":
                     graceful = bool(c[1])
                     break

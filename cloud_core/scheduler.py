@@ -1,4 +1,6 @@
-"""The decide-and-act loop: health -> place pending -> validate -> apply -> re-plan.
+"""Local mode of the decide-and-act loop (health -> place -> validate -> apply -> re-plan).
+
+The step itself is :class:`cloud_core.loop.DecisionLoop`, shared with Kubernetes mode.
 
 It reads the live model only through snapshots, hands the pure engine a frozen
 ``ClusterSnapshot``, checks every result with the engine's independent
@@ -13,8 +15,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from cloud_core.actuators import Actuator
@@ -22,19 +24,17 @@ from cloud_core.errors import CoreError, SpecError
 from cloud_core.events import EventLog
 from cloud_core.health import Health as LiveHealth
 from cloud_core.health import HealthConfig, all_health
+from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome, StepReport
 from cloud_core.placement import (
     ClusterSnapshot,
     EngineConfig,
     PlacementResult,
     ReplanConfig,
-    ReplanState,
     Workload,
     explain,
     parse_pod,
     parse_workload_yaml,
     place,
-    plan_moves,
-    validate,
 )
 from cloud_core.registry import Registry
 from cloud_core.snapshot import build_snapshot
@@ -67,16 +67,12 @@ def parse_spec(spec: dict[str, Any]) -> Workload:
     return docs[0]
 
 
-@dataclass(frozen=True, slots=True)
-class StepReport:
-    placed: int = 0
-    unplaceable: int = 0
-    applied: int = 0
-    moves: int = 0
-    violations: int = 0
-
-
 class Scheduler:
+    """Local mode: the decision loop over the MQTT state model, the YAML registry and the
+    SQLite store (:class:`SourceOfTruth`), acting through retained MQTT placement sets
+    (:class:`StepActuator`). The rules themselves live in :class:`cloud_core.loop.DecisionLoop`.
+    """
+
     def __init__(
         self,
         *,
@@ -98,26 +94,34 @@ class Scheduler:
         self.state = state
         self.events = events
         self.actuator = actuator
-        self.engine_config = engine_config or EngineConfig()
-        self.replan_config = replan_config or ReplanConfig()
         self.health_config = health_config or HealthConfig()
         self._clock = clock
         # Pacing between node applies protects a slow control plane (and
         # lets an operator watch a large batch roll out).
         self._apply_interval_s = apply_interval_s
-        self._on_placement = on_placement
-        # The re-planner counts SLA strikes per call, and a strike should be
-        # one *measurement* interval: calling it every 0.5 s step would turn
-        # "3 intervals" into 1.5 s and let one spike report move a workload.
-        # So it runs once per report interval, or at once when health changes.
-        self._replan_interval_s = replan_interval_s
-        self._last_replan = -1e18
-        self._health_changed = False
-        self._replan_state = ReplanState()
-        self._health: dict[str, LiveHealth] = {}
+        self.loop = DecisionLoop(self, self, events, engine_config=engine_config,
+                                 replan_config=replan_config,
+                                 replan_interval_s=replan_interval_s, clock=clock,
+                                 on_placement=on_placement)
         self._published: dict[str, frozenset[str]] = {}
         self._parsed: dict[str, Workload] = {}
         self.lock = threading.RLock()
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self.loop.engine_config
+
+    @engine_config.setter
+    def engine_config(self, value: EngineConfig) -> None:
+        self.loop.engine_config = value
+
+    @property
+    def replan_config(self) -> ReplanConfig:
+        return self.loop.replan_config
+
+    @replan_config.setter
+    def replan_config(self, value: ReplanConfig) -> None:
+        self.loop.replan_config = value
 
     # ------------------------------------------------------------------ model
 
@@ -141,81 +145,40 @@ class Scheduler:
         return all_health(self.state.snapshot(self._clock()), self.health_config)
 
     def snapshot(self) -> ClusterSnapshot:
+        return self._observe_world()[1]
+
+    def _observe_world(self) -> tuple[dict[str, LiveHealth], ClusterSnapshot,
+                                      list[tuple[Workload, str]]]:
         live = self.state.snapshot(self._clock())
-        return build_snapshot(
-            live,
-            self.registry,
-            all_health(live, self.health_config),
-            self.store.cordoned(),
-            self.running(),
-        )
+        health = all_health(live, self.health_config)
+        running = self.running()
+        snap = build_snapshot(live, self.registry, health, self.store.cordoned(), running)
+        return health, snap, running
 
-    # ------------------------------------------------------------------ steps
+    # ------------------------------------------------------------------ SourceOfTruth
 
-    def check_health(self) -> dict[str, LiveHealth]:
-        now = self.health()
-        for node, h in sorted(now.items()):
-            old = self._health.get(node)
-            if old != h and not (old is None and h is LiveHealth.UNKNOWN):
-                self._health_changed = True
-                sev = {"down": "critical", "unreachable": "warning", "suspect": "warning"}
-                self.events.emit(
-                    "health",
-                    f"node {node}: {old or 'new'} -> {h}",
-                    severity=sev.get(str(h), "info"),
-                    node=node,
-                )
-        self._health = now
-        return now
-
-    def place_pending(self) -> tuple[int, int, int]:
-        rows = self.store.workloads(("pending", "unplaceable"))
-        if not rows:
-            return 0, 0, 0
-        workloads: list[Workload] = []
+    def observe(self) -> Observation:
+        pending: list[Workload] = []
         bad: dict[str, str] = {}
-        for r in rows:
+        for r in self.store.workloads(("pending", "unplaceable")):
             try:
-                workloads.append(self.workload(r))
+                pending.append(self.workload(r))
             except CoreError as exc:
                 bad[r.uid] = f"invalid spec: {exc}"
         if bad:
             self.store.mark_unplaceable(bad)
-        if not workloads:
-            return 0, len(bad), 0
-        t0 = time.perf_counter()
-        snap = self.snapshot()
-        result = place(snap, workloads, self.engine_config)
-        assignments = dict(result.assignments)
-        violations = validate(snap, workloads, assignments)
-        if self._on_placement is not None:
-            self._on_placement(time.perf_counter() - t0, len(workloads), dict(result.stats))
-        for v in violations:
-            # The validator is the last line of defence: a decision that breaks a
-            # hard constraint is never acted on, whatever the engine said.
-            log.error("engine proposed a violation, not acting: %s", v)
-            self.events.emit("alert", f"validator rejected {v.workload_uid} on {v.node}: "
-                             f"{v.constraint} ({v.detail})", severity="critical",
-                             workload=v.workload_uid, node=v.node)
-            assignments.pop(v.workload_uid, None)
-        details = {d.workload_uid: d.summary for d in result.decisions}
-        n = self.store.plan(assignments, details)
-        failed = {
-            d.workload_uid: d.summary or "; ".join(d.reasons)
-            for d in result.decisions
-            if d.workload_uid not in assignments
-        }
-        before = {r.uid: r.reason for r in rows}
-        self.store.mark_unplaceable(failed)
-        for d in result.decisions:
-            if d.workload_uid in assignments:
-                self.events.emit("placement", f"{d.workload_uid} -> {d.node}: {d.summary}",
-                                 node=d.node, workload=d.workload_uid)
-            elif before.get(d.workload_uid) != failed[d.workload_uid]:
-                self.events.emit("placement", f"{d.workload_uid} unplaceable: "
-                                 f"{failed[d.workload_uid]}", severity="warning",
-                                 workload=d.workload_uid)
-        return n, len(failed) + len(bad), len(violations)
+        health, snap, running = self._observe_world()
+        return Observation(health=health, snapshot=snap, pending=pending, running=running,
+                           invalid=bad)
+
+    # ------------------------------------------------------------------ StepActuator
+
+    def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
+        if not obs.pending:
+            return 0
+        n = self.store.plan(outcome.assignments, outcome.summaries)
+        self.store.mark_unplaceable(outcome.failures)
+        return n
 
     def apply(self) -> int:
         """Push every node whose workload set changed; record planned ones as applied."""
@@ -244,47 +207,40 @@ class Scheduler:
                 time.sleep(self._apply_interval_s)
         return applied
 
-    def replan(self, *, force: bool = False) -> int:
-        now = self._clock()
-        due = now - self._last_replan >= self._replan_interval_s or self._health_changed
-        if not (due or force):
-            return 0
-        self._last_replan, self._health_changed = now, False
-        running = self.running()
-        if not running:
-            return 0
-        snap = self.snapshot()
-        moves, self._replan_state = plan_moves(
-            snap, running, self._replan_state, self.replan_config
-        )
+    def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]:
+        return [m for m in moves if self.store.move(m.workload_uid, m.src, m.dst, m.reason)]
+
+    def requeue(self, stranded: Sequence[tuple[Workload, str]]) -> int:
         n = 0
-        for m in moves:
-            if self.store.move(m.workload_uid, m.src, m.dst, m.reason):
+        for w, node in stranded:
+            if self.store.requeue(w.uid, f"node {node} is down"):
                 n += 1
-                self.events.emit("placement", f"move {m.workload_uid}: {m.src} -> {m.dst} "
-                                 f"({m.reason})", severity="warning", workload=m.workload_uid,
-                                 node=m.dst)
-        # A workload on a down node that the engine could not move anywhere goes
-        # back to pending, so it is placed as soon as capacity appears.
-        down = {n.name for n in snap.nodes if n.health == "down"}
-        moved = {m.workload_uid for m in moves}
-        for w, node in running:
-            if node in down and w.uid not in moved and self.store.requeue(
-                w.uid, f"node {node} is down"
-            ):
                 self.events.emit("placement", f"{w.uid}: node {node} down, requeued",
                                  severity="warning", workload=w.uid, node=node)
         return n
 
+    # ------------------------------------------------------------------ steps
+
+    def check_health(self) -> dict[str, LiveHealth]:
+        now = self.health()
+        self.loop.note_health(now)
+        return now
+
+    def place_pending(self) -> tuple[int, int, int]:
+        obs = self.observe()
+        if not obs.pending:
+            return 0, len(obs.invalid), 0
+        outcome = self.loop.place(obs)
+        self.loop.report(outcome, obs.pending)
+        n = self.commit_placements(obs, outcome)
+        return n, len(outcome.failures) + len(obs.invalid), len(outcome.rejected)
+
+    def replan(self, *, force: bool = False) -> int:
+        return self.loop.replan(self.observe(), PlaceOutcome({}, {}, {}, []), force=force)
+
     def step(self) -> StepReport:
         with self.lock:
-            self.check_health()
-            placed, unplaceable, violations = self.place_pending()
-            applied = self.apply()
-            moves = self.replan()
-            if moves:
-                applied += self.apply()
-            return StepReport(placed, unplaceable, applied, moves, violations)
+            return self.loop.step()
 
     # ------------------------------------------------------------------ read-only
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from cloud_core.actuators import Actuator
 from cloud_core.actuators.local import LocalActuator
 from cloud_core.console.commands import register_commands
-from cloud_core.console.protocol import Response, encode_response, parse_request
+from cloud_core.console.protocol import Response, encode_response
 from cloud_core.console.service import ConsoleService
 from cloud_core.events import Event, EventLog
 from cloud_core.health import HealthConfig
@@ -44,6 +44,10 @@ from edge_agent.wire import (
 )
 
 log = logging.getLogger(__name__)
+
+# Requests one operator may have queued or running; more are refused at once ("busy") so
+# that one account's burst cannot starve the console workers other operators need.
+MAX_INFLIGHT_PER_OPERATOR = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +84,9 @@ class CoreService:
             else MqttClient(cfg.mqtt, on_message=self._on_message)
         )
         self.actuator = actuator or LocalActuator(
-            lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True)
+            lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True),
+            on_refused=lambda node, msg: self.events.emit(
+                "placement", msg, severity="critical", node=node),
         )
         self.metrics = CoreMetrics(self.ingest, self.state, self.store, cfg.health, clock)
         self.metrics_port: int | None = None
@@ -106,8 +112,12 @@ class CoreService:
         # Console requests are never shared: a `submit` must reach the replica
         # that places, not whichever one the broker picks next.
         if cfg.console:
-            self.mqtt.subscribe(REQUEST_WILDCARD, qos=1)
+            # retain-as-published: a request sent with the retain flag shows it even when
+            # delivered live, so it is refused at once, not only after a restart
+            self.mqtt.subscribe(REQUEST_WILDCARD, qos=1, retain_as_published=True)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cfnet-console")
+        self._inflight: dict[str, int] = {}
+        self._inflight_lock = threading.Lock()
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self.steps = 0
@@ -177,15 +187,34 @@ class CoreService:
     def _on_request(self, m: Message) -> None:
         try:
             _area, operator, leaf = split_topic(m.topic)
-            if leaf != "request":
-                return
-            req = parse_request(m.payload)
-        except WireError as exc:
-            log.warning("bad console request on %.80s: %s", m.topic, exc)
+        except WireError as exc:  # not a topic the ACL lets anyone publish on
+            log.warning("bad console topic %.80r: %s", m.topic, exc)
             return
-        # Console commands may take a while (what-if on a big cluster): run them
-        # off paho's network thread so ingest never stalls behind them.
-        self._pool.submit(lambda: self.reply(operator, m, self.console.handle(operator, req)))
+        if leaf != "request":
+            return
+        # Parsing, bounds and commands run off paho's network thread (what-if on a big
+        # cluster takes a while), so ingest never stalls behind them; every request,
+        # retained, unparseable or refused, gets an answer and an audit entry.
+        with self._inflight_lock:
+            n = self._inflight.get(operator, 0)
+            if n < MAX_INFLIGHT_PER_OPERATOR:
+                self._inflight[operator] = n + 1
+        if n >= MAX_INFLIGHT_PER_OPERATOR:
+            # one operator's burst must not queue ahead of everyone else's requests
+            self.reply(operator, m, self.console.refuse(
+                operator, f"busy: {n} of your requests are still running; wait for their "
+                f"answers (at most {MAX_INFLIGHT_PER_OPERATOR} at a time)"))
+            return
+
+        def run() -> None:
+            try:
+                self.reply(operator, m,
+                           self.console.handle_message(operator, m.payload, retain=m.retain))
+            finally:
+                with self._inflight_lock:
+                    self._inflight[operator] -= 1
+
+        self._pool.submit(run)
 
     def reply(self, operator: str, m: Message, resp: Response) -> None:
         # Answer only on the operator's own response topic: a request naming

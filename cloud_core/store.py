@@ -17,6 +17,7 @@ nothing is applied twice.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -321,16 +322,73 @@ class Store:
         with self._lock:
             self._db.execute(
                 "INSERT INTO audit (ts, operator, cmd, args, result) VALUES (?,?,?,?,?)",
-                (ts, operator, cmd, json.dumps(args, default=str)[:4000], result[:2000]),
+                (ts, operator[:64], cmd[:64], audit_json(args), result[:2000]),
             )
 
     def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` entries, oldest first; an entry written before arguments
+        were kept as valid JSON shows its text under ``{"unreadable": ...}``."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT ts, operator, cmd, args, result FROM audit ORDER BY id DESC LIMIT ?",
                 (limit,),
             ).fetchall()
         return [
-            {"ts": r[0], "operator": r[1], "cmd": r[2], "args": json.loads(r[3]), "result": r[4]}
+            {"ts": r[0], "operator": r[1], "cmd": r[2], "args": _audit_args(r[3]),
+             "result": r[4]}
             for r in reversed(rows)
         ]
+
+
+AUDIT_ARGS_MAX = 4000  # characters of JSON per entry
+_AUDIT_STR = 200  # characters kept of one string value
+_AUDIT_ITEMS = 20  # items kept of one list or object
+_AUDIT_DEPTH = 6
+
+
+def _shrink(o: Any, depth: int, s_max: int, n_max: int) -> Any:
+    """A JSON-able copy of ``o`` with long strings, long lists and deep nesting cut, each
+    cut marked, so what is stored is always valid JSON (truncate values, not encoding)."""
+    if isinstance(o, str):
+        return o if len(o) <= s_max else o[:s_max] + f"...(+{len(o) - s_max} chars)"
+    if isinstance(o, bool) or o is None:
+        return o
+    if isinstance(o, int):
+        return o if abs(o) < 10**30 else "(a huge integer)"
+    if isinstance(o, float):
+        return o if math.isfinite(o) else str(o)
+    if depth <= 0:
+        return "...(nested)"
+    if isinstance(o, dict):
+        items = list(o.items())
+        out = {str(k)[:s_max]: _shrink(v, depth - 1, s_max, n_max) for k, v in items[:n_max]}
+        if len(items) > n_max:
+            out["..."] = f"+{len(items) - n_max} keys"
+        return out
+    if isinstance(o, list | tuple):
+        kept = [_shrink(v, depth - 1, s_max, n_max) for v in o[:n_max]]
+        if len(o) > n_max:
+            kept.append(f"...(+{len(o) - n_max} items)")
+        return kept
+    return _shrink(str(o), depth, s_max, n_max)
+
+
+def audit_json(args: Any) -> str:
+    """``args`` as JSON of at most ``AUDIT_ARGS_MAX`` characters, always valid: values are
+    cut, ever harder, until it fits."""
+    s_max, n_max = _AUDIT_STR, _AUDIT_ITEMS
+    while True:
+        out = json.dumps(_shrink(args, _AUDIT_DEPTH, s_max, n_max), allow_nan=False)
+        if len(out) <= AUDIT_ARGS_MAX or (s_max <= 8 and n_max <= 1):
+            break
+        s_max, n_max = max(8, s_max // 2), max(1, n_max // 2)
+    if len(out) > AUDIT_ARGS_MAX:
+        out = json.dumps({"...": f"arguments of {len(out)} characters not kept"})
+    return out
+
+
+def _audit_args(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"unreadable": text}

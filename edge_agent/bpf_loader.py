@@ -1,16 +1,30 @@
-"""Thin BCC loader: finds ``bpf/``, checks capabilities, compiles with -D parameters.
+"""BCC loader: finds the BPF sources, checks capabilities, compiles with -D parameters.
 
-BCC is imported lazily so the agent (and its sock_diag fallback) still runs
-where BCC is not installed. Parameters reach the C code as ``-D`` flags only;
-the C source is never templated.
+It runs in a **short-lived process of its own** (``python -m edge_agent.bpf_loader``,
+started by :func:`load_in_subprocess`): that process imports BCC (and with it
+libLLVM/clang, ~120 MiB mapped), compiles, loads and attaches the programs,
+sends the program, map and perf-event (tracepoint attachment) file
+descriptors to the agent over a Unix socket (SCM_RIGHTS) and exits. The
+long-lived agent never imports BCC; it reads the maps with ``bpf(2)``
+(:mod:`edge_agent.bpfsys`). The attachments live exactly as long as the
+agent holds those descriptors: when it exits or is killed the kernel closes
+them and detaches the programs.
+
+Parameters reach the C code as ``-D`` flags only; the C source is never templated.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import logging
 import os
+import socket
 import subprocess
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +36,16 @@ ENV_BPF_DIR = "CFNET_BPF_DIR"
 
 
 def bpf_dir() -> Path:
-    """Directory holding the BPF C sources: $CFNET_BPF_DIR, else ``bpf/`` of this checkout."""
+    """Directory holding the BPF C sources: $CFNET_BPF_DIR, else the package's ``bpf/``.
+
+    The sources live in the repository's top-level ``bpf/``; ``edge_agent/bpf``
+    is a symlink to it, so they are package data: a wheel carries them as
+    real files, and a checkout finds them through the link.
+    """
     env = os.environ.get(ENV_BPF_DIR)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "bpf"
+    return Path(__file__).resolve().parent / "bpf"
 
 
 def import_bcc() -> Any:
@@ -120,3 +139,175 @@ def load(src_name: str, cflags: Sequence[str] = ()) -> Any:
         return bcc.BPF(src_file=str(src).encode(), cflags=flags)
     except Exception as exc:
         raise ProbeError(f"loading {src_name} failed: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- loader process
+
+# How long the agent waits for the loader: compiling with clang takes a few
+# seconds, more on a small, busy device.
+LOADER_TIMEOUT_S = 120.0
+_MAX_FDS = 32
+
+
+def kernel_offset_cflags() -> list[str]:
+    """``-D`` flags with the few kernel struct offsets the programs read, from BTF.
+
+    The loss ratio must be the kernel's (tcp_info: total_retrans / segs_out).
+    Tracepoints alone can't give it: ``tcp:tcp_retransmit_skb`` fires once
+    per skb while a GSO/TSO skb carries several segments, and no tracepoint
+    counts segments sent. So ``tcp_probe`` reads ``tcp_sock.segs_out`` and
+    ``tcp_sock.total_retrans`` of its socket, and the retransmit program reads
+    ``tcp_skb_cb.tcp_gso_segs`` (in ``sk_buff.cb``). Every offset comes from
+    the running kernel's BTF. Without BTF: no flags, and the programs fall
+    back to one segment per retransmitted skb and an estimated segs_out.
+    """
+    from edge_agent.btf import Btf, BtfError
+
+    try:
+        btf = Btf.vmlinux()
+        offs = {
+            "CFNET_SKB_CB_OFF": btf.member_offset("sk_buff", "cb"),
+            "CFNET_TCB_GSO_SEGS_OFF": btf.member_offset("tcp_skb_cb", "tcp_gso_segs"),
+            "CFNET_TP_SEGS_OUT_OFF": btf.member_offset("tcp_sock", "segs_out"),
+            "CFNET_TP_TOTAL_RETRANS_OFF": btf.member_offset("tcp_sock", "total_retrans"),
+        }
+    except BtfError as exc:
+        log.warning("no kernel counters (loss estimated, retransmits per skb): %s", exc)
+        return []
+    return [f"-D{k}={v}" for k, v in offs.items()]
+
+
+@dataclass
+class LoadRequest:
+    """What the agent asks the loader for (sent as JSON on its command line)."""
+
+    source: str
+    cflags: list[str] = field(default_factory=list)
+    tracepoints: list[str] = field(default_factory=list)
+    maps: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Handoff:
+    """File descriptors the agent received; closing them detaches the programs."""
+
+    maps: dict[str, int]
+    progs: dict[str, int]
+    links: list[int]
+    cflags: list[str]
+    loader_pid: int
+
+    def close(self) -> None:
+        for fd in [*self.links, *self.progs.values(), *self.maps.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.links, self.progs, self.maps = [], {}, {}
+
+
+def load_in_subprocess(req: LoadRequest, timeout_s: float = LOADER_TIMEOUT_S) -> Handoff:
+    """Run the loader process and take over its descriptors (agent side; no BCC here)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        argv = [sys.executable, "-m", "edge_agent.bpf_loader", "--fd", str(theirs.fileno()),
+                "--request", json.dumps(req.__dict__)]
+        try:
+            proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            raise ProbeError(f"cannot start the BPF loader: {exc}") from exc
+        theirs.close()
+        ours.settimeout(timeout_s)
+        fds: list[int] = []
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(ours, 1 << 16, _MAX_FDS)
+            for fd in fds:
+                # recvmsg without MSG_CMSG_CLOEXEC: keep them out of any exec'd child,
+                # or that child would hold the attachments after the agent died.
+                os.set_inheritable(fd, False)
+            reply: dict[str, Any] = (json.loads(msg.decode()) if msg
+                                     else {"error": "loader exited silently"})
+            if "error" in reply:
+                raise ProbeError(str(reply["error"]))
+            n = len(fds)
+
+            def pick(i: int) -> int:
+                if not 0 <= int(i) < n:
+                    raise ProbeError(f"loader named descriptor {i} of {n}")
+                return fds[int(i)]
+
+            hand = Handoff(maps={k: pick(v) for k, v in reply["maps"].items()},
+                           progs={k: pick(v) for k, v in reply["progs"].items()},
+                           links=[pick(v) for v in reply["links"]],
+                           cflags=list(reply.get("cflags", [])), loader_pid=proc.pid)
+            ours.send(b"ok")  # the loader may exit now: the descriptors are ours
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            for fd in fds:
+                os.close(fd)
+            raise ProbeError(f"BPF loader hand-off failed: {exc}") from exc
+        except ProbeError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        finally:
+            ours.close()  # EOF for a loader still waiting on an ack that won't come
+            try:
+                proc.wait(timeout=10 if proc.poll() is None else 1)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        return hand
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def _serve(sock: socket.socket, req: LoadRequest) -> None:
+    """Loader process body: compile, load, attach, send the descriptors, wait for the ack."""
+    try:
+        check_environment(req.tracepoints)
+        cflags = list(req.cflags)
+        if "err" in tracepoint_fields("tcp", "tcp_retransmit_skb"):
+            cflags.append("-DCFNET_RETRANS_HAS_ERR")
+        cflags += kernel_offset_cflags()
+        bpf = load(req.source, cflags)
+        maps = {name: bpf[name.encode()].map_fd for name in req.maps}
+        progs = {name.decode(): fn.fd for name, fn in bpf.funcs.items()}
+        links = list(bpf.tracepoint_fds.values())
+    except Exception as exc:
+        sock.send(json.dumps({"error": str(exc)}).encode())
+        return
+    fds: list[int] = []
+
+    def idx(fd: int) -> int:
+        fds.append(fd)
+        return len(fds) - 1
+
+    reply = {"maps": {k: idx(v) for k, v in maps.items()},
+             "progs": {k: idx(v) for k, v in progs.items()},
+             "links": [idx(v) for v in links], "cflags": cflags}
+    socket.send_fds(sock, [json.dumps(reply).encode()], fds)
+    sock.settimeout(LOADER_TIMEOUT_S)
+    with contextlib.suppress(OSError):
+        sock.recv(16)  # the agent's ack (or EOF if it died: our exit then detaches all)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edge_agent.bpf_loader",
+                                description="cfnet's one-shot BPF loader (started by the agent)")
+    p.add_argument("--fd", type=int, required=True, help="Unix socket to hand descriptors to")
+    p.add_argument("--request", required=True, help="LoadRequest as JSON")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="bpf-loader: %(message)s")
+    sock = socket.socket(fileno=a.fd)
+    try:
+        _serve(sock, LoadRequest(**json.loads(a.request)))
+    finally:
+        sock.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: BCC's atexit cleanup would disable the perf events, and the
+    # agent shares them (a passed descriptor is the same open file).
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

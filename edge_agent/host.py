@@ -1,5 +1,6 @@
 """Host metrics for one report: CPU, memory, disk (psutil), GPUs (pynvml),
-interface counters and link speed (pyroute2), and package power from RAPL.
+interface counters (psutil, i.e. /proc/net/dev of this network namespace),
+link speed and state (sysfs), and package power from RAPL.
 
 Every source is optional on a small device: a missing GPU driver, an
 unreadable RAPL counter or a netlink error yields an absent field, never an
@@ -117,35 +118,42 @@ class RaplReader:
 
 
 def read_interfaces() -> list[InterfaceSample]:
-    """Interface counters via rtnetlink; speed from sysfs (netlink has no speed)."""
+    """Interface counters from /proc/net/dev (psutil); speed and operstate from sysfs.
+
+    Not rtnetlink through pyroute2: that library cost the agent ~10 MiB of RSS
+    and a netlink socket plus a pure-Python dump every report, for the same
+    64-bit counters the kernel prints in /proc/net/dev.
+    """
+    out: list[InterfaceSample] = []
     try:
-        from pyroute2 import IPRoute
-    except ImportError:
-        return []
-    out = []
-    try:
-        with IPRoute() as ipr:
-            for link in ipr.get_links():
-                name = link.get_attr("IFLA_IFNAME")
-                if not name or name == "lo":
-                    continue
-                st = link.get_attr("IFLA_STATS64") or {}
-                out.append(
-                    InterfaceSample(
-                        name=name,
-                        rx_bytes=int(st.get("rx_bytes", 0)),
-                        tx_bytes=int(st.get("tx_bytes", 0)),
-                        rx_errors=int(st.get("rx_errors", 0)),
-                        tx_errors=int(st.get("tx_errors", 0)),
-                        rx_dropped=int(st.get("rx_dropped", 0)),
-                        tx_dropped=int(st.get("tx_dropped", 0)),
-                        speed_mbps=_speed(name),
-                        oper_up=link.get_attr("IFLA_OPERSTATE") == "UP",
-                    )
-                )
+        counters = psutil.net_io_counters(pernic=True)
     except Exception as exc:
         log.debug("interface read failed: %s", exc)
+        return out
+    for name, c in sorted(counters.items()):
+        if name == "lo":
+            continue
+        out.append(
+            InterfaceSample(
+                name=name,
+                rx_bytes=int(c.bytes_recv),
+                tx_bytes=int(c.bytes_sent),
+                rx_errors=int(c.errin),
+                tx_errors=int(c.errout),
+                rx_dropped=int(c.dropin),
+                tx_dropped=int(c.dropout),
+                speed_mbps=_speed(name),
+                oper_up=_operstate(name) == "up",
+            )
+        )
     return out
+
+
+def _operstate(name: str) -> str:
+    try:
+        return Path(f"/sys/class/net/{name}/operstate").read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 def _speed(name: str) -> int | None:

@@ -129,7 +129,7 @@ class MqttClient:
         self._on_message = on_message
         self._on_connect_cb = on_connect
         self._on_disconnect_cb = on_disconnect
-        self._subs: dict[str, int] = {}
+        self._subs: dict[str, tuple[int, bool, bool]] = {}
         self._connected = threading.Event()
         self._stopping = threading.Event()
         self._last_refusal = ""
@@ -213,11 +213,15 @@ class MqttClient:
 
     # ------------------------------------------------------------------ traffic
 
-    def subscribe(self, topic: str, qos: int = 1, *, no_local: bool = False) -> None:
+    def subscribe(self, topic: str, qos: int = 1, *, no_local: bool = False,
+                  retain_as_published: bool = False) -> None:
+        """``retain_as_published``: deliver the publisher's retain flag on live messages too
+        (MQTT 5), so a consumer can refuse retained messages whenever they arrive."""
         with self._lock:
-            self._subs[topic] = qos
+            self._subs[topic] = (qos, no_local, retain_as_published)
         if self.connected:
-            self._client.subscribe(topic, options=SubscribeOptions(qos=qos, noLocal=no_local))
+            self._client.subscribe(topic, options=SubscribeOptions(
+                qos=qos, noLocal=no_local, retainAsPublished=retain_as_published))
 
     def publish(
         self,
@@ -263,8 +267,9 @@ class MqttClient:
         self._last_refusal = ""
         with self._lock:
             subs = list(self._subs.items())
-        for topic, qos in subs:
-            client.subscribe(topic, options=SubscribeOptions(qos=qos))
+        for topic, (qos, no_local, rap) in subs:
+            client.subscribe(topic, options=SubscribeOptions(qos=qos, noLocal=no_local,
+                                                             retainAsPublished=rap))
         self._connected.set()
         if self._on_connect_cb is not None:
             self._safe(self._on_connect_cb)

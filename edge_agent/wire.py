@@ -15,6 +15,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from edge_agent.names import label_key_problem, label_value_problem
+
 SCHEMA_VERSION = 1
 TOPIC_ROOT = "cfnet/v1"
 EVENTS_TOPIC = f"{TOPIC_ROOT}/events"
@@ -44,7 +46,16 @@ class WireError(ValueError):
 
 
 def valid_id(value: str) -> bool:
-    return bool(ID_RE.fullmatch(value))
+    """A node id or operator name: ``edge_agent.names``' rule at 63 characters."""
+    return isinstance(value, str) and bool(ID_RE.fullmatch(value))
+
+
+# an IPv4/IPv6 address as an agent writes it (hex, digits, '.', ':', an optional %zone)
+_ADDRESS_RE = re.compile(r"[0-9A-Za-z.:%_-]{1,64}")
+
+
+def valid_address(value: str) -> bool:
+    return bool(_ADDRESS_RE.fullmatch(value))
 
 
 def telemetry_topic(node: str) -> str:
@@ -206,17 +217,54 @@ def _reject_constant(name: str) -> float:
     raise WireError("nan", f"non-finite number {name} in JSON")
 
 
+MAX_INT_DIGITS = 40  # no field needs more; 2**63 has 19 digits
+MAX_DEPTH = 32  # nesting of arrays and objects
+
+
+def _parse_int(text: str) -> int:
+    # json hands the literal over before converting: a 100,000-digit integer is refused
+    # here, not converted (quadratic) or left to Python's 4,300-digit ValueError
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise WireError("range", f"integer of {len(text)} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    f = float(text)
+    if not math.isfinite(f):  # 1e400 overflows to inf without a literal "Infinity"
+        raise WireError("nan", f"number {text[:40]} is out of range (not a finite float)")
+    return f
+
+
+def _depth_ok(obj: Any) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict | list):
+            if d > MAX_DEPTH:
+                return False
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return True
+
+
 def load_json(payload: bytes) -> Any:
-    """Size-checked JSON decode that refuses NaN/Infinity literals."""
+    """Size-checked JSON decode: refuses NaN/Infinity literals, numbers that overflow a
+    float, integers of more than ``MAX_INT_DIGITS`` digits and nesting deeper than
+    ``MAX_DEPTH``, each as a ``WireError`` with its reason (never another exception)."""
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise WireError("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
     try:
         text = payload.decode("utf-8")
-        return json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
+                         parse_float=_parse_float)
     except WireError:
         raise
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise WireError("malformed", f"not JSON: {exc}") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # JSONDecodeError is a ValueError
+        raise WireError("malformed", f"not JSON: {str(exc)[:200]}") from exc
+    if not _depth_ok(obj):
+        raise WireError("schema", f"nested deeper than {MAX_DEPTH} levels")
+    return obj
 
 
 class _Obj:
@@ -251,6 +299,8 @@ class _Obj:
             return None
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise WireError("schema", f"{self._name(key)} must be a number")
+        if isinstance(v, int) and not -(2**63) <= v < 2**63:
+            raise WireError("range", f"{self._name(key)} is out of range")
         f = float(v)
         if not math.isfinite(f):
             raise WireError("nan", f"{self._name(key)} is not finite")
@@ -275,7 +325,8 @@ class _Obj:
             else:
                 raise WireError("schema", f"{self._name(key)} must be an integer")
         if not lo <= v <= hi:
-            raise WireError("range", f"{self._name(key)}={v} outside [{lo}, {hi}]")
+            shown = v if abs(v) < 10**30 else "(a huge integer)"
+            raise WireError("range", f"{self._name(key)}={shown} outside [{lo}, {hi}]")
         return int(v)
 
     def str_(self, key: str, *, max_len: int = 256, required: bool = True) -> str:
@@ -321,7 +372,7 @@ def _link_fast(raw: Any) -> LinkSample | None:
     peer, retrans, segs = d.get("peer"), d.get("retrans"), d.get("segs_out")
     loss, tx, rx, samples = d.get("loss"), d.get("tx_bps"), d.get("rx_bps"), d.get("samples")
     if not (
-        type(peer) is str and 0 < len(peer) <= 64
+        type(peer) is str and 0 < len(peer) <= 64 and _ADDRESS_RE.fullmatch(peer)
         and type(retrans) is int and 0 <= retrans <= _MAX_INT
         and type(segs) is int and 0 <= segs <= _MAX_INT
         and type(samples) is int and 0 <= samples <= _MAX_INT
@@ -369,6 +420,8 @@ def _parse_link(o: _Obj) -> LinkSample:
     peer = o.str_("peer", max_len=64)
     if not peer:
         raise WireError("missing", f"{o.path}.peer is empty")
+    if not valid_address(peer):
+        raise WireError("schema", f"{o.path}.peer is not an address")
     conn = o.num("connect_us", hi=1e8, required=False)
     active = o.raw.get("active", False)
     return LinkSample(
@@ -471,8 +524,14 @@ def parse_status(payload: bytes, topic_node: str | None = None) -> NodeStatus:
     labels_raw = o.raw.get("labels") or {}
     if not isinstance(labels_raw, dict) or len(labels_raw) > 64:
         raise WireError("schema", "labels must be an object of at most 64 entries")
-    labels = tuple(sorted((str(k)[:128], str(v)[:256]) for k, v in labels_raw.items()))
-    addrs = tuple(str(a)[:64] for a in o.list_("addresses", max_len=64, required=False))
+    for k, lv in labels_raw.items():
+        if label_key_problem(k) or not isinstance(lv, str) or label_value_problem(lv):
+            raise WireError("schema", "labels must map label keys to label values "
+                            "(Kubernetes syntax, at most 63 characters)")
+    labels = tuple(sorted(labels_raw.items()))
+    addrs = tuple(o.list_("addresses", max_len=64, required=False))
+    if not all(isinstance(a, str) and valid_address(a) for a in addrs):
+        raise WireError("schema", "addresses must be IP addresses")
     return NodeStatus(
         node=node,
         state=state,  # type: ignore[arg-type]

@@ -6,6 +6,15 @@ site, one agent per edge site, bounded traffic between sites, and a batch of
 workloads with residency, security and latency constraints submitted through
 the console. The screen shows the live link matrix, node health and where
 each workload runs; the demo cleans everything up when it ends (or on Ctrl-C).
+
+Then (``--mode both``, the default; ``--mode kubernetes`` alone) the same loop closes in
+Kubernetes mode: a real control plane (etcd, kube-apiserver, kube-controller-manager; built
+first, with progress shown, when the binaries are missing), a second lab whose agents measure
+the links, the core as ``cfnet-core --kubernetes`` wires it (in this process: MQTT from inside
+the cloud site's namespace, the Kubernetes API on loopback), and a Deployment with a latency
+SLA. Mid-run one link degrades; the screen shows the pod evicted and its replacement bound to
+the planned node, with the engine's words from the Kubernetes Events. There is no kubelet:
+pods are bound, never run, and an evicted pod stays Terminating.
 """
 
 from __future__ import annotations
@@ -206,9 +215,183 @@ def run(duration_s: float, work: Path) -> int:
     return 0
 
 
+# Kubernetes part: site, node, one-way delay ms, Node cpu. edge-lyon is the latency target and
+# too small for the workload; milan (RTT to lyon 10 ms) and zurich (14 ms) can both run it.
+K8S_EDGES = [("lyon", "edge-lyon", 1.0, "1"), ("milan", "edge-milan", 4.0, "4"),
+             ("zurich", "edge-zurich", 6.0, "4")]
+K8S_SLA_MS = 25
+K8S_DEGRADED_DELAY_MS = 30.0  # RTT to lyon becomes 62 ms: more than twice the SLA
+
+
+def _k8s_node(admin: Any, name: str, cpu: str) -> None:
+    status = {"capacity": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+              "allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                              "message": "demo node (no kubelet)"}]}
+    obj = admin.create("/api/v1/nodes", {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "topology.kubernetes.io/region": "eu",
+            "cfnet.io/security-level": "2", "cfnet.io/agent-id": name}},
+        "status": status})
+    obj["status"] = status
+    admin.replace(f"/api/v1/nodes/{name}/status", obj)
+    # Admission tainted the new Node not-ready; no node-lifecycle controller runs: clear it.
+    admin.patch(f"/api/v1/nodes/{name}", [{"op": "replace", "path": "/spec/taints", "value": []}],
+                content_type="application/json-patch+json")
+
+
+def _k8s_screen(admin: Any, core: Any, t0: float, note: str) -> str:
+    pods = admin.list("/api/v1/namespaces/demo/pods")[0]
+    rows = [(p["metadata"]["name"], p["spec"].get("nodeName") or "-",
+             "Terminating" if p["metadata"].get("deletionTimestamp") else "Bound"
+             if p["spec"].get("nodeName") else "Pending") for p in pods]
+    snap = core.state.snapshot(time.time())
+    links = []
+    names = {n for _s, n, *_ in K8S_EDGES}
+    for (src, dst), lk in sorted(snap.links.items()):
+        if "edge-lyon" in (src, dst) and {src, dst} <= names and lk.rtt_p50_us is not None:
+            links.append((src.replace("edge-", ""), dst.replace("edge-", ""),
+                          fmt_us(lk.rtt_p95_us or lk.rtt_p50_us), f"{lk.loss * 100:.0f}%"))
+    evs = sorted(admin.list("/api/v1/namespaces/demo/events")[0],
+                 key=lambda e: e.get("lastTimestamp") or "")
+    ev_rows = [(e.get("reason", ""), (e.get("message") or "")[:150]) for e in evs
+               if e.get("reason") in ("Scheduled", "Rescheduling", "EvictionBlocked",
+                                      "FailedScheduling")][-8:]
+    return "\n\n".join([
+        f"cfnet demo (Kubernetes mode) {time.monotonic() - t0:.0f}s: {note}",
+        f"Deployment near-lyon: p95 latency to edge-lyon <= {K8S_SLA_MS} ms",
+        table(links, ["FROM", "TO", "RTT p95", "LOSS"]),
+        table(rows, ["POD", "NODE", "STATE"]),
+        "EVENTS (Kubernetes, written by cfnet)\n" + table(ev_rows, ["REASON", "MESSAGE"]),
+    ])
+
+
+def run_kubernetes(duration_s: float, work: Path) -> int:
+    """The loop closing in Kubernetes mode (see the module docstring)."""
+    from cloud_core.k8s.client import KubeClient
+    from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
+    from cloud_core.service import CoreConfig, CoreService
+    from tools.envtest import ControlPlane
+
+    say("Kubernetes part: starting etcd, kube-apiserver, kube-controller-manager "
+        "(building them first if missing)")
+    procs: list[subprocess.Popen[Any]] = []
+    with ControlPlane(work / "k8s", log_stream=sys.stdout) as cp:
+        admin = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        cp.ensure_namespace("demo")
+        cp.ensure_namespace("cfnet-system")
+        cp.wait_default_service_account("demo")
+        sites = [SiteSpec("cloud")] + [SiteSpec(s, delay_ms=d) for s, _n, d, _c in K8S_EDGES]
+        with Lab(sites, prefix="demok") as lab:
+            broker = Broker(work / "broker-k8s", host=lab.addr("cloud"), netns=lab.ns("cloud"))
+            broker.start()
+            core = runner = None
+            try:
+                peers = [lab.addr(s) for s, *_ in K8S_EDGES]
+                for site, node, _d, cpu in K8S_EDGES:
+                    _k8s_node(admin, node, cpu)
+                    creds = broker.add_account(node, "agent")
+                    (work / f"k-{node}.pw").write_text(creds.password)
+                    procs.append(lab.popen(site, [
+                        str(BIN / "cfnet-agent"), "--node", node, "--broker-host", broker.host,
+                        "--broker-port", str(broker.port),
+                        "--password-file", str(work / f"k-{node}.pw"),
+                        "--ca-file", str(broker.ca_file),
+                        "--buffer-path", str(work / f"k-{node}.db"),
+                        "--peers", ",".join(p for p in peers if p != lab.addr(site)),
+                    ], stdout=_logfile(work / f"k-{node}.log"), stderr=subprocess.STDOUT,
+                        cwd=str(REPO)))
+                say(f"{len(K8S_EDGES)} Nodes and agents up; the core runs in Kubernetes mode")
+                cc = broker.add_account("core-k8s", "core")
+                core = CoreService(CoreConfig(
+                    mqtt=MqttSettings(host=broker.host, port=broker.port, username="core-k8s",
+                                      password=cc.password, ca_file=broker.ca_file,
+                                      client_id="core-k8s", keepalive_s=5),
+                    db_path=work / "core-k8s.db", place=False, console=False))
+                core.start(connect=False)
+                ns = lab.ns("cloud")
+                runner = start_kubernetes(admin, core.state, core.events, KubeSettings(
+                    identity="demo-core", lease_duration_s=4, renew_deadline_s=3,
+                    retry_period_s=1), on_lead=lambda: in_netns(ns, core.connect),
+                    on_follow=core.disconnect)
+                t0 = time.monotonic()
+                end = t0 + duration_s
+                while time.monotonic() < end:  # the agents' first link measurements
+                    lk = core.state.snapshot(time.time()).links
+                    if sum(1 for (a, b) in lk if "edge-lyon" in (a, b)) >= 4:
+                        break
+                    time.sleep(1)
+                admin.create("/apis/apps/v1/namespaces/demo/deployments", {
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "near-lyon", "namespace": "demo"},
+                    "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "near-lyon"}},
+                             "template": {
+                                 "metadata": {"labels": {"app": "near-lyon"}, "annotations": {
+                                     "cfnet.io/max-latency-ms": str(K8S_SLA_MS),
+                                     "cfnet.io/latency-to": "edge-lyon"}},
+                                 "spec": {"schedulerName": "cfnet-scheduler", "containers": [{
+                                     "name": "app", "image": "registry.example/app:1",
+                                     "resources": {"requests": {"cpu": "2"}}}]}}}})
+                say("Deployment near-lyon created (2 CPUs: edge-lyon itself is too small)")
+                first: str | None = None
+                degraded_at: float | None = None
+                moved_to: str | None = None
+                note = "waiting for the first binding"
+                while time.monotonic() < end:
+                    pods = admin.list("/api/v1/namespaces/demo/pods")[0]
+                    live = [p for p in pods if p["spec"].get("nodeName")
+                            and not p["metadata"].get("deletionTimestamp")]
+                    if first is None and live:
+                        first = str(live[0]["spec"]["nodeName"])
+                        bound_at = time.monotonic()
+                        note = f"bound to {first}; its link to lyon degrades in 10 s"
+                    if first and degraded_at is None and time.monotonic() - bound_at > 10:
+                        site = next(s for s, n, *_ in K8S_EDGES if n == first)
+                        lab.set_delay(site, K8S_DEGRADED_DELAY_MS)
+                        degraded_at = time.monotonic()
+                        note = (f"link {site} <-> lyon degraded (one-way delay "
+                                f"{K8S_DEGRADED_DELAY_MS:g} ms): watch the move")
+                    if degraded_at and moved_to is None and live and \
+                            live[0]["spec"]["nodeName"] != first:
+                        moved_to = str(live[0]["spec"]["nodeName"])
+                        note = (f"moved {first} -> {moved_to}, "
+                                f"{time.monotonic() - degraded_at:.1f} s after the degradation")
+                        end = min(end, time.monotonic() + 8)
+                    screen = _k8s_screen(admin, core, t0, note)
+                    sys.stdout.write("\033[2J\033[H" if sys.stdout.isatty() else "\n")
+                    print(screen, flush=True)
+                    time.sleep(1)
+                why = [e["message"] for e in admin.list("/api/v1/namespaces/demo/events")[0]
+                       if e.get("reason") == "Rescheduling"]
+                say(f"result: {note}" + (f"; cfnet said: {why[-1]}" if why else ""))
+            finally:
+                if runner is not None:
+                    runner.stop()
+                if core is not None:
+                    core.stop()
+                for p in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.send_signal(signal.SIGTERM)
+                for p in procs:
+                    try:
+                        p.wait(10)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                broker.stop()
+        admin.close()
+    say("Kubernetes part done; control plane and lab down")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools.demo", description=__doc__)
     p.add_argument("--duration", type=float, default=float(os.environ.get("DEMO_SECONDS", 60)))
+    p.add_argument("--mode", choices=("local", "kubernetes", "both"),
+                   default=os.environ.get("DEMO_MODE", "both"))
+    p.add_argument("--k8s-duration", type=float,
+                   default=float(os.environ.get("DEMO_K8S_SECONDS", 75)),
+                   help="at most this long for the Kubernetes part after its setup")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     a = p.parse_args(argv)
     if os.geteuid() != 0:
@@ -219,7 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        return run(a.duration, work)
+        rc = run(a.duration, work) if a.mode in ("local", "both") else 0
+        if rc == 0 and a.mode in ("kubernetes", "both"):
+            rc = run_kubernetes(a.k8s_duration, work)
+        return rc
     except KeyboardInterrupt:
         say("interrupted")
         return 130

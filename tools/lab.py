@@ -79,6 +79,10 @@ class SiteSpec:
     rate_mbit: float | None = None
     loss: float = 0.0
     delay_ms: float = 0.0
+    # False: one segment per skb (the default, a drop loses one segment);
+    # True: the veths keep GSO/TSO, so TCP builds multi-segment skbs and a
+    # retransmitted skb can carry several segments (what real NICs do).
+    gso: bool = False
 
 
 def _run(argv: Sequence[str], *, check: bool = True, input_: str | None = None,
@@ -235,8 +239,9 @@ class Lab:
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             # One segment per skb (no TSO/GSO super-packets): a drop on the
             # router then loses one segment, as on a real link, not a burst.
-            _run(["ip", "-n", ns, "link", "set", "eth0", "gso_max_segs", "1"])
-            _run(["ip", "-n", r, "link", "set", rif, "gso_max_segs", "1"])
+            if not self._sites[name].gso:
+                _run(["ip", "-n", ns, "link", "set", "eth0", "gso_max_segs", "1"])
+                _run(["ip", "-n", r, "link", "set", rif, "gso_max_segs", "1"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", ns, "route", "add", "default", "via", self.gateway(name)])
             # nodad: usable at once instead of after ~2 s of duplicate detection.
@@ -283,6 +288,17 @@ class Lab:
         except LabError:
             self._sites[site] = old
             raise
+
+    def set_gso(self, site: str, on: bool) -> None:
+        """GSO/TSO on or off for the site's link (both veth ends); affects new connections.
+
+        TCP caches the device's limit when a socket connects, so set it before
+        starting traffic.
+        """
+        self._sites[self._site(site)] = replace(self.spec(site), gso=on)
+        segs = "65535" if on else "1"
+        _run(["ip", "-n", self.ns(site), "link", "set", "eth0", "gso_max_segs", segs])
+        _run(["ip", "-n", self.router, "link", "set", self.router_if(site), "gso_max_segs", segs])
 
     def link_down(self, site: str) -> None:
         _run(["ip", "-n", self.router, "link", "set", self.router_if(site), "down"])
@@ -661,6 +677,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--seconds", type=float, default=10.0)
     pp.add_argument("--gap", type=float, default=0.002)
     pp.add_argument("--report-every", type=float, default=0.05)
+    pp.add_argument("--size", type=int, default=64,
+                    help="request (and echoed response) bytes; > MSS makes multi-segment RPCs")
     dl = sub.add_parser("delayline", help="(internal) the router's TUN delay line")
     dl.add_argument("--tun", default=DELAY_TUN)
     dl.add_argument("--config", type=Path, required=True)
@@ -683,8 +701,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif a.cmd == "serve":
             serve(a.port, a.mode, a.seconds)
         elif a.cmd == "pingpong":
-            pingpong(a.host, a.port, a.count, a.seconds, gap_s=a.gap,
-                     report_every_s=a.report_every)
+            pingpong(a.host, a.port, a.count, a.seconds, size=max(1, min(a.size, 1 << 20)),
+                     gap_s=a.gap, report_every_s=a.report_every)
         elif a.cmd == "delayline":
             delayline(a.tun, a.config)
     except LabError as exc:

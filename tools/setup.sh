@@ -36,8 +36,9 @@ fi
 # --- kernel headers for BCC -------------------------------------------------
 # BCC compiles its C at load time against /lib/modules/$(uname -r)/build. This
 # kernel has no headers package of its own, so we link the nearest Debian one.
-# That is safe only because bpf/*.c reads nothing but tracepoint arguments
-# (whose layout BCC takes from tracefs at load time) and our own map structs.
+# That is safe only because bpf/*.c takes no layout from these headers:
+# tracepoint arguments (layout from tracefs at load time), our own map structs,
+# and four kernel fields at offsets from the running kernel's BTF.
 KREL=$(uname -r)
 KBUILD=/lib/modules/$KREL/build
 KSRC=/lib/modules/$KREL/source
@@ -54,7 +55,7 @@ else
   ln -sfn "$NEAREST" "$KBUILD"
   ln -sfn "$COMMON" "$KSRC"
   say "kernel headers: no package for $KREL; linked build -> $NEAREST, source -> $COMMON"
-  say "kernel headers: safe because bpf/*.c reads only tracepoint arguments (see README)"
+  say "kernel headers: safe because the BPF programs take no layout from them (see README)"
 fi
 
 # --- tracefs ----------------------------------------------------------------

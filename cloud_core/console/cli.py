@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import threading
@@ -24,6 +25,7 @@ import yaml
 from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
 from cloud_core.console.map import render_map
+from cloud_core.console.protocol import MAX_REQUEST_BYTES
 from cloud_core.errors import CoreError
 from cloud_core.view import cut, links_table, nodes_table, table
 from edge_agent.mqtt import Message, MqttClient, MqttSettings
@@ -159,19 +161,73 @@ def emit(fmt: str, cmd: str, data: Any) -> str:
 
 # ---------------------------------------------------------------------- commands
 
+MAX_FILE_BYTES = MAX_REQUEST_BYTES  # a bigger file could never be sent
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (``*name``): a few lines of anchors and aliases
+    ("billion laughs") expand to gigabytes; workload files never need them."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            ev = self.peek_event()
+            raise yaml.YAMLError(f"aliases (*{ev.anchor}) are not accepted{ev.start_mark}")
+        return super().compose_node(parent, index)
+
+
+def _finite_problem(o: Any) -> str | None:
+    stack = [o]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return f"a number that is not finite ({x}: .nan, .inf, or too large such as 1e400)"
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return None
+
 
 def read_docs(path: str) -> list[dict[str, Any]]:
+    """Workload documents from a YAML file, bounded before parsing (size) and refused
+    locally when unsafe (aliases), not representable (NaN, infinities) or too large to
+    send in one request, each with a message that says so."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        if path == "-":
+            text = sys.stdin.read(MAX_FILE_BYTES + 1)
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text") from exc
+    if len(text) > MAX_FILE_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_FILE_BYTES} bytes, the most one "
+                         "request can carry; split it into several files")
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {exc}") from exc
+        docs = [d for d in yaml.load_all(text, Loader=_NoAliasLoader) if d is not None]
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise ValueError(f"{path} is not valid YAML: {str(exc)[:300]}") from exc
     if not docs or not all(isinstance(d, dict) for d in docs):
         raise ValueError(f"{path}: expected one or more YAML mappings (workloads)")
+    for i, d in enumerate(docs):
+        if why := _finite_problem(d):
+            raise ValueError(f"{path}: document {i + 1} has {why}")
+    try:
+        size = len(json.dumps({"cmd": "submit", "args": {"specs": docs}}, default=str))
+    except ValueError as exc:  # an integer of thousands of digits
+        raise ValueError(f"{path}: {exc}") from exc
+    if size > MAX_REQUEST_BYTES:
+        raise ValueError(f"{path}: the workloads encode to {size} bytes, more than the "
+                         f"{MAX_REQUEST_BYTES} one request may carry; split the file")
     return docs
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or format character but newline shown as '?': names,
+    reasons and messages come from other people and must not drive the terminal."""
+    return "".join(c if c == "\n" or c.isprintable() else "?" for c in text)
 
 
 def follow_events(settings: MqttSettings, limit_s: float, out: Any) -> int:
@@ -179,7 +235,7 @@ def follow_events(settings: MqttSettings, limit_s: float, out: Any) -> int:
 
     def on_msg(m: Message) -> None:
         try:
-            out.write(render_event(json.loads(m.payload)) + "\n")
+            out.write(printable(render_event(json.loads(m.payload))) + "\n")
             out.flush()
         except (ValueError, TypeError):
             pass
@@ -213,7 +269,7 @@ def top(client: ConsoleClient, interval: float, iterations: int, timeout: float)
             ])
             if sys.stdout.isatty():
                 sys.stdout.write("\033[2J\033[H")
-            print(screen, flush=True)
+            print(printable(screen), flush=True)
             n += 1
             if iterations <= 0 or n < iterations:
                 time.sleep(interval)
@@ -255,13 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cfnetctl: {exc}", file=sys.stderr)
         return 3
     if not resp.ok:
-        print(f"cfnetctl: {resp.error}", file=sys.stderr)
+        print(printable(f"cfnetctl: {resp.error}"), file=sys.stderr)
         return 1
     if a.cmd == "map":
         a.out.write_text(render_map(resp.data))
         print(f"wrote {a.out} ({len(resp.data['nodes'])} nodes, {len(resp.data['links'])} links)")
         return 0
-    print(emit(a.output, a.cmd, resp.data))
+    print(printable(emit(a.output, a.cmd, resp.data)))
     return 0
 
 

@@ -55,6 +55,12 @@ class ConsoleClient:
     def call(
         self, cmd: str, args: dict[str, object] | None = None, timeout_s: float = 5.0
     ) -> Response:
+        return self.call_raw(encode_request(Request(cmd, dict(args or {}))), timeout_s,
+                             what=cmd)
+
+    def call_raw(self, payload: bytes, timeout_s: float = 5.0, *, retain: bool = False,
+                 what: str = "request") -> Response:
+        """Send an already encoded request (tests send malformed ones this way)."""
         corr = uuid.uuid4().bytes
         ev = threading.Event()
         box: list[Response] = []
@@ -63,15 +69,16 @@ class ConsoleClient:
         try:
             self._mqtt.publish(
                 request_topic(self.operator),
-                encode_request(Request(cmd, dict(args or {}))),
+                payload,
                 qos=1,
+                retain=retain,
                 response_topic=response_topic(self.operator),
                 correlation_data=corr,
                 message_expiry_s=max(1, int(timeout_s)),
             )
             if not ev.wait(timeout_s):
                 raise ConsoleUnavailable(
-                    f"the core did not answer {cmd!r} within {timeout_s:.0f}s; check that "
+                    f"the core did not answer {what!r} within {timeout_s:.0f}s; check that "
                     "cfnet-core is running and connected to this broker"
                 )
             return box[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -20,7 +21,8 @@ from cloud_core.state import ClusterState
 from cloud_core.store import Store
 from cloud_core.view import link_rows, node_rows
 
-MAX_SUBMIT = 1000
+MAX_SUBMIT = 1000  # workloads per request, replicas counted
+MAX_DOC_BYTES = 32 * 1024  # JSON of one workload document; a Pod spec needs far less
 
 
 def _jsonable(o: Any) -> Any:
@@ -45,12 +47,18 @@ def _specs(args: dict[str, Any]) -> list[tuple[dict[str, Any], Workload]]:
     for i, doc in enumerate(raw):
         if not isinstance(doc, dict):
             raise CommandError(f"document {i + 1}: must be a mapping")
+        size = len(json.dumps(doc))
+        if size > MAX_DOC_BYTES:
+            raise CommandError(f"document {i + 1}: {size} bytes, more than the "
+                               f"{MAX_DOC_BYTES} one workload document may have")
         try:
+            # each document expands to at most spec.MAX_EXPAND workloads (checked before
+            # expanding), and the running total stops the loop as soon as it is over
             out.extend(expand_doc(doc))
         except CoreError as exc:
             raise CommandError(f"document {i + 1}: {exc}") from exc
-    if len(out) > MAX_SUBMIT:
-        raise CommandError(f"at most {MAX_SUBMIT} workloads per request")
+        if len(out) > MAX_SUBMIT:
+            raise CommandError(f"at most {MAX_SUBMIT} workloads per request")
     uids = [w.uid for _s, w in out]
     if len(set(uids)) != len(uids):
         raise CommandError("two documents describe the same workload UID")
@@ -108,10 +116,16 @@ def register_commands(
         return link_rows(s, node)
 
     def workloads(op: str, args: dict[str, Any]) -> Any:
+        # optional paging: a listing of thousands would not fit one answer
+        offset, limit = args.get("offset", 0), args.get("limit")
+        for k, v in (("offset", offset), ("limit", limit)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise CommandError(f"{k} must be a non-negative integer")
+        rows = store.workloads()[offset:None if limit is None else offset + limit]
         return [
             {"uid": r.uid, "name": r.name, "namespace": r.namespace, "state": r.state,
              "node": r.node, "reason": r.reason, "age_s": clock() - r.created}
-            for r in store.workloads()
+            for r in rows
         ]
 
     def placements(op: str, args: dict[str, Any]) -> Any:
@@ -140,8 +154,8 @@ def register_commands(
         out = []
         for spec, w in _specs(args):
             new = store.submit(w.uid, w.name, w.namespace, spec)
-            out.append({"uid": w.uid, "name": w.name, "namespace": w.namespace,
-                        "result": "submitted" if new else "exists"})
+            # uid and result only: a 1000-replica answer must fit one message
+            out.append({"uid": w.uid, "result": "submitted" if new else "exists"})
             if new:
                 events.emit("console", f"{op} submitted {w.namespace}/{w.name}", workload=w.uid)
         return out
@@ -205,7 +219,10 @@ def register_commands(
                 "id": uuid.uuid4().hex[:8]}
 
     def audit(op: str, args: dict[str, Any]) -> Any:
-        return store.audit_log(int(args.get("limit", 100)))
+        limit = args.get("limit", 100)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise CommandError("limit must be an integer within 1..1000")
+        return store.audit_log(limit)
 
     c = console.register
     c("nodes", nodes, help="nodes, health, region, load")

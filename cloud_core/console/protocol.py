@@ -11,9 +11,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_agent.wire import WireError, load_json
+from edge_agent.wire import MAX_PAYLOAD_BYTES, WireError, load_json
 
-MAX_REQUEST_BYTES = 64 * 1024
+# The wire's payload cap (the broker's max_packet_size is this plus 16 KiB of topic and
+# properties): anything the broker delivers is answered, a 900-document what-if included.
+MAX_REQUEST_BYTES = MAX_PAYLOAD_BYTES
+MAX_CMD_LEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +37,22 @@ def encode_request(req: Request) -> bytes:
 
 
 def parse_request(payload: bytes) -> Request:
+    """Bounded first: size, then JSON with bounded numbers and depth (``load_json``), then
+    shape. Every refusal is a ``WireError`` whose detail is meant for the operator."""
     if len(payload) > MAX_REQUEST_BYTES:
-        raise WireError("oversized", f"request of {len(payload)} bytes")
+        raise WireError("oversized",
+                        f"request of {len(payload)} bytes (at most {MAX_REQUEST_BYTES})")
     raw = load_json(payload)
     if not isinstance(raw, dict) or not isinstance(raw.get("cmd"), str):
         raise WireError("schema", "request must be an object with a string 'cmd'")
-    args = raw.get("args") or {}
+    cmd = raw["cmd"]
+    if len(cmd) > MAX_CMD_LEN or not cmd.isprintable():
+        raise WireError("schema", f"'cmd' must be at most {MAX_CMD_LEN} printable characters")
+    args = raw.get("args")
+    args = {} if args is None else args
     if not isinstance(args, dict):
         raise WireError("schema", "'args' must be an object")
-    return Request(cmd=raw["cmd"][:64], args=args)
+    return Request(cmd=cmd, args=args)
 
 
 def _default(o: Any) -> Any:
@@ -62,9 +72,23 @@ def _finite(o: Any) -> Any:
     return o
 
 
+# A response must fit the wire's payload cap, or the broker cuts the core off.
+MAX_RESPONSE_BYTES = MAX_PAYLOAD_BYTES - 1024
+
+
 def encode_response(resp: Response) -> bytes:
-    body = {"ok": resp.ok, "data": _finite(resp.data), "error": resp.error}
-    return json.dumps(body, default=_default, allow_nan=False).encode()
+    """The reply as JSON; one that would exceed ``MAX_RESPONSE_BYTES`` is replaced by an
+    error that says so (the broker would disconnect the core for an oversized packet)."""
+    body = {"ok": resp.ok, "data": _finite(resp.data), "error": resp.error[:4000]}
+    out = json.dumps(body, default=_default, allow_nan=False, separators=(",", ":")).encode()
+    if len(out) > MAX_RESPONSE_BYTES:
+        done = ("the command was carried out, but " if resp.ok else "")
+        body = {"ok": False, "data": None,
+                "error": f"{done}the answer is {len(out)} bytes, more than the "
+                         f"{MAX_RESPONSE_BYTES} one message may carry; ask for less (a limit, "
+                         "a node, fewer workloads)"}
+        out = json.dumps(body).encode()
+    return out
 
 
 def parse_response(payload: bytes) -> Response:

@@ -9,13 +9,15 @@ audit log (who, what, when, result).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cloud_core.console.protocol import Request, Response
+from cloud_core.console.protocol import Request, Response, parse_request
+from edge_agent.wire import WireError
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +57,54 @@ class ConsoleService:
             raise ValueError(f"unknown role {role!r}")
         self.commands[name] = Command(name, handler, role, help)
 
+    def handle_message(self, operator: str, payload: bytes, *, retain: bool = False) -> Response:
+        """One raw request as it came off the broker: a retained one is never executed (it
+        would run again on every core restart), one that cannot be parsed is refused with
+        the reason; both are answered and audited, like every other request."""
+        if retain:
+            cmd = "(retained)"
+            with contextlib.suppress(WireError):
+                cmd = parse_request(payload).cmd
+            return self._refuse(operator, cmd, {"bytes": len(payload)},
+                                "retained requests are never executed; clear the retained "
+                                "message (publish an empty retained payload) and send it "
+                                "without the retain flag")
+        try:
+            req = parse_request(payload)
+        except WireError as exc:
+            return self._refuse(operator, "(unparsed)", {"bytes": len(payload)},
+                                f"bad request ({exc.reason}): {exc.detail}")
+        return self.handle(operator, req)
+
+    def refuse(self, operator: str, why: str) -> Response:
+        """Refuse a request without reading it (the caller's bound was hit); audited."""
+        return self._refuse(operator, "(refused)", {}, why)
+
+    def _refuse(self, operator: str, cmd: str, args: dict[str, Any], why: str) -> Response:
+        resp = Response(ok=False, error=why)
+        self._write_audit(operator, cmd, args, f"refused: {why}")
+        return resp
+
+    def _write_audit(self, operator: str, cmd: str, args: dict[str, Any], result: str) -> None:
+        if self._audit is None:
+            return
+        try:
+            self._audit(self._clock(), operator, cmd, args, result, "")
+        except Exception:
+            log.exception("audit write failed")
+
     def handle(self, operator: str, req: Request) -> Response:
         resp = self._handle(operator, req)
-        if self._audit is not None:
-            result = "ok" if resp.ok else f"error: {resp.error}"
-            try:
-                self._audit(self._clock(), operator, req.cmd, req.args, result, "")
-            except Exception:
-                log.exception("audit write failed")
+        self._write_audit(operator, req.cmd, req.args,
+                          "ok" if resp.ok else f"error: {resp.error}")
         return resp
 
     def _handle(self, operator: str, req: Request) -> Response:
         cmd = self.commands.get(req.cmd)
         if cmd is None:
             known = ", ".join(sorted(self.commands))
-            return Response(ok=False, error=f"unknown command {req.cmd!r}; known: {known}")
+            return Response(ok=False, error=f"unknown command {_printable(req.cmd)!r}; "
+                                            f"known: {known}")
         role = self._roles(operator)
         if role is None:
             return Response(
@@ -88,4 +123,8 @@ class ConsoleService:
             return Response(ok=False, error=str(exc))
         except Exception as exc:
             log.exception("console command %s from %s failed", req.cmd, operator)
-            return Response(ok=False, error=f"internal error in {req.cmd}: {exc}")
+            return Response(ok=False, error=f"internal error in {req.cmd}: {str(exc)[:200]}")
+
+
+def _printable(s: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in s)

@@ -1,11 +1,23 @@
-"""Kubernetes actuator: watch pending cfnet pods, place them in batches, bind, report events.
+"""Kubernetes mode of the decision loop: informers in, ``pods/binding`` and evictions out.
 
-Two reflectors (pods, nodes) keep local caches on every replica; only the leader acts. The
-scheduling loop takes the pending pods whose ``schedulerName`` is ``cfnet-scheduler``, builds a
-``ClusterSnapshot`` from the node registry and the running pods, runs the engine and its
-validator (``run_engine``: the one place that calls the engine), binds each placed pod through
-``pods/binding`` with a UID precondition, and writes ``Scheduled`` / ``FailedScheduling``
-events. Bound-but-not-yet-observed pods are "assumed" so the next batch counts their resources.
+Two reflectors (pods, nodes) keep local caches on every replica; only the leader acts. This
+class is the loop's :class:`~cloud_core.loop.SourceOfTruth` (the pending pods whose
+``schedulerName`` is ``cfnet-scheduler``, the bound ones, and a ``ClusterSnapshot`` from the
+Node registry, the running pods and the agents' measured links) and its
+:class:`~cloud_core.loop.StepActuator`: placing, validating and re-planning are
+:class:`cloud_core.loop.DecisionLoop`'s, the same code as in local mode. Each placed pod is
+bound through ``pods/binding`` with a UID precondition, with ``Scheduled`` /
+``FailedScheduling`` events. Bound-but-not-yet-observed pods are "assumed" so the next batch
+counts their resources.
+
+Re-placement: when the loop moves a running pod (latency SLA broken for enough intervals, node
+down), the pod is evicted through the Eviction API (PodDisruptionBudgets honoured: a refused
+eviction is retried when the pod strikes out again) with a ``Rescheduling`` event in the
+engine's words. The destination is remembered under the pod's controller and template
+(``ownerReference`` uid + ``pod-template-hash`` / ``controller-revision-hash``); the next
+pending pod of that controller and template (the replacement its controller creates) is bound
+there if the validator still agrees. A bare pod gets a copy (annotated ``cfnet.io/replaces``)
+that is placed the same way.
 
 Failure handling: a 409 on bind means the pod is already bound (by an earlier attempt whose
 answer was lost, or another replica) or was replaced; the pod is re-read and never bound twice.
@@ -27,19 +39,45 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable, SpecError
+from cloud_core.events import EventLog
+from cloud_core.health import Health as LiveHealth
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.informer import Reflector, obj_key
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
-from cloud_core.placement.model import ClusterSnapshot, Resources, RunningPod, Workload
+from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
+from cloud_core.placement.model import ClusterSnapshot, Health, Resources, RunningPod, Workload
 
 log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "cfnet-scheduler"
 REPLACES = "cfnet.io/replaces"
+RESERVATION_TTL_S = 120.0  # how long a move's destination waits for the replacement pod
+
+# The registry's node health as the loop's health map (a cordon is not a health state).
+_LIVE = {Health.ONLINE: LiveHealth.ONLINE, Health.CORDONED: LiveHealth.ONLINE,
+         Health.SUSPECT: LiveHealth.SUSPECT, Health.UNREACHABLE: LiveHealth.UNREACHABLE,
+         Health.DOWN: LiveHealth.DOWN}
+
+
+def replacement_key(pod: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """What a pod and the replacement its controller creates have in common.
+
+    Controller-owned: namespace, the controller's uid and the template's hash label. A copy
+    cfnet made of a bare pod: the ``cfnet.io/replaces`` annotation naming the original.
+    """
+    md = pod.get("metadata") or {}
+    ns = str(md.get("namespace", "default"))
+    for o in md.get("ownerReferences") or []:
+        if o.get("controller"):
+            lab = md.get("labels") or {}
+            tpl = lab.get("pod-template-hash") or lab.get("controller-revision-hash") or ""
+            return ("owner", ns, str(o.get("uid")), str(tpl))
+    rep = (md.get("annotations") or {}).get(REPLACES)
+    return ("copy", ns, str(rep)) if rep else None
 
 
 @dataclass(frozen=True)
@@ -53,7 +91,7 @@ class EngineOutcome:
 
 def run_engine(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
                config: Any = None) -> EngineOutcome:
-    """Place a batch and validate the result (the only call into the placement engine)."""
+    """Place a batch and validate the result, outside the decision loop (pool planning)."""
     from cloud_core.placement import place, validate
 
     result = place(snapshot, workloads, config) if config is not None else \
@@ -101,6 +139,8 @@ class ActuatorConfig:
     engine_config: Any = None
     identity: str = "cfnet-core"
     replace_on_violation: bool = True
+    replan_config: Any = None
+    replan_interval_s: float = 1.0
 
 
 @dataclass
@@ -115,13 +155,10 @@ class ActuatorStats:
     batches: int = 0
     alerts: int = 0
     replaced: int = 0
+    moves: int = 0
+    evictions_blocked: int = 0
+    pinned_bound: int = 0
     bound_pods: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
-
-
-def _with_allocation(snap: ClusterSnapshot, node: str, req: Resources) -> ClusterSnapshot:
-    nodes = tuple(replace(n, allocated=n.allocated + req) if n.name == node else n
-                  for n in snap.nodes)
-    return replace(snap, nodes=nodes)
 
 
 def _pod_requests(w: Workload | None) -> Resources:
@@ -136,7 +173,8 @@ class Actuator:
                  is_leader: Callable[[], bool] = lambda: True,
                  on_alert: Callable[[dict[str, Any]], None] | None = None,
                  on_bound: Callable[[str, str], None] | None = None,
-                 links: Callable[[], Mapping[tuple[str, str], Any]] | None = None) -> None:
+                 links: Callable[[], Mapping[tuple[str, str], Any]] | None = None,
+                 events: EventLog | None = None) -> None:
         self.client = client
         self.registry = registry or NodeRegistry()
         self.config = config or ActuatorConfig()
@@ -156,6 +194,15 @@ class Actuator:
         self._pending_changes: list[LabelChange] = []
         self._alerted: set[str] = set()  # pod uids already reported as violating
         self._to_replace: dict[str, JSON] = {}  # pod uid → pod whose re-placement must finish
+        # A move's destination per replacement key: [(node, moved pod uid, expiry)].
+        self._reserved: dict[tuple[str, ...], list[tuple[str, str, float]]] = {}
+        self._obs_pods: dict[str, JSON] = {}  # uid -> pod, of the step being decided
+        self._obs_gen = 0  # the cluster generation that step saw
+        self._more = False
+        self.loop = DecisionLoop(
+            self, self, events or EventLog(lambda ev: None),
+            engine_config=self.config.engine_config, replan_config=self.config.replan_config,
+            replan_interval_s=self.config.replan_interval_s)
         self._pool = ThreadPoolExecutor(self.config.bind_workers, thread_name_prefix="bind")
         self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods")
         self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes")
@@ -229,6 +276,19 @@ class Actuator:
         with self._lock:
             self._workloads[uid] = w
         return w
+
+    def parse(self, pod: JSON) -> Workload | None:
+        """``pod`` as the engine's Workload (cached per uid); None when it cannot be read."""
+        return self._workload(pod)
+
+    def last_failure(self, uid: str) -> str | None:
+        """The last FailedScheduling message for pod ``uid`` (None: none, or placed)."""
+        with self._lock:
+            return self._last_failure.get(uid)
+
+    def node_changed(self, node: JSON) -> None:
+        """A Node the core itself just wrote (a cordon): take it in now, not at the watch."""
+        self._on_node("MODIFIED", node, None)
 
     def is_pending(self, pod: JSON) -> bool:
         spec = pod.get("spec") or {}
@@ -334,66 +394,170 @@ class Actuator:
                 self._wake.set()
 
     def schedule_once(self) -> bool:
-        """Place and bind one batch; True when pods are left for another batch."""
-        pods = self.pending()
-        if not pods:
-            return False
-        self._count("batches")
+        """One step of the decision loop; True when pending pods are left for another."""
+        self._more = False
+        self.loop.step()
+        return self._more
+
+    # -- SourceOfTruth -------------------------------------------------------------------------
+    def running_pods(self) -> list[tuple[JSON, Workload, str]]:
+        """cfnet's own bound, live pods: the ones the re-planner may move."""
+        out = []
+        for pod in self.pods.items():
+            spec = pod.get("spec") or {}
+            node = spec.get("nodeName")
+            md = pod.get("metadata") or {}
+            phase = (pod.get("status") or {}).get("phase")
+            if (not node or spec.get("schedulerName") != self.config.scheduler_name
+                    or md.get("deletionTimestamp") or phase in ("Succeeded", "Failed")):
+                continue
+            w = self._workload(pod)
+            if w is not None:
+                out.append((pod, w, str(node)))
+        return out
+
+    def observe(self) -> Observation:
         with self._lock:
             gen = self._generation
-        by_uid: dict[str, JSON] = {}
-        workloads: list[Workload] = []
+        pods = self.pending()
+        self._more = len(pods) >= self.config.max_batch
+        obs_pods: dict[str, JSON] = {}
+        pending: list[Workload] = []
+        invalid: dict[str, str] = {}
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid"))
+            obs_pods[uid] = pod
             try:
                 w = parse_workload(pod)
             except SpecError as e:
-                self._unschedulable_now(pod, gen, f"invalid workload spec: {e}")
+                invalid[uid] = f"invalid workload spec: {e}"
                 continue
-            by_uid[w.uid] = pod
-            workloads.append(w)
+            pending.append(w)
             with self._lock:
                 self._workloads[uid] = w
-        if not workloads:
-            return False
+        running = []
+        for pod, w, node in self.running_pods():
+            obs_pods[w.uid] = pod
+            running.append((w, node))
+        pinned = self._pinned(pending, obs_pods)
         snap = self.snapshot()
-        try:
-            out = run_engine(snap, workloads, self.config.engine_config)
-        except Exception:
-            # One bad workload must not block the whole batch: place them one by one, and
-            # report the ones the engine chokes on.
-            log.exception("placing a batch of %d failed; placing one by one", len(workloads))
-            out = self._place_singly(snap, workloads, by_uid, gen)
+        health = {n.name: _LIVE.get(n.health, LiveHealth.UNKNOWN) for n in snap.nodes}
+        self._obs_pods = obs_pods
+        self._obs_gen = gen
+        return Observation(health=health, snapshot=snap, pending=pending, running=running,
+                           invalid=invalid, pinned=pinned)
+
+    def _pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
+                ) -> dict[str, tuple[str, str]]:
+        now = time.monotonic()
+        out: dict[str, tuple[str, str]] = {}
+        with self._lock:
+            for k in [k for k, v in self._reserved.items() if all(e < now for *_, e in v)]:
+                del self._reserved[k]
+            taken: dict[tuple[str, ...], int] = {}
+            for w in pending:
+                key = replacement_key(pods[w.uid])
+                slots = [r for r in self._reserved.get(key, []) if r[2] >= now] if key else []
+                i = taken.get(key, 0) if key else 0
+                if key and i < len(slots):
+                    out[w.uid] = (slots[i][0], slots[i][1])
+                    taken[key] = i + 1
+        return out
+
+    # -- StepActuator --------------------------------------------------------------------------
+    def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
+        gen = self._obs_gen
+        for uid, msg in obs.invalid.items():
+            self._unschedulable_now(self._obs_pods[uid], gen, msg)
+        if not obs.pending:
+            return 0
+        self._count("batches")
         if not self.is_leader():
-            return False  # lost the lease while computing: the new leader redoes this batch
-        wl = {w.uid: w for w in workloads}
-        futures = [self._pool.submit(self._bind, by_uid[u], node, wl[u])
-                   for u, node in out.assignments.items() if u in by_uid]
+            return 0  # lost the lease while computing: the new leader redoes this batch
+        wl = {w.uid: w for w in obs.pending}
+        futures = [self._pool.submit(self._bind, self._obs_pods[u], node, wl[u],
+                                     outcome.summaries.get(u, ""), u in obs.pinned)
+                   for u, node in outcome.assignments.items() if u in self._obs_pods]
         errors = [f.exception() for f in futures]
-        for u, msg in out.failures.items():
-            if u in by_uid:
-                self._unschedulable_now(by_uid[u], gen, msg)
+        for u, msg in outcome.failures.items():
+            if u in self._obs_pods:
+                self._unschedulable_now(self._obs_pods[u], gen, msg)
+        for u in outcome.assignments:
+            if u in obs.pinned:
+                self._consume_reservation(self._obs_pods.get(u), obs.pinned[u][1])
         for err in errors:
             if isinstance(err, KubeUnavailable):
                 raise err
-        return len(pods) >= self.config.max_batch
+        return sum(1 for e in errors if e is None)
 
-    def _place_singly(self, snap: ClusterSnapshot, workloads: list[Workload],
-                      by_uid: dict[str, JSON], gen: int) -> EngineOutcome:
-        assignments: dict[str, str] = {}
-        failures: dict[str, str] = {}
-        for w in workloads:
-            try:
-                one = run_engine(snap, [w], self.config.engine_config)
-            except Exception as e:
-                self._unschedulable_now(by_uid[w.uid], gen,
-                                        f"placement engine error: {type(e).__name__}: {e}")
+    def _consume_reservation(self, pod: JSON | None, moved_uid: str) -> None:
+        key = replacement_key(pod) if pod is not None else None
+        with self._lock:
+            if key in self._reserved:
+                self._reserved[key] = [r for r in self._reserved[key] if r[1] != moved_uid]
+                if not self._reserved[key]:
+                    del self._reserved[key]
+
+    def apply(self) -> int:
+        return 0  # a binding takes effect when it is made (commit_placements)
+
+    def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]:
+        if not self.is_leader():
+            return []
+        done = []
+        for m in moves:
+            pod = self._obs_pods.get(m.workload_uid)
+            if pod is None:
                 continue
-            assignments.update(one.assignments)
-            failures.update(one.failures)
-            for node in one.assignments.values():  # account it before the next one
-                snap = _with_allocation(snap, node, w.requests)
-        return EngineOutcome(assignments, failures, {})
+            try:
+                if self._move(pod, m):
+                    done.append(m)
+            except KubeNotFound:
+                continue  # gone meanwhile
+            except KubeError as err:
+                log.info("moving %s failed, will retry: %s", obj_key(pod), err)
+        return done
+
+    def _move(self, pod: JSON, m: Move) -> bool:
+        key = obj_key(pod)
+        rkey = replacement_key(pod)
+        bare = not any(o.get("controller") for o in
+                       (pod.get("metadata") or {}).get("ownerReferences") or [])
+        if bare:
+            rkey = ("copy", str((pod.get("metadata") or {}).get("namespace", "default")), key)
+        slot = (m.dst, m.workload_uid, time.monotonic() + RESERVATION_TTL_S)
+        assert rkey is not None
+        with self._lock:  # before evicting: the replacement may appear at once
+            self._reserved.setdefault(rkey, []).append(slot)
+        if not self._replace(pod):
+            with self._lock:
+                left = [r for r in self._reserved.get(rkey, []) if r != slot]
+                if left:
+                    self._reserved[rkey] = left
+                else:
+                    self._reserved.pop(rkey, None)
+            self._count("evictions_blocked")
+            self._event(pod, "EvictionBlocked", "Warning",
+                        f"cfnet would move {key} from {m.src} to {m.dst} ({m.reason}), but a "
+                        "PodDisruptionBudget refused the eviction; will retry")
+            return False
+        self._count("moves")
+        self._event(pod, "Rescheduling", "Warning",
+                    f"cfnet moves {key} from {m.src} to {m.dst}: {m.reason}")
+        return True
+
+    def _event(self, pod: JSON, reason: str, event_type: str, message: str) -> None:
+        try:
+            self.client.emit_event(pod, reason=reason, message=message, event_type=event_type,
+                                   instance=self.config.identity)
+        except KubeError as err:
+            log.warning("%s event for %s lost: %s", reason, obj_key(pod), err)
+
+    def requeue(self, stranded: Sequence[tuple[Workload, str]]) -> int:
+        # On Kubernetes a pod stranded on a down node stays bound: the node lifecycle
+        # controller's taint-based eviction removes it, and its controller's replacement is
+        # placed as any pending pod.
+        return 0
 
     def _unschedulable_now(self, pod: JSON, gen: int, message: str) -> None:
         md = pod.get("metadata") or {}
@@ -413,7 +577,8 @@ class Actuator:
             with self._lock:
                 self._last_failure.pop(uid, None)  # report again next time
 
-    def _bind(self, pod: JSON, node: str, w: Workload) -> None:
+    def _bind(self, pod: JSON, node: str, w: Workload, why: str = "",
+              pinned: bool = False) -> None:
         md = pod.get("metadata") or {}
         ns, name, uid = str(md.get("namespace")), str(md.get("name")), str(md.get("uid"))
         key = f"{ns}/{name}"
@@ -431,13 +596,16 @@ class Actuator:
             self._assumed[key] = (node, time.monotonic(), w)
             self._unschedulable.pop(key, None)
         self._count("bound")
+        if pinned:
+            self._count("pinned_bound")
         with self._lock:
             self.stats.bound_pods.append(key)
         if self.on_bound is not None:
             self.on_bound(key, node)
         try:
             self.client.emit_event(pod, reason="Scheduled", instance=self.config.identity,
-                                   message=f"Successfully assigned {key} to {node}")
+                                   message=f"Successfully assigned {key} to {node}"
+                                   + (f" ({why})" if why else ""))
         except KubeError as e:
             log.warning("Scheduled event for %s lost: %s", key, e)
 
@@ -479,10 +647,11 @@ class Actuator:
                     self._to_replace[str(md.get("uid"))] = pod
         for uid, pod in list(self._to_replace.items()):
             try:
-                self._replace(pod)
+                if not self._replace(pod):
+                    continue  # a disruption budget said no: retried on the next round
             except KubeNotFound:
                 pass
-            except KubeError as err:  # retried on the next round (PDB said no, server down)
+            except KubeError as err:  # retried on the next round (server down)
                 log.info("re-placing %s failed, will retry: %s", obj_key(pod), err)
                 continue
             del self._to_replace[uid]
@@ -504,20 +673,20 @@ class Actuator:
         except KubeError as err:
             log.warning("alert event for %s lost: %s", key, err)
 
-    def _replace(self, pod: JSON) -> None:
-        """Evict ``pod``; for a bare pod, create its unbound replacement (idempotent)."""
+    def _replace(self, pod: JSON) -> bool:
+        """Evict ``pod`` (False: a disruption budget refused); for a bare pod, create its
+        unbound replacement (idempotent)."""
         md = pod.get("metadata") or {}
         key = obj_key(pod)
         ns, name = str(md.get("namespace")), str(md.get("name"))
-        self.client.create(f"/api/v1/namespaces/{ns}/pods/{name}/eviction", {
-            "apiVersion": "policy/v1", "kind": "Eviction",
-            "metadata": {"name": name, "namespace": ns}})
+        if not self.client.evict_pod(ns, name, str(md.get("uid") or "") or None):
+            return False
         if any(o.get("controller") for o in md.get("ownerReferences") or []):
             self._count("replaced")  # its controller recreates it pending; we place that one
-            return
+            return True
         live = self.client.list(f"/api/v1/namespaces/{ns}/pods")[0]
         if any((p["metadata"].get("annotations") or {}).get(REPLACES) == key for p in live):
-            return  # an earlier round created it
+            return True  # an earlier round created it
         clone = {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": f"{name.split('--')[0]}--", "namespace": ns,
@@ -527,3 +696,4 @@ class Actuator:
         }
         self.client.create(f"/api/v1/namespaces/{ns}/pods", clone)
         self._count("replaced")
+        return True

@@ -268,6 +268,25 @@ class KubeClient:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         })
 
+    def evict_pod(self, namespace: str, name: str, uid: str | None = None) -> bool:
+        """POST pods/eviction (policy/v1), so PodDisruptionBudgets are honoured.
+
+        True: evicted (the pod is terminating); False: a disruption budget refused it now
+        (HTTP 429, retry later). Other failures raise (404: gone already).
+        """
+        body: JSON = {"apiVersion": "policy/v1", "kind": "Eviction",
+                      "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        try:
+            self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+                         body=body)
+        except KubeUnavailable as e:
+            if e.status == 429:
+                return False
+            raise
+        return True
+
     def emit_event(self, involved: JSON, *, reason: str, message: str, event_type: str = "Normal",
                    component: str = "cfnet-scheduler", instance: str = "") -> JSON:
         """Create a core/v1 Event about ``involved`` (a pod or node object)."""

@@ -10,19 +10,43 @@ written as
   ``spec.workloadScope.targetNodeGroups`` carries a ``replicas`` overrider per NodeGroup.
 
 The frameworks' own controllers then run the workloads inside each pool (edge autonomy).
+
+:class:`PoolController` wires this into the running core: a Deployment annotated
+``cfnet.io/pool-mode: openyurt`` or ``kubeedge`` is planned per pool on the loop's cluster
+snapshot and written as a YurtAppSet or EdgeApplication of the same name, owned by the
+Deployment (so the garbage collector removes it with the Deployment), re-planned when the
+Deployment, the nodes or the pool objects change (and every ``resync_s``), and deleted when the
+annotation goes. Pool membership comes from the node labels and from the NodePool (v1beta2,
+``status.nodes``) and NodeGroup (``spec.nodes``, ``spec.matchLabels``) objects. The Deployment
+itself is the template: create it with ``spec.paused: true`` so its own ReplicaSet makes no
+pods (a Warning event says so when it is not); ``paused`` and ``replicas`` are not copied into
+the framework object.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import logging
+import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cloud_core.k8s.actuator import parse_workload, run_engine
+from cloud_core.errors import KubeError, KubeNotFound
+from cloud_core.k8s.actuator import Actuator, parse_workload, run_engine
 from cloud_core.k8s.client import JSON, KubeClient
+from cloud_core.k8s.informer import Reflector, obj_key
 from cloud_core.k8s.registry import NodeRegistry
 from cloud_core.placement.model import ClusterSnapshot
+
+log = logging.getLogger(__name__)
+
+POOL_MODE = "cfnet.io/pool-mode"
+FLAVOURS = ("openyurt", "kubeedge")
+NODEPOOLS = "/apis/apps.openyurt.io/v1beta2/nodepools"
+NODEGROUPS = "/apis/apps.kubeedge.io/v1alpha1/nodegroups"
 
 YURT_API = "apps.openyurt.io/v1beta1"
 KUBEEDGE_API = "apps.kubeedge.io/v1alpha1"
@@ -58,7 +82,7 @@ def plan_pools(snapshot: ClusterSnapshot, registry: NodeRegistry, deployment: JS
     """Place ``deployment``'s replicas on pooled nodes of ``flavour``; count them per pool."""
     app = str((deployment.get("metadata") or {}).get("name"))
     replicas = int((deployment.get("spec") or {}).get("replicas", 1))
-    pool_of = {r.name: r.pool for r in registry.records() if r.flavour == flavour and r.pool}
+    pool_of = registry.membership(flavour)
     snap = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in pool_of))
     workloads = [parse_workload(_replica_pod(deployment, app, i)) for i in range(replicas)]
     out = run_engine(snap, workloads, engine_config)
@@ -68,13 +92,30 @@ def plan_pools(snapshot: ClusterSnapshot, registry: NodeRegistry, deployment: JS
                     unplaced=dict(out.failures))
 
 
+def _template_spec(obj: JSON) -> None:
+    """The Deployment as a template: its own replica count and pause are not the pools'."""
+    spec = obj.setdefault("spec", {})
+    spec.pop("paused", None)
+    spec.pop("replicas", None)
+
+
+def _owned(obj: JSON, deployment: JSON) -> JSON:
+    md = deployment.get("metadata") or {}
+    obj["metadata"]["ownerReferences"] = [{
+        "apiVersion": "apps/v1", "kind": "Deployment", "name": md.get("name"),
+        "uid": md.get("uid"), "controller": False, "blockOwnerDeletion": False}]
+    return obj
+
+
 def yurt_app_set(deployment: JSON, plan: PoolPlan) -> JSON:
     """A YurtAppSet running ``deployment`` with ``plan``'s replicas in each NodePool."""
     md = deployment.get("metadata") or {}
     tpl = copy.deepcopy(deployment)
     tpl.pop("apiVersion", None)
     tpl.pop("kind", None)
+    tpl.pop("status", None)
     tpl["metadata"] = {"labels": dict(md.get("labels") or {})}
+    _template_spec(tpl)
     pools = [p for p, n in plan.per_pool.items() if n > 0]
     return {
         "apiVersion": YURT_API, "kind": "YurtAppSet",
@@ -98,6 +139,10 @@ def edge_application(deployment: JSON, plan: PoolPlan) -> JSON:
     manifest = copy.deepcopy(deployment)
     manifest.setdefault("apiVersion", "apps/v1")
     manifest.setdefault("kind", "Deployment")
+    manifest.pop("status", None)
+    manifest["metadata"] = {"name": md.get("name"), "namespace": md.get("namespace", "default"),
+                            "labels": dict(md.get("labels") or {})}
+    _template_spec(manifest)
     return {
         "apiVersion": KUBEEDGE_API, "kind": "EdgeApplication",
         "metadata": {"name": md.get("name"), "namespace": md.get("namespace", "default"),
@@ -116,4 +161,175 @@ def apply_pool_plan(client: KubeClient, deployment: JSON, plan: PoolPlan) -> JSO
     """Create or update the framework object for ``plan``; returns what the server stored."""
     obj = yurt_app_set(deployment, plan) if plan.flavour == "openyurt" else \
         edge_application(deployment, plan)
+    if (deployment.get("metadata") or {}).get("uid"):
+        obj = _owned(obj, deployment)
     return client.apply(obj)
+
+
+def _template_digest(deployment: JSON) -> str:
+    spec = dict(deployment.get("spec") or {})
+    spec.pop("replicas", None)
+    md = deployment.get("metadata") or {}
+    return json.dumps([spec, md.get("labels"), md.get("annotations")], sort_keys=True)
+
+
+def _pool_path(flavour: str, ns: str, name: str) -> str:
+    if flavour == "openyurt":
+        return f"/apis/{YURT_API}/namespaces/{ns}/yurtappsets/{name}"
+    return f"/apis/{KUBEEDGE_API}/namespaces/{ns}/edgeapplications/{name}"
+
+
+class PoolController:
+    """Keeps one YurtAppSet / EdgeApplication per pool-mode Deployment (module docstring)."""
+
+    def __init__(self, client: KubeClient, actuator: Actuator, *,
+                 is_leader: Callable[[], bool] = lambda: True, resync_s: float = 10.0) -> None:
+        self.client = client
+        self.actuator = actuator
+        self.registry = actuator.registry
+        self.is_leader = is_leader
+        self.resync_s = resync_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._written: dict[tuple[str, str], tuple[str, str]] = {}  # (ns, name) -> (flav, spec)
+        self._warned: set[str] = set()
+        self._members: dict[tuple[str, str], dict[str, str]] = {}  # pool membership planned on
+        self._template: dict[tuple[str, str], str] = {}  # the Deployment template planned
+        self.plans: dict[str, PoolPlan] = {}  # "ns/name" -> last plan written
+        self.deployments = Reflector(client, "/apis/apps/v1/deployments", self._changed,
+                                     name="deployments")
+        self.extra: list[Reflector] = []
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.deployments.start()
+        for path, flavour in ((NODEPOOLS, "openyurt"), (NODEGROUPS, "kubeedge")):
+            try:  # a cluster without the framework has no such API: nothing to read
+                self.client.get(path, limit=1)
+            except KubeError:
+                continue
+            r = Reflector(self.client, path, self._pool_object(flavour), name=path)
+            r.start()
+            self.extra.append(r)
+        self._thread = threading.Thread(target=self._run, name="cfnet-pools", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for r in (self.deployments, *self.extra):
+            r.stop_event.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _changed(self, kind: str, obj: JSON, old: JSON | None) -> None:
+        self._wake.set()
+
+    def _pool_object(self, flavour: str) -> Callable[[str, JSON, JSON | None], None]:
+        def handle(kind: str, obj: JSON, old: JSON | None) -> None:
+            name = str((obj.get("metadata") or {}).get("name"))
+            if kind == "DELETED":
+                self.registry.set_pool_object(flavour, name, None)
+            elif flavour == "openyurt":
+                nodes = (obj.get("status") or {}).get("nodes") or []
+                self.registry.set_pool_object(flavour, name, [str(n) for n in nodes])
+            else:
+                spec = obj.get("spec") or {}
+                self.registry.set_pool_object(flavour, name,
+                                              [str(n) for n in spec.get("nodes") or []],
+                                              spec.get("matchLabels") or {})
+            self._wake.set()
+        return handle
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.resync_s)
+            self._wake.clear()
+            if self._stop.is_set() or not self.is_leader():
+                continue
+            self._stop.wait(0.2)  # let a burst of changes gather
+            try:
+                self.reconcile()
+            except Exception:
+                log.exception("pool reconcile failed")
+
+    def reconcile(self) -> int:
+        """Write what changed; delete objects whose Deployment left pool mode. Returns writes."""
+        writes = 0
+        seen: set[tuple[str, str]] = set()
+        snap = self.actuator.snapshot()
+        for dep in self.deployments.items():
+            md = dep.get("metadata") or {}
+            flavour = (md.get("annotations") or {}).get(POOL_MODE)
+            if flavour not in FLAVOURS or md.get("deletionTimestamp"):
+                continue
+            key = (str(md.get("namespace")), str(md.get("name")))
+            seen.add(key)
+            plan = plan_pools(snap, self.registry, dep, str(flavour),
+                              engine_config=self.actuator.config.engine_config)
+            pool_of = self.registry.membership(str(flavour))
+            members = {n.name: f"{pool_of[n.name]} {n.capacity} {n.health}"
+                       for n in snap.nodes if n.name in pool_of}
+            last = self.plans.get(obj_key(dep))
+            if (last is not None and self._written.get(key, ("",))[0] == flavour
+                    and last.replicas == plan.replicas and plan.placed == last.placed
+                    and self._members.get(key) == members
+                    and self._template.get(key) == _template_digest(dep)):
+                # Nothing that decides the plan changed (the template, the replica count,
+                # the pools' nodes, their capacity and health) and the new one places no
+                # more replicas: a time-limited solver may split equal pools differently from
+                # run to run, and moving replicas between pools for that would churn the edge.
+                continue
+            obj = yurt_app_set(dep, plan) if flavour == "openyurt" else \
+                edge_application(dep, plan)
+            digest = json.dumps(obj, sort_keys=True)
+            if self._written.get(key) == (flavour, digest):
+                continue
+            try:
+                apply_pool_plan(self.client, dep, plan)
+            except KubeError as e:
+                log.warning("writing the %s object for %s failed: %s", flavour, obj_key(dep), e)
+                continue
+            old = self._written.get(key)
+            if old is not None and old[0] != flavour:
+                self._delete(key, old[0])
+            self._written[key] = (str(flavour), digest)
+            self._members[key] = members
+            self._template[key] = _template_digest(dep)
+            self.plans[obj_key(dep)] = plan
+            writes += 1
+            self._event(dep, "PoolPlan", "Normal",
+                        f"cfnet placed {plan.placed}/{plan.replicas} replicas per pool "
+                        f"({flavour}): " + (", ".join(f"{p} {n}" for p, n in
+                                                      plan.per_pool.items()) or "none")
+                        + (f"; {len(plan.unplaced)} unplaced: "
+                           f"{next(iter(plan.unplaced.values()))}" if plan.unplaced else ""))
+            if not (dep.get("spec") or {}).get("paused") and obj_key(dep) not in self._warned:
+                self._warned.add(obj_key(dep))
+                self._event(dep, "PoolModeNotPaused", "Warning",
+                            "pool-mode Deployment is not paused: its own ReplicaSet runs "
+                            "replicas too; set spec.paused: true to use it as a template only")
+        for key in [k for k in self._written if k not in seen]:
+            self._delete(key, self._written[key][0])
+        return writes
+
+    def _delete(self, key: tuple[str, str], flavour: str) -> None:
+        try:
+            self.client.delete(_pool_path(flavour, *key))
+        except KubeNotFound:
+            pass
+        except KubeError as e:
+            log.warning("deleting the %s object %s/%s failed: %s", flavour, *key, e)
+            return
+        self._written.pop(key, None)
+        self._members.pop(key, None)
+        self._template.pop(key, None)
+        self.plans.pop("/".join(key), None)
+
+    def _event(self, dep: JSON, reason: str, event_type: str, message: str) -> None:
+        obj = {**dep, "apiVersion": "apps/v1", "kind": "Deployment"}
+        try:
+            self.client.emit_event(obj, reason=reason, message=message, event_type=event_type,
+                                   instance=self.actuator.config.identity)
+        except KubeError as e:
+            log.warning("%s event for %s lost: %s", reason, obj_key(dep), e)

@@ -135,6 +135,40 @@ class NodeRegistry:
         self.config = config
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeRecord] = {}
+        # Pool membership read from the frameworks' own objects (OpenYurt NodePool status,
+        # KubeEdge NodeGroup spec): (flavour, pool) -> explicit node names / label selector.
+        self._pool_objects: dict[tuple[str, str], tuple[frozenset[str], dict[str, str]]] = {}
+
+    def set_pool_object(self, flavour: str, pool: str, nodes: list[str] | None,
+                        match_labels: Mapping[str, str] | None = None) -> None:
+        """Record a NodePool (``flavour`` "openyurt") or NodeGroup ("kubeedge"); ``nodes``
+        None removes it."""
+        with self._lock:
+            if nodes is None:
+                self._pool_objects.pop((flavour, pool), None)
+            else:
+                self._pool_objects[(flavour, pool)] = (frozenset(nodes),
+                                                       dict(match_labels or {}))
+
+    def membership(self, flavour: str) -> dict[str, str]:
+        """Node name -> pool of ``flavour``: the node's label, else the pool objects that list
+        it or whose label selector matches it (the label wins when both say something)."""
+        with self._lock:
+            recs = list(self._nodes.values())
+            objs = dict(self._pool_objects)
+        out: dict[str, str] = {}
+        for r in recs:
+            if r.flavour == flavour and r.pool:
+                out[r.name] = r.pool
+                continue
+            for (fl, pool), (names, sel) in sorted(objs.items()):
+                if fl != flavour:
+                    continue
+                if r.name in names or (sel and all(r.labels.get(k) == v
+                                                   for k, v in sel.items())):
+                    out[r.name] = pool
+                    break
+        return out
 
     def upsert(self, node: Mapping[str, Any]) -> list[LabelChange]:
         """Add or update a Node; return changes of region/zone/security-level labels."""
@@ -172,11 +206,12 @@ class NodeRegistry:
         return r.agent_id if r else None
 
     def pools(self) -> dict[tuple[str, str], list[str]]:
-        """(flavour, pool) → Node names, for KubeEdge NodeGroups and OpenYurt NodePools."""
+        """(flavour, pool) → Node names, for KubeEdge NodeGroups and OpenYurt NodePools
+        (labels and the pool objects, see :meth:`membership`)."""
         out: dict[tuple[str, str], list[str]] = {}
-        for r in self.records():
-            if r.pool:
-                out.setdefault((r.flavour, r.pool), []).append(r.name)
+        for flavour in ("kubeedge", "openyurt"):
+            for node, pool in self.membership(flavour).items():
+                out.setdefault((flavour, pool), []).append(node)
         return {k: sorted(v) for k, v in sorted(out.items())}
 
     def node_infos(self, allocated: Mapping[str, Resources] | None = None) -> tuple[NodeInfo, ...]:

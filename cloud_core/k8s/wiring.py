@@ -1,10 +1,11 @@
 """Run the Kubernetes actuator inside `cfnet-core`, fed by the core's measured links.
 
 `cfnet-core --kubernetes` keeps MQTT ingest, health and the console of the
-core, and hands placement to the Kubernetes actuator (pods with
-``schedulerName: cfnet-scheduler``), with Lease-based leader election between
-replicas. The actuator sees the links the agents measure, translated from
-agent ids to Node names through the registry's ``cfnet.io/agent-id`` labels.
+core, and runs the decision loop (``cloud_core.loop``) with the Kubernetes actuator as its
+source of truth and actuator (pods with ``schedulerName: cfnet-scheduler``: binding,
+re-placement by eviction), with Lease-based leader election between replicas. The
+actuator sees the links the agents measure, translated from agent ids to Node names
+through the registry's ``cfnet.io/agent-id`` labels.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cloud_core.console.service import ConsoleService
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.leader import LeaderElector
+from cloud_core.k8s.pools import PoolController
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
+from cloud_core.placement import ReplanConfig
 from cloud_core.snapshot import translated_links
 from cloud_core.state import ClusterState
 
@@ -32,15 +37,18 @@ class KubeSettings:
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
     edge_taint: str = "respect"
+    replan: ReplanConfig | None = None  # None: the engine's defaults, as in local mode
 
 
 @dataclass
 class KubeRunner:
     actuator: Actuator
     elector: LeaderElector
+    pools: PoolController
 
     def stop(self) -> None:
         self.elector.stop(release=True)
+        self.pools.stop()
         self.actuator.stop()
 
 
@@ -52,9 +60,12 @@ def start_kubernetes(
     clock: Callable[[], float] = time.time,
     on_lead: Callable[[], None] | None = None,
     on_follow: Callable[[], None] | None = None,
+    console: ConsoleService | None = None,
 ) -> KubeRunner:
     """Start the actuator and the election. ``on_lead``/``on_follow`` run when this
-    replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading)."""
+    replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading).
+    With ``console``, its commands answer from and act on the cluster (``k8s.console``),
+    registered before this replica can lead, so before any request can arrive."""
     registry = NodeRegistry(RegistryConfig(edge_taint=settings.edge_taint))
 
     def links() -> dict[tuple[str, str], Any]:
@@ -83,9 +94,14 @@ def start_kubernetes(
         retry_period_s=settings.retry_period_s, on_started=leading, on_stopped=following,
     )
     actuator = Actuator(
-        client, registry, ActuatorConfig(identity=settings.identity),
+        client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan),
         is_leader=elector.is_leader, on_alert=alert, links=links, on_bound=bound,
+        events=events,
     )
+    if console is not None:
+        register_kubernetes_commands(console, actuator, client, events, clock)
+    pools = PoolController(client, actuator, is_leader=elector.is_leader)
     actuator.start()
+    pools.start()
     elector.start()
-    return KubeRunner(actuator, elector)
+    return KubeRunner(actuator, elector, pools)

@@ -27,6 +27,7 @@ from .model import (
     Workload,
     node_label,
 )
+from .quantity import go_parse_int
 
 REPELLING = ("NoSchedule", "NoExecute")
 
@@ -44,9 +45,12 @@ def requirement_matches(req: NodeSelectorRequirement, value: str | None) -> bool
     if op == "DoesNotExist":
         return value is None
     if op in ("Gt", "Lt"):
-        try:
-            v, ref = int(value or ""), int(req.values[0])
-        except (ValueError, IndexError):
+        # labels.Requirement.Matches: both sides through strconv.ParseInt(.., 10, 64); a
+        # label that does not parse (or is absent) matches neither Gt nor Lt
+        if value is None or len(req.values) != 1:
+            return False
+        v, ref = go_parse_int(value), go_parse_int(req.values[0])
+        if v is None or ref is None:
             return False
         return v > ref if op == "Gt" else v < ref
     return False
@@ -67,11 +71,18 @@ def term_matches_pod(term: PodAffinityTerm, owner_ns: str, ns: str,
 
 
 def tolerates(tol: Toleration, taint: Taint) -> bool:
+    """``Toleration.ToleratesTaint`` (k8s.io/api/core/v1/toleration.go): an empty effect
+    matches every effect, an empty key every key; then Exists matches any value and Equal
+    (or an empty operator) the same value."""
     if tol.effect and tol.effect != taint.effect:
         return False
+    if tol.key and tol.key != taint.key:
+        return False
     if tol.operator == "Exists":
-        return not tol.key or tol.key == taint.key
-    return tol.key == taint.key and tol.value == taint.value
+        return True
+    if tol.operator in ("", "Equal"):
+        return tol.value == taint.value
+    return False
 
 
 def _label_projection(keys: Sequence[str]) -> Callable[[NodeInfo], Hashable]:

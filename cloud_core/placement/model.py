@@ -269,16 +269,25 @@ SECURITY_LABEL = "cfnet.io/security-level"
 
 
 def node_label(node: NodeInfo, key: str) -> str | None:
-    """A node label, with the topology facts the registry owns filled in (not agent-set)."""
+    """A node label (None: the node does not have it), with the topology facts the
+    registry owns filled in (not agent-set). Absent is not empty: a node without a zone
+    (edge nodes often have none) answers ``Exists`` false, ``DoesNotExist`` true, and a
+    nodeSelector ``zone: ""`` false, as Kubernetes' label matching does. A label the node
+    carries (Kubernetes mode: the Node's own labels) wins over the registry's field."""
     if key == HOSTNAME:
         return node.name
+    v = node.labels.get(key)
+    if v is not None:
+        return v
     if key == ZONE:
-        return node.zone
+        return node.zone or None
     if key == REGION:
-        return node.region
+        return node.region or None
     if key == SECURITY_LABEL:
-        return str(node.security_level)
-    return node.labels.get(key)
+        # the level field is 0 both when unset and when set to 0; only a level above 0 (or
+        # the label itself, above) says the node has the label
+        return str(node.security_level) if node.security_level else None
+    return None
 
 
 def topology_domain(node: NodeInfo, key: str) -> str | None:

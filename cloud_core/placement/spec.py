@@ -5,14 +5,22 @@ plain YAML, parsed into ``Workload``. Every error names the field and the reason
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
 from cloud_core.errors import SpecError
+from edge_agent.names import (
+    ID_MAX,
+    NAME_MAX,
+    label_key_problem,
+    label_value_problem,
+    name_problem,
+    uid_problem,
+)
 
+from . import quantity
 from .model import (
     HOSTNAME,
     LabelSelector,
@@ -29,28 +37,41 @@ GPU = "nvidia.com/gpu"
 CONTROLLERS = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "DaemonSet",
                "ReplicationController")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+# The most workloads one document may expand to (replicas), checked before expanding; the
+# console's per-request cap (commands.MAX_SUBMIT) is the same number.
+MAX_EXPAND = 1000
+LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")  # metav1.LabelSelector
 ANN = "cfnet.io/"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
-_MEM_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-               "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-               "E": 10**18, "m": 10**-3, "": 1}
-_QTY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?([A-Za-z]{0,2})$")
-
 
 def parse_quantity(value: Any, field: str, kind: str) -> int:
-    """A Kubernetes quantity: ``kind`` "cpu" gives millicores, "mem" bytes, "count" units."""
+    """A Kubernetes quantity (``resource.ParseQuantity``, see ``quantity.py``): ``kind``
+    "cpu" gives millicores (``MilliValue``: rounded up), "mem" bytes (``Value``: rounded
+    up), "count" whole units (extended resources must be integers). Negative values are
+    refused as the API server refuses negative requests and capacities."""
     if isinstance(value, bool) or value is None:
         raise SpecError(field, f"{value!r} is not a quantity")
-    m = _QTY.match(str(value).strip())
-    if not m or m.group(3) not in _MEM_SUFFIX:
-        raise SpecError(field, f"{value!r} is not a quantity")
-    num = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
-    num *= _MEM_SUFFIX[m.group(3)]
-    if kind == "count" and num != int(num):
+    if isinstance(value, int) and value.bit_length() > 128:
+        raise SpecError(field, "is too large: an integer of more than 128 bits")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(field, f"{value!r} is not a finite quantity")
+    if not isinstance(value, str | int | float):
+        raise SpecError(field, f"a {type(value).__name__} is not a quantity")
+    try:
+        q = quantity.parse(str(value).strip())  # UnmarshalJSON trims spaces too
+        if q.negative and q.mantissa:
+            raise quantity.QuantityError("must be greater than or equal to 0")
+        if kind == "cpu":
+            return q.scaled(3, "millicores")
+        if kind == "mem":
+            return q.scaled(0, "bytes")
+        milli = q.scaled(3, "milli-units")
+    except quantity.QuantityError as exc:
+        raise SpecError(field, str(exc)) from exc
+    if milli % 1000:
         raise SpecError(field, f"{value!r} must be a whole number")
-    # millicores round to the nearest; bytes round up, as Kubernetes does
-    return round(num * 1000) if kind == "cpu" else math.ceil(num)
+    return milli // 1000
 
 
 def _map(obj: Any, field: str) -> Mapping[str, Any]:
@@ -69,48 +90,95 @@ def _list(obj: Any, field: str) -> Sequence[Any]:
     return obj
 
 
-def _str_map(obj: Any, field: str) -> dict[str, str]:
+def _str_map(obj: Any, field: str, labels: bool = True) -> dict[str, str]:
+    """A string map; ``labels``: keys and values checked as Kubernetes label keys and values
+    (``ValidateLabels``: metadata.labels, nodeSelector, matchLabels), else any strings
+    (annotations)."""
     out = {}
     for k, v in _map(obj, field).items():
         if not isinstance(k, str) or not isinstance(v, str | int | float) or isinstance(v, bool):
-            raise SpecError(f"{field}.{k}", "labels and selectors map strings to strings")
+            raise SpecError(f"{field}.{_clip(k)}", "labels and selectors map strings to strings")
         out[k] = str(v)
+        if labels:
+            why = label_key_problem(k) or label_value_problem(out[k])
+            if why:
+                raise SpecError(f"{field}.{_clip(k)}", why)
     return out
 
 
-def _requirement(obj: Any, field: str) -> NodeSelectorRequirement:
+def _clip(v: object, n: int = 64) -> str:
+    """A value for an error message: short, and printable (errors reach terminals)."""
+    s = str(v)
+    s = s if len(s) <= n else s[: n - 3] + "..."
+    return "".join(c if c.isprintable() else "?" for c in s)
+
+
+def _requirement(obj: Any, field: str, ops: tuple[str, ...] = OPERATORS,
+                 key_check: bool = True) -> NodeSelectorRequirement:
+    """One requirement, refused where ``labels.NewRequirement`` would refuse it (the
+    component-helpers node affinity then fails the whole term, so the API server's stored
+    pod could never match through it): key a qualified name, In/NotIn one or more label
+    values, Exists/DoesNotExist none, Gt/Lt exactly one Go integer."""
     m = _map(obj, field)
     key, op = m.get("key"), m.get("operator")
     if not isinstance(key, str) or not key:
         raise SpecError(f"{field}.key", "is required")
-    if op not in OPERATORS:
-        raise SpecError(f"{field}.operator", f"{op!r} is not one of {', '.join(OPERATORS)}")
-    values = tuple(str(v) for v in _list(m.get("values"), f"{field}.values"))
-    if op in ("In", "NotIn") and not values:
-        raise SpecError(f"{field}.values", f"{op} needs at least one value")
+    if key_check and (why := label_key_problem(key)):
+        raise SpecError(f"{field}.key", why)
+    if op not in ops:
+        raise SpecError(f"{field}.operator", f"{_clip(op)!r} is not one of {', '.join(ops)}")
+    raw = _list(m.get("values"), f"{field}.values")
+    for j, v in enumerate(raw):
+        if isinstance(v, bool) or not isinstance(v, str | int):
+            raise SpecError(f"{field}.values[{j}]", "must be a string")
+    values = tuple(str(v) for v in raw)
+    if op in ("In", "NotIn"):
+        if not values:
+            raise SpecError(f"{field}.values", f"{op} needs at least one value")
+        for j, v in enumerate(values):
+            if why := label_value_problem(v):
+                raise SpecError(f"{field}.values[{j}]", why)
     if op in ("Exists", "DoesNotExist") and values:
         raise SpecError(f"{field}.values", f"{op} takes no values")
-    if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
-        raise SpecError(f"{field}.values", f"{op} needs exactly one integer")
+    if op in ("Gt", "Lt") and (len(values) != 1 or quantity.go_parse_int(values[0]) is None):
+        raise SpecError(f"{field}.values", f"{op} needs exactly one integer (Go's ParseInt)")
     return NodeSelectorRequirement(key, op, values)
 
 
 def _node_term(obj: Any, f: str) -> NodeSelectorTerm:
     """One node selector term; shared by required terms and preferred ``preference``s so
-    that soft and hard affinity can never disagree on what a term means."""
+    that soft and hard affinity can never disagree on what a term means. ``matchFields``
+    as the API server validates it: key ``metadata.name``, In or NotIn, exactly one value."""
     tm = _map(obj, f)
     reqs = [_requirement(r, f"{f}.matchExpressions[{j}]")
             for j, r in enumerate(_list(tm.get("matchExpressions"), f"{f}.matchExpressions"))]
     for j, r in enumerate(_list(tm.get("matchFields"), f"{f}.matchFields")):
-        req = _requirement(r, f"{f}.matchFields[{j}]")
+        req = _requirement(r, f"{f}.matchFields[{j}]", ("In", "NotIn"), key_check=False)
         if req.key != "metadata.name":
             raise SpecError(f"{f}.matchFields[{j}].key", "only metadata.name is supported")
+        if len(req.values) != 1:
+            raise SpecError(f"{f}.matchFields[{j}].values",
+                            "must be exactly one value for a node field selector")
         reqs.append(NodeSelectorRequirement(HOSTNAME, req.operator, req.values))
     return NodeSelectorTerm(tuple(reqs))
 
 
 def _node_terms(obj: Any, field: str) -> tuple[NodeSelectorTerm, ...]:
     return tuple(_node_term(t, f"{field}[{i}]") for i, t in enumerate(_list(obj, field)))
+
+
+def _required_terms(na: Mapping[str, Any], field: str) -> tuple[NodeSelectorTerm, ...]:
+    """A Pod's required node affinity. A present selector with no terms is refused, as the
+    API server refuses it ("must have at least one node selector term"): dropping it would
+    place the pod anywhere."""
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    if na.get(key) is None:
+        return ()
+    req = _map(na[key], field)
+    terms = _node_terms(req.get("nodeSelectorTerms"), f"{field}.nodeSelectorTerms")
+    if not terms:
+        raise SpecError(f"{field}.nodeSelectorTerms", "must have at least one node selector term")
+    return terms
 
 
 def _preferred_terms(obj: Any, field: str) -> tuple[tuple[int, NodeSelectorTerm], ...]:
@@ -134,7 +202,7 @@ def _preferred_terms(obj: Any, field: str) -> tuple[tuple[int, NodeSelectorTerm]
 
 def _selector(obj: Any, field: str) -> LabelSelector:
     m = _map(obj, field)
-    exprs = tuple(_requirement(r, f"{field}.matchExpressions[{j}]")
+    exprs = tuple(_requirement(r, f"{field}.matchExpressions[{j}]", LABEL_SELECTOR_OPERATORS)
                   for j, r in enumerate(_list(m.get("matchExpressions"),
                                               f"{field}.matchExpressions")))
     return LabelSelector(_str_map(m.get("matchLabels"), f"{field}.matchLabels"), exprs)
@@ -156,20 +224,35 @@ def _pod_terms(obj: Any, field: str) -> tuple[PodAffinityTerm, ...]:
 
 
 def _tolerations(obj: Any, field: str) -> tuple[Toleration, ...]:
+    """Tolerations as ``validateTolerations`` (pkg/apis/core/validation) accepts them: an
+    empty operator means Equal; an empty key needs Exists (it then tolerates every taint);
+    Exists takes no value; Equal's value is a label value; tolerationSeconds needs
+    NoExecute."""
     out = []
     for i, t in enumerate(_list(obj, field)):
         f = f"{field}[{i}]"
         tm = _map(t, f)
-        op = tm.get("operator", "Equal")
+        op = tm.get("operator") or "Equal"
         if op not in ("Equal", "Exists"):
-            raise SpecError(f"{f}.operator", f"{op!r} is not Equal or Exists")
-        effect = tm.get("effect", "") or ""
+            raise SpecError(f"{f}.operator", f"{_clip(op)!r} is not Equal or Exists")
+        effect = tm.get("effect") or ""
         if effect not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
-            raise SpecError(f"{f}.effect", f"{effect!r} is not a taint effect")
-        key = str(tm.get("key", "") or "")
+            raise SpecError(f"{f}.effect", f"{_clip(effect)!r} is not a taint effect")
+        key, value = tm.get("key") or "", tm.get("value") or ""
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SpecError(f, "key and value must be strings")
+        if key and (why := label_key_problem(key)):
+            raise SpecError(f"{f}.key", why)
         if not key and op != "Exists":
-            raise SpecError(f"{f}.key", "an empty key needs operator Exists")
-        out.append(Toleration(key, op, str(tm.get("value", "") or ""), effect))
+            raise SpecError(f"{f}.operator",
+                            "must be Exists when key is empty (it then matches every taint)")
+        if op == "Exists" and value:
+            raise SpecError(f"{f}.value", "must be empty when operator is Exists")
+        if op == "Equal" and (why := label_value_problem(value)):
+            raise SpecError(f"{f}.value", why)
+        if tm.get("tolerationSeconds") is not None and effect != "NoExecute":
+            raise SpecError(f"{f}.effect", "must be NoExecute when tolerationSeconds is set")
+        out.append(Toleration(key, op, value, effect))
     return tuple(out)
 
 
@@ -195,10 +278,12 @@ def _requests(containers: Sequence[Any], field: str) -> Resources:
 
 
 def _number(v: Any, field: str, minimum: float = 0.0, strict: bool = False) -> float:
+    if isinstance(v, bool):
+        raise SpecError(field, f"{v!r} is not a number")
     try:
         x = float(v)
-    except (TypeError, ValueError):
-        raise SpecError(field, f"{v!r} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise SpecError(field, f"{_clip(v)!r} is not a number") from None
     if x != x or x in (float("inf"), float("-inf")):
         raise SpecError(field, f"{v!r} is not a finite number")
     if x < minimum or (strict and x <= minimum):
@@ -206,13 +291,25 @@ def _number(v: Any, field: str, minimum: float = 0.0, strict: bool = False) -> f
     return x
 
 
+def _text(v: Any, field: str, max_len: int = NAME_MAX) -> str:
+    """A free-text reference (a data set, a gang, a zone): a short printable string."""
+    if isinstance(v, bool) or not isinstance(v, str | int | float):
+        raise SpecError(field, "must be a string")
+    t = str(v)
+    if len(t) > max_len or not t.isprintable():
+        raise SpecError(field, f"must be at most {max_len} printable characters")
+    return t
+
+
 def _int(v: Any, field: str) -> int:
-    if isinstance(v, bool):
-        raise SpecError(field, f"{v!r} is not an integer")
+    if isinstance(v, bool) or not isinstance(v, int | str):
+        raise SpecError(field, f"{_clip(v)!r} is not an integer")
+    if (isinstance(v, int) and v.bit_length() > 64) or (isinstance(v, str) and len(v) > 24):
+        raise SpecError(field, "is out of range (more than 64 bits)")
     try:
         x = int(str(v).strip())
     except ValueError:
-        raise SpecError(field, f"{v!r} is not an integer") from None
+        raise SpecError(field, f"{_clip(v)!r} is not an integer") from None
     if x < 0:
         raise SpecError(field, f"{x} must be >= 0")
     return x
@@ -228,7 +325,7 @@ def _extras(get: Any, prefix: str, field_name: Any) -> dict[str, Any]:
     if v is not None:
         if not isinstance(v, str) or not v.strip():
             raise SpecError(field_name("latency-to"), "must name a node, zone or region")
-        out["latency_to"] = v.strip()
+        out["latency_to"] = _text(v.strip(), field_name("latency-to"))
     if "max_latency_ms" in out and "latency_to" not in out:
         raise SpecError(field_name("latency-to"), "is required with max-latency-ms")
     v = get("residency")
@@ -236,7 +333,8 @@ def _extras(get: Any, prefix: str, field_name: Any) -> dict[str, Any]:
         items = v.split(",") if isinstance(v, str) else v
         if not isinstance(items, list):
             raise SpecError(field_name("residency"), "must be a comma list of regions")
-        regions = frozenset(str(x).strip() for x in items if str(x).strip())
+        regions = frozenset(_text(str(x).strip(), field_name("residency"))
+                            for x in items[:64] if str(x).strip())
         if not regions:
             raise SpecError(field_name("residency"), "names no region")
         out["residency"] = regions
@@ -245,19 +343,19 @@ def _extras(get: Any, prefix: str, field_name: Any) -> dict[str, Any]:
         out["min_security_level"] = _int(v, field_name("min-security-level"))
     v = get("data")
     if v is not None:
-        out["data_name"] = str(v)
+        out["data_name"] = _text(v, field_name("data"))
     v = get("data-gb")
     if v is not None:
         out["data_gb"] = _number(v, field_name("data-gb"))
     v = get("data-location")
     if v is not None:
-        out["data_location"] = str(v)
+        out["data_location"] = _text(v, field_name("data-location"))
     v = get("cost-weight")
     if v is not None:
         out["cost_weight"] = _number(v, field_name("cost-weight"))
     v = get("gang")
     if v is not None:
-        out["gang"] = str(v)
+        out["gang"] = _text(v, field_name("gang"))
     return out
 
 
@@ -283,18 +381,18 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise SpecError("metadata.name", "is required")
-    ns = str(meta.get("namespace") or "default")
+    _check_name(name, "metadata.name", NAME_MAX)
+    ns = meta.get("namespace") or "default"
+    _check_name(ns, "metadata.namespace", ID_MAX)
     sched = spec.get("schedulerName")
     if sched is not None and sched != SCHEDULER_NAME:
         raise SpecError(f"{sp}.schedulerName", f"is {sched!r}, not {SCHEDULER_NAME!r}")
     containers = _list(spec.get("containers"), f"{sp}.containers")
     if not containers:
         raise SpecError(f"{sp}.containers", "at least one container is required")
-    ann = _str_map(meta.get("annotations"), "metadata.annotations")
+    ann = _str_map(meta.get("annotations"), "metadata.annotations", labels=False)
     aff = _map(spec.get("affinity"), f"{sp}.affinity")
     na = _map(aff.get("nodeAffinity"), f"{sp}.affinity.nodeAffinity")
-    req_na = _map(na.get("requiredDuringSchedulingIgnoredDuringExecution"),
-                  f"{sp}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution")
     pa = _map(aff.get("podAffinity"), f"{sp}.affinity.podAffinity")
     paa = _map(aff.get("podAntiAffinity"), f"{sp}.affinity.podAntiAffinity")
     rq = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -306,8 +404,7 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
         namespace=ns,
         requests=_requests(containers, f"{sp}.containers"),
         node_selector=_str_map(spec.get("nodeSelector"), f"{sp}.nodeSelector"),
-        node_affinity=_node_terms(req_na.get("nodeSelectorTerms"),
-                                  f"{sp}.affinity.nodeAffinity.{rq}.nodeSelectorTerms"),
+        node_affinity=_required_terms(na, f"{sp}.affinity.nodeAffinity.{rq}"),
         preferred_node_affinity=_preferred_terms(
             na.get(PREFERRED), f"{sp}.affinity.nodeAffinity.{PREFERRED}"),
         tolerations=_tolerations(spec.get("tolerations"), f"{sp}.tolerations"),
@@ -335,14 +432,16 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
     name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise SpecError(f"{where}name", "is required")
-    ns = str(doc.get("namespace") or "default")
+    _check_name(name, f"{where}name", NAME_MAX)
+    ns = doc.get("namespace") or "default"
+    _check_name(ns, f"{where}namespace", ID_MAX)
     req = _map(doc.get("requests"), f"{where}requests")
     for k in req:
         if k not in ("cpu", "memory", GPU):
             raise SpecError(f"{where}requests.{k}",
                             "unknown resource (cpu, memory, nvidia.com/gpu)")
     res = parse_resources(req, f"{where}requests")
-    replicas = _int(doc.get("replicas", 1), f"{where}replicas")
+    replicas = _replicas(doc.get("replicas", 1), f"{where}replicas", name)
     extras = _extras(lambda k: doc.get(_CAMEL[k]), "", lambda k: f"{where}{_CAMEL[k]}")
     base = Workload(
         uid="", name=name, namespace=ns, requests=res,
@@ -354,10 +453,30 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
         pod_affinity=_pod_terms(doc.get("podAffinity"), f"{where}podAffinity"),
         pod_anti_affinity=_pod_terms(doc.get("podAntiAffinity"), f"{where}podAntiAffinity"),
         labels=_str_map(doc.get("labels"), f"{where}labels"), **extras)
-    uid = str(doc.get("uid") or f"{ns}/{name}")
+    uid = doc.get("uid") or f"{ns}/{name}"
+    if why := uid_problem(uid):
+        raise SpecError(f"{where}uid", why)
     if replicas == 1 and "replicas" not in doc:
         return [_with(base, uid, name)]
     return [_with(base, f"{uid}-{i}", f"{name}-{i}") for i in range(replicas)]
+
+
+def _check_name(value: object, field: str, max_len: int) -> None:
+    """The one name rule (``edge_agent.names``) for every name a workload carries."""
+    if why := name_problem(value, max_len):
+        raise SpecError(field, why)
+
+
+def _replicas(v: Any, field: str, name: str) -> int:
+    """A replica count, bounded before anything is expanded: ``replicas: 1000000`` must be
+    refused by looking at one number, not after building a million workloads."""
+    n = _int(v, field)
+    if n > MAX_EXPAND:
+        raise SpecError(field, f"at most {MAX_EXPAND} replicas per document")
+    if n and len(name) + 1 + len(str(n - 1)) > NAME_MAX:
+        raise SpecError(field, f"replica names ({name}-{n - 1}) would exceed {NAME_MAX} "
+                        "characters")
+    return n
 
 
 def _with(w: Workload, uid: str, name: str) -> Workload:
@@ -370,8 +489,9 @@ def parse_workload_yaml(text: str) -> list[Workload]:
     """One or more YAML documents, each a Kubernetes object or the plain form."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise SpecError("(yaml)", f"not valid YAML: {e}") from e
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        # ValueError: an integer of more than 4,300 digits
+        raise SpecError("(yaml)", f"not valid YAML: {str(e)[:300]}") from e
     out: list[Workload] = []
     for i, d in enumerate(docs):
         where = f"[{i}]." if len(docs) > 1 else ""
@@ -383,7 +503,7 @@ def parse_workload_yaml(text: str) -> list[Workload]:
             except SpecError as e:
                 raise SpecError(f"{where}{e.field}", e.reason) from e
             n = d.get("spec", {}).get("replicas", 1) if d.get("kind") in CONTROLLERS else 1
-            n = _int(n, f"{where}spec.replicas")
+            n = _replicas(n, f"{where}spec.replicas", w.name)
             out.extend([w] if d.get("kind", "Pod") == "Pod"
                        else [_with(w, f"{w.uid}-{j}", f"{w.name}-{j}") for j in range(n)])
         else:

@@ -8,6 +8,7 @@ acting on a result; the tests run it on every placement they make.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,25 +44,41 @@ class _Pod:
 
 
 def _label(node: NodeInfo, key: str) -> str | None:
-    fixed = {"kubernetes.io/hostname": node.name, "topology.kubernetes.io/zone": node.zone,
-             "topology.kubernetes.io/region": node.region,
-             "cfnet.io/security-level": str(node.security_level)}
-    return fixed[key] if key in fixed else node.labels.get(key)
+    # Kubernetes: an absent label is absent (None), never ""; the node's own label wins
+    if key == "kubernetes.io/hostname":
+        return node.name
+    if key in node.labels:
+        return node.labels[key]
+    fixed = {"topology.kubernetes.io/zone": node.zone or None,
+             "topology.kubernetes.io/region": node.region or None,
+             "cfnet.io/security-level": str(node.security_level) if node.security_level
+             else None}
+    return fixed.get(key)
+
+
+_GO_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def _go_int(s: str) -> int | None:
+    """strconv.ParseInt(s, 10, 64), written out again (ASCII digits, int64 range)."""
+    if not _GO_INT.fullmatch(s) or len(s) > 25:
+        return None
+    v = int(s)
+    return v if -(2**63) <= v <= 2**63 - 1 else None
 
 
 def _req_ok(r: NodeSelectorRequirement, v: str | None) -> bool:
     if r.operator == "In":
-        return v in r.values
+        return v is not None and v in r.values
     if r.operator == "NotIn":
         return v not in r.values
     if r.operator == "Exists":
         return v is not None
     if r.operator == "DoesNotExist":
         return v is None
-    if r.operator in ("Gt", "Lt") and v is not None and r.values:
-        try:
-            a, b = int(v), int(r.values[0])
-        except ValueError:
+    if r.operator in ("Gt", "Lt") and v is not None and len(r.values) == 1:
+        a, b = _go_int(v), _go_int(r.values[0])
+        if a is None or b is None:
             return False
         return a > b if r.operator == "Gt" else a < b
     return False
@@ -144,7 +161,7 @@ def _static(ctx: _Ctx, w: Workload, node: NodeInfo) -> list[tuple[str, str]]:
             if tol.effect and tol.effect != taint.effect:
                 continue
             exists = tol.operator == "Exists" and (not tol.key or tol.key == taint.key)
-            equal = (tol.operator != "Exists" and tol.key == taint.key
+            equal = (tol.operator in ("", "Equal") and (not tol.key or tol.key == taint.key)
                      and tol.value == taint.value)
             tolerated = tolerated or exists or equal
         if not tolerated:

@@ -10,7 +10,6 @@ import logging
 
 from edge_agent.errors import ProbeError
 from edge_agent.probes.base import LinkProbe, ProbeConfig
-from edge_agent.probes.sockdiag import SockDiagProbe
 
 __all__ = ["LinkProbe", "ProbeConfig", "open_probe"]
 
@@ -35,6 +34,9 @@ def open_probe(cfg: ProbeConfig) -> tuple[LinkProbe, str | None]:
             reason = str(exc)
     else:
         reason = "eBPF disabled by configuration"
+    # Imported only when used: pyroute2 costs the eBPF agent a few MiB for nothing.
+    from edge_agent.probes.sockdiag import SockDiagProbe
+
     probe = SockDiagProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs)
     log.warning("link probe: using sock_diag fallback (%s)", reason)
     return probe, reason

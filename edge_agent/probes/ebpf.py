@@ -1,19 +1,25 @@
 """eBPF link probe: per-peer TCP telemetry aggregated in kernel maps (bpf/tcp_links.c).
 
-Each ``collect`` drains the maps with lookup-and-delete batches, so an event
-lands in exactly one interval (one that races the drain lands in the next).
+The programs are compiled and attached by a short-lived loader process
+(:func:`edge_agent.bpf_loader.load_in_subprocess`), which hands their
+descriptors over; this process reads the maps with ``bpf(2)``
+(:mod:`edge_agent.bpfsys`) and never imports BCC, so no LLVM stays mapped in
+the long-lived agent. Each ``collect`` drains the maps entry by entry with
+lookup-and-delete, so an event lands in exactly one interval (one that races
+the drain lands in the next).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from edge_agent import bpf_loader
+from edge_agent.bpfsys import BpfMap, header_structs
 from edge_agent.errors import ConfigError, ProbeError
 from edge_agent.probes.base import (
     DEFAULT_MSS,
@@ -29,6 +35,8 @@ log = logging.getLogger(__name__)
 
 TRACEPOINTS = ("tcp:tcp_probe", "tcp:tcp_retransmit_skb", "sock:inet_sock_set_state")
 SOURCE = "tcp_links.c"
+HEADER = "cfnet_links.h"
+MAPS = ("peers", "rtt_hist", "local_addrs")
 
 
 class EbpfProbe:
@@ -47,49 +55,70 @@ class EbpfProbe:
     ) -> None:
         self._local = tuple(local_addrs)
         _encode_all(self._local)  # a bad address is a config error, not a reason to fall back
-        bpf_loader.check_environment(TRACEPOINTS)
+        # Cheap checks here, so a plain "no" costs no loader process; the loader
+        # checks tracefs and the tracepoints themselves.
+        if os.geteuid() != 0:
+            raise ProbeError("not root: eBPF needs CAP_BPF/CAP_PERFMON")
+        if not os.path.exists("/sys/kernel/btf/vmlinux"):
+            raise ProbeError("no BTF (/sys/kernel/btf/vmlinux)")
         self._mss = mss
+        types = header_structs(bpf_loader.bpf_dir() / HEADER)
         cflags = [f"-DCFNET_PROBE_PORT={int(probe_port)}", f"-DCFNET_MAX_PEERS={int(max_peers)}"]
-        if "err" in bpf_loader.tracepoint_fields("tcp", "tcp_retransmit_skb"):
-            cflags.append("-DCFNET_RETRANS_HAS_ERR")
         if include_loopback:
             cflags.append("-DCFNET_INCLUDE_LOOPBACK")
         if self._local:
             cflags.append("-DCFNET_FILTER_LOCAL")
-        self._bpf: Any = bpf_loader.load(SOURCE, cflags)
+        self._hand: bpf_loader.Handoff | None = bpf_loader.load_in_subprocess(
+            bpf_loader.LoadRequest(source=SOURCE, cflags=cflags, tracepoints=list(TRACEPOINTS),
+                                   maps=list(MAPS)))
         try:
-            self._peers = self._bpf[b"peers"]
-            self._hist = self._bpf[b"rtt_hist"]
-            self._locals = self._bpf[b"local_addrs"]
+            self._addr_t = types["cf_addr"]
+            self._peers = BpfMap(self._hand.maps["peers"], types["cf_addr"],
+                                 types["cf_peer_stats"], "peers")
+            self._hist = BpfMap(self._hand.maps["rtt_hist"], types["cf_hist_key"],
+                                ctypes.c_uint64, "rtt_hist")
+            self._locals = BpfMap(self._hand.maps["local_addrs"], types["cf_addr"],
+                                  ctypes.c_uint8, "local_addrs")
             self.set_local_addrs(self._local)
-        except Exception as exc:
-            self._bpf.cleanup()
+        except (KeyError, OSError, ProbeError) as exc:
+            self.close()
             raise ProbeError(f"BPF maps unusable: {exc}") from exc
         self._last = time.monotonic()
-        log.info("ebpf probe loaded (%s); local filter %s", ", ".join(TRACEPOINTS),
+        log.info("ebpf probe loaded by loader pid %d (%s); %d attachments held; local filter %s",
+                 self._hand.loader_pid, ", ".join(TRACEPOINTS), len(self._hand.links),
                  ", ".join(self._local) or "off")
+        # With the kernel's counters the loss ratio is tcp_info's; without, it is
+        # estimated (retransmitted segments / bytes sent over the MSS).
+        self.kernel_counters = any(f.startswith("-DCFNET_TP_SEGS_OUT_OFF")
+                                   for f in self._hand.cflags)
+        if not self.kernel_counters:
+            log.warning("ebpf probe: no BTF offsets for the kernel's TCP counters; "
+                        "segs_out is estimated from bytes sent")
+
+    @property
+    def fds(self) -> dict[str, list[int]]:
+        """The descriptors this probe holds (tests check what a kill releases)."""
+        h = self._hand
+        if h is None:
+            return {"maps": [], "progs": [], "links": []}
+        return {"maps": list(h.maps.values()), "progs": list(h.progs.values()),
+                "links": list(h.links)}
 
     def set_local_addrs(self, addrs: Iterable[str]) -> None:
         """Replace the local address set (only effective if constructed with a non-empty one)."""
         encoded = _encode_all(addrs)
         self._locals.clear()
-        key_t, leaf_t = self._locals.Key, self._locals.Leaf
         for raw, fam in encoded:
-            k = key_t()
+            k = self._addr_t()
             ctypes.memmove(k.addr, raw, 16)
             k.family = fam
-            self._locals[k] = leaf_t(1)
+            self._locals.update(k, ctypes.c_uint8(1))
 
-    def _drain(self, table: Any) -> list[tuple[Any, Any]]:
+    def _drain(self, table: BpfMap) -> list[tuple[Any, Any]]:
         try:
-            return list(table.items_lookup_and_delete_batch())
-        except Exception:
-            # Kernels without batch ops on hash maps: read then delete one by one.
-            items = [(k, v) for k, v in table.items()]
-            for k, _ in items:
-                with contextlib.suppress(KeyError):
-                    del table[k]
-            return items
+            return table.drain()
+        except OSError as exc:
+            raise ProbeError(f"reading map {table.name} failed: {exc}") from exc
 
     def collect(self) -> list[LinkSample]:
         now = time.monotonic()
@@ -110,8 +139,12 @@ class EbpfProbe:
                 t.rtt_max = max(t.rtt_max or 0.0, float(v.rtt_max_us))
             t.bytes_acked += v.bytes_acked
             t.bytes_rcvd += v.bytes_rcvd
-            t.retrans += v.retrans
-            t.segs_out += estimate_segs_out(v.bytes_sent, v.acks, v.retrans, self._mss)
+            if self.kernel_counters:
+                t.retrans += v.k_retrans
+                t.segs_out += v.k_segs_out
+            else:
+                t.retrans += v.retrans
+                t.segs_out += estimate_segs_out(v.bytes_sent, v.acks, v.retrans, self._mss)
             t.connects += v.connects
             t.connect_us_sum += v.connect_ns_sum / 1000.0
             t.opened += v.opened
@@ -132,9 +165,9 @@ class EbpfProbe:
         they are how the benchmark charges the in-kernel cost to the probe.
         """
         total_ns = total_cnt = 0
-        for fn in self._bpf.funcs.values():
+        for fd in self.fds["progs"]:
             try:
-                with open(f"/proc/self/fdinfo/{fn.fd}") as f:
+                with open(f"/proc/self/fdinfo/{fd}") as f:
                     for line in f:
                         key, _, val = line.partition(":")
                         if key == "run_time_ns":
@@ -146,10 +179,11 @@ class EbpfProbe:
         return total_ns, total_cnt
 
     def close(self) -> None:
-        bpf = self._bpf
-        self._bpf = None
-        if bpf is not None:
-            bpf.cleanup()
+        """Close the descriptors: the kernel detaches and frees the programs and maps."""
+        hand = self._hand
+        self._hand = None
+        if hand is not None:
+            hand.close()
 
 
 def _encode_all(addrs: Iterable[str]) -> list[tuple[bytes, int]]:

@@ -1,4 +1,14 @@
-"""Fixtures for the Kubernetes tests: one real control plane (etcd + kube-apiserver) per session.
+"""Fixtures for the Kubernetes tests: one real control plane per session.
+
+etcd, kube-apiserver (ServiceAccount admission on) and kube-controller-manager (Deployments,
+ReplicaSets, StatefulSets, Jobs, garbage collection, disruption budgets; see
+``tools.envtest.ControlPlane.CONTROLLERS``). There is no kubelet: a test that needs a pod to
+run or to finish terminating plays the kubelet's part itself and says so. The CRDs installed
+are the frameworks' own, unmodified (``upstream-crds/``, see its SOURCES.md): OpenYurt
+v1.7.0 NodePool/YurtAppSet and KubeEdge v1.23.1 EdgeApplication/NodeGroup. The OpenYurt ones
+declare a conversion webhook (yurt-manager) that does not run here; the API server accepts the
+CRDs as they are, and requests at their storage versions (NodePool v1beta2, YurtAppSet
+v1beta1, the versions cfnet uses) need no conversion, so nothing is stripped or patched.
 
 The binaries are built from the Go module proxy on first use (tools/envtest/build.sh, progress
 on stderr; cached under ``$CFNET_CACHE/envtest``). A failed build fails the tests with the
@@ -24,6 +34,9 @@ from tools.envtest import ControlPlane, EnvtestError, ensure_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "k8s"
+UPSTREAM_CRDS = Path(__file__).resolve().parent / "upstream-crds"
+CRD_NAMES = ("nodepools.apps.openyurt.io", "yurtappsets.apps.openyurt.io",
+             "edgeapplications.apps.kubeedge.io", "nodegroups.apps.kubeedge.io")
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 30.0, every: float = 0.1,
@@ -83,10 +96,10 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
         pytest.fail(f"cannot run the Kubernetes control plane: {e}", pytrace=False)
     try:
         admin = KubeClient.from_kubeconfig(str(cp.kubeconfig))
-        for crd in sorted((DEPLOY / "crds").glob("*.yaml")):
+        for crd in sorted(UPSTREAM_CRDS.glob("*/*.yaml")):
             for obj in load_manifests(crd):
                 admin.apply(obj)
-        for name in ("yurtappsets.apps.openyurt.io", "edgeapplications.apps.kubeedge.io"):
+        for name in CRD_NAMES:
             wait_for(functools.partial(_established, admin, name),
                      what=f"CRD {name} established")
         admin.close()
@@ -111,6 +124,12 @@ class Cluster:
         self.nodes: list[str] = []
         self.c.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                              "metadata": {"name": self.namespace}})
+        # The ServiceAccount admission plugin refuses pods until kube-controller-manager has
+        # made the namespace's "default" account. Right after a test restarted the API server
+        # the controllers' watches may still be backing off (client-go: up to 30 s).
+        wait_for(lambda: self.c.get(f"/api/v1/namespaces/{self.namespace}/serviceaccounts/"
+                                    "default"), timeout=120, every=0.2,
+                 what="default ServiceAccount")
 
     def node(self, name: str, *, region: str, zone: str = "", security: int = 1,
              kubeedge_group: str | None = None, openyurt_pool: str | None = None,

@@ -1,5 +1,6 @@
-"""Pool-level placement written to OpenYurt YurtAppSets and KubeEdge EdgeApplications (CRDs from
-deploy/k8s/crds installed in the real API server), under the core's ServiceAccount."""
+"""Pool-level placement written to OpenYurt YurtAppSets and KubeEdge EdgeApplications (the
+frameworks' unmodified upstream CRDs, tests/k8s/upstream-crds, installed in the real API
+server), under the core's ServiceAccount."""
 
 from __future__ import annotations
 
@@ -99,5 +100,5 @@ def test_crd_schema_rejects_bad_overrides(cluster: Cluster, admin: KubeClient) -
                          "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "EdgeApplication",
                          "metadata": {"name": "bad"},
                          "spec": {"workloadScope": {"targetNodeGroups": [
-                             {"name": "g", "overriders": {"replicas": -1}}]}}})
+                             {"name": "g", "overriders": {"replicas": "many"}}]}}})
     assert ei.value.status == 422

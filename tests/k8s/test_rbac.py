@@ -48,37 +48,34 @@ def test_role_allows_what_the_core_does(service_account_client: KubeClient,
     cluster.node("rb-1", region="eu-west")
     pod = cluster.pod("allowed")
     assert sa.list("/api/v1/nodes")[0]
+    assert sa.list("/api/v1/pods")[0]
     assert sa.get(f"/api/v1/namespaces/{ns}/pods/allowed")
     sa.bind_pod(ns, "allowed", pod["metadata"]["uid"], "rb-1")
     sa.emit_event(pod, reason="Scheduled", message="test")
-    # Cordon / uncordon (the console's cordon and drain act on the Node), where the role
-    # grants it: `core.rbac.clusterRules` decides, and the refusal is checked below otherwise.
-    if role_grants("", "nodes", "patch"):
-        sa.patch("/api/v1/nodes/rb-1", {"spec": {"unschedulable": True}})
-        sa.patch("/api/v1/nodes/rb-1", {"spec": {"unschedulable": False}})
-    # Re-placement reads: PDBs and the controllers that own pods.
-    sa.list(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets")
-    for kind in ("deployments", "replicasets", "statefulsets"):
-        sa.list(f"/apis/apps/v1/{kind}")
-    # Re-placement writes: evict (PDBs honoured), create the replacement, delete a pod.
+    # Re-placement: evict (PDBs honoured) and create a bare pod's unbound copy.
     sa.create(f"/api/v1/namespaces/{ns}/pods/allowed/eviction", {
         "apiVersion": "policy/v1", "kind": "Eviction",
         "metadata": {"name": "allowed", "namespace": ns}})
-    repl = dict(cluster.pod("template"))
-    body = {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "replacement", "namespace": ns}, "spec": repl["spec"]}
-    sa.create(f"/api/v1/namespaces/{ns}/pods", body)
-    sa.delete(f"/api/v1/namespaces/{ns}/pods/replacement", grace_period_s=0)
-    sa.create(f"/apis/events.k8s.io/v1/namespaces/{ns}/events", {
-        "apiVersion": "events.k8s.io/v1", "kind": "Event",
-        "metadata": {"generateName": "cfnet-", "namespace": ns},
-        "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "cfnet.io/core",
-        "reportingInstance": "rbac-test", "action": "Binding", "reason": "Scheduled",
-        "type": "Normal", "regarding": {"kind": "Pod", "name": "template", "namespace": ns}})
-    for group, plural, _ in POOL_KINDS:
+    spec = dict(cluster.pod("template")["spec"])
+    spec.pop("nodeName", None)
+    sa.create(f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "replacement", "namespace": ns},
+        "spec": spec})
+    # Pool mode: Deployments read; the pool objects read and written; pools read.
+    sa.list("/apis/apps/v1/deployments")
+    for group, plural, writable in POOL_KINDS:
         version = _served_version(admin, group, plural)
-        if version is not None:  # installed by the session's CRD fixture
+        assert version is not None, f"{plural}.{group} not installed by the session fixture"
+        if writable:  # get one that does not exist: 404 is an answer, 403 would raise
+            with pytest.raises(KubeNotFound):
+                sa.get(f"/apis/{group}/{version}/namespaces/{ns}/{plural}/nope")
+        else:
             sa.list(f"/apis/{group}/{version}/{plural}")
+    # Cordon / uncordon (the console's cordon and drain act on the Node), where the role
+    # grants it: `core.rbac.clusterRules` decides; the refusal is checked below otherwise.
+    if role_grants("", "nodes", "patch"):
+        sa.patch("/api/v1/nodes/rb-1", {"spec": {"unschedulable": True}})
+        sa.patch("/api/v1/nodes/rb-1", {"spec": {"unschedulable": False}})
     el = LeaderElector(sa, "cfnet-system", "cfnet-core", "rbac-test", lease_duration_s=3,
                        renew_deadline_s=2, retry_period_s=0.5)
     try:
@@ -110,9 +107,11 @@ def test_verbs_the_role_lacks_are_refused(service_account_client: KubeClient,
     if not role_grants("", "nodes", "patch"):
         msg = _refused(lambda: sa.patch("/api/v1/nodes/rb-2", {"spec": {"unschedulable": True}}))
         assert 'cannot patch resource "nodes"' in msg
-    # Pods: no update/patch (the binding is the only write to a pending pod), no exec.
+    # Pods: no update/patch (the binding is the only write to a pending pod), no delete, no
+    # exec.
     _refused(lambda: sa.patch(f"/api/v1/namespaces/{ns}/pods/victim",
                               {"metadata": {"labels": {"x": "y"}}}))
+    _refused(lambda: sa.delete(f"/api/v1/namespaces/{ns}/pods/victim"))
     _refused(lambda: sa.create(f"/api/v1/namespaces/{ns}/pods/victim/exec", {}))
     _refused(lambda: sa.list(f"/api/v1/namespaces/{ns}/secrets"))
     _refused(lambda: sa.list("/api/v1/configmaps"))
@@ -121,15 +120,19 @@ def test_verbs_the_role_lacks_are_refused(service_account_client: KubeClient,
         "apiVersion": "v1", "kind": "Binding",
         "metadata": {"name": "victim", "uid": pod["metadata"]["uid"]},
         "target": {"kind": "Node", "name": "rb-2"}}))
-    # Workload controllers and budgets are read, never written.
+    # Workloads are read (Deployments only), never written; budgets are not the core's.
     _refused(lambda: sa.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/any"))
+    _refused(lambda: sa.list("/apis/apps/v1/statefulsets"))
     _refused(lambda: sa.create(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": "x"}, "spec": {"maxUnavailable": 1}}))
-    # Pools are read, never written.
+    # Pools are read, never written; the pool objects are not listed cluster-wide.
     for group, plural, writable in POOL_KINDS:
         version = _served_version(admin, group, plural)
-        if version is not None and not writable:
+        assert version is not None
+        if writable:
+            _refused(lambda g=group, v=version, p=plural: sa.list(f"/apis/{g}/{v}/{p}"))
+        else:
             _refused(lambda g=group, v=version, p=plural: sa.delete(f"/apis/{g}/{v}/{p}/any"))
     # Leases: only its own, only in its namespace.
     _refused(lambda: sa.get("/apis/coordination.k8s.io/v1/namespaces/cfnet-system/leases/other"))

@@ -188,7 +188,7 @@ def test_open_probe_falls_back_with_the_reason_when_ebpf_cannot_load(
 
 
 def test_python_buckets_match_the_bpf_c(tmp_path: Path) -> None:
-    """Compile cf_log2/cf_bucket from bpf/tcp_links.c natively and compare with bucket_of."""
+    """Compile cf_log2/cf_bucket from the package's tcp_links.c natively; compare with bucket_of."""
     import random
     import re
     import shutil
@@ -263,3 +263,107 @@ def test_active_round_runs_in_the_background() -> None:
         srv.close()
         for c in held:
             c.close()
+
+
+def test_header_structs_match_the_c_layout(tmp_path: Path) -> None:
+    """bpfsys parses cfnet_links.h into ctypes; a C compiler lays out the same header.
+
+    Every struct's size and every field's offset must agree, or the agent would
+    read the kernel's map values at the wrong places (sizes alone are also checked
+    against the kernel at load time, offsets only here).
+    """
+    import ctypes
+    import shutil
+    import subprocess
+
+    from edge_agent.bpf_loader import bpf_dir
+    from edge_agent.bpfsys import header_structs
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    header = bpf_dir() / "cfnet_links.h"
+    structs = header_structs(header)
+    assert {"cf_addr", "cf_peer_stats", "cf_hist_key", "cf_sock"} <= set(structs)
+    lines, want = [], []
+    for name, typ in structs.items():
+        lines.append(f'printf("%zu\\n", sizeof(struct {name}));')
+        want.append(ctypes.sizeof(typ))
+        for field, _ in typ._fields_:
+            lines.append(f'printf("%zu\\n", offsetof(struct {name}, {field}));')
+            want.append(getattr(typ, field).offset)
+    (tmp_path / "h.c").write_text("\n".join([
+        "#include <stdio.h>", "#include <stddef.h>", "#include <stdint.h>",
+        "typedef uint8_t __u8; typedef uint16_t __u16; typedef uint32_t __u32;",
+        "typedef uint64_t __u64;", f'#include "{header}"',
+        "int main(void){", *lines, "return 0;}"]))
+    subprocess.run([cc, "-o", str(tmp_path / "h"), str(tmp_path / "h.c")], check=True,
+                   capture_output=True, timeout=60)
+    out = subprocess.run([str(tmp_path / "h")], capture_output=True, text=True, check=True,
+                         timeout=30).stdout.split()
+    assert [int(o) for o in out] == want
+
+
+@pytest.mark.parametrize("body", ["float x;", "__u8 a[N_UNDEFINED];", "struct nope inner;",
+                                  "__u32 a b;"])
+def test_header_structs_refuse_what_they_cannot_lay_out(tmp_path: Path, body: str) -> None:
+    from edge_agent.bpfsys import header_structs
+    from edge_agent.errors import ProbeError
+
+    h = tmp_path / "x.h"
+    h.write_text(f"struct s {{ __u32 ok; {body} }};\n")
+    with pytest.raises(ProbeError):
+        header_structs(h)
+
+
+def test_btf_member_offsets_of_the_running_kernel() -> None:
+    """The loader's BTF reader: known members (also inside anonymous unions), clear errors."""
+    import struct
+
+    from edge_agent.btf import VMLINUX, Btf, BtfError
+
+    with pytest.raises(BtfError):
+        Btf(b"\x00" * 64)  # bad magic
+    with pytest.raises(BtfError):
+        Btf(struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, 1 << 20, 0, 0))  # runs past the end
+    if not VMLINUX.exists():
+        pytest.skip("kernel without BTF")
+    btf = Btf.vmlinux()
+    assert btf.member_offset("tcp_skb_cb", "seq") == 0  # first member, stable for decades
+    assert btf.member_offset("tcp_skb_cb", "end_seq") == 4
+    # tcp_gso_segs sits in an anonymous struct inside an anonymous union.
+    assert btf.member_offset("tcp_skb_cb", "tcp_gso_segs") == 8
+    cb = btf.member_offset("sk_buff", "cb")
+    assert 0 < cb < 256 and cb % 8 == 0
+    segs_out, retrans = (btf.member_offset("tcp_sock", m) for m in ("segs_out", "total_retrans"))
+    assert segs_out != retrans and segs_out % 4 == 0 and retrans % 4 == 0
+    with pytest.raises(BtfError):
+        btf.member_offset("tcp_sock", "no_such_member")
+    with pytest.raises(BtfError):
+        btf.member_offset("no_such_struct_cfnet", "x")
+
+
+def test_open_probe_reports_the_loader_process_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BPF source that doesn't compile: the loader process answers with the reason over
+    its socket (as root, with BCC), the agent falls back to sock_diag and says why."""
+    import os
+    import shutil
+
+    from edge_agent.bpf_loader import bpf_dir
+    from edge_agent.probes import ProbeConfig, open_probe
+
+    shutil.copy(bpf_dir() / "cfnet_links.h", tmp_path)
+    (tmp_path / "tcp_links.c").write_text("this is not C;\n")
+    monkeypatch.setenv("CFNET_BPF_DIR", str(tmp_path))
+    before = set(os.listdir("/proc/self/fd"))
+    probe, reason = open_probe(ProbeConfig(ebpf=True))
+    try:
+        assert probe.name == "sockdiag"
+        assert reason
+        if os.geteuid() == 0 and Path("/sys/kernel/btf/vmlinux").exists():
+            assert "tcp_links.c" in reason, reason  # the loader's own words
+    finally:
+        probe.close()
+    assert set(os.listdir("/proc/self/fd")) <= before  # the socket pair went with it

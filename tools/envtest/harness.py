@@ -1,11 +1,18 @@
-"""A real Kubernetes control plane for tests (etcd + kube-apiserver), like envtest.
+"""A real Kubernetes control plane for tests (etcd + kube-apiserver + kube-controller-manager).
 
 ``ControlPlane`` builds the binaries when they are missing (``tools/envtest/build.sh``, progress
 on stderr), generates a CA, a serving certificate, an admin client certificate
-(``system:masters``) and a service-account signing key with ``openssl``, starts etcd and
-kube-apiserver on random 127.0.0.1 ports with RBAC authorization, and writes an admin
-kubeconfig. It can mint ServiceAccount tokens (TokenRequest API), restart the API server on the
-same port (etcd keeps the data), and tears everything down on exit.
+(``system:masters``), a client certificate for kube-controller-manager
+(``system:kube-controller-manager``) and a service-account signing key with ``openssl``,
+starts etcd and kube-apiserver on random 127.0.0.1 ports with RBAC authorization and the
+ServiceAccount admission plugin on, and writes an admin kubeconfig. With ``controllers=True``
+(the default) it also runs kube-controller-manager with the controllers workloads need
+(Deployments, ReplicaSets, StatefulSets, Jobs, garbage collection, disruption budgets,
+ServiceAccounts and their tokens, namespaces), each under its own ServiceAccount as kubeadm
+does. There is no kubelet and no node-lifecycle controller: nothing runs a pod, and nodes a
+test creates stay as the test wrote them. It can mint ServiceAccount tokens (TokenRequest
+API), restart the API server on the same port (etcd keeps the data), and tears everything
+down on exit.
 
 This module talks HTTPS with the standard library only; the project's rule is that only
 ``cloud_core/k8s/client.py`` imports the kubernetes client.
@@ -103,6 +110,8 @@ def generate_pki(d: Path) -> None:
                       "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
                       "extendedKeyUsage=serverAuth\n"),
         "admin": ("/O=system:masters/CN=cfnet-envtest-admin", "extendedKeyUsage=clientAuth\n"),
+        "controller-manager": ("/CN=system:kube-controller-manager",
+                               "extendedKeyUsage=clientAuth\n"),
     }
     for name, (subj, ext) in certs.items():
         (d / f"{name}.ext").write_text(ext)
@@ -153,7 +162,21 @@ class ControlPlane:
     path of a kubeconfig written for them.
     """
 
-    def __init__(self, workdir: Path | None = None, *, log_stream: Any = None) -> None:
+    # The controllers cfnet's workloads need (names as kube-controller-manager --help lists
+    # them). Left out on purpose: the node-lifecycle controller (no kubelet posts heartbeats
+    # here, so it would taint every test node unreachable and evict its pods) and the ones
+    # for kinds the tests never create.
+    CONTROLLERS = ("serviceaccount-controller", "serviceaccount-token-controller",
+                   "namespace-controller", "garbage-collector-controller",
+                   "deployment-controller", "replicaset-controller", "statefulset-controller",
+                   "job-controller", "disruption-controller",
+                   "root-ca-certificate-publisher-controller")
+
+    def __init__(self, workdir: Path | None = None, *, log_stream: Any = None,
+                 controllers: bool = True) -> None:
+        self.controllers = controllers
+        self.kcm_proc: subprocess.Popen[bytes] | None = None
+        self.kcm_bin = Path()
         self._own_dir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="cfnet-envtest-"))
         self.log_stream = log_stream
@@ -190,8 +213,17 @@ class ControlPlane:
                                  ca_file=str(pki / "ca.crt"), cert_file=str(pki / "admin.crt"),
                                  key_file=str(pki / "admin.key"))
         self.admin.write_kubeconfig(self.kubeconfig)
+        if self.controllers:
+            try:
+                self._start_controller_manager()
+            except BaseException:
+                self.stop()
+                raise
 
     def stop(self) -> None:
+        if self.kcm_proc is not None:
+            _terminate(self.kcm_proc)
+            self.kcm_proc = None
         self.stop_apiserver()
         if self.etcd_proc is not None:
             _terminate(self.etcd_proc)
@@ -254,8 +286,9 @@ class ControlPlane:
              "--api-audiences=https://kubernetes.default.svc.cluster.local",
              "--authorization-mode=RBAC",
              "--anonymous-auth=false",
-             # No controller-manager runs, so nothing creates "default" ServiceAccounts.
-             "--disable-admission-plugins=ServiceAccount",
+             # ServiceAccount admission on: kube-controller-manager creates the "default"
+             # accounts (ControlPlane(controllers=False) turns it off, as nothing would).
+             *([] if self.controllers else ["--disable-admission-plugins=ServiceAccount"]),
              "--service-cluster-ip-range=10.0.0.0/24",
              "--allow-privileged=true",
              "--enable-priority-and-fairness=false",
@@ -265,6 +298,56 @@ class ControlPlane:
         if not self._wait(self._ready, self.api_proc, 90):
             tail = (self.dir / "kube-apiserver.log").read_text(errors="replace")[-3000:]
             raise EnvtestError(f"kube-apiserver did not become ready:\n{tail}")
+
+    def _start_controller_manager(self) -> None:
+        pki = self.dir / "pki"
+        self.kcm_bin = all_binary_paths()["kube-controller-manager"]
+        assert self.admin is not None
+        creds = Credentials(host=self.admin.host, ca_file=self.admin.ca_file,
+                            cert_file=str(pki / "controller-manager.crt"),
+                            key_file=str(pki / "controller-manager.key"))
+        kc = creds.write_kubeconfig(self.dir / "controller-manager.kubeconfig",
+                                    user="system:kube-controller-manager")
+        log = open(self.dir / "kube-controller-manager.log", "ab")  # noqa: SIM115
+        self.kcm_proc = subprocess.Popen(
+            [str(self.kcm_bin), f"--kubeconfig={kc}",
+             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+             f"--controllers={','.join(self.CONTROLLERS)}",
+             f"--service-account-private-key-file={pki / 'sa.key'}",
+             f"--root-ca-file={pki / 'ca.crt'}",
+             "--use-service-account-credentials=true",
+             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+             "--profiling=false", "--v=1"],
+            stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        # Ready when the controllers have made the "default" ServiceAccount (the admission
+        # plugin refuses pods without it) in a namespace created now.
+        probe = f"envtest-ready-{os.getpid()}"
+        self.ensure_namespace(probe)
+
+        def sa_ready() -> bool:
+            try:
+                self.request("GET", f"/api/v1/namespaces/{probe}/serviceaccounts/default")
+                return True
+            except (OSError, urllib.error.URLError):
+                return False
+
+        if not self._wait(sa_ready, self.kcm_proc, 120):
+            tail = (self.dir / "kube-controller-manager.log").read_text(errors="replace")[-3000:]
+            raise EnvtestError(f"kube-controller-manager did not become ready:\n{tail}")
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            self.request("DELETE", f"/api/v1/namespaces/{probe}")
+
+    def wait_default_service_account(self, namespace: str, timeout: float = 30.0) -> None:
+        """Block until the ServiceAccount controller made ``namespace``'s "default" account."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+                return
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.1)
+        raise EnvtestError(f"no default ServiceAccount in {namespace} after {timeout}s")
 
     def _wait(self, ok: Any, proc: subprocess.Popen[bytes], timeout: float) -> bool:
         deadline = time.monotonic() + timeout

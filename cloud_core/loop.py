@@ -1,0 +1,324 @@
+"""The one decision loop: health -> place -> validate -> apply -> re-plan, for every mode.
+
+Both ways cfnet runs share this code. A :class:`SourceOfTruth` says what the world looks like
+(the MQTT state model + YAML registry + SQLite store in local mode; informers + the Node
+registry + the agents' measured links on Kubernetes) as one :class:`Observation` per step:
+one health map and one ``ClusterSnapshot``, handed to every stage instead of being rebuilt
+by each. A :class:`StepActuator` turns the step's decisions into effects (retained MQTT
+placement sets, or ``pods/binding`` + the Eviction API).
+
+So a rule of placement or re-placement (the validator as last line of defence, the
+re-planner's hysteresis, strikes and cool-down, what happens to a workload stranded on a
+down node) is written once, here and in ``cloud_core.placement``, and holds in both modes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cloud_core.events import EventLog
+from cloud_core.health import Health as LiveHealth
+from cloud_core.placement import (
+    ClusterSnapshot,
+    EngineConfig,
+    ReplanConfig,
+    ReplanState,
+    Workload,
+    place,
+    plan_moves,
+    validate,
+)
+from cloud_core.placement.model import Health, Resources, RunningPod
+from cloud_core.placement.replan import Move
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DecisionLoop",
+    "Move",
+    "Observation",
+    "PlaceOutcome",
+    "SourceOfTruth",
+    "StepActuator",
+    "StepReport",
+    "with_placements",
+]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The world as one step sees it: taken once, handed to every stage."""
+
+    health: Mapping[str, LiveHealth]  # node -> health (the one health map of the step)
+    snapshot: ClusterSnapshot  # the engine's view, built with ``health``
+    pending: Sequence[Workload]  # to place now
+    running: Sequence[tuple[Workload, str]]  # (workload, node) placed and counted in snapshot
+    invalid: Mapping[str, str] = field(default_factory=dict)  # uid -> why it cannot be parsed
+    # uid -> (node, predecessor uid): a pending replacement for a workload the loop moved;
+    # it goes where the move planned (checked by the validator), keeping the cool-down.
+    pinned: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlaceOutcome:
+    """The engine's decisions for the pending workloads, after the validator."""
+
+    assignments: dict[str, str]  # uid -> node, validated
+    failures: dict[str, str]  # uid -> why it was not placed (engine or validator)
+    summaries: dict[str, str]  # uid -> the engine's words for a placement
+    rejected: list[Any]  # validator Violations of the engine's own choices
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    placed: int = 0
+    unplaceable: int = 0
+    applied: int = 0
+    moves: int = 0
+    violations: int = 0
+
+
+class SourceOfTruth(Protocol):
+    """Where a step reads the world from."""
+
+    def observe(self) -> Observation: ...
+
+
+class StepActuator(Protocol):
+    """Where a step's decisions take effect. Each method returns how many took effect."""
+
+    def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int: ...
+
+    def apply(self) -> int: ...
+
+    def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]: ...
+
+    def requeue(self, stranded: Sequence[tuple[Workload, str]]) -> int: ...
+
+
+def with_placements(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
+                    assignments: Mapping[str, str]) -> ClusterSnapshot:
+    """``snapshot`` with ``assignments`` counted as running (allocation and pods)."""
+    if not assignments:
+        return snapshot
+    by_uid = {w.uid: w for w in workloads}
+    extra: dict[str, Resources] = {}
+    pods = list(snapshot.pods)
+    for uid, node in assignments.items():
+        w = by_uid.get(uid)
+        if w is None:
+            continue
+        extra[node] = extra.get(node, Resources()) + w.requests
+        pods.append(RunningPod(uid=w.uid, name=w.name, namespace=w.namespace, node=node,
+                               labels=w.labels, requests=w.requests,
+                               anti_affinity=w.pod_anti_affinity))
+    nodes = tuple(dataclasses.replace(n, allocated=n.allocated + extra[n.name])
+                  if n.name in extra else n for n in snapshot.nodes)
+    return dataclasses.replace(snapshot, nodes=nodes, pods=tuple(pods))
+
+
+_SEVERITY = {"down": "critical", "unreachable": "warning", "suspect": "warning"}
+
+
+class DecisionLoop:
+    """One step of deciding, the same in every mode (see the module docstring)."""
+
+    def __init__(self, source: SourceOfTruth, actuator: StepActuator, events: EventLog, *,
+                 engine_config: EngineConfig | None = None,
+                 replan_config: ReplanConfig | None = None, replan_interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.time,
+                 on_placement: Callable[[float, int, dict[str, float]], None] | None = None,
+                 ) -> None:
+        self.source = source
+        self.actuator = actuator
+        self.events = events
+        self.engine_config = engine_config or EngineConfig()
+        self.replan_config = replan_config or ReplanConfig()
+        self._clock = clock
+        self._on_placement = on_placement
+        # The re-planner counts SLA strikes per call, and a strike should be one
+        # *measurement* interval: calling it every step would turn "3 intervals" into a
+        # fraction of that and let one spike move a workload. So it runs once per report
+        # interval, or at once when health changes.
+        self.replan_interval_s = replan_interval_s
+        self._last_replan = -1e18
+        self._health_changed = False
+        self.replan_state = ReplanState()
+        self.health: dict[str, LiveHealth] = {}
+        self._reported: dict[str, str] = {}  # uid -> last unplaceable reason reported
+
+    # ------------------------------------------------------------------ stages
+
+    def note_health(self, now: Mapping[str, LiveHealth]) -> None:
+        for node, h in sorted(now.items()):
+            old = self.health.get(node)
+            if old != h and not (old is None and h is LiveHealth.UNKNOWN):
+                self._health_changed = True
+                self.events.emit("health", f"node {node}: {old or 'new'} -> {h}",
+                                 severity=_SEVERITY.get(str(h), "info"), node=node)
+        self.health = dict(now)
+
+    def place(self, obs: Observation) -> PlaceOutcome:
+        """Engine + validator for ``obs.pending``; pinned replacements go where planned."""
+        workloads = list(obs.pending)
+        if not workloads:
+            return PlaceOutcome({}, {}, {}, [])
+        snap = obs.snapshot
+        assignments: dict[str, str] = {}
+        summaries: dict[str, str] = {}
+        rejected: list[Any] = []
+        pinned = {w.uid: w for w in workloads if w.uid in obs.pinned}
+        if pinned:
+            want = {u: obs.pinned[u][0] for u in pinned}
+            bad = {v.workload_uid for v in validate(snap, list(pinned.values()), want,
+                                                    self.engine_config)}
+            for u, node in want.items():
+                if u in bad:
+                    continue  # the plan no longer holds: the engine decides afresh below
+                assignments[u] = node
+                summaries[u] = "replacement placed where the move planned"
+                prev = obs.pinned[u][1]
+                last = self.replan_state.last_move.get(prev)
+                if last is not None:  # the cool-down follows the workload, not the pod
+                    self.replan_state = dataclasses.replace(
+                        self.replan_state, last_move={**self.replan_state.last_move, u: last})
+            snap = with_placements(snap, workloads, assignments)
+        rest = [w for w in workloads if w.uid not in assignments]
+        if not rest:
+            return PlaceOutcome(assignments, {}, summaries, [])
+        t0 = time.perf_counter()
+        try:
+            result = place(snap, rest, self.engine_config)
+        except Exception:
+            # One bad workload must not block the whole batch: place them one by one and
+            # report the ones the engine chokes on.
+            log.exception("placing a batch of %d failed; placing one by one", len(rest))
+            return self._place_singly(snap, rest, assignments, summaries)
+        chosen = {u: n for u, n in result.assignments.items() if n}
+        violations = validate(snap, rest, chosen, self.engine_config)
+        if self._on_placement is not None:
+            self._on_placement(time.perf_counter() - t0, len(rest), dict(result.stats))
+        bad_uids: dict[str, list[str]] = {}
+        for v in violations:
+            # The validator is the last line of defence: a decision that breaks a hard
+            # constraint is never acted on, whatever the engine said.
+            log.error("engine proposed a violation, not acting: %s", v)
+            self.events.emit("alert", f"validator rejected {v.workload_uid} on {v.node}: "
+                             f"{v.constraint} ({v.detail})", severity="critical",
+                             workload=v.workload_uid, node=v.node)
+            bad_uids.setdefault(v.workload_uid, []).append(f"{v.constraint}: {v.detail}")
+            rejected.append(v)
+        failures: dict[str, str] = {}
+        for d in result.decisions:
+            u = d.workload_uid
+            if u in chosen and u not in bad_uids:
+                assignments[u] = chosen[u]
+                summaries[u] = d.summary
+            elif u in bad_uids:
+                failures[u] = "validator rejected the engine's choice: " + "; ".join(bad_uids[u])
+            else:
+                failures[u] = d.summary or "; ".join(d.reasons)
+        return PlaceOutcome(assignments, failures, summaries, rejected, dict(result.stats))
+
+    def _place_singly(self, snap: ClusterSnapshot, rest: Sequence[Workload],
+                      assignments: dict[str, str], summaries: dict[str, str]) -> PlaceOutcome:
+        failures: dict[str, str] = {}
+        rejected: list[Any] = []
+        for w in rest:
+            try:
+                res = place(snap, [w], self.engine_config)
+            except Exception as e:
+                failures[w.uid] = f"placement engine error: {type(e).__name__}: {e}"
+                continue
+            node = res.assignments.get(w.uid)
+            bad = validate(snap, [w], {w.uid: node}, self.engine_config) if node else []
+            if node and not bad:
+                assignments[w.uid] = node
+                summaries[w.uid] = next((d.summary for d in res.decisions), "")
+                snap = with_placements(snap, [w], {w.uid: node})  # count it for the next
+            elif bad:
+                rejected.extend(bad)
+                failures[w.uid] = "validator rejected the engine's choice: " + "; ".join(
+                    f"{v.constraint}: {v.detail}" for v in bad)
+            else:
+                failures[w.uid] = next((d.summary or "; ".join(d.reasons)
+                                        for d in res.decisions), "not placed")
+        return PlaceOutcome(assignments, failures, summaries, rejected)
+
+    def report(self, outcome: PlaceOutcome, pending: Sequence[Workload]) -> None:
+        """The placement events, in the engine's words (an unchanged failure is said once)."""
+        for u, node in outcome.assignments.items():
+            self._reported.pop(u, None)
+            self.events.emit("placement", f"{u} -> {node}: {outcome.summaries.get(u, '')}",
+                             node=node, workload=u)
+        for u, why in outcome.failures.items():
+            if self._reported.get(u) != why:
+                self._reported[u] = why
+                self.events.emit("placement", f"{u} unplaceable: {why}", severity="warning",
+                                 workload=u)
+        live = {w.uid for w in pending}
+        for u in [u for u in self._reported if u not in live]:
+            del self._reported[u]
+
+    def replan_due(self) -> bool:
+        return (self._clock() - self._last_replan >= self.replan_interval_s
+                or self._health_changed)
+
+    def replan(self, obs: Observation, outcome: PlaceOutcome, *, force: bool = False) -> int:
+        """Re-plan running workloads (SLA strikes, forecasts, cool-down) and act on moves."""
+        if not (self.replan_due() or force):
+            return 0
+        self._last_replan, self._health_changed = self._clock(), False
+        by_uid = {w.uid: w for w in obs.pending}
+        running = list(obs.running) + [(by_uid[u], n) for u, n in outcome.assignments.items()
+                                       if u in by_uid]
+        if not running:
+            return 0
+        snap = with_placements(obs.snapshot, list(obs.pending), outcome.assignments)
+        before = self.replan_state
+        moves, self.replan_state = plan_moves(snap, running, before, self.replan_config)
+        done = self.actuator.commit_moves(obs, moves) if moves else []
+        undone = {m.workload_uid for m in moves} - {m.workload_uid for m in done}
+        if undone:
+            # A move that did not happen (a disruption budget said no, the workload changed
+            # meanwhile) starts no cool-down: it is planned again once it strikes out again.
+            last = dict(self.replan_state.last_move)
+            for u in undone:
+                if u in before.last_move:
+                    last[u] = before.last_move[u]
+                else:
+                    last.pop(u, None)
+            self.replan_state = dataclasses.replace(self.replan_state, last_move=last)
+        for m in done:
+            self.events.emit("placement", f"move {m.workload_uid}: {m.src} -> {m.dst} "
+                             f"({m.reason})", severity="warning", workload=m.workload_uid,
+                             node=m.dst)
+        # A workload on a down node that the engine could not move anywhere goes back to
+        # pending, so it is placed as soon as capacity appears.
+        down = {n.name for n in snap.nodes if n.health == Health.DOWN}
+        moved = {m.workload_uid for m in moves}
+        stranded = [(w, node) for w, node in running if node in down and w.uid not in moved]
+        if stranded:
+            self.actuator.requeue(stranded)
+        return len(done)
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> StepReport:
+        obs = self.source.observe()
+        self.note_health(obs.health)
+        outcome = self.place(obs)
+        self.report(outcome, obs.pending)
+        placed = self.actuator.commit_placements(obs, outcome)
+        applied = self.actuator.apply()
+        moves = self.replan(obs, outcome)
+        if moves:
+            applied += self.actuator.apply()
+        return StepReport(placed, len(outcome.failures) + len(obs.invalid), applied, moves,
+                          len(outcome.rejected))

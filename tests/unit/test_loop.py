@@ -1,0 +1,107 @@
+"""The one decision loop (cloud_core/loop.py) with a fake source of truth and a fake actuator.
+
+Both fakes are named as such: they stand at the loop's I/O edges. The same paths run against
+the real parts in tests/integration/test_core_loop.py (local mode: MQTT, SQLite) and
+tests/k8s/test_workloads.py (Kubernetes mode: API server, controllers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from cloud_core.events import EventLog
+from cloud_core.health import Health as LiveHealth
+from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
+from cloud_core.placement import ReplanConfig
+from cloud_core.placement.model import (
+    ClusterSnapshot,
+    LinkInfo,
+    NodeInfo,
+    Resources,
+    RunningPod,
+    Workload,
+)
+
+CAP = Resources(4000, 8 << 30, 0)
+SMALL = Resources(100, 1 << 20, 0)
+
+
+@dataclass
+class FakeSource:
+    obs: Observation
+
+    def observe(self) -> Observation:
+        return self.obs
+
+
+@dataclass
+class FakeActuator:
+    refuse_moves: bool = False
+    placed: list[dict[str, str]] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+
+    def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
+        self.placed.append(dict(outcome.assignments))
+        return len(outcome.assignments)
+
+    def apply(self) -> int:
+        return 0
+
+    def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]:
+        if self.refuse_moves:
+            return []
+        self.moves.extend(moves)
+        return list(moves)
+
+    def requeue(self, stranded: Sequence[tuple[Workload, str]]) -> int:
+        return 0
+
+
+def snapshot(ab_ms: float, pods: tuple[RunningPod, ...] = ()) -> ClusterSnapshot:
+    nodes = (NodeInfo("a", "eu", "eu-1", capacity=Resources(50, 1 << 30, 0)),
+             NodeInfo("b", "eu", "eu-2", capacity=CAP), NodeInfo("c", "eu", "eu-3", capacity=CAP))
+    links = {("b", "a"): LinkInfo(ab_ms * 0.8, ab_ms), ("c", "a"): LinkInfo(4.0, 5.0)}
+    return ClusterSnapshot(nodes=nodes, links=links, now=0.0, pods=pods)
+
+
+NEAR = Workload("near", "near", requests=SMALL, max_latency_ms=20.0, latency_to="a")
+HEALTH = {"a": LiveHealth.ONLINE, "b": LiveHealth.ONLINE, "c": LiveHealth.ONLINE}
+
+
+def loop_for(obs: Observation, act: FakeActuator) -> DecisionLoop:
+    return DecisionLoop(FakeSource(obs), act, EventLog(lambda ev: None),
+                        replan_config=replace(ReplanConfig(), horizon=0.0),
+                        replan_interval_s=0.0, clock=lambda: 0.0)
+
+
+def test_pinned_replacement_goes_where_planned_unless_the_validator_objects() -> None:
+    act = FakeActuator()
+    repl = replace(NEAR, uid="near-2")
+    obs = Observation(HEALTH, snapshot(5.0), [repl], [], pinned={"near-2": ("c", "near")})
+    loop = loop_for(obs, act)
+    loop.replan_state = replace(loop.replan_state, last_move={"near": 123.0})
+    loop.step()
+    assert act.placed == [{"near-2": "c"}]
+    assert loop.replan_state.last_move["near-2"] == 123.0  # the cool-down follows the workload
+    # A plan that no longer holds (node a is too small) is not acted on: the engine decides.
+    act2 = FakeActuator()
+    obs2 = Observation(HEALTH, snapshot(5.0), [repl], [], pinned={"near-2": ("a", "near")})
+    loop_for(obs2, act2).step()
+    assert act2.placed and act2.placed[0]["near-2"] in ("b", "c")
+
+
+def test_a_move_that_did_not_happen_starts_no_cool_down() -> None:
+    pod = RunningPod(uid="near", name="near", namespace="default", node="b", requests=SMALL)
+    obs = Observation(HEALTH, snapshot(80.0, (pod,)), [], [(NEAR, "b")])
+    refused = FakeActuator(refuse_moves=True)
+    loop = loop_for(obs, refused)
+    for _ in range(3):  # 80 ms against 20 ms: severe, two strikes an interval
+        loop.step()
+    assert "near" not in loop.replan_state.last_move
+    ok = FakeActuator()
+    loop.actuator = ok
+    for _ in range(3):
+        loop.step()
+    assert [(m.src, m.dst) for m in ok.moves] == [("b", "c")]
+    assert "near" in loop.replan_state.last_move
