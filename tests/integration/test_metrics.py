@@ -36,6 +36,8 @@ def test_core_metrics_match_ingest_counters(broker: Broker, tmp_path: Path) -> N
     core = CoreService(cfg)
     core.start()
     try:
+        # Its first session: reports sent before it subscribed would not be queued.
+        assert core.mqtt.wait_connected(10)
         ag = FakeAgent(broker, broker.add_account("edge-m", "agent"), "10.9.9.9")
         ag.announce()
         for _ in range(7):
