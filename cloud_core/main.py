@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mqtt-in-process", action="store_true",
                    help="keep the MQTT connection in the core's own process (default: a "
                         "child process, so receiving and ingesting use two CPUs)")
+    p.add_argument("--ack-interval", type=float, default=1.0,
+                   help="seconds between end-to-end acks to each reporting agent")
     p.add_argument("--metrics-port", type=int, default=env("CFNET_METRICS_PORT"),
                    help="serve Prometheus metrics on this port (default: off)")
     k = p.add_argument_group("Kubernetes (place pods with schedulerName: cfnet-scheduler)")
@@ -84,7 +86,7 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
         # With Kubernetes, pods are placed by the actuator below, not by the local loop.
         place=not (a.no_place or a.kubernetes), console=not a.no_place,
         metrics_port=int(a.metrics_port) if a.metrics_port is not None else None,
-        mqtt_process=not a.mqtt_in_process,
+        mqtt_process=not a.mqtt_in_process, ack_interval_s=a.ack_interval,
     )
 
 
