@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from pathlib import Path
@@ -123,7 +124,7 @@ def test_window_resends_all_lost_while_core_acks_one_probe_while_it_is_silent() 
             assert s == [1]
             w.sent(s, float(t))
             probes.append(t)
-    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps[:3] == [20, 40, 40] and max(gaps) == 40, probes
     # The core answers: the others go again at once.
     w.acked([1], 200.0)
