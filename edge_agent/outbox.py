@@ -13,7 +13,9 @@ buffer) and the fleet simulator (over memory) run the same one:
   once: it was lost (a core killed with it in its pipe, a broker queue that
   overflowed). While the core is silent only the oldest one is resent, as a
   probe, and the delay doubles up to ``max_resend_s``: a core that is down is
-  not flooded, and the first ack after it returns restarts the flow;
+  not flooded, and the first ack after it returns restarts the flow (reports
+  sent during the silence get ``resend_s`` from then: the broker may still
+  deliver them from the core's queue);
 - a report the core keeps not acknowledging while it acknowledges others (it
   refuses it) is given up after ``max_tries`` sends, so one bad report cannot
   hold a slot forever; the caller counts it.
@@ -42,6 +44,7 @@ class AckWindow(Generic[K]):
     max_tries: int = 8
     inflight: dict[K, _Flight] = field(default_factory=dict)
     last_ack: float = float("-inf")
+    _alive_since: float = float("-inf")
     _delay: float = 0.0
     _last_probe: float = float("-inf")
 
@@ -51,12 +54,16 @@ class AckWindow(Generic[K]):
         self._delay = self.resend_s
 
     def core_alive(self, now: float) -> bool:
-        return now - self.last_ack < self.resend_s
+        return now - self.last_ack <= self.resend_s
 
     def acked(self, keys: Iterable[K], now: float) -> None:
         """The core acknowledged ``keys`` (any of them may be unknown: already gone)."""
         for k in keys:
             self.inflight.pop(k, None)
+        if not self.core_alive(now):
+            # Back after a silence: what we sent meanwhile may still be queued
+            # for it at the broker; give that resend_s to arrive before resending.
+            self._alive_since = now
         self.last_ack = now
         self._delay = self.resend_s
 
@@ -76,8 +83,12 @@ class AckWindow(Generic[K]):
         send: list[K] = []
         give_up: list[K] = []
         alive = self.core_alive(now)
-        stale = [k for k in head if k in self.inflight
-                 and now - self.inflight[k].sent_at >= (self.resend_s if alive else self._delay)]
+        if alive:
+            stale = [k for k in head if k in self.inflight and now - max(
+                self.inflight[k].sent_at, self._alive_since) >= self.resend_s]
+        else:
+            stale = [k for k in head if k in self.inflight
+                     and now - self.inflight[k].sent_at >= self._delay]
         if stale:
             if alive:
                 for k in stale:

@@ -597,6 +597,18 @@ class Simulator:
         """Ack mode: reports the fleet holds that the core has not acknowledged."""
         return sum(len(r.pending) for r in list(self._runs.values()))
 
+    def oldest_pending(self) -> dict[str, int | None]:
+        """Ack mode: node -> the oldest seq it holds unacknowledged (None: nothing)."""
+        out: dict[str, int | None] = {}
+        for n, r in list(self._runs.items()):
+            for _ in range(3):  # the slice thread may change the dict meanwhile
+                try:
+                    out[n] = next(iter(r.pending), None)
+                    break
+                except RuntimeError:
+                    continue
+        return out
+
     def taken(self) -> dict[str, tuple[str, int]]:
         """node -> (boot, last seq taken)."""
         return {n: (r.boot, r.seq) for n, r in list(self._runs.items())}

@@ -111,8 +111,9 @@ def test_window_sends_oldest_first_and_never_more_than_window() -> None:
 
 def test_window_resends_all_lost_while_core_acks_one_probe_while_it_is_silent() -> None:
     w: AckWindow[int] = AckWindow(window=10, resend_s=10.0, max_resend_s=40.0)
-    w.sent([1, 2, 3], 0.0)
-    w.acked([], 5.0)  # the core acks (others): alive
+    w.acked([], 0.0)  # the core acks (others): alive
+    w.sent([1, 2, 3], 0.5)
+    w.acked([], 5.0)
     send, _ = w.due([1, 2, 3], 11.0)  # our three vanished (e.g. in a killed core's pipe)
     assert send == [1, 2, 3]
     w.sent(send, 11.0)
@@ -126,9 +127,11 @@ def test_window_resends_all_lost_while_core_acks_one_probe_while_it_is_silent() 
             probes.append(t)
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps[:3] == [20, 40, 40] and max(gaps) == 40, probes
-    # The core answers: the others go again at once.
+    # The core answers: the others go again once the broker had resend_s to
+    # deliver what it may still hold for the core.
     w.acked([1], 200.0)
-    send, _ = w.due([2, 3], 200.5)
+    assert w.due([2, 3], 200.5) == ([], [])
+    send, _ = w.due([2, 3], 210.0)
     assert send == [2, 3]
 
 
