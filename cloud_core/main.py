@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             lease_duration_s=a.lease_duration, renew_deadline_s=a.lease_duration * 2 / 3,
             retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint),
             on_lead=core.connect, on_follow=core.disconnect)
+        # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
+        from cloud_core.metrics import int_fields
+
+        core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
+                                  "event", int_fields(kube.actuator.stats))
         log.info("placing through the Kubernetes API as %s (lease %s/cfnet-core)",
                  a.identity, a.lease_namespace)
     pending = len(core.store.workloads(("planned",)))

@@ -92,6 +92,9 @@ class CoreService:
         )
         self.metrics = CoreMetrics(self.ingest, self.state, self.store, cfg.health, clock)
         self.metrics_port: int | None = None
+        self.metrics.add_counters(
+            "cfnet_acks", "End-to-end acks to agents: messages sent, reports acknowledged",
+            "what", lambda: {"messages": self.acks.messages, "reports": self.acks.reports})
         self.scheduler = Scheduler(
             store=self.store, registry=cfg.registry, state=self.state, events=self.events,
             actuator=self.actuator, health_config=cfg.health, clock=clock,
