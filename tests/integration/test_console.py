@@ -111,6 +111,7 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert rows_of(r.stdout, "security level < 3") == ["2", "edge-a,", "edge-b"]
     r = ctl(broker, "alice", "explain", "web")  # eu: edge-b (0.05 $/h) over edge-a (0.10)
     assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    print("\n$ cfnetctl explain web\n" + r.stdout)  # the README quotes this run
     assert "node      edge-b" in r.stdout.splitlines()
     assert "runner-up edge-a (+0." in r.stdout
     chosen, runner, diff = (float(x) for x in rows_of(r.stdout, "price"))
@@ -120,6 +121,7 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert rows_of(r.stdout, "residency") == ["1", "edge-c"]
     r = ctl(broker, "alice", "explain", "huge")  # 64 CPUs, eu: nowhere
     assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    print("\n$ cfnetctl explain huge\n" + r.stdout)
     assert "state     unplaceable" in r.stdout and "runner-up" not in r.stdout
     assert rows_of(r.stdout, "insufficient cpu") == ["2", "edge-a,", "edge-b"]
     assert rows_of(r.stdout, "residency") == ["1", "edge-c"]
