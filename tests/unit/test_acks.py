@@ -131,8 +131,32 @@ def test_window_resends_all_lost_while_core_acks_one_probe_while_it_is_silent() 
     # deliver what it may still hold for the core.
     w.acked([1], 200.0)
     assert w.due([2, 3], 200.5) == ([], [])
+    w.acked([], 205.0)
     send, _ = w.due([2, 3], 210.0)
-    assert send == [2, 3]
+    assert send == [2]  # restarting from one in flight, paced by the acks
+    assert w.cwnd == 1.0
+
+
+def test_window_grows_on_acks_and_halves_on_loss() -> None:
+    w: AckWindow[int] = AckWindow(window=64, initial=2, resend_s=10.0)
+    backlog = list(range(1, 500))
+    t = 0.0
+    sizes = []
+    for _ in range(5):  # five acknowledged rounds: slow start doubles
+        send, _ = w.due(backlog[:64], t)
+        w.sent(send, t)
+        sizes.append(len(send))
+        t += 1.0
+        w.acked(send, t)
+        backlog = [k for k in backlog if k not in send]
+    assert sizes == [2, 4, 8, 16, 32], sizes
+    send, _ = w.due(backlog[:64], t)
+    w.sent(send, t)
+    assert len(send) == 64  # capped at the window
+    w.acked(send[32:], t + 1)  # the older half is lost
+    w.acked([], t + 9)  # the core goes on acknowledging (others)
+    send, _ = w.due(backlog[:64], t + 11)
+    assert w.cwnd == 32.0 and send == backlog[:32]  # halved; the lost ones first
 
 
 def test_window_gives_up_a_report_the_core_keeps_refusing() -> None:
