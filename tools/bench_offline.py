@@ -389,9 +389,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 # ====================================================================== core outage
 
@@ -549,3 +546,7 @@ def core_outage(fleet: int, interval_s: float, outage_s: float, workdir: Path, *
                         p.wait(15)
                     except subprocess.TimeoutExpired:
                         p.kill()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
