@@ -37,6 +37,9 @@ CLI::
         --degrade at=20,dur=15,site=r1s0,rtt=4,loss=0.05 --disconnect at=30,dur=10,site=r0s1
 
 prints a JSON summary (offered, published, acknowledged, late, events) at the end.
+With ``--ack-account sim-acks`` every virtual node behaves as an agent with
+end-to-end acks (``edge_agent.outbox``): it keeps each report until the core
+acknowledges it on ``cfnet/v1/nodes/{node}/ack`` and resends what was lost.
 """
 
 from __future__ import annotations
@@ -976,6 +979,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="unacknowledged QoS 1 reports per connection before it waits")
     ap.add_argument("--client", choices=("lean", "paho"), default="lean",
                     help="publisher: lean (tools.publisher, default) or paho (edge_agent.mqtt)")
+    ap.add_argument("--ack-account", default="",
+                    help="a sim-* account to hear the core's end-to-end acks on: each node "
+                         "then keeps its reports until acknowledged, as the agent does")
+    ap.add_argument("--drain", type=float, default=60.0,
+                    help="with --ack-account: seconds after --duration to finish resending")
     ap.add_argument("--registry-out", type=Path, default=None,
                     help="write the fleet's node registry (YAML) here and continue")
     ap.add_argument("--quiet", action="store_true")
@@ -996,8 +1004,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         si, _, sn = a.shard.partition("/")
         conns = settings_from_pki(a.pki, [x for x in a.accounts.split(",") if x],
                                   a.broker_host, a.broker_port, a.ca_file, tls=not a.no_tls)
+        acks = settings_from_pki(a.pki, [a.ack_account], a.broker_host, a.broker_port,
+                                 a.ca_file, tls=not a.no_tls)[0] if a.ack_account else None
         sim = Simulator(world, conns, shard=(int(si), int(sn or 1)), max_pending=a.max_pending,
-                        client=a.client)
+                        client=a.client, acks=acks, drain_s=a.drain if acks else 0.0)
         summary = sim.run()
     except (SimError, ValueError) as exc:
         print(f"simulate: {exc}", flush=True)
