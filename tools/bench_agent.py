@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -96,11 +97,13 @@ def probe_loop(probe_name: str, seconds: float, local_addr: str | None, peer: st
     }
 
 
-def run_bench(phase_s: float, segs_per_s: float) -> list[dict[str, Any]]:
+def run_bench(phase_s: float, segs_per_s: float, repeats: int = 1) -> list[dict[str, Any]]:
+    """Every phase ``repeats`` times, interleaved (off, ebpf, sockdiag, off, ...), so
+    other load on a shared machine falls on all of them alike."""
     from tools.lab import Lab, SiteSpec
 
     rate_mbit = segs_per_s * MSS * 8 / 1e6
-    phases = ("off", "ebpf", "sockdiag")
+    phases = ("off", "ebpf", "sockdiag") * max(1, repeats)
     traffic_s = len(phases) * (phase_s + 8) + 10
     stats_before = STATS_SYSCTL.read_text().strip() if STATS_SYSCTL.exists() else None
     results: list[dict[str, Any]] = []
@@ -139,18 +142,32 @@ def run_bench(phase_s: float, segs_per_s: float) -> list[dict[str, Any]]:
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
-    head = (f"| {'probe':<9} | {'CPU % of 1 core':>15} | {'process':>8} | {'in-kernel BPF':>13} "
-            f"| {'RSS MiB':>7} | {'BPF runs/s':>10} | {'segs/s seen':>11} |")
+    """One row per probe: the median over its repetitions, with the spread of the
+    total CPU (min-max) beside it."""
+    head = (f"| {'probe':<9} | {'CPU % of 1 core':>15} | {'CPU % min-max':>13} | {'process':>8} "
+            f"| {'in-kernel BPF':>13} | {'RSS MiB':>7} | {'BPF runs/s':>10} | "
+            f"{'segs/s seen':>11} |")
     rule = "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"
     lines = [head, rule]
+    by: dict[str, list[dict[str, Any]]] = {}
     for r in results:
-        wall = r["wall_s"] or 1.0
-        proc = 100 * r["proc_cpu_s"] / wall
-        bpf = 100 * r["bpf_cpu_s"] / wall
-        segs = f"{r['segs_per_s']:.0f}" if r["probe"] != "off" else "-"
+        by.setdefault(r["probe"], []).append(r)
+    for probe, rs in by.items():
+        def med(f: Any, rs: list[dict[str, Any]] = rs) -> float:
+            return float(statistics.median(f(r) for r in rs))
+
+        def wall(r: dict[str, Any]) -> float:
+            return float(r["wall_s"] or 1.0)
+
+        totals = [100 * (r["proc_cpu_s"] + r["bpf_cpu_s"]) / wall(r) for r in rs]
+        proc = med(lambda r: 100 * r["proc_cpu_s"] / wall(r))
+        bpf = med(lambda r: 100 * r["bpf_cpu_s"] / wall(r))
+        segs = f"{med(lambda r: r['segs_per_s']):.0f}" if probe != "off" else "-"
+        spread = f"{min(totals):.2f}-{max(totals):.2f}"
         lines.append(
-            f"| {r['probe']:<9} | {proc + bpf:>15.2f} | {proc:>8.2f} | {bpf:>13.2f} "
-            f"| {r['rss_kb'] / 1024:>7.1f} | {r['bpf_events'] / wall:>10.0f} | {segs:>11} |")
+            f"| {probe:<9} | {statistics.median(totals):>15.2f} | {spread:>13} | {proc:>8.2f} "
+            f"| {bpf:>13.2f} | {med(lambda r: r['rss_kb']) / 1024:>7.1f} "
+            f"| {med(lambda r: r['bpf_events'] / wall(r)):>10.0f} | {segs:>11} |")
     return "\n".join(lines)
 
 
@@ -165,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lp.add_argument("--netns", default=None)
     ap.add_argument("--phase-seconds", type=float, default=15.0)
     ap.add_argument("--segs-per-s", type=float, default=10_000)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="measure every probe this often (interleaved); the median is shown")
     ap.add_argument("--json", action="store_true", help="also print the raw results")
     a = ap.parse_args(argv)
     if a.cmd == "loop":
@@ -174,9 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench_agent: needs root (network namespaces, eBPF)", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING)
-    results = run_bench(a.phase_seconds, a.segs_per_s)
+    results = run_bench(a.phase_seconds, a.segs_per_s, a.repeats)
     print(f"agent link-probe cost, ~{a.segs_per_s:.0f} segments/s between two namespaces, "
-          f"{a.phase_seconds:.0f} s per phase, collect() every 1 s")
+          f"{a.phase_seconds:.0f} s per phase, collect() every 1 s; median of {a.repeats} "
+          "interleaved repetitions per probe")
     print(table(results))
     if a.json:
         print(json.dumps(results, indent=2))
