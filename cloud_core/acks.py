@@ -11,8 +11,8 @@ killed before its next flush merely makes the agents resend the reports of the
 last interval, which a fresh core folds in (a surviving one drops them as
 duplicates).
 
-Recording is one ``list.append`` on the ingest path; grouping and encoding
-happen on this module's thread, once per interval.
+Recording is one locked ``list.append`` on the ingest path; grouping and
+encoding happen on this module's thread, once per interval.
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ class Acknowledger:
         self.interval_s = interval_s
         self._clock = clock
         self._pending: list[tuple[str, str, int]] = []
+        # Without it a record() that had fetched the old list before a swap
+        # could append to it after the flush read it: an ack lost (healed by
+        # the agent's resend, but a resend for nothing).
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.messages = 0  # ack messages published
@@ -50,12 +54,13 @@ class Acknowledger:
 
     def record(self, node: str, boot: str, seq: int) -> None:
         """Called by ingest after the report is folded into state (or was already there)."""
-        self._pending.append((node, boot, seq))
+        with self._lock:
+            self._pending.append((node, boot, seq))
 
     def flush(self) -> int:
         """Publish what was recorded since the last flush; returns the number of messages."""
-        # Swap, then read: a record() racing with the swap lands in the new list.
-        batch, self._pending = self._pending, []
+        with self._lock:
+            batch, self._pending = self._pending, []
         if not batch:
             return 0
         per_node: dict[str, dict[str, list[int]]] = {}
