@@ -12,6 +12,7 @@ thinned or expired is counted, persistently, and reported upstream.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -69,12 +70,17 @@ class ReportBuffer:
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)"
             )
-            # Reports buffered by an agent before acks were end to end have no
-            # boot column; they are acknowledged by (boot '', seq) never, so they
-            # drain through expiry -- add the column, keep the rows.
+            # Reports buffered before acks were end to end have no boot column:
+            # add it and fill it from each report's own "boot", so the core's
+            # ack (by boot and seq) finds them.
             cols = {r[1] for r in self._db.execute("PRAGMA table_info(reports)")}
             if "boot" not in cols:
                 self._db.execute("ALTER TABLE reports ADD COLUMN boot TEXT NOT NULL DEFAULT ''")
+                # Without JSON1 they go out, are given up after max_tries, counted.
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self._db.execute(
+                        "UPDATE reports SET boot = COALESCE(json_extract(CAST(payload AS TEXT),"
+                        " '$.boot'), '') WHERE json_valid(CAST(payload AS TEXT))")
             self._db.execute("CREATE INDEX IF NOT EXISTS reports_boot_seq ON reports (boot, seq)")
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('thinned', 0), ('expired', 0),"
                              " ('refused', 0)")

@@ -90,10 +90,13 @@ def test_buffer_from_before_boot_column_is_migrated(tmp_path: Path) -> None:
     con.execute("CREATE TABLE reports (id INTEGER PRIMARY KEY AUTOINCREMENT, seq INTEGER NOT NULL,"
                 " ts REAL NOT NULL, size INTEGER NOT NULL, payload BLOB NOT NULL)")
     con.execute("INSERT INTO reports (seq, ts, size, payload) VALUES (7, 1.0, 1, x'41')")
+    con.execute("INSERT INTO reports (seq, ts, size, payload) VALUES (9, 1.0, 1, ?)",
+                (b'{"v":1,"boot":"oldboot","seq":9}',))
     con.commit()
     con.close()
     b = ReportBuffer(db)
-    assert [(p.boot, p.seq, p.payload) for p in b.peek(5)] == [("", 7, b"A")]
+    assert [(p.boot, p.seq) for p in b.peek(5)] == [("", 7), ("oldboot", 9)]
+    assert len(b.ack_seqs("oldboot", ((9, 9),))) == 1  # the core's ack finds it
     b.put(8, 2.0, b"B", "nb")
     assert len(b.ack_seqs("nb", ((8, 8),))) == 1 and b.depth() == 1
 
