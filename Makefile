@@ -18,7 +18,7 @@ lint: setup
 	$(VENV)/bin/mypy edge_agent cloud_core
 
 bench: setup
-	$(PY) -m tools.bench_all
+	$(PY) -m tools.bench_all --doc docs/scale.md --readme README.md
 
 clean:
 	$(PY) -m tools.lab cleanup || true

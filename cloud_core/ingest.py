@@ -48,6 +48,9 @@ class Ingest:
         # Log the first few drops per reason, then only count: a flood of
         # garbage must not become a flood of log lines.
         self._logged: Counter[str] = Counter()
+        # Called with (node, boot, seq) once a report is in state (accepted or a
+        # duplicate of one that is): the end-to-end ack (cloud_core/acks.py).
+        self.on_ingested: Callable[[str, str, int], None] | None = None
 
     def counters(self) -> IngestCounters:
         with self._lock:
@@ -72,7 +75,10 @@ class Ingest:
             now = self._clock()
             if leaf == "telemetry":
                 report = self.decoder.decode(payload, ident)
-                if not self.state.apply_report(report, now):
+                fresh = self.state.apply_report(report, now)
+                if self.on_ingested is not None:
+                    self.on_ingested(ident, report.boot, report.seq)
+                if not fresh:
                     with self._lock:
                         self._duplicates += 1
                     return "duplicate"

@@ -16,6 +16,7 @@ import yaml
 
 from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.errors import CoreError
+from cloud_core.metrics import int_fields
 from cloud_core.registry import load_registry
 from cloud_core.service import CoreConfig, CoreService
 from cloud_core.view import render_links, render_nodes
@@ -43,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mqtt-in-process", action="store_true",
                    help="keep the MQTT connection in the core's own process (default: a "
                         "child process, so receiving and ingesting use two CPUs)")
+    p.add_argument("--ack-interval", type=float, default=1.0,
+                   help="seconds between end-to-end acks to each reporting agent")
     p.add_argument("--metrics-port", type=int, default=env("CFNET_METRICS_PORT"),
                    help="serve Prometheus metrics on this port (default: off)")
     k = p.add_argument_group("Kubernetes (place pods with schedulerName: cfnet-scheduler)")
@@ -84,7 +87,7 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
         # With Kubernetes, pods are placed by the actuator below, not by the local loop.
         place=not (a.no_place or a.kubernetes), console=not a.no_place,
         metrics_port=int(a.metrics_port) if a.metrics_port is not None else None,
-        mqtt_process=not a.mqtt_in_process,
+        mqtt_process=not a.mqtt_in_process, ack_interval_s=a.ack_interval,
     )
 
 
@@ -123,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             lease_duration_s=a.lease_duration, renew_deadline_s=a.lease_duration * 2 / 3,
             retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint),
             on_lead=core.connect, on_follow=core.disconnect, console=core.console)
+        # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
+        core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
+                                  "event", int_fields(kube.actuator.stats))
         log.info("placing through the Kubernetes API as %s (lease %s/cfnet-core)",
                  a.identity, a.lease_namespace)
     pending = len(core.store.workloads(("planned",)))

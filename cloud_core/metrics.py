@@ -9,6 +9,7 @@ Each core owns its registry: no module-level state.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sqlite3
 import time
@@ -84,6 +85,26 @@ class _Live(Collector):
             yield w
 
 
+class _Counters(Collector):
+    """Counters another part keeps (read at scrape time), one labelled family."""
+
+    def __init__(self, name: str, doc: str, label: str,
+                 read: Callable[[], dict[str, int]]) -> None:
+        self.name, self.doc, self.label, self.read = name, doc, label, read
+
+    def collect(self) -> Iterator[Any]:
+        fam = CounterMetricFamily(self.name, self.doc, labels=[self.label])
+        for k, v in sorted(self.read().items()):
+            fam.add_metric([k], v)
+        yield fam
+
+
+def int_fields(obj: Any) -> Callable[[], dict[str, int]]:
+    """A reader of a dataclass's int fields (e.g. the Kubernetes actuator's stats)."""
+    names = [f.name for f in dataclasses.fields(obj) if f.type in (int, "int")]
+    return lambda: {n: int(getattr(obj, n)) for n in names}
+
+
 class CoreMetrics:
     def __init__(self, ingest: Ingest, state: ClusterState, store: Store | None = None,
                  health: HealthConfig | None = None, clock: Callable[[], float] = time.time
@@ -109,6 +130,11 @@ class CoreMetrics:
         self.placement_batch.set(batch)
         if "gap" in stats:
             self.solver_gap.set(stats["gap"])
+
+    def add_counters(self, name: str, doc: str, label: str,
+                     read: Callable[[], dict[str, int]]) -> None:
+        """Export counters kept elsewhere (read when scraped, never copied)."""
+        self.registry.register(_Counters(name, doc, label, read))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Start the /metrics endpoint; returns the bound port (``port=0`` picks one)."""

@@ -12,9 +12,14 @@ on ingest while the child spends another CPU on MQTT.
 (``subscribe``, ``start``, ``stop``, ``connected``, ``wait_connected``,
 ``last_refusal``, ``publish`` returning a handle with ``wait`` and ``done``).
 Messages reach ``on_message`` in broker order, on one thread. The child
-acknowledges a QoS 1 message once it is queued for the core, not once it is
-folded in: telemetry state is rebuilt from the next reports anyway, and the
-core's durable work (plans, placements) is journalled separately.
+PUBACKs a QoS 1 message once it is queued for the core, not once it is folded
+in, so the PUBACK promises nothing about ingest: a core SIGKILLed with reports
+in the pipe has them PUBACKed and lost. What an agent waits for is the core's
+end-to-end ack (``cloud_core/acks.py``), which the *parent* publishes after
+the fold; a report lost in the pipe is never acked end to end, so the agent
+resends it (see ``edge_agent/outbox.py``). A console request lost that way
+gets no reply (``cfnetctl`` says so after its timeout; the operator runs it
+again); the core's durable work (plans, placements) is journalled separately.
 
 The child exits when the core asks, and on its own when the core goes away
 (its end of the pipe closes), so a killed core leaves no orphan holding the

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cloud_core.acks import Acknowledger
 from cloud_core.actuators import Actuator
 from cloud_core.actuators.local import LocalActuator
 from cloud_core.console.commands import register_commands
@@ -66,8 +67,11 @@ class CoreConfig:
     metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
     metrics_addr: str = "0.0.0.0"
     # MQTT in a child process (cloud_core/mqtt_process.py), so receiving and
-    # ingesting use two CPUs; cfnet-core turns it on, tests mostly keep one process.
-    mqtt_process: bool = False
+    # ingesting use two CPUs: what cfnet-core runs. False only where a test or
+    # benchmark says why it needs one process.
+    mqtt_process: bool = True
+    # End-to-end acks to agents (cloud_core/acks.py): how often, per node.
+    ack_interval_s: float = 1.0
 
 
 class CoreService:
@@ -83,6 +87,10 @@ class CoreService:
             MqttProcess(cfg.mqtt, on_message=self._on_message) if cfg.mqtt_process
             else MqttClient(cfg.mqtt, on_message=self._on_message)
         )
+        self.acks = Acknowledger(
+            lambda topic, payload: self.mqtt.publish(topic, payload, qos=1),
+            cfg.ack_interval_s, clock)
+        self.ingest.on_ingested = self.acks.record
         self.actuator = actuator or LocalActuator(
             lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True),
             on_refused=lambda node, msg: self.events.emit(
@@ -90,6 +98,9 @@ class CoreService:
         )
         self.metrics = CoreMetrics(self.ingest, self.state, self.store, cfg.health, clock)
         self.metrics_port: int | None = None
+        self.metrics.add_counters(
+            "cfnet_acks", "End-to-end acks to agents: messages sent, reports acknowledged",
+            "what", lambda: {"messages": self.acks.messages, "reports": self.acks.reports})
         self.scheduler = Scheduler(
             store=self.store, registry=cfg.registry, state=self.state, events=self.events,
             actuator=self.actuator, health_config=cfg.health, clock=clock,
@@ -129,6 +140,7 @@ class CoreService:
             log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_addr, self.metrics_port)
         if connect:
             self.connect()
+        self.acks.start()
         if self.digests is not None:
             self.digests.start()
         if self.cfg.place:
@@ -152,6 +164,7 @@ class CoreService:
             self._loop.join(timeout=10)
         if self.digests is not None:
             self.digests.stop()
+        self.acks.stop()  # last acks out before the connection goes
         self.mqtt.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.metrics.close()

@@ -1,9 +1,14 @@
 """The agent loop: probes -> sample -> buffer -> publish.
 
 One thread samples once per interval and writes the report to the persistent
-buffer; another drains the buffer, oldest first, to the broker with QoS 1 and
-deletes a report only when the broker has acknowledged it. The two meet only at
-the buffer, so a slow or absent broker never delays a measurement.
+buffer; another sends the buffer, oldest first, to the broker with QoS 1. A
+report is deleted only when the *core* acknowledges it on
+``cfnet/v1/nodes/{node}/ack`` (after ingesting it), never on the broker's
+PUBACK: the broker's queue for a core that is down is bounded, and a core
+killed with reports in its pipe has them PUBACKed but not ingested. Which
+reports go when (a window in flight, resends) is ``edge_agent.outbox``. The
+threads meet only at the buffer, so a slow or absent broker or core never
+delays a measurement.
 """
 
 from __future__ import annotations
@@ -18,14 +23,18 @@ from dataclasses import dataclass
 from edge_agent import __version__
 from edge_agent.buffer import ReportBuffer
 from edge_agent.host import HostSampler, local_addresses, read_interfaces
-from edge_agent.mqtt import MqttClient, PublishHandle
+from edge_agent.mqtt import Message, MqttClient
+from edge_agent.outbox import AckWindow
 from edge_agent.probes import LinkProbe
 from edge_agent.wire import (
     LinkSample,
     NodeStatus,
     TelemetryReport,
+    WireError,
+    ack_topic,
     encode_report,
     encode_status,
+    parse_ack,
     status_topic,
     telemetry_topic,
 )
@@ -36,8 +45,10 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class AgentStats:
     reports: int = 0
-    published: int = 0
-    publish_timeouts: int = 0
+    published: int = 0  # sends, resends included
+    resent: int = 0
+    acked: int = 0  # reports the core acknowledged (deleted from the buffer)
+    bad_acks: int = 0  # ack messages that did not validate (ignored)
     probe_errors: int = 0
 
 
@@ -60,6 +71,8 @@ class Agent:
         active_probe: Callable[[list[str]], object] | None = None,
         peers: tuple[str, ...] = (),
         include_interfaces: bool = True,
+        window: int = 100,
+        resend_s: float = 10.0,
     ) -> None:
         self.node = node
         self.interval_s = interval_s
@@ -77,6 +90,11 @@ class Agent:
         self._stop = threading.Event()
         self._wake_sender = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.outbox: AckWindow[int] = AckWindow(window=window, resend_s=resend_s)
+        self._outbox_lock = threading.Lock()
+        # Re-sent on every (re)connect by MqttClient; the persistent session
+        # keeps acks the core sent while we were away.
+        self.mqtt.subscribe(ack_topic(node), qos=1)
 
     # ------------------------------------------------------------------ reports
 
@@ -125,7 +143,7 @@ class Agent:
 
     def tick(self) -> TelemetryReport:
         report = self.sample()
-        self.buffer.put(report.seq, report.ts, encode_report(report))
+        self.buffer.put(report.seq, report.ts, encode_report(report), report.boot)
         self.stats.reports += 1
         self._wake_sender.set()
         return report
@@ -146,26 +164,45 @@ class Agent:
         self.mqtt.publish(status_topic(self.node), encode_status(status), qos=1, retain=True)
         self._wake_sender.set()
 
-    def drain_once(self, batch: int = 20, ack_timeout_s: float = 5.0) -> int:
-        """Publish up to ``batch`` buffered reports, oldest first; returns how many were acked."""
+    def on_message(self, m: Message) -> None:
+        """MQTT handler (paho's thread): the core's acks delete reports from the buffer."""
+        if m.topic != ack_topic(self.node):
+            return
+        try:
+            batch = parse_ack(m.payload, self.node)
+        except WireError as exc:
+            self.stats.bad_acks += 1
+            log.warning("ignored an ack that does not validate: %s", exc)
+            return
+        ids: list[int] = []
+        for boot, ranges in batch.acks:
+            ids.extend(self.buffer.ack_seqs(boot, ranges))
+        with self._outbox_lock:
+            self.outbox.acked(ids, time.monotonic())
+        self.stats.acked += len(ids)
+        self._wake_sender.set()
+
+    def drain_once(self) -> int:
+        """Send what the outbox says is due (new reports, resends); returns how many."""
         if not self.mqtt.connected:
             return 0
-        pending = self.buffer.peek(batch)
-        handles: list[tuple[int, PublishHandle]] = []
+        head = self.buffer.peek(self.outbox.window)
+        by_id = {p.id: p for p in head}
+        now = time.monotonic()
+        with self._outbox_lock:
+            send, give_up = self.outbox.due([p.id for p in head], now)
+            resent = sum(1 for i in send if i in self.outbox.inflight)
+        if give_up:
+            log.warning("giving up %d report(s) the core keeps not acknowledging", len(give_up))
+            self.buffer.give_up(give_up)
         topic = telemetry_topic(self.node)
-        for p in pending:
-            handles.append((p.id, self.mqtt.publish(topic, p.payload, qos=1)))
-        acked: list[int] = []
-        for pid, h in handles:
-            # Stop at the first unacknowledged one: acking later ones would let
-            # a retry deliver out of order.
-            if not h.wait(ack_timeout_s):
-                self.stats.publish_timeouts += 1
-                break
-            acked.append(pid)
-        self.buffer.ack(acked)
-        self.stats.published += len(acked)
-        return len(acked)
+        for pid in send:
+            self.mqtt.publish(topic, by_id[pid].payload, qos=1)
+        with self._outbox_lock:
+            self.outbox.sent(send, now)
+        self.stats.published += len(send)
+        self.stats.resent += resent
+        return len(send)
 
     # ------------------------------------------------------------------ threads
 

@@ -1,8 +1,10 @@
 """Persistent store-and-forward buffer for telemetry (SQLite), bounded by bytes and age.
 
 Every report goes through here: it is written before it is published and
-deleted only once the broker acknowledged it, so a broker outage, a cut link or
-an agent restart loses nothing that fits the bounds. When the buffer is full it
+deleted only once the *core* acknowledged it (``cfnet/v1/nodes/{node}/ack``,
+after ingest), not when the broker did, so a broker outage, a cut link, a core
+that is down or SIGKILLed, or an agent restart loses nothing that fits the
+bounds: this buffer is the only store of unacknowledged reports. When the buffer is full it
 thins the oldest half (keeps every k-th report) instead of refusing new ones:
 a coarser history of an outage is worth more than none of its end. Everything
 thinned or expired is counted, persistently, and reported upstream.
@@ -10,6 +12,7 @@ thinned or expired is counted, persistently, and reported upstream.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ class Pending:
     id: int
     seq: int
     payload: bytes
+    boot: str = ""
 
 
 class ReportBuffer:
@@ -66,7 +70,20 @@ class ReportBuffer:
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)"
             )
-            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('thinned', 0), ('expired', 0)")
+            # Reports buffered before acks were end to end have no boot column:
+            # add it and fill it from each report's own "boot", so the core's
+            # ack (by boot and seq) finds them.
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(reports)")}
+            if "boot" not in cols:
+                self._db.execute("ALTER TABLE reports ADD COLUMN boot TEXT NOT NULL DEFAULT ''")
+                # Without JSON1 they go out, are given up after max_tries, counted.
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self._db.execute(
+                        "UPDATE reports SET boot = COALESCE(json_extract(CAST(payload AS TEXT),"
+                        " '$.boot'), '') WHERE json_valid(CAST(payload AS TEXT))")
+            self._db.execute("CREATE INDEX IF NOT EXISTS reports_boot_seq ON reports (boot, seq)")
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('thinned', 0), ('expired', 0),"
+                             " ('refused', 0)")
         except sqlite3.Error as exc:
             raise ReportBufferError(f"cannot open report buffer at {path}: {exc}") from exc
 
@@ -87,10 +104,16 @@ class ReportBuffer:
             return self._meta("expired")
 
     @property
-    def dropped(self) -> int:
-        """Reports lost for good (thinned + expired), since this buffer was created."""
+    def refused(self) -> int:
+        """Reports given up after the core, acknowledging others, never acknowledged them."""
         with self._lock:
-            return self._meta("thinned") + self._meta("expired")
+            return self._meta("refused")
+
+    @property
+    def dropped(self) -> int:
+        """Reports lost for good (thinned + expired + refused), since this buffer was created."""
+        with self._lock:
+            return self._meta("thinned") + self._meta("expired") + self._meta("refused")
 
     def depth(self) -> int:
         with self._lock:
@@ -102,13 +125,13 @@ class ReportBuffer:
 
     # ------------------------------------------------------------------ queue
 
-    def put(self, seq: int, ts: float, payload: bytes) -> None:
+    def put(self, seq: int, ts: float, payload: bytes, boot: str = "") -> None:
         try:
             with self._lock:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
-                    "INSERT INTO reports (seq, ts, size, payload) VALUES (?,?,?,?)",
-                    (seq, ts, len(payload), payload),
+                    "INSERT INTO reports (seq, ts, size, payload, boot) VALUES (?,?,?,?,?)",
+                    (seq, ts, len(payload), payload, boot),
                 )
                 self._expire(ts)
                 self._thin()
@@ -120,15 +143,44 @@ class ReportBuffer:
     def peek(self, limit: int) -> list[Pending]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, seq, payload FROM reports ORDER BY id LIMIT ?", (limit,)
+                "SELECT id, seq, payload, boot FROM reports ORDER BY id LIMIT ?", (limit,)
             ).fetchall()
-        return [Pending(int(r[0]), int(r[1]), bytes(r[2])) for r in rows]
+        return [Pending(int(r[0]), int(r[1]), bytes(r[2]), str(r[3])) for r in rows]
 
     def ack(self, ids: list[int]) -> None:
+        """Delete these rows (the core has them)."""
         if not ids:
             return
         with self._lock:
             self._db.executemany("DELETE FROM reports WHERE id=?", [(i,) for i in ids])
+
+    def ack_seqs(self, boot: str, ranges: tuple[tuple[int, int], ...]) -> list[int]:
+        """Delete the reports of ``boot`` whose seq is in one of the inclusive ``ranges``;
+        returns the row ids deleted."""
+        if not ranges:
+            return []
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                ids: list[int] = []
+                for lo, hi in ranges:
+                    ids.extend(int(r[0]) for r in self._db.execute(
+                        "SELECT id FROM reports WHERE boot=? AND seq BETWEEN ? AND ?",
+                        (boot, lo, hi)))
+                self._db.executemany("DELETE FROM reports WHERE id=?", [(i,) for i in ids])
+                self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise ReportBufferError(f"cannot apply ack for boot {boot}: {exc}") from exc
+        return ids
+
+    def give_up(self, ids: list[int]) -> None:
+        """Delete reports the core keeps refusing; counted as ``refused`` (and dropped)."""
+        if not ids:
+            return
+        with self._lock:
+            cur = self._db.executemany("DELETE FROM reports WHERE id=?", [(i,) for i in ids])
+            self._db.execute("UPDATE meta SET v = v + ? WHERE k='refused'", (cur.rowcount,))
 
     def close(self) -> None:
         with self._lock:

@@ -64,6 +64,7 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
         mqtt_settings(cfg),
         will=Will(status_topic(cfg.node), offline_status(cfg.node, boot)),
         on_connect=lambda: agent_ref[0].announce() if agent_ref else None,
+        on_message=lambda m: agent_ref[0].on_message(m) if agent_ref else None,
     )
     agent = Agent(
         node=cfg.node,
@@ -96,8 +97,9 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
     agent.stop()
     # Counted after the sampler has stopped: read before, a report taken in between
     # was missing from the count (the buffer test caught it off by one).
-    log.info("stopped: %d reports taken, %d published, %d still buffered",
-             agent.stats.reports, agent.stats.published, buffer.depth())
+    log.info("stopped: %d reports taken, %d published, %d acknowledged by the core, "
+             "%d still buffered", agent.stats.reports, agent.stats.published,
+             agent.stats.acked, buffer.depth())
     if mqtt.connected:
         # A clean stop says so itself; the will is only for crashes.
         mqtt.publish(status_topic(cfg.node), offline_status(cfg.node, boot), retain=True).wait(2)

@@ -21,10 +21,15 @@ class _AgentCollector(Collector):
         c = CounterMetricFamily("cfnet_agent_reports", "Reports by stage", labels=["stage"])
         c.add_metric(["taken"], a.stats.reports)
         c.add_metric(["published"], a.stats.published)
+        c.add_metric(["resent"], a.stats.resent)
+        c.add_metric(["acked"], a.stats.acked)
         yield c
-        t = CounterMetricFamily("cfnet_agent_publish_timeouts", "Publishes not acked in time")
-        t.add_metric([], a.stats.publish_timeouts)
+        t = CounterMetricFamily("cfnet_agent_bad_acks", "Core acks that did not validate")
+        t.add_metric([], a.stats.bad_acks)
         yield t
+        f = GaugeMetricFamily("cfnet_agent_in_flight", "Reports sent, not yet acked by the core")
+        f.add_metric([], len(a.outbox.inflight))
+        yield f
         e = CounterMetricFamily("cfnet_agent_probe_errors", "Probe collection failures")
         e.add_metric([], a.stats.probe_errors)
         yield e
@@ -34,10 +39,11 @@ class _AgentCollector(Collector):
         bb = GaugeMetricFamily("cfnet_agent_buffer_bytes", "Bytes waiting in the buffer")
         bb.add_metric([], a.buffer.size_bytes())
         yield bb
-        d = CounterMetricFamily("cfnet_agent_buffer_dropped", "Reports thinned or expired",
+        d = CounterMetricFamily("cfnet_agent_buffer_dropped", "Reports thinned, expired or refused",
                                 labels=["why"])
         d.add_metric(["thinned"], a.buffer.thinned)
         d.add_metric(["expired"], a.buffer.expired)
+        d.add_metric(["refused"], a.buffer.refused)
         yield d
         m = GaugeMetricFamily("cfnet_agent_connected", "1 while connected to the broker")
         m.add_metric([], 1 if a.mqtt.connected else 0)

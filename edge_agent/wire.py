@@ -70,6 +70,11 @@ def placements_topic(node: str) -> str:
     return f"{TOPIC_ROOT}/nodes/{node}/placements"
 
 
+def ack_topic(node: str) -> str:
+    """Core -> agent: which of the node's reports the core has ingested (see AckBatch)."""
+    return f"{TOPIC_ROOT}/nodes/{node}/ack"
+
+
 def request_topic(operator: str) -> str:
     return f"{TOPIC_ROOT}/console/{operator}/request"
 
@@ -88,6 +93,7 @@ def digest_topic(replica: str) -> str:
 
 
 STATUS_WILDCARD = f"{TOPIC_ROOT}/nodes/+/status"
+ACK_WILDCARD = f"{TOPIC_ROOT}/nodes/+/ack"
 REQUEST_WILDCARD = f"{TOPIC_ROOT}/console/+/request"
 
 
@@ -541,3 +547,65 @@ def parse_status(payload: bytes, topic_node: str | None = None) -> NodeStatus:
         labels=labels,
         version=o.str_("version", max_len=64, required=False),
     )
+
+
+# --------------------------------------------------------------------------- acks
+
+# Bounds on one acknowledgement message: a core acks at most this many boots
+# and seq ranges per node per message (more go in the next message).
+MAX_ACK_BOOTS = 16
+MAX_ACK_RANGES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class AckBatch:
+    """The core ingested (accepted, or already had) these reports of ``node``.
+
+    ``acks`` is ``((boot, ((lo, hi), ...)), ...)``: every seq in each inclusive
+    range of that boot. Ranges, not a high-water mark: a report the broker
+    dropped must not be acknowledged by a later one that got through.
+    """
+
+    node: str
+    ts: float
+    acks: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]
+
+
+def seq_ranges(seqs: list[int]) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged inclusive ranges covering ``seqs`` (duplicates allowed)."""
+    out: list[tuple[int, int]] = []
+    for s in sorted(set(seqs)):
+        if out and s == out[-1][1] + 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return tuple(out)
+
+
+def encode_ack(batch: AckBatch) -> bytes:
+    body = {"v": SCHEMA_VERSION, "node": batch.node, "ts": batch.ts,
+            "acks": [{"boot": b, "seqs": [[lo, hi] for lo, hi in r]} for b, r in batch.acks]}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def parse_ack(payload: bytes, topic_node: str | None = None) -> AckBatch:
+    """Validate an ack message (the agent trusts only its own node's, within bounds)."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise WireError("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
+    o = _Obj(load_json(payload), "")
+    if o.int_("v", lo=0, hi=1000) != SCHEMA_VERSION:
+        raise WireError("version", "unsupported ack version")
+    node = o.str_("node", max_len=63)
+    if not valid_id(node) or (topic_node is not None and node != topic_node):
+        raise WireError("node_mismatch", f"ack for {node[:64]!r} on {topic_node!r}")
+    acks: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+    for i, raw in enumerate(o.list_("acks", max_len=MAX_ACK_BOOTS)):
+        a = _Obj(raw, f"acks[{i}]")
+        ranges: list[tuple[int, int]] = []
+        for r in a.list_("seqs", max_len=MAX_ACK_RANGES):
+            if (not isinstance(r, list) or len(r) != 2
+                    or not all(type(x) is int and 0 <= x <= _MAX_INT for x in r) or r[0] > r[1]):
+                raise WireError("schema", f"acks[{i}].seqs: [lo, hi] with 0 <= lo <= hi")
+            ranges.append((r[0], r[1]))
+        acks.append((a.str_("boot", max_len=64), tuple(ranges)))
+    return AckBatch(node=node, ts=o.req_num("ts", hi=1e11), acks=tuple(acks))

@@ -9,9 +9,12 @@ collects every table row into one table (benchmark | row | the row's figures,
 each labelled with its column), prints it, prints the benchmarks' own tables
 below it, and with ``--doc FILE`` writes both between the ``bench_all``
 markers of that file (``docs/scale.md`` by default when ``--doc`` is given
-without a value).
+without a value). With ``--readme [FILE]`` each benchmark's tables also replace
+what stands between its ``<!-- bench:NAME:begin -->`` / ``<!-- bench:NAME:end -->``
+markers in the README (a benchmark that failed leaves its block alone), with a
+line saying which run produced them; ``make bench`` does both.
 
-    python -m tools.bench_all [--full] [--only ingest,reaction] [--doc [FILE]]
+    python -m tools.bench_all [--full] [--only ingest,reaction] [--doc [FILE]] [--readme [FILE]]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "scale.md"
+README = REPO / "README.md"
 BEGIN, END = "<!-- bench_all:begin -->", "<!-- bench_all:end -->"
 ORDER = ("placement", "agent", "offline", "ingest", "reaction")
 # Short modes; each benchmark's own defaults are its full run (--full).
@@ -137,6 +141,29 @@ def write_doc(text: str, path: Path) -> None:
     path.write_text(new)
 
 
+def readme_markers(name: str) -> tuple[str, str]:
+    return f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+
+
+def update_readme(outcomes: Sequence[Outcome], path: Path, when: str, full: bool) -> list[str]:
+    """Replace each benchmark's README block with the tables it printed; returns the
+    names whose block was rewritten."""
+    text = path.read_text()
+    done = []
+    for o in outcomes:
+        begin, end = readme_markers(o.name)
+        if o.rc != 0 or not o.tables or begin not in text or end not in text:
+            continue
+        tables = "\n\n".join("\n".join(t) for t in o.tables)
+        note = (f"<!-- written by `make bench` ({'full' if full else 'quick'} mode, "
+                f"`{' '.join(o.argv[2:])}`), {when}: edit the benchmark, not this block -->")
+        block = f"{begin}\n{note}\n\n{tables}\n\n{end}"
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+        done.append(o.name)
+    path.write_text(text)
+    return done
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_all",
                                  description=(__doc__ or "").splitlines()[0])
@@ -144,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma list, e.g. ingest,reaction")
     ap.add_argument("--doc", nargs="?", const=str(DOC), default=None,
                     help="write the tables between the bench_all markers of this file")
+    ap.add_argument("--readme", nargs="?", const=str(README), default=None,
+                    help="replace each benchmark's marked block in this README")
     a = ap.parse_args(argv)
     names = discover()
     if a.only:
@@ -165,6 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if a.doc:
         write_doc(text, Path(a.doc))
+    if a.readme:
+        done = update_readme(outcomes, Path(a.readme), when, a.full)
+        print(f"# README blocks rewritten: {', '.join(done) or 'none'}", file=sys.stderr)
     return 0 if all(o.rc in (0, -1) for o in outcomes) else 1
 
 

@@ -2,7 +2,9 @@
 
 :class:`Rig` is a lab (a ``cloud`` site and edge sites around the router), a TLS
 Mosquitto in the cloud namespace, a :class:`cloud_core.service.CoreService`
-running in this process but inside the cloud namespace, and real
+running in this process but inside the cloud namespace (its MQTT connection in
+a child process, as ``cfnet-core`` runs it; the core object stays here so the
+tests can read its state directly), and real
 ``cfnet-agent`` processes in the edge namespaces. It can SIGKILL an agent,
 take a site's link down (``Lab.link_down``: nobody reaches the site) or
 *partition* it from the cloud only (an nftables table of our own in the
@@ -16,7 +18,10 @@ kill or cut until the core's health says ``down`` or ``unreachable``, and
 prints a table (p50 / p95 / max) beside the Kubernetes defaults
 (node-monitor-grace-period 40 s, 50 s in some releases, then eviction after
 the 300 s default toleration), and writes it into ``docs/disconnection.md``
-between the ``bench_offline`` markers. Every loop is bounded in count and time.
+between the ``bench_offline`` markers. ``--core-outage SECONDS`` instead stops
+``cfnet-core`` under a simulated fleet with end-to-end acks (:func:`core_outage`)
+and writes its table between the ``bench_offline_core`` markers. Every loop is
+bounded in count and time.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ import argparse
 import contextlib
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +54,8 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 DOC = REPO / "docs" / "disconnection.md"
 BEGIN, END = "<!-- bench_offline:begin -->", "<!-- bench_offline:end -->"
+CORE_BEGIN, CORE_END = "<!-- bench_offline_core:begin -->", "<!-- bench_offline_core:end -->"
+AGENT_BUFFER_BYTES = 16 * 1024 * 1024  # the agent's default buffer bound
 OFFLINE = (Health.DOWN, Health.UNREACHABLE)
 # Kubernetes defaults for comparison: kube-controller-manager marks a node
 # Unknown/NotReady after --node-monitor-grace-period (40 s; 50 s in some
@@ -67,7 +76,7 @@ class AgentProc:
 
 @dataclass
 class Rig:
-    """Lab + broker in the cloud namespace + in-process core + agent processes."""
+    """Lab + broker in the cloud namespace + core (MQTT child process) + agent processes."""
 
     lab: Lab
     broker: Broker
@@ -198,7 +207,8 @@ def wait_until(pred: object, timeout_s: float, what: str, poll_s: float = 0.05) 
 @contextlib.contextmanager
 def rig(edges: Sequence[str], workdir: Path, *, prefix: str = "",
         health: HealthConfig = HealthConfig()) -> Iterator[Rig]:
-    """Bring up the lab, the broker (cloud), the core (cloud, in process); tear all down."""
+    """Bring up the lab, the broker (cloud), the core (cloud; MQTT in its child process,
+    as shipped); tear all down."""
     if os.geteuid() != 0:
         raise PermissionError("the outage rig needs root (network namespaces)")
     prefix = prefix or f"out{os.getpid() % 10000}"
@@ -329,12 +339,12 @@ def table(trials: list[Trial], hc: HealthConfig, keepalive_s: int) -> str:
     return "\n".join(rows)
 
 
-def write_doc(tbl: str, path: Path = DOC) -> None:
+def write_doc(tbl: str, path: Path = DOC, begin: str = BEGIN, end: str = END) -> None:
     text = path.read_text() if path.exists() else ""
-    block = f"{BEGIN}\n{tbl}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+    block = f"{begin}\n{tbl}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         text = head + block + tail
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
@@ -348,11 +358,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cuts", type=int, default=20)
     ap.add_argument("--partitions", type=int, default=10)
     ap.add_argument("--no-doc", action="store_true", help="print only; leave docs alone")
+    ap.add_argument("--core-outage", type=float, default=0.0, metavar="SECONDS",
+                    help="instead: stop cfnet-core this long under a simulated fleet "
+                         "(no root needed) and measure loss and drain")
+    ap.add_argument("--fleet", type=int, default=2000, help="with --core-outage: agents")
+    ap.add_argument("--fleet-interval", type=float, default=2.0,
+                    help="with --core-outage: seconds between an agent's reports")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stderr)
     for name in ("tools.lab", "cloud_core", "edge_agent"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if a.core_outage > 0:
+        with tempfile.TemporaryDirectory(prefix="cfnet-bench-outage-") as tmp:
+            out = core_outage(a.fleet, a.fleet_interval, a.core_outage, Path(tmp))
+        tbl = outage_table(out)
+        print(tbl)
+        if not a.no_doc:
+            write_doc(tbl, DOC, CORE_BEGIN, CORE_END)
+        ok = out.unacked_at_end == 0 and out.dropped == 0 and out.duplicates_in_state == 0
+        return 0 if ok else 1
     with tempfile.TemporaryDirectory(prefix="cfnet-bench-offline-") as tmp:
         trials = bench(a.kills, a.cuts, a.partitions, Path(tmp))
     tbl = table(trials, HealthConfig(), 3)
@@ -362,6 +387,165 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not a.no_doc:
         write_doc(tbl)
     return 0
+
+
+
+# ====================================================================== core outage
+
+
+def outage_table(o: CoreOutage) -> str:
+    lost = o.unacked_at_end + o.dropped
+    return "\n".join([
+        "| agents | interval | core stopped | reports taken | lost | twice in state | "
+        "resent | most held by one agent | drain after restart |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {o.fleet:,} | {o.interval_s:g} s | {o.outage_s:g} s | {o.taken:,} | {lost} | "
+        f"{o.duplicates_in_state} | {o.resent:,} | {o.max_pending_per_agent} reports "
+        f"(~{o.max_pending_per_agent * o.report_bytes / 1024:.0f} KiB of the agent's "
+        f"{AGENT_BUFFER_BYTES >> 20} MiB bound) | {o.drain_s:.1f} s ({o.connect_s:.1f} s of "
+        "it until the core answered) |",
+        "",
+        f"`python -m tools.bench_offline --core-outage {o.outage_s:g} --fleet {o.fleet} "
+        f"--fleet-interval {o.interval_s:g}`: simulated agents with end-to-end acks (ack "
+        "mode of tools/simulate.py, the agent's window and resend policy), TLS Mosquitto, "
+        "`cfnet-core` as shipped (MQTT child process), stopped with SIGTERM and started "
+        f"again; {o.acked_before_stop:,} reports acknowledged before the stop. Drain: from "
+        "the restart until every report taken before it was acknowledged. Whole run "
+        f"{o.elapsed_s:.0f} s, measured "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on the shared 2-CPU machine.",
+    ])
+
+
+@dataclass
+class CoreOutage:
+    """What :func:`core_outage` saw."""
+
+    fleet: int
+    interval_s: float
+    outage_s: float
+    taken: int
+    acked_before_stop: int
+    unacked_at_end: int
+    dropped: int  # reports a simulated agent gave up (buffer bound, refused): must be 0
+    duplicates_in_state: int  # (node, boot, seq) twice in the restarted core's state
+    resent: int
+    max_pending_per_agent: int
+    report_bytes: int
+    drain_s: float  # from the core's restart until every report taken before it was acked
+    connect_s: float  # of which: until the restarted core answered the console
+    elapsed_s: float
+
+
+def _core_proc(broker: Broker, workdir: Path, log_name: str) -> subprocess.Popen[bytes]:
+    """``cfnet-core`` as shipped (MQTT in its child process), on ``broker``."""
+    creds = broker.add_account("core-0", "core")
+    (workdir / "core.pw").write_text(creds.password)
+    (workdir / "roles.yaml").write_text("operators: {bench: viewer}\n")
+    out = open(workdir / log_name, "ab")  # noqa: SIM115 - the process owns it
+    try:
+        return subprocess.Popen(
+            [str(VENV_BIN / "cfnet-core"), "--broker-host", broker.host, "--broker-port",
+             str(broker.port), "--username", "core-0", "--password-file",
+             str(workdir / "core.pw"), "--ca-file", str(broker.ca_file), "--roles",
+             str(workdir / "roles.yaml"), "--db", str(workdir / "core.db"),
+             "--table-every", "0"], stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        out.close()
+
+
+def core_outage(fleet: int, interval_s: float, outage_s: float, workdir: Path, *,
+                warm_s: float = 20.0, after_s: float = 20.0, drain_limit_s: float = 600.0,
+                connections: int = 4) -> CoreOutage:
+    """``fleet`` simulated agents (tools.simulate, ack mode: each keeps every report
+    until the core acknowledges it, window and resends as ``edge_agent.outbox``)
+    report every ``interval_s`` through a TLS Mosquitto; ``cfnet-core`` is stopped
+    (SIGTERM) after ``warm_s`` for ``outage_s`` and started again. Measured: every
+    report acknowledged in the end, none dropped, none twice in the restarted core's
+    state, the most any agent held, and the time to drain."""
+    from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
+    from tools.simulate import SimConfig, Simulator, World
+
+    t_start = time.time()
+    with Broker(workdir / "broker") as broker:
+        def ms(name: str) -> MqttSettings:
+            c = broker.add_account(name, "sim")
+            return MqttSettings(host=broker.host, port=broker.port, username=name,
+                                password=c.password, tls=True, ca_file=c.ca_file,
+                                client_id=name, keepalive_s=10, session_expiry_s=0,
+                                clean_start=True, max_inflight=100)
+
+        sims = [ms(f"sim-out{i}") for i in range(connections)]
+        listener = ms("sim-out-acks")
+        run_s = warm_s + outage_s + after_s
+        world = World(SimConfig(nodes=fleet, rate=1.0 / interval_s, duration_s=run_s, seed=3,
+                                node_prefix="ot"))
+        op = broker.add_account("bench", "operator")
+        console = ConsoleClient(MqttSettings(host=broker.host, port=broker.port,
+                                             username="bench", password=op.password,
+                                             tls=True, ca_file=op.ca_file), "bench")
+        procs = [_core_proc(broker, workdir, "core.log")]
+
+        def answering() -> bool:
+            try:
+                return console.call("stats", timeout_s=2).ok
+            except ConsoleUnavailable:
+                return False
+
+        sim = Simulator(world, sims, acks=listener, drain_s=drain_limit_s)
+        result: dict[str, object] = {}
+        runner = threading.Thread(target=lambda: result.update(sim.run()), daemon=True)
+        try:
+            console.connect(30)
+            wait_until(answering, 60, "core answering")
+            runner.start()
+            wait_until(lambda: sim.t0 and time.time() - sim.t0 >= warm_s, warm_s + 60,
+                       "warm-up")
+            procs[0].terminate()
+            procs[0].wait(30)
+            log.info("core stopped; %d reports unacknowledged", sim.pending_total())
+            acked_before = sum(last for _b, last in sim.taken().values()) - sim.pending_total()
+            time.sleep(outage_s)
+            mark = {n: last for n, (_b, last) in sim.taken().items()}
+            t_restart = time.time()
+            procs.append(_core_proc(broker, workdir, "core.log"))
+            wait_until(answering, 120, "restarted core answering")
+            connect_s = time.time() - t_restart
+
+            def drained() -> bool:
+                return all(o is None or o > mark[n] for n, o in sim.oldest_pending().items())
+
+            wait_until(drained, drain_limit_s, "every report taken during the outage acked",
+                       poll_s=0.5)
+            drain_s = time.time() - t_restart
+            log.info("drained in %.1f s", drain_s)
+            runner.join(run_s + drain_limit_s + 120)
+            taken = sum(last for _b, last in sim.taken().values())
+            dups = 0
+            for n, (boot, _last) in sim.taken().items():
+                r = console.call("received", {"node": n}, timeout_s=10)
+                for e in r.data["boots"] if r.ok else []:
+                    if e["boot"] == boot:
+                        dups += e["count"] - e["distinct"]
+            sample = world.report_bytes(world.nodes[0], 1, "0123456789ab", time.time(), 0.0,
+                                        random.Random(1))
+            return CoreOutage(
+                fleet=fleet, interval_s=interval_s, outage_s=outage_s, taken=taken,
+                acked_before_stop=acked_before, unacked_at_end=int(str(result["unacked"])),
+                dropped=int(str(result["pending_dropped"])), duplicates_in_state=dups,
+                resent=int(str(result["resent"])),
+                max_pending_per_agent=int(str(result["max_pending"])),
+                report_bytes=len(sample), drain_s=drain_s, connect_s=connect_s,
+                elapsed_s=time.time() - t_start)
+        finally:
+            sim.stop()
+            console.close()
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+                    try:
+                        p.wait(15)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
 
 
 if __name__ == "__main__":

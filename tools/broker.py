@@ -334,7 +334,7 @@ class Broker:
 
     # ------------------------------------------------------------------ accounts
     def add_account(
-        self, name: str, role: Literal["agent", "operator", "core", "sim"]
+        self, name: str, role: Literal["agent", "operator", "core", "sim", "bridge"]
     ) -> Credentials:
         """Register an account (idempotent); on a running broker, reload and wait until live."""
         try:

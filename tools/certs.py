@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Literal, cast, get_args
 
 from edge_agent.wire import (
+    ACK_WILDCARD,
     DIGEST_WILDCARD,
     EVENTS_TOPIC,
     ID_RE,
@@ -51,6 +52,7 @@ from edge_agent.wire import (
     STATUS_WILDCARD,
     TELEMETRY_WILDCARD,
     TOPIC_ROOT,
+    ack_topic,
     placements_topic,
     request_topic,
     response_topic,
@@ -58,12 +60,12 @@ from edge_agent.wire import (
     telemetry_topic,
 )
 
-Role = Literal["agent", "operator", "core", "sim"]
+Role = Literal["agent", "operator", "core", "sim", "bridge"]
 ROLES: tuple[Role, ...] = get_args(Role)
 # Names with these prefixes are reserved for the role, so an agent or an
 # operator can never be mistaken for a core or simulator account by a human
 # reading logs, and a core/sim account is recognisable from its name alone.
-RESERVED_PREFIXES: dict[str, Role] = {"core-": "core", "sim-": "sim"}
+RESERVED_PREFIXES: dict[str, Role] = {"core-": "core", "sim-": "sim", "bridge-": "bridge"}
 CA_DAYS = 3650
 LEAF_DAYS = 825
 MOSQUITTO_PASSWD = "mosquitto_passwd"
@@ -99,6 +101,8 @@ def acl_rules(name: str, role: Role) -> list[tuple[str, str]]:
             ("write", telemetry_topic(name)),
             ("write", status_topic(name)),
             ("read", placements_topic(name)),
+            # The core's end-to-end acks for this node's reports; nobody else's.
+            ("read", ack_topic(name)),
         ]
     if role == "operator":
         return [
@@ -120,11 +124,22 @@ def acl_rules(name: str, role: Role) -> list[tuple[str, str]]:
             # Replicas sharing ingest publish digests of what they took in.
             ("write", f"{TOPIC_ROOT}/core/{name}/digest"),
             ("read", DIGEST_WILDCARD),
+            # End-to-end acks to agents (written only; no core reads them).
+            ("write", ACK_WILDCARD),
         ]
         return rules
     if role == "sim":
         # Load tests only: one account speaks for many simulated nodes.
-        return [("write", TELEMETRY_WILDCARD), ("write", STATUS_WILDCARD)]
+        # Its simulated agents wait for the core's acks as real ones do.
+        return [("write", TELEMETRY_WILDCARD), ("write", STATUS_WILDCARD),
+                ("read", ACK_WILDCARD)]
+    if role == "bridge":
+        # A regional broker's bridge (deploy/mosquitto/bridge.conf): carries
+        # its region's agents' reports and statuses out, their placement sets
+        # and the core's acks in. Which node speaks for which id is decided by
+        # the regional broker's own ACL, where each agent has its own account.
+        return [("write", TELEMETRY_WILDCARD), ("write", STATUS_WILDCARD),
+                ("read", PLACEMENTS_WILDCARD), ("read", ACK_WILDCARD)]
     raise CertError(f"unknown role {role!r}")
 
 

@@ -37,6 +37,9 @@ CLI::
         --degrade at=20,dur=15,site=r1s0,rtt=4,loss=0.05 --disconnect at=30,dur=10,site=r0s1
 
 prints a JSON summary (offered, published, acknowledged, late, events) at the end.
+With ``--ack-account sim-acks`` every virtual node behaves as an agent with
+end-to-end acks (``edge_agent.outbox``): it keeps each report until the core
+acknowledges it on ``cfnet/v1/nodes/{node}/ack`` and resends what was lost.
 """
 
 from __future__ import annotations
@@ -55,8 +58,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent.mqtt import MqttClient, MqttSettings, PublishHandle
-from edge_agent.wire import status_topic, telemetry_topic
+from edge_agent.mqtt import Message, MqttClient, MqttSettings, PublishHandle
+from edge_agent.outbox import AckWindow
+from edge_agent.wire import (
+    ACK_WILDCARD,
+    AckBatch,
+    WireError,
+    parse_ack,
+    split_topic,
+    status_topic,
+    telemetry_topic,
+)
 from tools.publisher import Publisher, PublisherError
 
 log = logging.getLogger("tools.simulate")
@@ -64,6 +76,11 @@ log = logging.getLogger("tools.simulate")
 MAX_NODES = 200_000
 MAX_DURATION_S = 24 * 3600.0
 MAX_BACKLOG = 60  # buffered reports per disconnected node delivered on reconnect
+# With end-to-end acks (``acks=``), each virtual node keeps every report until
+# the core acknowledges it, as the agent's buffer does, up to this many (the
+# agent's default 16 MiB holds about as many of these ~5 KiB reports).
+MAX_PENDING = 3000
+RESCAN_S = 0.5  # how often an ack-mode slice looks for reports due for a resend
 GIB = 1 << 30
 
 # name, UTC offset (h), price $/kWh (night, peak), carbon g/kWh (low, high)
@@ -506,6 +523,10 @@ class SliceStats:
     late: int = 0  # published more than one interval after it was due
     backlog_sent: int = 0
     statuses: int = 0
+    resent: int = 0  # ack mode: reports sent again (no core ack in time)
+    acked_e2e: int = 0  # ack mode: reports the core acknowledged
+    pending_dropped: int = 0  # ack mode: oldest reports dropped past MAX_PENDING
+    max_pending: int = 0  # ack mode: the most reports one node held unacknowledged
     max_lag_s: float = 0.0
     errors: int = 0
 
@@ -516,6 +537,9 @@ class _NodeRun:
     boot: str = ""
     cut: Disconnect | None = None
     backlog: list[tuple[int, float, float]] = field(default_factory=list)  # (seq, ts, t)
+    # ack mode: seq -> (ts, t), oldest first, until the core acknowledges it
+    pending: dict[int, tuple[float, float]] = field(default_factory=dict)
+    win: AckWindow[int] | None = None
 
 
 class Simulator:
@@ -529,7 +553,9 @@ class Simulator:
     def __init__(self, world: World, connections: Sequence[MqttSettings], *,
                  shard: tuple[int, int] = (0, 1), tick_s: float = 0.01,
                  max_pending: int = 2000, client: str = "lean",
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 acks: MqttSettings | None = None, drain_s: float = 0.0,
+                 log_acks: bool = False) -> None:
         if not connections:
             raise SimError("at least one connection (sim account) is needed")
         self.world = world
@@ -554,9 +580,53 @@ class Simulator:
         self._on_event = on_event
         self._stop = threading.Event()
         self.t0 = 0.0
+        # Ack mode: every node behaves like an agent with end-to-end acks
+        # (edge_agent.outbox): keeps each report until the core acknowledges it,
+        # resends what is lost. ``acks`` is a sim account that listens on every
+        # node's ack topic; after ``duration_s`` a slice keeps resending for up to
+        # ``drain_s`` until its nodes hold nothing unacknowledged.
+        self.ack_settings = acks
+        self.drain_s = drain_s
+        self.ack_log: list[tuple[str, str, int, float]] | None = [] if log_acks else None
+        self._runs: dict[str, _NodeRun] = {}
+        self._ack_q: dict[str, deque[tuple[str, AckBatch]]] = {}
+        self._slice_of: dict[str, str] = {}
+        self.bad_acks = 0
 
     def stop(self) -> None:
         self._stop.set()
+
+    def pending_total(self) -> int:
+        """Ack mode: reports the fleet holds that the core has not acknowledged."""
+        return sum(len(r.pending) for r in list(self._runs.values()))
+
+    def oldest_pending(self) -> dict[str, int | None]:
+        """Ack mode: node -> the oldest seq it holds unacknowledged (None: nothing)."""
+        out: dict[str, int | None] = {}
+        for n, r in list(self._runs.items()):
+            for _ in range(3):  # the slice thread may change the dict meanwhile
+                try:
+                    out[n] = next(iter(r.pending), None)
+                    break
+                except RuntimeError:
+                    continue
+        return out
+
+    def taken(self) -> dict[str, tuple[str, int]]:
+        """node -> (boot, last seq taken)."""
+        return {n: (r.boot, r.seq) for n, r in list(self._runs.items())}
+
+    def _on_ack(self, m: Message) -> None:
+        # paho's thread: validate, then hand to the node's slice thread.
+        try:
+            _area, node, _leaf = split_topic(m.topic)
+            batch = parse_ack(m.payload, node)
+        except WireError:
+            self.bad_acks += 1
+            return
+        acct = self._slice_of.get(node)
+        if acct is not None:
+            self._ack_q[acct].append((node, batch))
 
     def _event(self, kind: str, **kw: Any) -> None:
         ev = {"t": round(time.time() - self.t0, 3), "wall": time.time(), "kind": kind, **kw}
@@ -568,7 +638,14 @@ class Simulator:
     def run(self, *, connect_timeout_s: float = 20.0) -> dict[str, Any]:
         """Connect, announce, publish for ``duration_s`` (or until :meth:`stop`), summarise."""
         clients: list[Sender] = []
+        listener: MqttClient | None = None
         try:
+            if self.ack_settings is not None:
+                listener = MqttClient(self.ack_settings, on_message=self._on_ack)
+                listener.subscribe(ACK_WILDCARD, qos=1)
+                listener.start()
+                if not listener.wait_connected(connect_timeout_s):
+                    raise SimError(f"ack listener: not connected ({listener.last_refusal})")
             for s, _nodes in self._slices:
                 c: Sender = Publisher(s) if self.client == "lean" else _PahoSender(s)
                 clients.append(c)
@@ -589,10 +666,12 @@ class Simulator:
                 threads.append(t)
                 t.start()
             for t in threads:
-                t.join(self.cfg.duration_s + 60)
+                t.join(self.cfg.duration_s + self.drain_s + 60)
         finally:
             for c in clients:
                 c.close()
+            if listener is not None:
+                listener.stop()
         return self.summary()
 
     def _schedule_note(self, kind: str, at: float, dur: float, **kw: Any) -> None:
@@ -609,6 +688,17 @@ class Simulator:
         rnd = random.Random(cfg.seed * 7919 + (nodes[0].index if nodes else 0))
         period = 1.0 / cfg.rate
         runs = {nd.index: _NodeRun(boot=uuid.uuid4().hex[:12]) for nd in nodes}
+        acking = self.ack_settings is not None
+        by_name = {nd.name: nd for nd in nodes}
+        q: deque[tuple[str, AckBatch]] = deque()
+        if acking:
+            self._ack_q[st.account] = q
+            for nd in nodes:
+                r = runs[nd.index]
+                r.win = AckWindow(window=100, resend_s=10.0)
+                self._runs[nd.name] = r
+                self._slice_of[nd.name] = st.account
+        next_scan = time.time() + RESCAN_S
         for nd in nodes:
             self._publish(client, status_topic(nd.name), world.status(nd, "online",
                           runs[nd.index].boot), st, retain=True)
@@ -623,6 +713,13 @@ class Simulator:
             now = time.time()
             if now >= end:
                 break
+            if acking:
+                self._take_acks(client, q, by_name, runs, st, rnd)
+                if now >= next_scan:
+                    next_scan = now + RESCAN_S
+                    for nd in nodes:
+                        if runs[nd.index].pending:
+                            self._send_due(client, nd, runs[nd.index], st, rnd)
             burst = 0
             while due[order[i]] <= now and burst < 256:
                 burst += 1
@@ -648,6 +745,25 @@ class Simulator:
                 st.errors += 1
                 log.error("%s: %s", st.account, exc)
                 return
+        if acking:
+            # Past the schedule: keep taking acks and resending until every node
+            # of the slice holds nothing unacknowledged, or drain_s is over.
+            stop_at = time.time() + self.drain_s
+            while not self._stop.is_set() and time.time() < stop_at \
+                    and any(r.pending for r in runs.values()):
+                try:
+                    self._take_acks(client, q, by_name, runs, st, rnd)
+                    if time.time() >= next_scan:
+                        next_scan = time.time() + RESCAN_S
+                        for nd in nodes:
+                            if runs[nd.index].pending:
+                                self._send_due(client, nd, runs[nd.index], st, rnd)
+                    client.flush()
+                    client.poll(0.01)
+                except PublisherError as exc:
+                    st.errors += 1
+                    log.error("%s: %s", st.account, exc)
+                    return
         # acknowledged = published minus what is still in flight after a grace period
         try:
             client.drain(15.0)
@@ -662,6 +778,9 @@ class Simulator:
         t = t_due - self.t0
         st.offered += 1
         cut = world.disconnected(nd, t)
+        if run.win is not None:
+            self._ack_mode_tick(client, nd, run, t_due, now, t, cut, st, rnd)
+            return
         if cut is not None:
             if run.cut is None:
                 run.cut = cut
@@ -698,6 +817,96 @@ class Simulator:
         self._publish(client, telemetry_topic(nd.name), rep, st)
         st.published += 1
 
+    # ------------------------------------------------------------------ ack mode
+
+    def _ack_mode_tick(self, client: Sender, nd: VNode, run: _NodeRun, t_due: float,
+                       now: float, t: float, cut: Disconnect | None, st: SliceStats,
+                       rnd: random.Random) -> None:
+        world = self.world
+        if cut is not None and run.cut is None:
+            run.cut = cut
+            if cut.will:
+                self._publish(client, status_topic(nd.name),
+                              world.status(nd, "offline", run.boot), st, retain=True)
+                st.statuses += 1
+            if nd.index == world.by_site[nd.site][0]:
+                self._event("disconnect_start", site=nd.site, at_s=cut.at_s)
+        elif cut is None and run.cut is not None:
+            run.cut = None
+            self._publish(client, status_topic(nd.name), world.status(nd, "online", run.boot),
+                          st, retain=True)
+            st.statuses += 1
+            if nd.index == world.by_site[nd.site][0]:
+                self._event("disconnect_end", site=nd.site)
+        lag = now - t_due
+        st.max_lag_s = max(st.max_lag_s, lag)
+        if lag > 1.0 / self.cfg.rate:
+            st.late += 1
+        run.seq += 1
+        run.pending[run.seq] = (time.time() if cut is None else t_due, t)
+        if len(run.pending) > MAX_PENDING:  # bounded like the agent's buffer
+            oldest = next(iter(run.pending))
+            del run.pending[oldest]
+            st.pending_dropped += 1
+        st.max_pending = max(st.max_pending, len(run.pending))
+        if cut is None:
+            self._send_due(client, nd, run, st, rnd)
+
+    def _send_due(self, client: Sender, nd: VNode, run: _NodeRun, st: SliceStats,
+                  rnd: random.Random) -> None:
+        win = run.win
+        if win is None or run.cut is not None:
+            return
+        head: list[int] = []
+        for seq in run.pending:
+            head.append(seq)
+            if len(head) >= win.window:
+                break
+        now = time.monotonic()
+        send, give_up = win.due(head, now)
+        for seq in give_up:
+            run.pending.pop(seq, None)
+            st.pending_dropped += 1
+        topic = telemetry_topic(nd.name)
+        left = len(run.pending)
+        for seq in send:
+            ts, t = run.pending[seq]
+            if seq in win.inflight:
+                st.resent += 1
+            else:
+                st.published += 1
+            self._publish(client, topic, self.world.report_bytes(
+                nd, seq, run.boot, ts, t, rnd, buffered=left), st)
+        win.sent(send, now)
+
+    def _take_acks(self, client: Sender, q: deque[tuple[str, AckBatch]],
+                   by_name: dict[str, VNode], runs: dict[int, _NodeRun], st: SliceStats,
+                   rnd: random.Random) -> None:
+        now_m, now_w = time.monotonic(), time.time()
+        while q:
+            node, batch = q.popleft()
+            nd = by_name.get(node)
+            if nd is None:
+                continue
+            run = runs[nd.index]
+            assert run.win is not None
+            gone: list[int] = []
+            for boot, ranges in batch.acks:
+                if boot != run.boot:
+                    continue
+                for lo, hi in ranges:
+                    if hi - lo < len(run.pending):
+                        gone.extend(s for s in range(lo, hi + 1) if s in run.pending)
+                    else:
+                        gone.extend(s for s in run.pending if lo <= s <= hi)
+            for s in gone:
+                run.pending.pop(s, None)
+                if self.ack_log is not None:
+                    self.ack_log.append((node, run.boot, s, now_w))
+            st.acked_e2e += len(gone)
+            run.win.acked(gone, now_m)
+            self._send_due(client, nd, run, st, rnd)
+
     def _publish(self, client: Sender, topic: str, body: dict[str, Any] | bytes,
                  st: SliceStats, *, retain: bool = False) -> None:
         payload = body if isinstance(body, bytes) else json.dumps(
@@ -711,7 +920,12 @@ class Simulator:
     def summary(self) -> dict[str, Any]:
         tot: dict[str, Any] = {k: sum(getattr(s, k) for s in self.stats)
                                for k in ("nodes", "offered", "published", "acked", "late",
-                                         "backlog_sent", "statuses", "errors")}
+                                         "backlog_sent", "statuses", "errors", "resent",
+                                         "acked_e2e", "pending_dropped")}
+        tot["max_pending"] = max((s.max_pending for s in self.stats), default=0)
+        if self.ack_settings is not None:
+            tot["unacked"] = self.pending_total()
+            tot["bad_acks"] = self.bad_acks
         tot["max_lag_s"] = round(max((s.max_lag_s for s in self.stats), default=0.0), 3)
         tot["connections"] = len(self.stats)
         tot["elapsed_s"] = round(time.time() - self.t0, 3) if self.t0 else 0.0
@@ -765,6 +979,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="unacknowledged QoS 1 reports per connection before it waits")
     ap.add_argument("--client", choices=("lean", "paho"), default="lean",
                     help="publisher: lean (tools.publisher, default) or paho (edge_agent.mqtt)")
+    ap.add_argument("--ack-account", default="",
+                    help="a sim-* account to hear the core's end-to-end acks on: each node "
+                         "then keeps its reports until acknowledged, as the agent does")
+    ap.add_argument("--drain", type=float, default=60.0,
+                    help="with --ack-account: seconds after --duration to finish resending")
     ap.add_argument("--registry-out", type=Path, default=None,
                     help="write the fleet's node registry (YAML) here and continue")
     ap.add_argument("--quiet", action="store_true")
@@ -785,8 +1004,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         si, _, sn = a.shard.partition("/")
         conns = settings_from_pki(a.pki, [x for x in a.accounts.split(",") if x],
                                   a.broker_host, a.broker_port, a.ca_file, tls=not a.no_tls)
+        acks = settings_from_pki(a.pki, [a.ack_account], a.broker_host, a.broker_port,
+                                 a.ca_file, tls=not a.no_tls)[0] if a.ack_account else None
         sim = Simulator(world, conns, shard=(int(si), int(sn or 1)), max_pending=a.max_pending,
-                        client=a.client)
+                        client=a.client, acks=acks, drain_s=a.drain if acks else 0.0)
         summary = sim.run()
     except (SimError, ValueError) as exc:
         print(f"simulate: {exc}", flush=True)

@@ -98,18 +98,49 @@ def render_event(e: dict[str, Any]) -> str:
 
 
 def render_explain(d: dict[str, Any]) -> str:
-    ex = d.get("explanation") or {}
-    lines = [f"workload  {d['workload']}", f"state     {d['state']}",
+    """The engine's explanation (cloud_core.placement.explain.Explanation) for people:
+    chosen node and runner-up with their cost terms side by side, or, where
+    nothing fits, how many nodes each filter ruled out, with examples."""
+    raw = d.get("explanation")
+    ex: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    lines = [f"workload  {d.get('workload')}", f"state     {d.get('state')}",
              f"node      {d.get('node') or '-'}"]
     if d.get("reason"):
         lines.append(f"reason    {d['reason']}")
-    for key in ("summary", "chosen", "runner_up", "why", "detail"):
-        v = ex.get(key) if isinstance(ex, dict) else None
-        if v:
-            lines.append(f"{key:9} {v if isinstance(v, str) else json.dumps(v)}")
-    for r in (ex.get("reasons") or [])[:10] if isinstance(ex, dict) else []:
-        lines.append(f"  - {r}")
+    if ex.get("summary") and ex["summary"] != d.get("reason"):
+        lines.append(f"fit       {ex['summary']}")
+    node, runner = ex.get("node"), ex.get("runner_up")
+    if node and ex.get("node_reasons"):
+        lines.append(f"          {node} no longer fits: {'; '.join(ex['node_reasons'])}")
+    mine, theirs = ex.get("breakdown") or {}, ex.get("runner_up_breakdown") or {}
+    if node and runner:
+        lines.append(f"runner-up {runner} ({_signed(sum(theirs.values()) - sum(mine.values()))}"
+                     " $/h against the chosen node)")
+        rows = [(k, f"{mine.get(k, 0.0):.5f}", f"{theirs.get(k, 0.0):.5f}",
+                 _signed(theirs.get(k, 0.0) - mine.get(k, 0.0)))
+                for k in sorted(set(mine) | set(theirs)) if mine.get(k) or theirs.get(k)]
+        rows.append(("total", f"{sum(mine.values()):.5f}", f"{sum(theirs.values()):.5f}",
+                     _signed(sum(theirs.values()) - sum(mine.values()))))
+        lines.append(table(rows, ("COST $/h", cut(node, 14), cut(runner, 14), "DIFFERENCE")))
+    elif node and mine:
+        lines.append("runner-up none: no other node fits")
+        lines.append(table([(k, f"{v:.5f}") for k, v in sorted(mine.items()) if v] +
+                           [("total", f"{sum(mine.values()):.5f}")], ("COST $/h", cut(node, 14))))
+    counts = ex.get("counts") or {}
+    if counts:
+        examples: dict[str, list[str]] = {}
+        for name, why in ex.get("examples") or []:
+            examples.setdefault(why, []).append(name)
+        why_rows = [(cut(r, 34), str(n), cut(", ".join(examples.get(r, [])), 30))
+                    for r, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+        lines.append(table(why_rows, ("RULED OUT BY (first failing filter)", "NODES", "E.G.")))
+    if ex.get("best") and not node:
+        lines.append("cheapest fitting: " + ", ".join(f"{n} {c:.5f} $/h" for n, c in ex["best"]))
     return "\n".join(lines)
+
+
+def _signed(v: float) -> str:
+    return f"{v:+.5f}"
 
 
 def render_decisions(d: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from cloud_core.scheduler import Scheduler, expand_doc
 from cloud_core.state import ClusterState
 from cloud_core.store import Store
 from cloud_core.view import link_rows, node_rows
+from edge_agent.wire import seq_ranges
 
 MAX_SUBMIT = 1000  # workloads per request, replicas counted
 MAX_DOC_BYTES = 32 * 1024  # JSON of one workload document; a Pod spec needs far less
@@ -213,6 +214,18 @@ def register_commands(
         return {"accepted": c.accepted, "duplicates": c.duplicates, "statuses": c.statuses,
                 "rejected": c.rejected, "nodes": len(s.nodes), "links": len(s.links)}
 
+    def received(op: str, args: dict[str, Any]) -> Any:
+        # What this core folded in from one node since it started (bounded by
+        # the state's history), as seq ranges per boot: how an operator -- or
+        # a test -- checks that a replay after an outage arrived, and once.
+        node = _node_arg(args, lambda: set(snap().nodes))
+        per_boot: dict[str, list[int]] = {}
+        for boot, seq in state.node_history(node):
+            per_boot.setdefault(boot, []).append(seq)
+        return {"node": node, "boots": [
+            {"boot": b, "count": len(seqs), "distinct": len(set(seqs)),
+             "seqs": [list(r) for r in seq_ranges(seqs)]} for b, seqs in per_boot.items()]}
+
     def topology(op: str, args: dict[str, Any]) -> Any:
         return {"nodes": nodes(op, args), "links": link_rows(snap()),
                 "placements": store.placements(), "generated": clock(),
@@ -232,6 +245,7 @@ def register_commands(
     c("explain", explain_cmd, help="why a workload is where it is")
     c("events", events_cmd, help="recent events")
     c("stats", stats, help="ingest counters")
+    c("received", received, help="a node's reports this core folded in (seq ranges per boot)")
     c("topology", topology, help="everything `map` and `top` draw")
     c("what-if", what_if, help="the engine's answer, without acting")
     c("submit", submit, role="operator", help="submit workloads")

@@ -15,7 +15,13 @@ from cloud_core.errors import PlacementError
 
 from . import scores
 from .config import EngineConfig
-from .explain import Explanation, FilterResult, first_failure_counts, summary
+from .explain import (
+    Explanation,
+    FilterResult,
+    first_failure_counts,
+    first_failure_examples,
+    summary,
+)
 from .filters import (
     STATIC_FILTERS,
     StaticFilter,
@@ -488,10 +494,22 @@ class PreparedCluster:
             if i is None:
                 raise PlacementError(f"explain: unknown node {node!r}")
             node_reasons = tuple(r for fr in frs if (r := fr.reason(i)) is not None)
-            comp = scores.components(w, self.ix, np.array([i]))
-            breakdown = {k: float(v[0]) for k, v in comp.items()}
+            breakdown = self._terms(w, i)
+        # Runner-up: the cheapest fitting node that is not the one chosen (or,
+        # with none chosen, not the cheapest), with its cost terms to compare.
+        first = node if node is not None else (best[0][0] if best else None)
+        runner_up = next((self.ix.nodes[int(i)].name for i in np.argsort(cand)[:top + 1]
+                          if np.isfinite(cand[i]) and self.ix.nodes[int(i)].name != first), None)
+        runner_terms = self._terms(w, self.ix.pos[runner_up]) if runner_up is not None else {}
+        examples = first_failure_examples(frs, self.ix.n, [nd.name for nd in self.ix.nodes]) \
+            if fit < self.ix.n else ()
         return Explanation(w.uid, self.ix.n, fit, dict(counts), summary(fit, self.ix.n, counts),
-                           node, node_reasons, breakdown, best)
+                           node, node_reasons, breakdown, best, runner_up, runner_terms,
+                           examples)
+
+    def _terms(self, w: Workload, i: int) -> dict[str, float]:
+        comp = scores.components(w, self.ix, np.array([i]))
+        return {k: float(v[0]) for k, v in comp.items()}
 
 
 def _node_spec(f: StaticFilter, w: Workload) -> Hashable:

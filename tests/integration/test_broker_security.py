@@ -355,6 +355,17 @@ def test_agent_reads_own_placements_only(
     assert a2.until(wire.placements_topic("node-d"), mine)
     assert core.publish(wire.placements_topic("node-d"), b"", retain=True) in OK
     assert core.publish(wire.placements_topic("node-e"), b"", retain=True) in OK
+    # The core's end-to-end acks likewise: only the node's own reach it, and an
+    # agent cannot forge one (to itself or anyone). (a2 took over a's session.)
+    assert a2.subscribe("#") == [1]
+    a = a2
+    ack_theirs, ack_mine = _tok(), _tok()
+    assert core.publish(wire.ack_topic("node-e"), ack_theirs) in OK
+    assert core.publish(wire.ack_topic("node-d"), ack_mine) in OK
+    seen = a.until(wire.ack_topic("node-d"), ack_mine)
+    assert ack_theirs not in {p for _, p in seen}, seen
+    assert a.publish(wire.ack_topic("node-d")) == NOT_AUTHORIZED
+    assert a.publish(wire.ack_topic("node-e")) == NOT_AUTHORIZED
 
 
 def test_agent_cannot_take_over_another_nodes_session(
@@ -481,7 +492,7 @@ def test_core_cannot_speak_for_nodes_or_operators(
         assert core.publish(topic) == NOT_AUTHORIZED, topic
 
 
-def test_sim_writes_any_node_but_reads_nothing(
+def test_sim_writes_any_node_reads_only_acks(
     make_account: MakeAccount, connect: Callable[..., Client]
 ) -> None:
     sim = connect(make_account("sim-load", "sim"))
@@ -495,9 +506,38 @@ def test_sim_writes_any_node_but_reads_nothing(
     assert core.until(wire.telemetry_topic("node-sim2"), tok)
     assert sim.publish(wire.placements_topic("node-sim0")) == NOT_AUTHORIZED
     assert sim.publish(wire.EVENTS_TOPIC) == NOT_AUTHORIZED
+    assert sim.publish(wire.ack_topic("node-sim0")) == NOT_AUTHORIZED
     sentinel = _tok()
     assert core.publish(wire.EVENTS_TOPIC, sentinel) in OK
-    assert sim.messages.empty()  # '#' granted, yet sim may read nothing at all
+    assert core.publish(wire.placements_topic("node-sim1"), sentinel) in OK
+    ack = _tok()
+    assert core.publish(wire.ack_topic("node-sim1"), ack) in OK
+    # '#' granted, yet the only thing a sim reads is the acks of the nodes it plays.
+    seen = sim.until(wire.ack_topic("node-sim1"), ack)
+    assert {t for t, _ in seen} == {wire.ack_topic("node-sim1")}, seen
+
+
+def test_bridge_role_carries_reports_out_placements_and_acks_in(
+    make_account: MakeAccount, connect: Callable[..., Client]
+) -> None:
+    br = connect(make_account("bridge-eu", "bridge"))
+    core = connect(make_account("core-sec", "core"))
+    assert core.subscribe(wire.TELEMETRY_WILDCARD) == [1]
+    assert br.subscribe("#") == [1]
+    tok = _tok()
+    assert br.publish(wire.telemetry_topic("node-br1"), tok) in OK
+    assert br.publish(wire.status_topic("node-br1"), tok) in OK
+    assert core.until(wire.telemetry_topic("node-br1"), tok)
+    for t in (wire.placements_topic("node-br1"), wire.ack_topic("node-br1"), wire.EVENTS_TOPIC,
+              wire.request_topic("alice"), wire.response_topic("alice")):
+        assert br.publish(t) == NOT_AUTHORIZED, t
+    ev, pl, ack = _tok(), _tok(), _tok()
+    assert core.publish(wire.EVENTS_TOPIC, ev) in OK
+    assert core.publish(wire.placements_topic("node-br1"), pl) in OK
+    assert core.publish(wire.ack_topic("node-br1"), ack) in OK
+    seen = br.until(wire.ack_topic("node-br1"), ack)
+    # one publisher, one order: the placements came first, the events never
+    assert seen == [(wire.placements_topic("node-br1"), pl), (wire.ack_topic("node-br1"), ack)]
 
 
 # --------------------------------------------------------------------------- accounts
@@ -512,7 +552,8 @@ def test_registry_refuses_clashes_and_bad_names(tmp_path: Path) -> None:
     assert again == creds and not created_again  # idempotent: same password
     with pytest.raises(CertError, match="already a agent"):
         store.add_account("node-1", "operator")
-    for name, role in (("core-x", "operator"), ("sim-x", "agent"), ("core-y", "sim")):
+    for name, role in (("core-x", "operator"), ("sim-x", "agent"), ("core-y", "sim"),
+                       ("bridge-x", "agent"), ("sim-z", "bridge")):
         with pytest.raises(CertError, match="reserved"):
             store.add_account(name, role)  # type: ignore[arg-type]
     for bad in ("a/b", "+", "#", "Node", "", "x" * 64, "a b", "-a", "node-1\n", "a\nb"):
@@ -555,7 +596,7 @@ def _parse_acl(text: str) -> dict[str, list[tuple[str, str]]]:
 
 
 _names = st.from_regex(wire.ID_RE, fullmatch=True)
-_roles = st.sampled_from(["agent", "operator", "core", "sim"])
+_roles = st.sampled_from(["agent", "operator", "core", "sim", "bridge"])
 
 
 @settings(max_examples=60, deadline=None)
@@ -581,7 +622,11 @@ def test_acl_grants_each_account_only_its_own_topics(raw: dict[str, Role]) -> No
                 assert topic == wire.EVENTS_TOPIC or wire.split_topic(topic)[0] == "console"
                 assert access == "read" or topic.endswith("/request")
             if role == "sim":
-                assert access == "write" and topic.startswith("cfnet/v1/nodes/+/")
+                assert (access == "write" and topic.startswith("cfnet/v1/nodes/+/")) or (
+                    (access, topic) == ("read", wire.ACK_WILDCARD)), (name, topic)
+            if role == "bridge":
+                assert topic.startswith("cfnet/v1/nodes/+/"), (name, topic)
+                assert (access == "write") == topic.endswith(("/telemetry", "/status")), topic
             if role == "core" and "write" in access:
                 assert not topic.endswith(("/telemetry", "/status", "/request")), topic
             assert "#" not in topic
@@ -653,6 +698,7 @@ EXAMPLE_ACCOUNTS: dict[str, Role] = {
     "edge-paris-02": "agent",
     "alice": "operator",
     "core-1": "core",
+    "bridge-eu-west": "bridge",
     "sim-load": "sim",
 }
 

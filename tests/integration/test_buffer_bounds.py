@@ -9,7 +9,8 @@ run survive, the agent's memory and the buffer's files stop growing.
 Phase 2: the agent is restarted (new boot, larger bound, same buffer file) with
 a broker and a core in the namespace: the previous boot's surviving reports
 reach the core exactly once, oldest first, and the new reports carry the
-thinned count.
+thinned count; the core's end-to-end acks empty the buffer of them. The core
+runs as ``cfnet-core`` runs it (MQTT in its child process).
 """
 
 from __future__ import annotations
@@ -50,13 +51,13 @@ def lab() -> Iterator[Lab]:
         yield lb
 
 
-def rows(db: Path, q: str) -> list[tuple[Any, ...]]:
+def rows(db: Path, q: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     except sqlite3.OperationalError:  # not created yet
         return []
     try:
-        return con.execute(q).fetchall()
+        return con.execute(q, params).fetchall()
     except sqlite3.OperationalError:
         return []
     finally:
@@ -168,6 +169,9 @@ def test_tiny_buffer_thins_exactly_stays_bounded_then_drains_oldest_first(
               f"dropped={v.dropped}")
         assert v.dropped == thinned
         assert core.ingest.counters().rejected_total == 0
+        # The core acknowledged them after ingest: the agent deleted them.
+        wait_for(lambda: rows(db, "SELECT COUNT(*) FROM reports WHERE boot=?", (boot,))[0][0]
+                 == 0, 30, "previous boot's reports acknowledged and deleted")
     finally:
         stop(p2)
         core.stop()

@@ -33,6 +33,10 @@ residency: eu
 name: vault
 requests: {cpu: 250m}
 minSecurityLevel: 3
+---
+name: huge
+requests: {cpu: "64"}
+residency: eu
 """
 
 
@@ -45,6 +49,12 @@ def ctl(
            "CFNET_CA_FILE": str(broker.ca_file), "COLUMNS": "80"}
     return subprocess.run([CTL, "--timeout", str(timeout), *args], env=env, capture_output=True,
                           text=True, timeout=timeout + 30)
+
+
+def rows_of(text: str, label: str) -> list[str]:
+    """The cells after ``label`` on the table line that starts with it."""
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(label + " ")]
+    return line[len(label):].split()
 
 
 def fits_80(text: str) -> bool:
@@ -85,13 +95,36 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     r = ctl(broker, "alice", "submit", "-f", str(f))
     assert r.returncode == 0, r.stderr
     assert "default/web" in r.stdout and "submitted" in r.stdout
-    wait_for(lambda: {w.state for w in ready.store.workloads()} == {"placed"}, what="placed")
+    wait_for(lambda: sorted(w.state for w in ready.store.workloads())
+             == ["placed", "placed", "unplaceable"], what="placed")
     r = ctl(broker, "alice", "workloads")
     assert r.returncode == 0 and "placed" in r.stdout and fits_80(r.stdout)
     r = ctl(broker, "alice", "placements")
     assert "default/vault" in r.stdout and "edge-c" in r.stdout
+    # explain shows what the engine knows: the fit summary, the runner-up and the
+    # cost difference term by term, or per-reason counts with example nodes.
     r = ctl(broker, "alice", "explain", "vault")
-    assert r.returncode == 0 and "edge-c" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "node      edge-c" in lines and "fit       1/3 nodes fit: 2 security level < 3" in lines
+    assert "runner-up none: no other node fits" in lines
+    assert rows_of(r.stdout, "security level < 3") == ["2", "edge-a,", "edge-b"]
+    r = ctl(broker, "alice", "explain", "web")  # eu: edge-b (0.05 $/h) over edge-a (0.10)
+    assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    print("\n$ cfnetctl explain web\n" + r.stdout)  # the README quotes this run
+    assert "node      edge-b" in r.stdout.splitlines()
+    assert "runner-up edge-a (+0." in r.stdout
+    chosen, runner, diff = (float(x) for x in rows_of(r.stdout, "price"))
+    assert runner > chosen > 0 and abs(runner - chosen - diff) < 2e-5
+    t_chosen, t_runner, t_diff = (float(x) for x in rows_of(r.stdout, "total"))
+    assert t_diff > 0 and abs(t_runner - t_chosen - t_diff) < 2e-5
+    assert rows_of(r.stdout, "residency") == ["1", "edge-c"]
+    r = ctl(broker, "alice", "explain", "huge")  # 64 CPUs, eu: nowhere
+    assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    print("\n$ cfnetctl explain huge\n" + r.stdout)
+    assert "state     unplaceable" in r.stdout and "runner-up" not in r.stdout
+    assert rows_of(r.stdout, "insufficient cpu") == ["2", "edge-a,", "edge-b"]
+    assert rows_of(r.stdout, "residency") == ["1", "edge-c"]
     r = ctl(broker, "alice", "explain", "nope")
     assert r.returncode == 1 and "no workload 'nope'" in r.stderr
     # what-if: an answer, and nothing changed.
@@ -172,7 +205,8 @@ def test_map_drawn_in_headless_chromium(broker: Broker, ready: CoreService, tmp_
     f = tmp_path / "w.yaml"
     f.write_text(WORKLOADS)
     assert ctl(broker, "alice", "submit", "-f", str(f)).returncode == 0
-    wait_for(lambda: {w.state for w in ready.store.workloads()} == {"placed"}, what="placed")
+    wait_for(lambda: sorted(w.state for w in ready.store.workloads())
+             == ["placed", "placed", "unplaceable"], what="placed")
     out = tmp_path / "map.html"
     r = ctl(broker, "alice", "map", "--out", str(out))
     assert r.returncode == 0 and "3 nodes" in r.stdout, r.stderr

@@ -54,6 +54,17 @@ def test_submit_place_apply_and_explain(broker: Broker, core: CoreService,
         assert "cpu" in by["impossible"]["reason"].lower()
         ex = c.call("explain", {"workload": "eu-only"})
         assert ex.ok and ex.data["node"] == by["eu-only"]["node"]
+        e = ex.data["explanation"]
+        other = ({"edge-a", "edge-b"} - {by["eu-only"]["node"]}).pop()
+        assert e["fit"] == 2 and e["counts"] == {"residency": 1}
+        assert e["runner_up"] == other and set(e["runner_up_breakdown"]) == set(e["breakdown"])
+        assert e["examples"] == [["edge-c", "residency"]]
+        ex = c.call("explain", {"workload": "impossible"})
+        e = ex.data["explanation"]
+        assert ex.ok and e["fit"] == 0 and e["runner_up"] is None and e["best"] == []
+        assert sum(e["counts"].values()) == 3
+        assert {n for n, _why in e["examples"]} == {"edge-a", "edge-b", "edge-c"}
+        assert all(why in e["counts"] for _n, why in e["examples"])
     # Retained placement messages carry every placed workload exactly once.
     wait_for(lambda: sorted(u for us in got.values() for u in us)
              == sorted(w["uid"] for w in rows if w["state"] == "placed"), what="placements")

@@ -1,6 +1,8 @@
 """End to end on the real kernel and a real Mosquitto: agents in network namespaces,
 the broker and the core in a 'cloud' namespace, TLS and the ACL on. The core's
-state must show both edge nodes and the measured link between them, with each probe."""
+state must show both edge nodes and the measured link between them, with each probe,
+and the link's loss must be the loss the lab injects (within a tolerance). The core
+runs as ``cfnet-core`` runs it (MQTT in its child process)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tools.netns import in_netns
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+INJECTED_LOSS = 0.02
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def lab() -> Iterator[Lab]:
     if os.geteuid() != 0:
         pytest.fail("end-to-end tests need root for network namespaces (run as root)")
     with Lab([SiteSpec("cloud"), SiteSpec("edgea", rate_mbit=50),
-              SiteSpec("edgeb", rate_mbit=20, loss=0.02)], prefix=f"e2e{os.getpid() % 1000}") as lb:
+              SiteSpec("edgeb", rate_mbit=20, loss=INJECTED_LOSS)], prefix=f"e2e{os.getpid() % 1000}") as lb:
         yield lb
 
 
@@ -88,12 +91,22 @@ def test_two_agents_to_core_state(lab: Lab, cloud_broker: Broker, tmp_path: Path
                 return lk
             return None
 
-        lk = wait_for(link, timeout_s=40, what=f"link {a} -> {b} in core state")
+        wait_for(link, timeout_s=40, what=f"link {a} -> {b} in core state")
+        # The state's loss is retransmits over segments across recent reports:
+        # give it a few more seconds of the flow before comparing.
+        time.sleep(8)
+        lk = wait_for(link, timeout_s=20, what=f"link {a} -> {b} still steady")
         snap = core.state.snapshot(time.time())
         want_probe = "ebpf" if ebpf else "sockdiag"
         assert snap.nodes[a].probe == want_probe and snap.nodes[b].probe == want_probe
         assert lk.rtt_p50_us > 0 and lk.rtt_p95_us >= lk.rtt_p50_us
-        assert 0.0 <= lk.loss <= 1.0
+        print(f"\nmeasured loss {lk.loss:.4f} (injected {INJECTED_LOSS}), p50 {lk.rtt_p50_us} us, "
+              f"tx {lk.tx_bps / 1e6:.1f} Mbit/s")
+        # The lab drops INJECTED_LOSS of the packets to and from edge-b at random
+        # in the router; the saturating flow adds a little congestion loss at the
+        # 20 Mbit/s bottleneck. Measured: 0.020-0.028. A probe that saw no loss,
+        # or a clamped garbage value, fails.
+        assert INJECTED_LOSS * 0.5 <= lk.loss <= INJECTED_LOSS * 2.0, lk.loss
         assert core.ingest.counters().rejected_total == 0
         # The operator's view of the same lab, through cfnetctl from the cloud site.
         ops = cloud_broker.add_account(f"ops{tag}", "operator")

@@ -36,6 +36,8 @@ def test_core_metrics_match_ingest_counters(broker: Broker, tmp_path: Path) -> N
     core = CoreService(cfg)
     core.start()
     try:
+        # Its first session: reports sent before it subscribed would not be queued.
+        assert core.mqtt.wait_connected(10)
         ag = FakeAgent(broker, broker.add_account("edge-m", "agent"), "10.9.9.9")
         ag.announce()
         for _ in range(7):
@@ -53,6 +55,11 @@ def test_core_metrics_match_ingest_counters(broker: Broker, tmp_path: Path) -> N
         assert m[("cfnet_messages_rejected_total", (("reason", "malformed"),))] == 3
         assert m[("cfnet_nodes", (("health", "online"),))] == 1
         assert ("cfnet_node_staleness_seconds", (("quantile", "0.99"),)) in m
+        # The end-to-end acks went out for exactly the 7 reports ingested.
+        wait_for(lambda: core.acks.reports == 7, what="acks flushed")
+        m = scrape(core.metrics_port or 0)
+        assert m[("cfnet_acks_total", (("what", "reports"),))] == 7
+        assert m[("cfnet_acks_total", (("what", "messages"),))] >= 1
         ag.close()
         bad.stop()
     finally:
@@ -87,3 +94,29 @@ def test_agent_metrics_show_buffer_and_counts(tmp_path: Path) -> None:
         assert m[("cfnet_agent_probe", (("probe", "sockdiag"),))] == 1
     finally:
         server.shutdown()
+
+
+def test_actuator_counters_are_exported_as_they_are_kept() -> None:
+    # cfnet-core --kubernetes registers the actuator's ActuatorStats like this
+    # (cloud_core/main.py); the collector reads them at scrape time.
+    from prometheus_client import generate_latest
+
+    from cloud_core.ingest import Ingest
+    from cloud_core.k8s.actuator import ActuatorStats
+    from cloud_core.metrics import CoreMetrics, int_fields
+    from cloud_core.state import ClusterState
+
+    state = ClusterState()
+    cm = CoreMetrics(Ingest(state), state)
+    stats = ActuatorStats()
+    cm.add_counters("cfnet_actuator_events", "Kubernetes actuator counters", "event",
+                    int_fields(stats))
+    stats.bound, stats.conflicts = 5, 2
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(cm.registry).decode()):
+        for smp in fam.samples:
+            out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    assert out[("cfnet_actuator_events_total", (("event", "bound"),))] == 5
+    assert out[("cfnet_actuator_events_total", (("event", "conflicts"),))] == 2
+    assert ("cfnet_actuator_events_total", (("event", "unavailable"),)) in out
+    assert not any("bound_pods" in str(k) for k in out)  # not a counter

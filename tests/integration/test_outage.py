@@ -1,6 +1,7 @@
 """Disconnection tolerance on real Mosquitto and real network namespaces.
 
-A lab with a ``cloud`` site (broker + in-process core) and two edge sites, each
+A lab with a ``cloud`` site (broker + core, its MQTT in a child process as
+``cfnet-core`` runs it) and two edge sites, each
 running a real ``cfnet-agent`` (sock_diag probe), with bounded TCP traffic
 between the two edges so each measures the other. Faults:
 

@@ -236,19 +236,24 @@ def render_bridge(central: Broker, user: str, password: str) -> str:
 def test_shipped_bridge_carries_a_regional_fleet_to_the_central_core(
         broker_factory: Callable[..., Broker], tmp_path: Path) -> None:
     central = broker_factory()
-    # tools.certs has no 'bridge' role yet: 'sim' grants the outward half (write any
-    # node's telemetry and status); placements coming back would need read as well.
-    bridge = central.add_account("sim-bridge", "sim")
+    # The role `python -m tools.certs add-bridge` creates: reports and statuses
+    # out, placements and the core's acks in.
+    bridge = central.add_account("bridge-rg", "bridge")
     core = start_core(central, "core-central", tmp_path, place=False)
     try:
         regional = broker_factory(extra_conf=render_bridge(central, bridge.username,
                                                            bridge.password))
-        wait_for(lambda: "sim-bridge" in central.log_text(), what="bridge connected")
+        wait_for(lambda: "bridge-rg" in central.log_text(), what="bridge connected")
         w = World(SimConfig(nodes=50, rate=2.0, duration_s=3.0, seed=11, node_prefix="rg"))
-        summary = Simulator(w, sim_settings(regional, ["sim-r0"])).run()
-        wait_for(lambda: core.ingest.counters().accepted >= summary["published"],
+        # Ack mode: each simulated agent keeps its reports until the central
+        # core's acks come back in over the bridge.
+        sim = Simulator(w, sim_settings(regional, ["sim-r0"]),
+                        acks=sim_settings(regional, ["sim-r-acks"])[0], drain_s=30.0)
+        summary = sim.run()
+        assert summary["unacked"] == 0 and summary["acked_e2e"] == summary["offered"], summary
+        wait_for(lambda: core.ingest.counters().accepted >= summary["offered"],
                  what="every regional report at the central core")
-        assert core.ingest.counters().accepted == summary["published"]
+        assert core.ingest.counters().accepted == summary["offered"]
         snap = core.state.snapshot(time.time())
         assert all(snap.nodes[nd.name].status == "online" for nd in w.nodes)
         # the regional broker's ACL still decides who speaks for which node
