@@ -57,6 +57,33 @@ progress() {
   printf '[%s] %d packages compiled\n' "$what" "$n" >&2
 }
 
+# The wrapper module's tools.go: pins every control-plane main package into the module graph.
+write_tools_go() {
+  cat > tools.go <<'GO'
+//go:build tools
+
+// Package tools pins the control plane's main packages into the module graph.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+}
+
+# Linker flags for the k8s.io/kubernetes commands: stripped, version stamped.
+k8s_ldflags() {
+  local minor
+  minor="$(cut -d. -f2 <<<"$K8S_VERSION")"
+  printf '%s' "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+  printf '%s' " -X k8s.io/component-base/version.gitMajor=1"
+  printf '%s' " -X k8s.io/component-base/version.gitMinor=$minor"
+  printf '%s' " -X k8s.io/component-base/version.gitTreeState=clean"
+  printf '%s' " -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+}
+
 build_apiserver() {
   local bin="$K8S_DIR/bin/kube-apiserver"
   if [[ -x "$bin" ]]; then log "kube-apiserver $K8S_VERSION cached: $bin"; return 0; fi
@@ -91,27 +118,13 @@ build_apiserver() {
     while IFS= read -r m; do echo "	$m => $m $stagever"; done <<<"$staging"
     echo ")"
   } > go.mod
-  cat > tools.go <<'GO'
-//go:build tools
-
-// Package tools pins the control plane's main packages into the module graph.
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-)
-GO
+  write_tools_go
   log "resolving the module graph (go mod tidy; first run downloads several hundred MB)"
   go mod tidy -e 2>&1 | grep -v '^go: finding\|^go: downloading' >&2 || true
   go mod download -x >/dev/null 2>&1 || true
 
-  local ld="-s -w"
-  ld+=" -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
-  ld+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-  ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
-  ld+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+  local ld
+  ld="$(k8s_ldflags)"
   log "compiling kube-apiserver $K8S_VERSION (-p $JOBS; about 1720 packages: 4-15 min on 2 cores)"
   if ! go build -p "$JOBS" -trimpath -ldflags "$ld" -v -o "$bin.tmp" \
       k8s.io/kubernetes/cmd/kube-apiserver 2>&1 | progress kube-apiserver || [[ ! -x "$bin.tmp" ]]; then
@@ -126,30 +139,15 @@ GO
 build_component() {
   local name="$1" bin="$K8S_DIR/bin/$1"
   if [[ -x "$bin" ]]; then log "$name $K8S_VERSION cached: $bin"; return 0; fi
-  local t0=$SECONDS minor
-  minor="$(cut -d. -f2 <<<"$K8S_VERSION")"
+  local t0=$SECONDS
   cd "$K8S_DIR/src"
   if ! grep -q "cmd/$name" tools.go 2>/dev/null; then
     log "$name is not in the wrapper module yet: adding it (go mod tidy)"
-    cat > tools.go <<'GO'
-//go:build tools
-
-// Package tools pins the control plane's main packages into the module graph.
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-)
-GO
+    write_tools_go
     go mod tidy -e 2>&1 | grep -v '^go: finding\|^go: downloading' >&2 || true
   fi
-  local ld="-s -w"
-  ld+=" -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
-  ld+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-  ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
-  ld+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+  local ld
+  ld="$(k8s_ldflags)"
   log "compiling $name $K8S_VERSION (-p $JOBS; reuses kube-apiserver's build cache)"
   if ! go build -p "$JOBS" -trimpath -ldflags "$ld" -v -o "$bin.tmp" \
       "k8s.io/kubernetes/cmd/$name" 2>&1 | progress "$name" || [[ ! -x "$bin.tmp" ]]; then
