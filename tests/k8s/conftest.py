@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -67,21 +68,38 @@ def _established(admin: KubeClient, crd: str) -> bool:
 
 
 BUILD_ERROR = pytest.StashKey[str]()
+BUILD_THREAD = pytest.StashKey[threading.Thread]()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Build the control plane binaries once, before any test runs, when a k8s test is selected.
+    """Start building the control plane binaries, before any test runs, when a selected test
+    uses the control plane; ``pytest_collection_finish`` waits for the build.
 
-    Here (not in a fixture) so that a first, long compile does not count against the
-    per-test timeout. Progress goes straight to the terminal.
+    At collection (not in a fixture) so that a first, long compile does not count against the
+    per-test timeout. In a thread, started first (``tryfirst``) and joined last, so that the
+    packaging tests' own builds (helm, the images: tests/deploy/conftest.py) run beside it:
+    the images mostly download and write layers while Go compiles. Progress goes straight to
+    the terminal.
     """
-    here = Path(__file__).parent
-    if not any(here in Path(str(i.path)).parents for i in items):
+    if not any("control_plane" in getattr(i, "fixturenames", ()) for i in items):
         return
-    try:
-        ensure_binaries()
-    except EnvtestError as e:
-        config.stash[BUILD_ERROR] = str(e)
+
+    def build() -> None:
+        try:
+            ensure_binaries()
+        except EnvtestError as e:
+            config.stash[BUILD_ERROR] = str(e)
+
+    thread = threading.Thread(target=build, name="envtest-build")
+    thread.start()
+    config.stash[BUILD_THREAD] = thread
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    thread = session.config.stash.get(BUILD_THREAD, None)
+    if thread is not None:
+        thread.join()
 
 
 @pytest.fixture(scope="session")
