@@ -63,6 +63,8 @@ class EngineConfig:
     pack_tight: float = 0.7
     pack_flow_max_pods: int = 1000
     pack_lookahead: float = 10.0  # weight of the expected demand of the pods still to come
+    slot_rounds: int = 3  # cost rounds after packing: pods exchange slots they fit in
+    pack_cost: float = 0.0  # weight of a node's cost above the pod's cheapest, relative
     pack_big: float = 0.6  # second packing order: pods this large (share of a mean node) first
     pack_repair_nodes: int = 8  # nodes tried per left-out pod when ejecting one pod
     pack_work: int = 200_000  # steps (node scans), a bound by work, not by the clock
@@ -75,4 +77,5 @@ class EngineConfig:
     lns_tries: int = 20  # neighbourhoods per left-out class before it is given up
     lns_extra_classes: int = 20  # left-out classes offered to one neighbourhood
     lns_deterministic_time: float = 0.05
+    cost_lns_iterations: int = 100  # cost neighbourhoods after packing (largest regret first)
     cost_scale: float = 1e5  # $/hour -> integer units for the solvers

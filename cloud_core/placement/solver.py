@@ -372,7 +372,7 @@ class _Pack:
         order = np.lexsort((ic, np.round(fit, 6)))
         return int(idx[order[0]])
 
-    def greedy(self, order: Sequence[int], beta: float = 0.0) -> None:
+    def greedy(self, order: Sequence[int], beta: float = 0.0, gamma: float = 0.0) -> None:
         """Largest first, each pod to the node that fits it most tightly -- discounted by
         the expected demand of the pods still to come that may use that node (each spread
         evenly over its allowed nodes), so a pod that may go anywhere leaves the nodes that
@@ -398,6 +398,10 @@ class _Pack:
             if beta:
                 over = np.maximum(press[idx] - left, 0.0) * self.inv[idx]
                 score = score + beta * over.max(axis=1)
+            if gamma:
+                ic = self.icost[ci][idx].astype(np.float64)
+                lo = ic.min()
+                score = score + gamma * (ic - lo) / max(lo, 1.0)
             n = int(idx[np.lexsort((self.icost[ci][idx], np.round(score, 6)))[0]])
             self.put(ci, n)
 
@@ -492,8 +496,44 @@ class _Pack:
                 fails[ci0] = fails.get(ci0, 0) + 1
         return solved
 
+    def cost_lns(self, domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
+                 wall_cap_hits: list[int]) -> int:
+        """Cost among the pods that fit: for the pods that pay most above their cheapest
+        allowed node (largest regret first), a neighbourhood of their node, their
+        ``lns_near`` cheapest allowed nodes and ``lns_slack`` roomy ones, re-placed by
+        CP-SAT with the full objective (count first, then cost) -- never fewer pods."""
+        classes = self.classes
+        regret: list[tuple[int, int, int]] = []
+        for ci, nodes in enumerate(self.got):
+            c = classes[ci]
+            if not nodes or c.gang is not None:
+                continue
+            ic = self.icost[ci]
+            lo = int(ic[c.mask].min())
+            for n in set(nodes):
+                if int(ic[n]) > lo:
+                    regret.append((lo - int(ic[n]), ci, n))
+        regret.sort()
+        done = 0
+        seen: set[int] = set()
+        for _, ci, n in regret:
+            if done >= cfg.cost_lns_iterations:
+                break
+            if n in seen or n not in self.got[ci]:
+                continue
+            c = classes[ci]
+            cand = np.flatnonzero(c.mask)
+            cheap = cand[np.argsort(self.icost[ci][cand], kind="stable")[:cfg.lns_near]]
+            pick = {n, *cheap.tolist()}
+            seen.update(pick)
+            self._solve_sub(np.array(sorted(pick), dtype=np.int64), domains, penalty, cfg,
+                            wall_cap_hits, count_only=False)
+            done += 1
+        return done
+
     def _solve_sub(self, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
-                   cfg: EngineConfig, wall_cap_hits: list[int]) -> None:
+                   cfg: EngineConfig, wall_cap_hits: list[int], count_only: bool = True
+                   ) -> None:
         classes = self.classes
         removed: list[tuple[int, int]] = [(cj, int(n)) for n in nodes.tolist()
                                           for cj in self.on[n]
@@ -527,7 +567,7 @@ class _Pack:
         sub_cost = [self.icost[ci][nodes] for ci in members]
         res = _cpsat(sub, sub_free, sub_dom, sub_cost, penalty, hint, cfg,
                      det_time=cfg.lns_deterministic_time, wall_cap_hits=wall_cap_hits,
-                     count_only=True, presolve=False)
+                     count_only=count_only, presolve=False)
         self.work += 1
         better = res is not None and res[1] < before
         new = res[0] if better and res is not None else hint
@@ -591,6 +631,101 @@ class _Pack:
                 self.insert_many(ci, max_nodes)
 
 
+def _slot_flow(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndarray],
+               penalty: int, got: list[list[int]], cfg: EngineConfig) -> list[list[int]]:
+    """Cost among the pods that fit, without losing any: a min-cost flow of pods into
+    *slots* -- each placed pod's requests on its node, and each node's free rest -- where a
+    pod may take a slot only if the slot holds it in every resource and the node is
+    allowed. Whatever goes where, no node holds more than before, so the count is kept
+    (every pod may stay in its own slot) and left-out pods may still take a free rest
+    (at the penalty, so count still comes first). Classes with anti-affinity or gangs stay
+    where they are. Exact, and fast: the flow has one arc per (class, slot shape) kept."""
+    n_nodes = free.shape[0]
+    fixed = [bool(c.conflicts) or c.gang is not None for c in classes]
+    used = np.zeros_like(free)
+    slot_n: list[int] = []
+    slot_r: list[np.ndarray] = []
+    for ci, nodes in enumerate(got):
+        for n in nodes:
+            used[n] += classes[ci].req
+            if not fixed[ci]:
+                slot_n.append(n)
+                slot_r.append(classes[ci].req)
+    rest = free - used
+    for n in np.flatnonzero((rest > 0).any(axis=1)).tolist():
+        slot_n.append(n)
+        slot_r.append(rest[n])
+    if not slot_n:
+        return got
+    sn = np.asarray(slot_n, dtype=np.int64)
+    sr = np.asarray(slot_r, dtype=np.int64)
+    key = np.concatenate([sn[:, None], sr], axis=1)
+    uniq, inv, mult = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    s_node = uniq[:, 0]
+    s_req = uniq[:, 1:]
+    movable = [ci for ci in range(len(classes)) if not fixed[ci]]
+    nc = len(movable)
+    ns = uniq.shape[0]
+    sink = nc + ns
+    tails: list[np.ndarray] = []
+    heads: list[np.ndarray] = []
+    caps: list[np.ndarray] = []
+    costs: list[np.ndarray] = []
+    meaning: list[tuple[int, int, np.ndarray]] = []
+    n_arcs = 0
+    supply = np.zeros(sink + 1, dtype=np.int64)
+    for j, ci in enumerate(movable):
+        c = classes[ci]
+        supply[j] = c.count
+        ok = c.mask[s_node]
+        for r in range(3):
+            if c.req[r]:
+                ok &= s_req[:, r] >= c.req[r]
+        idx = np.flatnonzero(ok)
+        if idx.size == 0:
+            continue
+        cst = icost[ci][s_node[idx]]
+        want = max(int(cfg.flow_arc_slack * c.count), cfg.flow_min_arcs)
+        if idx.size > want:
+            # the cheapest slots, and always the slots of its own pods (it may stay)
+            own = np.zeros(ns, dtype=bool)
+            own[inv[np.flatnonzero(np.isin(sn, got[ci]))]] = True
+            keep = np.zeros(idx.size, dtype=bool)
+            keep[np.argsort(cst, kind="stable")[:want]] = True
+            keep |= own[idx]
+            idx, cst = idx[keep], cst[keep]
+        tails.append(np.full(idx.size, j))
+        heads.append(nc + idx)
+        caps.append(np.minimum(mult[idx], c.count))
+        costs.append(cst)
+        meaning.append((n_arcs, ci, idx))
+        n_arcs += idx.size
+    tails.append(nc + np.arange(ns))
+    heads.append(np.full(ns, sink))
+    caps.append(mult)
+    costs.append(np.zeros(ns, dtype=np.int64))
+    tails.append(np.arange(nc))
+    heads.append(np.full(nc, sink))
+    caps.append(supply[:nc].copy())
+    costs.append(np.full(nc, penalty))
+    supply[sink] = -int(supply[:nc].sum())
+    mcf = min_cost_flow.SimpleMinCostFlow()
+    mcf.add_arcs_with_capacity_and_unit_cost(
+        np.concatenate(tails).astype(np.int32), np.concatenate(heads).astype(np.int32),
+        np.concatenate(caps).astype(np.int64), np.concatenate(costs).astype(np.int64))
+    mcf.set_nodes_supplies(np.arange(sink + 1, dtype=np.int32), supply)
+    if mcf.solve() != mcf.OPTIMAL:
+        return got
+    out = [list(g) if fixed[ci] else [] for ci, g in enumerate(got)]
+    for start, ci, idx in meaning:
+        fl = mcf.flows(np.arange(start, start + idx.size, dtype=np.int32))
+        nz = np.flatnonzero(fl)
+        out[ci].extend(np.repeat(s_node[idx[nz]], fl[nz]).tolist())
+    _ = n_nodes
+    return out
+
+
 def _finish(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
             got: list[list[int]]) -> list[list[int]]:
     """Gangs all-or-nothing, then a cheapest-feasible fill of what is left (no gangs)."""
@@ -619,7 +754,7 @@ def _pack_stage(classes: Sequence[ClassSpec], free: np.ndarray,
     tries = [("flow+pack-repair", pa.got)]
     if _placeable(classes, free, pa.got):
         pb = _Pack(classes, free, domains, icost)
-        pb.greedy(order, cfg.pack_lookahead)
+        pb.greedy(order, cfg.pack_lookahead, cfg.pack_cost)
         pb.repair(order, cfg.pack_repair_nodes, cfg.pack_work)
         work += pb.work
         tries.append(("pack", pb.got))
@@ -730,7 +865,7 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
     for big in (0.0, cfg.pack_big):  # the second order only if the first leaves pods out
         pb = _Pack(classes, free, domains, icost)
         order = _pack_order(classes, free, big)
-        pb.greedy(order, cfg.pack_lookahead)
+        pb.greedy(order, cfg.pack_lookahead, cfg.pack_cost)
         pb.repair(order, cfg.pack_repair_nodes, cfg.pack_work)
         key = (-sum(map(len, pb.got)), _objective(classes, icost, 0, pb.got))
         if best is None or key < best:
@@ -740,8 +875,31 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
     assert pa is not None
     if cfg.use_cpsat and _placeable(classes, free, pa.got):
         stats["lns_solved"] = float(pa.lns(free, domains, penalty, cfg, wall_cap_hits))
+    if cfg.use_cpsat and cfg.cost_lns_iterations and (
+            sum(c.count for c in classes) <= cfg.pack_flow_max_pods):
+        stats["cost_lns_solved"] = float(pa.cost_lns(domains, penalty, cfg, wall_cap_hits))
     got = _finish(classes, free, domains, [list(g) for g in pa.got])
     stats["pack_work"] = float(pa.work)
+    return _improve_cost(classes, free, domains, icost, penalty, got, cfg, stats)
+
+
+def _improve_cost(classes: Sequence[ClassSpec], free: np.ndarray,
+                  domains: Mapping[str, np.ndarray], icost: list[np.ndarray], penalty: int,
+                  got: list[list[int]], cfg: EngineConfig, stats: dict[str, float]
+                  ) -> list[list[int]]:
+    """Slot-flow rounds (``_slot_flow``) while they lower the objective; each answer is
+    replayed through the exact packer and kept only if valid and better."""
+    obj = _objective(classes, icost, penalty, got)
+    for _ in range(cfg.slot_rounds):
+        new = _slot_flow(classes, free, icost, penalty, got, cfg)
+        pk = Packer(free, domains, classes)
+        valid = all(pk.ok(ci, n) and (pk.put(ci, n) is None)
+                    for ci, nodes in enumerate(new) for n in nodes)
+        new_obj = _objective(classes, icost, penalty, new)
+        if not valid or new_obj >= obj:
+            break
+        got, obj = new, new_obj
+        stats["slot_rounds"] = stats.get("slot_rounds", 0.0) + 1
     return got
 
 
