@@ -883,6 +883,18 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
     return _improve_cost(classes, free, domains, icost, penalty, got, cfg, stats)
 
 
+def _valid(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
+           got: list[list[int]]) -> bool:
+    """Replay through the exact packer: every pod allowed, fits, repels nothing."""
+    pk = Packer(free, domains, classes)
+    for ci, nodes in enumerate(got):
+        for n in nodes:
+            if not pk.ok(ci, n):
+                return False
+            pk.put(ci, n)
+    return True
+
+
 def _improve_cost(classes: Sequence[ClassSpec], free: np.ndarray,
                   domains: Mapping[str, np.ndarray], icost: list[np.ndarray], penalty: int,
                   got: list[list[int]], cfg: EngineConfig, stats: dict[str, float]
@@ -892,9 +904,7 @@ def _improve_cost(classes: Sequence[ClassSpec], free: np.ndarray,
     obj = _objective(classes, icost, penalty, got)
     for _ in range(cfg.slot_rounds):
         new = _slot_flow(classes, free, icost, penalty, got, cfg)
-        pk = Packer(free, domains, classes)
-        valid = all(pk.ok(ci, n) and (pk.put(ci, n) is None)
-                    for ci, nodes in enumerate(new) for n in nodes)
+        valid = _valid(classes, free, domains, new)
         new_obj = _objective(classes, icost, penalty, new)
         if not valid or new_obj >= obj:
             break
