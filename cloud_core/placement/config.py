@@ -62,6 +62,7 @@ class EngineConfig:
     # tight: packing goes first (and the flow too, for batches up to pack_flow_max_pods).
     pack_tight: float = 0.7
     pack_flow_max_pods: int = 1000
+    pack_rescue_share: float = 0.01  # loose batch: re-pack if more than this share is out
     pack_lookahead: float = 10.0  # weight of the expected demand of the pods still to come
     slot_rounds: int = 3  # cost rounds after packing: pods exchange slots they fit in
     pack_cost: float = 0.0  # weight of a node's cost above the pod's cheapest, relative
