@@ -14,9 +14,9 @@ hostname spread groups (some near the node count of their region), data gravity.
 Reported per size: placed vs known-feasible, the LP upper bound on the count, cost vs the LP
 lower bound *among the placed pods* (the least $/hour of placing exactly the pods cfnet
 placed, integrality relaxed), wall and CPU time, and run-to-run variation (are the repeated
-placements identical). Median and spread over ``--reps`` repetitions; the engine's previous
-configuration (``EngineConfig(pack=False)``: flow + repair + time-limited CP-SAT) is the
-baseline measured in the same run (the engine before this change, less its wall-clock limit).
+placements identical). Median and spread over ``--reps`` repetitions; the flow route alone
+(``EngineConfig(pack=False)``: flow + repair + CP-SAT when small, i.e. the engine before
+count-first packing, less its wall-clock limit) is the baseline measured in the same run.
 
     python -m tools.bench_tight [--sizes 3000x500,300x60 --util 0.95 --reps 5 --seed 1]
 """
