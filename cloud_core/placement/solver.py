@@ -1,18 +1,23 @@
 """The global solver -- the only module that imports OR-Tools.
 
-Works on *classes* of identical workloads (``ClassSpec``) against node arrays:
+Works on *classes* of identical workloads (``ClassSpec``) against node arrays, and
+minimises ``penalty x unplaced + cost`` (most pods first, then least cost; see
+docs/placement.md, "Objective"). Two routes:
 
-1. **Min-cost flow** over class -> node arcs (``ortools.graph.python.min_cost_flow``). It is
-   exact when the constraints decompose: one resource shape per node, anti-affinity only
-   within a class (a unit-capacity arc per host, or a unit-capacity hub per zone/region).
-2. **Exact packing** (``Packer``) replays the flow, pod by pod, checking every resource and
-   every cross-class anti-affinity; what over-packs or clashes is rejected and the flow is
-   re-solved for the rejected pods on the residual capacity (a few rounds); a
-   cheapest-feasible fill places the rest, and gangs are made all-or-nothing. This is the
-   feasible warm start.
-3. **CP-SAT** when the batch is coupled (several shapes on one node, cross-class
-   anti-affinity, gangs) and small enough (``cpsat_max_arcs``): class-level integer counts,
-   the warm start as a hint, a time limit; its answer replaces the warm start only if better.
+* **Flow route** (loose batches): min-cost flow over class -> node arcs
+  (``ortools.graph.python.min_cost_flow``), exact when the constraints decompose; an exact
+  packer (``Packer``) replays it and the flow is re-solved on the residual capacity for what
+  over-packs or clashes; a cheapest-feasible fill; gangs all-or-nothing. If pods that fit
+  an allowed node are left out, ejection repair (and, when many are out, packing) may win.
+* **Pack route** (tight batches, ``_tight``): rigid-and-large-first tightest-fit packing
+  with a look-ahead on the demand still to come, ejection repair, CP-SAT large
+  neighbourhood search for the pods still out, then cost among the pods that fit
+  (CP-SAT cost neighbourhoods for small batches, slot-exchange min-cost flow always).
+
+**CP-SAT** then polishes coupled batches small enough (``cpsat_max_arcs``), with the best
+answer as hint. Every step is bounded by work, never by the clock: CP-SAT by its
+deterministic time, one worker and a fixed seed, so the same input gives the same answer on
+any load (a wall-clock cap is only a safety net, reported in the stats when hit).
 
 ``solve_exact_pods`` is a pod-level CP-SAT model used as the reference optimum by tests
 and the benchmark.
