@@ -16,9 +16,12 @@ are measured here, in the same run, and printed as a table.
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: numpy reads it when imported
+
 import argparse
 import dataclasses
-import os
 import random
 import sys
 import time
@@ -358,8 +361,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.quick:
         a.nodes, a.pods, a.single = 500, 1000, 200
-    # one core, as the target says (OR-Tools and numpy honour these)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     run(a.nodes, a.pods, a.seed, a.lp_limit, a.single)
     run_small(a.seed)
     run_forecast(a.seed)
