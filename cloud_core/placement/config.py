@@ -45,9 +45,38 @@ class EngineConfig:
     # Solver: CP-SAT runs on coupled batches with at most this many (class, node) arcs.
     use_cpsat: bool = True
     cpsat_max_arcs: int = 4000
-    cpsat_time_limit_s: float = 2.0
-    cpsat_workers: int = 1
+    # CP-SAT is bounded by work (its deterministic time, one worker, a fixed seed), never by
+    # the clock: the same snapshot and config give the same placement on any machine load.
+    # The wall-clock cap is a safety net far above what the work limit takes; when it is hit
+    # the answer may depend on load, and stats["cpsat_wall_cap_hits"] says so.
+    cpsat_deterministic_time: float = 2.0
+    cpsat_wall_cap_s: float = 30.0
+    cpsat_seed: int = 1
     flow_rounds: int = 4  # flow rounds on the residual capacity (over-packing, pruning)
     flow_arc_slack: float = 3.0  # per class, arcs to the cheapest nodes holding 3x its pods
     flow_min_arcs: int = 32
+    # Count first when capacity is tight: if pods that fit an allowed node are left out, an
+    # ejection repair and a largest-first tightest-fit packing try to place them.
+    pack: bool = True
+    # A batch asking for more than this share of some resource of the nodes it may use is
+    # tight: packing goes first (and the flow too, for batches up to pack_flow_max_pods).
+    pack_tight: float = 0.7
+    pack_flow_max_pods: int = 1000
+    pack_rescue_share: float = 0.01  # loose batch: re-pack if more than this share is out
+    pack_lookahead: float = 10.0  # weight of the expected demand of the pods still to come
+    slot_rounds: int = 3  # cost rounds after packing: pods exchange slots they fit in
+    pack_cost: float = 0.0  # weight of a node's cost above the pod's cheapest, relative
+    pack_big: float = 0.6  # second packing order: pods this large (share of a mean node) first
+    pack_repair_nodes: int = 8  # nodes tried per left-out pod when ejecting one pod
+    pack_work: int = 200_000  # steps (node scans), a bound by work, not by the clock
+    # Large neighbourhood search (count first): neighbourhoods of a left-out pod, each
+    # ``lns_near`` nodes closest to fitting it plus ``lns_slack`` with the most room.
+    lns_iterations: int = 60
+    lns_near: int = 3
+    lns_slack: int = 6
+    lns_grow: int = 1  # one more slack node per failed try of the same pod
+    lns_tries: int = 20  # neighbourhoods per left-out class before it is given up
+    lns_extra_classes: int = 20  # left-out classes offered to one neighbourhood
+    lns_deterministic_time: float = 0.05
+    cost_lns_iterations: int = 100  # cost neighbourhoods after packing (largest regret first)
     cost_scale: float = 1e5  # $/hour -> integer units for the solvers
