@@ -103,10 +103,14 @@ def test_two_agents_to_core_state(lab: Lab, cloud_broker: Broker, tmp_path: Path
         print(f"\nmeasured loss {lk.loss:.4f} (injected {INJECTED_LOSS}), p50 {lk.rtt_p50_us} us, "
               f"tx {lk.tx_bps / 1e6:.1f} Mbit/s")
         # The lab drops INJECTED_LOSS of the packets to and from edge-b at random
-        # in the router; the saturating flow adds a little congestion loss at the
-        # 20 Mbit/s bottleneck. Measured: 0.020-0.028. A probe that saw no loss,
-        # or a clamped garbage value, fails.
-        assert INJECTED_LOSS * 0.5 <= lk.loss <= INJECTED_LOSS * 2.0, lk.loss
+        # in the router; the saturating flow adds congestion loss at the 20 Mbit/s
+        # tbf, more when the machine is busy and the sender's bursts grow (the
+        # kernel's own retrans/segs_out of the flow, which both probes report:
+        # 0.020-0.028 on a quiet machine, 0.045 once with the whole suite running
+        # beside it). So: at least half the injected loss (a probe that saw no
+        # loss fails), at most the injected loss plus 4 points of congestion (a
+        # clamped or garbage value fails).
+        assert INJECTED_LOSS * 0.5 <= lk.loss <= INJECTED_LOSS + 0.04, lk.loss
         assert core.ingest.counters().rejected_total == 0
         # The operator's view of the same lab, through cfnetctl from the cloud site.
         ops = cloud_broker.add_account(f"ops{tag}", "operator")
