@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     mp = sub.add_parser("map", help="write a self-contained HTML/SVG topology page")
     mp.add_argument("--out", "-O", type=Path, default=Path("cfnet-map.html"))
     sub.add_parser("stats", help="ingest counters")
+    rc = sub.add_parser("received", help="a node's reports the core folded in, per boot")
+    rc.add_argument("node")
     au = sub.add_parser("audit", help="the audit log (admin)")
     au.add_argument("--limit", type=int, default=50)
     return p
@@ -139,6 +141,30 @@ def render_explain(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_received(d: dict[str, Any]) -> str:
+    """The core's ``received`` answer: per boot of the node, how many reports it folded
+    in, how many distinct seqs (fewer: a report folded in twice), how many seqs are
+    missing between the first and the last, and the seq ranges themselves."""
+    boots = d.get("boots") or []
+    rows = []
+    for b in boots:
+        ranges = [(int(lo), int(hi)) for lo, hi in b.get("seqs") or []]
+        span = ranges[-1][1] - ranges[0][0] + 1 if ranges else 0
+        missing = span - sum(hi - lo + 1 for lo, hi in ranges)
+        seqs = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+        rows.append((cut(b.get("boot"), 16), b.get("count", 0), b.get("distinct", 0), missing,
+                     cut(seqs or "-", 30)))
+    total = sum(int(b.get("count", 0)) for b in boots)
+    limit = d.get("history_limit")
+    head = (f"node {d.get('node')}: {total:,} report{'s' * (total != 1)} folded in from "
+            f"{len(boots)} boot{'s' * (len(boots) != 1)} "
+            + (f"(the last {limit:,} the core keeps)" if isinstance(limit, int) and total >= limit
+               else "since this core started"))
+    if not rows:
+        return head
+    return head + "\n" + table(rows, ("BOOT", "REPORTS", "DISTINCT", "MISSING", "SEQS"))
+
+
 def _signed(v: float) -> str:
     return f"{v:+.5f}"
 
@@ -162,6 +188,8 @@ def render(cmd: str, data: Any) -> str:
         return table(prow, ("NODE", "N", "WORKLOADS"))
     if cmd == "explain":
         return render_explain(data)
+    if cmd == "received":
+        return render_received(data)
     if cmd == "what-if":
         return render_decisions(data)
     if cmd == "events":
@@ -323,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             args["specs"] = read_docs(a.file)
         if a.cmd in ("explain", "delete"):
             args["workload"] = a.workload
-        if a.cmd in ("cordon", "uncordon", "drain") or (a.cmd == "links" and a.node):
+        if a.cmd in ("cordon", "uncordon", "drain", "received") or (a.cmd == "links"
+                                                                   and a.node):
             args["node"] = a.node
         if a.cmd in ("events", "audit"):
             args["limit"] = a.limit

@@ -17,7 +17,7 @@ from cloud_core.ingest import Ingest
 from cloud_core.placement import Workload
 from cloud_core.registry import Registry
 from cloud_core.scheduler import Scheduler, expand_doc
-from cloud_core.state import ClusterState
+from cloud_core.state import SEQ_HISTORY, ClusterState
 from cloud_core.store import Store
 from cloud_core.view import link_rows, node_rows
 from edge_agent.wire import seq_ranges
@@ -222,7 +222,7 @@ def register_commands(
         per_boot: dict[str, list[int]] = {}
         for boot, seq in state.node_history(node):
             per_boot.setdefault(boot, []).append(seq)
-        return {"node": node, "boots": [
+        return {"node": node, "history_limit": SEQ_HISTORY, "boots": [
             {"boot": b, "count": len(seqs), "distinct": len(set(seqs)),
              "seqs": [list(r) for r in seq_ranges(seqs)]} for b, seqs in per_boot.items()]}
 

@@ -151,6 +151,47 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert r.returncode == 2 and "cannot read" in r.stderr
 
 
+def test_received_shows_seqs_per_boot(broker: Broker, ready: CoreService) -> None:
+    """`cfnetctl received NODE`: the core's folded-in seqs per boot, gaps and all, as a
+    table. A node of its own (not the fixture's beating agents) so the seqs are known."""
+    # No announce: a retained status would outlive this test on the module's broker,
+    # and the next tests' cores would see a fourth node. Telemetry alone is enough.
+    ag = FakeAgent(broker, broker.add_account("edge-r", "agent"), "10.9.0.9")
+    try:
+        first = ag.boot
+        for _ in range(5):
+            ag.report()  # 1..5
+        ag.seq = 8
+        for _ in range(2):
+            ag.report()  # 9, 10: 6-8 never sent
+        ag.seq = 2
+        ag.report()  # seq 3 again: a duplicate the core drops, not folded in twice
+        ag.boot, ag.seq = "feedc0de", 0  # the agent restarted
+        for _ in range(3):
+            ag.report()
+        wait_for(lambda: len(ready.state.node_history("edge-r")) == 10, what="10 folded in")
+        r = ctl(broker, "victor", "received", "edge-r")  # a viewer may read it
+        assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+        print("\n$ cfnetctl received edge-r\n" + r.stdout)
+        lines = r.stdout.splitlines()
+        assert lines[0] == ("node edge-r: 10 reports folded in from 2 boots since this core "
+                            "started")
+        assert lines[1].split() == ["BOOT", "REPORTS", "DISTINCT", "MISSING", "SEQS"]
+        assert rows_of(r.stdout, first) == ["7", "7", "3", "1-5,", "9-10"]
+        assert rows_of(r.stdout, "feedc0de") == ["3", "3", "0", "1-3"]
+        r = ctl(broker, "victor", "-o", "json", "received", "edge-r")
+        data = json.loads(r.stdout)
+        assert [(b["boot"], b["seqs"]) for b in data["boots"]] == [
+            (first, [[1, 5], [9, 10]]), ("feedc0de", [[1, 3]])]
+        r = ctl(broker, "victor", "received", "edge-zz")
+        assert r.returncode == 1 and "no node 'edge-zz'" in r.stderr
+        r = ctl(broker, "victor", "received", "edge-\x1b[2J")  # never echoed raw
+        assert r.returncode == 1 and "no node" in r.stderr, r.stderr
+        assert "\x1b" not in r.stderr
+    finally:
+        ag.close()
+
+
 def test_viewer_drain_refused_and_audited(broker: Broker, ready: CoreService) -> None:
     r = ctl(broker, "victor", "drain", "edge-a")
     assert r.returncode == 1
