@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,22 @@ from edge_agent.wire import EVENTS_TOPIC
 WIDTH = 80
 
 
+WORKLOADS_PAGE = 100  # rows of at most ~1 KiB: a page is far under one answer's size cap
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more: {n}")
+        return n
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="cfnetctl", description="cfnet operator console (MQTT)")
@@ -47,7 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("nodes", help="nodes: health, region, load, workloads")
     lk = sub.add_parser("links", help="link matrix, or one node's peers")
     lk.add_argument("node", nargs="?")
-    sub.add_parser("workloads", help="workloads and their state")
+    wl = sub.add_parser("workloads", help="workloads and their state (a page at a time)")
+    wl.add_argument("--limit", type=_at_least(1), default=WORKLOADS_PAGE,
+                    help=f"at most N workloads (default {WORKLOADS_PAGE}; a page always fits "
+                    "one answer)")
+    wl.add_argument("--offset", type=_at_least(0), default=0,
+                    help="skip the first K of the listing (oldest first)")
     sub.add_parser("placements", help="which workloads run where")
     ex = sub.add_parser("explain", help="why a workload runs where it does (or nowhere)")
     ex.add_argument("workload")
@@ -83,10 +105,23 @@ def _parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------- rendering
 
 
-def render_workloads(data: list[dict[str, Any]]) -> str:
+def render_workloads(data: list[dict[str, Any]] | dict[str, Any]) -> str:
+    """One page of workloads; with the core's total (``{"items", "total", "offset"}``), a
+    last line says when the list was cut ("showing 101-200 of 2,345"). A bare list (a
+    core without paging totals) is the whole listing."""
+    page: dict[str, Any] = (data if isinstance(data, dict)
+                            else {"items": data, "total": len(data), "offset": 0})
+    items: list[dict[str, Any]] = page.get("items") or []
+    total, offset = int(page.get("total", 0)), int(page.get("offset", 0))
     rows = [(cut(f"{w['namespace']}/{w['name']}", 24), w["state"], cut(w["node"], 14),
-             cut(w["reason"], 30)) for w in data]
-    return table(rows, ("WORKLOAD", "STATE", "NODE", "REASON"))
+             cut(w["reason"], 30)) for w in items]
+    out = table(rows, ("WORKLOAD", "STATE", "NODE", "REASON"))
+    if not items and total:
+        out += f"\n(none from {offset + 1:,}: there are {total:,}; use a smaller --offset)"
+    elif len(items) < total:
+        out += (f"\nshowing {offset + 1:,}-{offset + len(items):,} of {total:,} "
+                f"(--offset/--limit for more)")
+    return out
 
 
 def render_events(data: list[dict[str, Any]]) -> str:
@@ -356,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             args["node"] = a.node
         if a.cmd in ("events", "audit"):
             args["limit"] = a.limit
+        if a.cmd == "workloads":
+            args.update(offset=a.offset, limit=a.limit, total=True)
     except ValueError as exc:
         print(f"cfnetctl: {exc}", file=sys.stderr)
         return 2

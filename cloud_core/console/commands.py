@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from cloud_core.console.service import CommandError, ConsoleService
+from cloud_core.console.service import CommandError, ConsoleService, paged
 from cloud_core.errors import CoreError
 from cloud_core.events import EventLog
 from cloud_core.health import HealthConfig
@@ -118,16 +118,10 @@ def register_commands(
 
     def workloads(op: str, args: dict[str, Any]) -> Any:
         # optional paging: a listing of thousands would not fit one answer
-        offset, limit = args.get("offset", 0), args.get("limit")
-        for k, v in (("offset", offset), ("limit", limit)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise CommandError(f"{k} must be a non-negative integer")
-        rows = store.workloads()[offset:None if limit is None else offset + limit]
-        return [
-            {"uid": r.uid, "name": r.name, "namespace": r.namespace, "state": r.state,
-             "node": r.node, "reason": r.reason, "age_s": clock() - r.created}
-            for r in rows
-        ]
+        now = clock()
+        return paged(store.workloads(), args, lambda r: {
+            "uid": r.uid, "name": r.name, "namespace": r.namespace, "state": r.state,
+            "node": r.node, "reason": r.reason, "age_s": now - r.created})
 
     def placements(op: str, args: dict[str, Any]) -> Any:
         return store.placements()

@@ -192,6 +192,40 @@ def test_received_shows_seqs_per_boot(broker: Broker, ready: CoreService) -> Non
         ag.close()
 
 
+def test_workloads_paged_and_says_when_cut(broker: Broker, ready: CoreService,
+                                          tmp_path: Path) -> None:
+    """`cfnetctl workloads --limit N --offset K`: a page, and a last line saying the
+    list was cut; the default page is 100."""
+    f = tmp_path / "many.yaml"
+    f.write_text("name: many\nreplicas: 230\nrequests: {cpu: 1m}\nresidency: mars\n")
+    r = ctl(broker, "alice", "submit", "-f", str(f), timeout=15)
+    assert r.returncode == 0, r.stderr
+    uids = [w.uid for w in ready.store.workloads()]
+    assert len(uids) == 230
+
+    def listed(out: str) -> list[str]:
+        return [ln.split()[0] for ln in out.splitlines()[1:] if ln.startswith("default/")]
+
+    r = ctl(broker, "victor", "workloads")
+    assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    assert len(listed(r.stdout)) == 100
+    assert r.stdout.splitlines()[-1].startswith("showing 1-100 of 230 "), r.stdout[-300:]
+    r = ctl(broker, "victor", "workloads", "--offset", "200", "--limit", "50")
+    assert len(listed(r.stdout)) == 30
+    assert r.stdout.splitlines()[-1].startswith("showing 201-230 of 230 ")
+    r = ctl(broker, "victor", "-o", "json", "workloads", "--offset", "100", "--limit", "100")
+    page = json.loads(r.stdout)
+    assert (page["total"], page["offset"]) == (230, 100)
+    assert [w["uid"] for w in page["items"]] == uids[100:200]  # the store's order, no overlap
+    r = ctl(broker, "victor", "workloads", "--limit", "1000")
+    assert len(listed(r.stdout)) == 230 and "showing" not in r.stdout  # nothing cut
+    r = ctl(broker, "victor", "workloads", "--offset", "500")
+    assert r.returncode == 0 and "none from 501: there are 230" in r.stdout
+    for bad in (["--limit", "0"], ["--offset", "-1"], ["--limit", "x"]):
+        r = ctl(broker, "victor", "workloads", *bad)
+        assert r.returncode == 2 and "workloads: error: argument" in r.stderr, (bad, r.stderr)
+
+
 def test_viewer_drain_refused_and_audited(broker: Broker, ready: CoreService) -> None:
     r = ctl(broker, "victor", "drain", "edge-a")
     assert r.returncode == 1

@@ -66,6 +66,16 @@ def test_cordon_is_the_nodes_and_no_later_binding_lands_there(
          if p["spec"].get("nodeName")}), timeout=30, what="6 pods bound")
     assert set(bound.values()) == {"cn-b"}  # none on the cordoned node
 
+    # workloads, paged as in local mode: without "total" the bare list (as before paging)
+    everything = console("workloads").data
+    mine = [w for w in everything if w["namespace"] == cluster.namespace]
+    assert len(mine) == 6 and all(w["state"] == "bound" for w in mine)
+    page = console("workloads", offset=2, limit=3, total=True)
+    assert page.ok, page.error
+    assert (page.data["total"], page.data["offset"]) == (len(everything), 2)
+    assert page.data["items"] == everything[2:5]
+    assert "non-negative" in console("workloads", limit=-1).error
+
     # what-if and explain answer for the cluster snapshot
     wi = console("what-if", specs=[{"name": "probe", "requests": {"cpu": "100m"}}])
     assert wi.ok, wi.error
