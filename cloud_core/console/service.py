@@ -22,6 +22,14 @@ from edge_agent.wire import WireError
 log = logging.getLogger(__name__)
 
 ROLES = ("viewer", "operator", "admin")
+# The least role of every command that needs more than "viewer", for both consoles:
+# the local one (console/commands.py) and the Kubernetes one (k8s/console.py) register
+# their own handlers under the same names, and take the role from here, so the two
+# modes cannot drift apart on who may do what.
+COMMAND_ROLES: dict[str, str] = {
+    "submit": "operator", "delete": "operator", "cordon": "operator",
+    "uncordon": "operator", "drain": "operator", "audit": "admin",
+}
 T = TypeVar("T")
 
 
@@ -68,9 +76,17 @@ class ConsoleService:
         self._clock = clock
         self.commands: dict[str, Command] = {}
 
-    def register(self, name: str, handler: Handler, role: str = "viewer", help: str = "") -> None:
+    def register(self, name: str, handler: Handler, role: str | None = None,
+                 help: str = "") -> None:
+        """Register (or replace) ``name``; its role is ``COMMAND_ROLES``' (else viewer), and
+        an explicit ``role`` that disagrees with the table is refused."""
+        want = COMMAND_ROLES.get(name, "viewer")
+        if role is None:
+            role = want
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
+        if name in COMMAND_ROLES and role != want:
+            raise ValueError(f"command {name!r} needs role {want!r} (COMMAND_ROLES), not {role!r}")
         self.commands[name] = Command(name, handler, role, help)
 
     def handle_message(self, operator: str, payload: bytes, *, retain: bool = False) -> Response:
