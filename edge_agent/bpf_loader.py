@@ -1,7 +1,8 @@
 """BCC loader: finds the BPF sources, checks capabilities, compiles with -D parameters.
 
 It runs in a **short-lived process of its own** (``python -m edge_agent.bpf_loader``,
-started by :func:`load_in_subprocess`): that process imports BCC (and with it
+started by :func:`start_loader`, which the agent calls first thing so the
+compile runs beside its own start-up): that process imports BCC (and with it
 libLLVM/clang, ~120 MiB mapped), compiles, loads and attaches the programs,
 sends the program, map and perf-event (tracepoint attachment) file
 descriptors to the agent over a Unix socket (SCM_RIGHTS) and exits. The
@@ -204,17 +205,44 @@ class Handoff:
         self.links, self.progs, self.maps = [], {}, {}
 
 
-def load_in_subprocess(req: LoadRequest, timeout_s: float = LOADER_TIMEOUT_S) -> Handoff:
-    """Run the loader process and take over its descriptors (agent side; no BCC here)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        argv = [sys.executable, "-m", "edge_agent.bpf_loader", "--fd", str(theirs.fileno()),
-                "--request", json.dumps(req.__dict__)]
+class PendingLoad:
+    """A loader process started and not yet answered (agent side; no BCC here).
+
+    :func:`start_loader` returns at once, so the agent can start the loader
+    first thing and do its own imports, buffer and broker connect while the
+    loader compiles; :meth:`result` then takes the descriptors over. The
+    request travels with it, so whoever claims it can check it is the load
+    they need.
+    """
+
+    def __init__(self, req: LoadRequest) -> None:
+        self.request = req
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock: socket.socket | None = ours
         try:
-            proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        except OSError as exc:
-            raise ProbeError(f"cannot start the BPF loader: {exc}") from exc
-        theirs.close()
+            argv = [sys.executable, "-m", "edge_agent.bpf_loader", "--fd", str(theirs.fileno()),
+                    "--request", json.dumps(req.__dict__)]
+            try:
+                self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),),
+                                              stdin=subprocess.DEVNULL)
+            except OSError as exc:
+                ours.close()
+                self._sock = None
+                raise ProbeError(f"cannot start the BPF loader: {exc}") from exc
+        finally:
+            theirs.close()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def result(self, timeout_s: float = LOADER_TIMEOUT_S) -> Handoff:
+        """Wait for the loader's answer and take over its descriptors (once)."""
+        ours = self._sock
+        if ours is None:
+            raise ProbeError("BPF loader already answered or cancelled")
+        self._sock = None
+        proc = self._proc
         ours.settimeout(timeout_s)
         fds: list[int] = []
         try:
@@ -249,15 +277,43 @@ def load_in_subprocess(req: LoadRequest, timeout_s: float = LOADER_TIMEOUT_S) ->
             raise
         finally:
             ours.close()  # EOF for a loader still waiting on an ack that won't come
-            try:
-                proc.wait(timeout=10 if proc.poll() is None else 1)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            self._reap()
         return hand
-    finally:
+
+    def cancel(self) -> None:
+        """Not needed after all: close our end and reap the loader.
+
+        Closing the socket is enough: a loader that already sent its
+        descriptors waits for the ack, gets EOF and exits, and its exit
+        detaches what it attached (the unreceived descriptors die with the
+        socket). One still compiling is killed rather than waited for.
+        """
+        ours = self._sock
+        self._sock = None
+        if ours is None:
+            return
         ours.close()
-        theirs.close()
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._reap()
+
+    def _reap(self) -> None:
+        proc = self._proc
+        try:
+            proc.wait(timeout=10 if proc.poll() is None else 1)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def start_loader(req: LoadRequest) -> PendingLoad:
+    """Start the loader process for ``req`` and return at once (see :class:`PendingLoad`)."""
+    return PendingLoad(req)
+
+
+def load_in_subprocess(req: LoadRequest, timeout_s: float = LOADER_TIMEOUT_S) -> Handoff:
+    """Run the loader process and take over its descriptors (agent side; no BCC here)."""
+    return start_loader(req).result(timeout_s)
 
 
 def _serve(sock: socket.socket, req: LoadRequest) -> None:
@@ -273,7 +329,8 @@ def _serve(sock: socket.socket, req: LoadRequest) -> None:
         progs = {name.decode(): fn.fd for name, fn in bpf.funcs.items()}
         links = list(bpf.tracepoint_fds.values())
     except Exception as exc:
-        sock.send(json.dumps({"error": str(exc)}).encode())
+        with contextlib.suppress(OSError):  # an agent that is gone needs no reason
+            sock.send(json.dumps({"error": str(exc)}).encode())
         return
     fds: list[int] = []
 
@@ -284,7 +341,12 @@ def _serve(sock: socket.socket, req: LoadRequest) -> None:
     reply = {"maps": {k: idx(v) for k, v in maps.items()},
              "progs": {k: idx(v) for k, v in progs.items()},
              "links": [idx(v) for v in links], "cflags": cflags}
-    socket.send_fds(sock, [json.dumps(reply).encode()], fds)
+    try:
+        socket.send_fds(sock, [json.dumps(reply).encode()], fds)
+    except OSError:
+        # The agent is gone (killed while we compiled, or it cancelled an early
+        # load): nobody to hand over to; our exit closes the descriptors.
+        return
     sock.settimeout(LOADER_TIMEOUT_S)
     with contextlib.suppress(OSError):
         sock.recv(16)  # the agent's ack (or EOF if it died: our exit then detaches all)

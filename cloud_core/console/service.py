@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from cloud_core.console.protocol import Request, Response, parse_request
 from edge_agent.wire import WireError
@@ -22,10 +22,34 @@ from edge_agent.wire import WireError
 log = logging.getLogger(__name__)
 
 ROLES = ("viewer", "operator", "admin")
+# The least role of every command that needs more than "viewer", for both consoles:
+# the local one (console/commands.py) and the Kubernetes one (k8s/console.py) register
+# their own handlers under the same names, and take the role from here, so the two
+# modes cannot drift apart on who may do what.
+COMMAND_ROLES: dict[str, str] = {
+    "submit": "operator", "delete": "operator", "cordon": "operator",
+    "uncordon": "operator", "drain": "operator", "audit": "admin",
+}
+T = TypeVar("T")
 
 
 class CommandError(Exception):
     """A request that can't be served; the message goes to the operator as is."""
+
+
+def paged(rows: Sequence[T], args: dict[str, Any], row: Callable[[T], Any]) -> Any:
+    """A listing's page: ``args`` may give ``offset`` and ``limit`` (non-negative integers;
+    no limit: to the end). ``row`` renders only the rows on the page. With ``"total": true``
+    the answer is ``{"items", "total", "offset"}``, so a client can say that the list was
+    cut; without it, the bare list (the answer's shape before paging existed)."""
+    offset, limit, total = args.get("offset", 0), args.get("limit"), args.get("total", False)
+    for k, v in (("offset", offset), ("limit", limit)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise CommandError(f"{k} must be a non-negative integer")
+    if not isinstance(total, bool):
+        raise CommandError("total must be true or false")
+    items = [row(r) for r in rows[offset:None if limit is None else offset + limit]]
+    return {"items": items, "total": len(rows), "offset": offset} if total else items
 
 
 Handler = Callable[[str, dict[str, Any]], Any]
@@ -52,9 +76,17 @@ class ConsoleService:
         self._clock = clock
         self.commands: dict[str, Command] = {}
 
-    def register(self, name: str, handler: Handler, role: str = "viewer", help: str = "") -> None:
+    def register(self, name: str, handler: Handler, role: str | None = None,
+                 help: str = "") -> None:
+        """Register (or replace) ``name``; its role is ``COMMAND_ROLES``' (else viewer), and
+        an explicit ``role`` that disagrees with the table is refused."""
+        want = COMMAND_ROLES.get(name, "viewer")
+        if role is None:
+            role = want
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
+        if name in COMMAND_ROLES and role != want:
+            raise ValueError(f"command {name!r} needs role {want!r} (COMMAND_ROLES), not {role!r}")
         self.commands[name] = Command(name, handler, role, help)
 
     def handle_message(self, operator: str, payload: bytes, *, retain: bool = False) -> Response:

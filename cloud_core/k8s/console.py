@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from cloud_core.console.service import CommandError, ConsoleService
+from cloud_core.console.service import CommandError, ConsoleService, paged
 from cloud_core.errors import CoreError, KubeError, KubeForbidden, KubeNotFound
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator
@@ -89,16 +89,21 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
                  "workloads": len(placed.get(n.name, []))} for n in snap.nodes]
 
     def workloads(op: str, args: dict[str, Any]) -> Any:
-        out = []
-        for p in cfnet_pods():
+        def row(p: dict[str, Any]) -> dict[str, Any]:
             md, spec = p.get("metadata") or {}, p.get("spec") or {}
             state = ("terminating" if md.get("deletionTimestamp") else
                      "bound" if spec.get("nodeName") else "pending")
-            out.append({"uid": md.get("uid"), "name": md.get("name"),
-                        "namespace": md.get("namespace"), "state": state,
-                        "node": spec.get("nodeName"),
-                        "reason": actuator.last_failure(str(md.get("uid")))})
-        return sorted(out, key=lambda r: (str(r["namespace"]), str(r["name"])))
+            return {"uid": md.get("uid"), "name": md.get("name"),
+                    "namespace": md.get("namespace"), "state": state,
+                    "node": spec.get("nodeName"),
+                    "reason": actuator.last_failure(str(md.get("uid")))}
+
+        def key(p: dict[str, Any]) -> tuple[str, str]:
+            md = p.get("metadata") or {}
+            return str(md.get("namespace")), str(md.get("name"))
+
+        # paged as in local mode (offset, limit, total): thousands of pods don't fit one answer
+        return paged(sorted(cfnet_pods(), key=key), args, row)
 
     def find(args: dict[str, Any]) -> dict[str, Any]:
         name = args.get("workload")
@@ -246,8 +251,8 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
     c("explain", explain_cmd, help="why a pod is where it is (cluster snapshot)")
     c("what-if", what_if, help="the engine's answer on the cluster snapshot, without acting")
     c("topology", topology, help="everything `map` and `top` draw")
-    c("submit", submit, role="operator", help="refused on Kubernetes: kubectl apply")
-    c("delete", delete, role="operator", help="refused on Kubernetes: kubectl delete")
-    c("cordon", cordon, role="operator", help="spec.unschedulable on the Node")
-    c("uncordon", uncordon, role="operator", help="clear spec.unschedulable")
-    c("drain", drain, role="operator", help="cordon, then evict cfnet's pods on the Node")
+    c("submit", submit, help="refused on Kubernetes: kubectl apply")
+    c("delete", delete, help="refused on Kubernetes: kubectl delete")
+    c("cordon", cordon, help="spec.unschedulable on the Node")
+    c("uncordon", uncordon, help="clear spec.unschedulable")
+    c("drain", drain, help="cordon, then evict cfnet's pods on the Node")

@@ -7,18 +7,26 @@ and otherwise falls back to sock_diag, returning why (logged once).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from edge_agent.errors import ProbeError
 from edge_agent.probes.base import LinkProbe, ProbeConfig
+
+if TYPE_CHECKING:
+    from edge_agent.bpf_loader import PendingLoad
 
 __all__ = ["LinkProbe", "ProbeConfig", "open_probe"]
 
 log = logging.getLogger(__name__)
 
 
-def open_probe(cfg: ProbeConfig) -> tuple[LinkProbe, str | None]:
+def open_probe(
+    cfg: ProbeConfig, pending: PendingLoad | None = None
+) -> tuple[LinkProbe, str | None]:
     """Return (probe, fallback reason or None).
 
+    ``pending``: an eBPF loader the agent started early; the eBPF probe claims
+    it (or cancels it if it does not fit), and it is cancelled when eBPF is off.
     Raises ProbeError only if no probe works, ConfigError for a bad local address.
     """
     reason: str | None = None
@@ -27,12 +35,15 @@ def open_probe(cfg: ProbeConfig) -> tuple[LinkProbe, str | None]:
             from edge_agent.probes.ebpf import EbpfProbe
 
             return (
-                EbpfProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs),
+                EbpfProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs,
+                          pending=pending),
                 None,
             )
         except ProbeError as exc:
             reason = str(exc)
     else:
+        if pending is not None:
+            pending.cancel()
         reason = "eBPF disabled by configuration"
     # Imported only when used: pyroute2 costs the eBPF agent a few MiB for nothing.
     from edge_agent.probes.sockdiag import SockDiagProbe

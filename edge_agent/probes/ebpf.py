@@ -52,25 +52,30 @@ class EbpfProbe:
         probe_port: int = DEFAULT_PROBE_PORT,
         mss: int = DEFAULT_MSS,
         max_peers: int = 4096,
+        pending: bpf_loader.PendingLoad | None = None,
     ) -> None:
+        """``pending``: a loader already started (:func:`start_early`) to claim instead of
+        starting one; it is used only if its request is the one this probe needs."""
         self._local = tuple(local_addrs)
-        _encode_all(self._local)  # a bad address is a config error, not a reason to fall back
-        # Cheap checks here, so a plain "no" costs no loader process; the loader
-        # checks tracefs and the tracepoints themselves.
-        if os.geteuid() != 0:
-            raise ProbeError("not root: eBPF needs CAP_BPF/CAP_PERFMON")
-        if not os.path.exists("/sys/kernel/btf/vmlinux"):
-            raise ProbeError("no BTF (/sys/kernel/btf/vmlinux)")
-        self._mss = mss
-        types = header_structs(bpf_loader.bpf_dir() / HEADER)
-        cflags = [f"-DCFNET_PROBE_PORT={int(probe_port)}", f"-DCFNET_MAX_PEERS={int(max_peers)}"]
-        if include_loopback:
-            cflags.append("-DCFNET_INCLUDE_LOOPBACK")
-        if self._local:
-            cflags.append("-DCFNET_FILTER_LOCAL")
-        self._hand: bpf_loader.Handoff | None = bpf_loader.load_in_subprocess(
-            bpf_loader.LoadRequest(source=SOURCE, cflags=cflags, tracepoints=list(TRACEPOINTS),
-                                   maps=list(MAPS)))
+        try:
+            _encode_all(self._local)  # a bad address is a config error, not a reason to fall back
+            req = load_request(include_loopback=include_loopback, filter_local=bool(self._local),
+                               probe_port=probe_port, max_peers=max_peers)
+            if pending is not None and pending.request != req:
+                # Started early from the configuration with a guess (say, the node
+                # had no address yet); other -D flags make another program.
+                log.info("ebpf probe: the early loader's request differs; loading again")
+                pending.cancel()
+                pending = None
+            if pending is None:
+                precheck()
+            self._mss = mss
+            types = header_structs(bpf_loader.bpf_dir() / HEADER)
+            self._hand: bpf_loader.Handoff | None = (
+                pending.result() if pending is not None else bpf_loader.load_in_subprocess(req))
+        finally:
+            if pending is not None:
+                pending.cancel()  # a no-op once answered; reaps it if anything above failed
         try:
             self._addr_t = types["cf_addr"]
             self._peers = BpfMap(self._hand.maps["peers"], types["cf_addr"],
@@ -184,6 +189,45 @@ class EbpfProbe:
         self._hand = None
         if hand is not None:
             hand.close()
+
+
+def precheck() -> None:
+    """Cheap checks, so a plain "no" costs no loader process (the loader checks
+    tracefs and the tracepoints itself)."""
+    if os.geteuid() != 0:
+        raise ProbeError("not root: eBPF needs CAP_BPF/CAP_PERFMON")
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        raise ProbeError("no BTF (/sys/kernel/btf/vmlinux)")
+
+
+def load_request(*, include_loopback: bool = False, filter_local: bool = False,
+                 probe_port: int = DEFAULT_PROBE_PORT,
+                 max_peers: int = 4096) -> bpf_loader.LoadRequest:
+    """What the loader is asked to compile: parameters reach the C code as -D flags only."""
+    cflags = [f"-DCFNET_PROBE_PORT={int(probe_port)}", f"-DCFNET_MAX_PEERS={int(max_peers)}"]
+    if include_loopback:
+        cflags.append("-DCFNET_INCLUDE_LOOPBACK")
+    if filter_local:
+        cflags.append("-DCFNET_FILTER_LOCAL")
+    return bpf_loader.LoadRequest(source=SOURCE, cflags=cflags, tracepoints=list(TRACEPOINTS),
+                                  maps=list(MAPS))
+
+
+def start_early(*, include_loopback: bool = False,
+                filter_local: bool = True) -> tuple[bpf_loader.PendingLoad | None, str]:
+    """Start the loader now, before the agent's own start-up, to claim it later.
+
+    The compile (most of the agent's start-up) then runs beside the agent's
+    imports, buffer and broker connect. Returns (pending or None, why not):
+    a failure here is not reported as the probe's fallback reason; the probe
+    then runs its own checks and load, and fails or falls back as it would have.
+    """
+    try:
+        precheck()
+        return bpf_loader.start_loader(load_request(include_loopback=include_loopback,
+                                                    filter_local=filter_local)), ""
+    except ProbeError as exc:
+        return None, str(exc)
 
 
 def _encode_all(addrs: Iterable[str]) -> list[tuple[bytes, int]]:

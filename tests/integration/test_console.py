@@ -151,6 +151,81 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert r.returncode == 2 and "cannot read" in r.stderr
 
 
+def test_received_shows_seqs_per_boot(broker: Broker, ready: CoreService) -> None:
+    """`cfnetctl received NODE`: the core's folded-in seqs per boot, gaps and all, as a
+    table. A node of its own (not the fixture's beating agents) so the seqs are known."""
+    # No announce: a retained status would outlive this test on the module's broker,
+    # and the next tests' cores would see a fourth node. Telemetry alone is enough.
+    ag = FakeAgent(broker, broker.add_account("edge-r", "agent"), "10.9.0.9")
+    try:
+        first = ag.boot
+        for _ in range(5):
+            ag.report()  # 1..5
+        ag.seq = 8
+        for _ in range(2):
+            ag.report()  # 9, 10: 6-8 never sent
+        ag.seq = 2
+        ag.report()  # seq 3 again: a duplicate the core drops, not folded in twice
+        ag.boot, ag.seq = "feedc0de", 0  # the agent restarted
+        for _ in range(3):
+            ag.report()
+        wait_for(lambda: len(ready.state.node_history("edge-r")) == 10, what="10 folded in")
+        r = ctl(broker, "victor", "received", "edge-r")  # a viewer may read it
+        assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+        print("\n$ cfnetctl received edge-r\n" + r.stdout)
+        lines = r.stdout.splitlines()
+        assert lines[0] == ("node edge-r: 10 reports folded in from 2 boots since this core "
+                            "started")
+        assert lines[1].split() == ["BOOT", "REPORTS", "DISTINCT", "MISSING", "SEQS"]
+        assert rows_of(r.stdout, first) == ["7", "7", "3", "1-5,", "9-10"]
+        assert rows_of(r.stdout, "feedc0de") == ["3", "3", "0", "1-3"]
+        r = ctl(broker, "victor", "-o", "json", "received", "edge-r")
+        data = json.loads(r.stdout)
+        assert [(b["boot"], b["seqs"]) for b in data["boots"]] == [
+            (first, [[1, 5], [9, 10]]), ("feedc0de", [[1, 3]])]
+        r = ctl(broker, "victor", "received", "edge-zz")
+        assert r.returncode == 1 and "no node 'edge-zz'" in r.stderr
+        r = ctl(broker, "victor", "received", "edge-\x1b[2J")  # never echoed raw
+        assert r.returncode == 1 and "no node" in r.stderr, r.stderr
+        assert "\x1b" not in r.stderr
+    finally:
+        ag.close()
+
+
+def test_workloads_paged_and_says_when_cut(broker: Broker, ready: CoreService,
+                                          tmp_path: Path) -> None:
+    """`cfnetctl workloads --limit N --offset K`: a page, and a last line saying the
+    list was cut; the default page is 100."""
+    f = tmp_path / "many.yaml"
+    f.write_text("name: many\nreplicas: 230\nrequests: {cpu: 1m}\nresidency: mars\n")
+    r = ctl(broker, "alice", "submit", "-f", str(f), timeout=15)
+    assert r.returncode == 0, r.stderr
+    uids = [w.uid for w in ready.store.workloads()]
+    assert len(uids) == 230
+
+    def listed(out: str) -> list[str]:
+        return [ln.split()[0] for ln in out.splitlines()[1:] if ln.startswith("default/")]
+
+    r = ctl(broker, "victor", "workloads")
+    assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    assert len(listed(r.stdout)) == 100
+    assert r.stdout.splitlines()[-1].startswith("showing 1-100 of 230 "), r.stdout[-300:]
+    r = ctl(broker, "victor", "workloads", "--offset", "200", "--limit", "50")
+    assert len(listed(r.stdout)) == 30
+    assert r.stdout.splitlines()[-1].startswith("showing 201-230 of 230 ")
+    r = ctl(broker, "victor", "-o", "json", "workloads", "--offset", "100", "--limit", "100")
+    page = json.loads(r.stdout)
+    assert (page["total"], page["offset"]) == (230, 100)
+    assert [w["uid"] for w in page["items"]] == uids[100:200]  # the store's order, no overlap
+    r = ctl(broker, "victor", "workloads", "--limit", "1000")
+    assert len(listed(r.stdout)) == 230 and "showing" not in r.stdout  # nothing cut
+    r = ctl(broker, "victor", "workloads", "--offset", "500")
+    assert r.returncode == 0 and "none from 501: there are 230" in r.stdout
+    for bad in (["--limit", "0"], ["--offset", "-1"], ["--limit", "x"]):
+        r = ctl(broker, "victor", "workloads", *bad)
+        assert r.returncode == 2 and "workloads: error: argument" in r.stderr, (bad, r.stderr)
+
+
 def test_viewer_drain_refused_and_audited(broker: Broker, ready: CoreService) -> None:
     r = ctl(broker, "victor", "drain", "edge-a")
     assert r.returncode == 1

@@ -66,6 +66,20 @@ def test_cordon_is_the_nodes_and_no_later_binding_lands_there(
          if p["spec"].get("nodeName")}), timeout=30, what="6 pods bound")
     assert set(bound.values()) == {"cn-b"}  # none on the cordoned node
 
+    # workloads, paged as in local mode: without "total" the bare list (as before paging)
+    # (the actuator's informer may lag the API server a moment behind the bindings)
+    def listing() -> list[dict[str, Any]] | None:
+        rows = console("workloads").data
+        mine = [w for w in rows if w["namespace"] == cluster.namespace]
+        return rows if len(mine) == 6 and all(w["state"] == "bound" for w in mine) else None
+
+    everything = wait_for(listing, timeout=30, what="6 bound pods in the console's listing")
+    page = console("workloads", offset=2, limit=3, total=True)
+    assert page.ok, page.error
+    assert (page.data["total"], page.data["offset"]) == (len(everything), 2)
+    assert page.data["items"] == everything[2:5]
+    assert "non-negative" in console("workloads", limit=-1).error
+
     # what-if and explain answer for the cluster snapshot
     wi = console("what-if", specs=[{"name": "probe", "requests": {"cpu": "100m"}}])
     assert wi.ok, wi.error
@@ -95,6 +109,11 @@ def test_cordon_is_the_nodes_and_no_later_binding_lands_there(
     assert admin.get("/api/v1/nodes/cn-b")["spec"]["unschedulable"] is True
     assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
     assert not console("cordon", node="nope").ok
+    # the same roles as the local console (one table): a viewer may not drain here either
+    from cloud_core.console.service import COMMAND_ROLES
+
+    assert {n: c.role for n, c in console.svc.commands.items() if c.role != "viewer"} == {
+        n: r for n, r in COMMAND_ROLES.items() if n in console.svc.commands}
 
 
 def test_cordon_refused_without_the_verb(service_account_client: KubeClient,

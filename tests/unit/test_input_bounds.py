@@ -145,6 +145,22 @@ def test_retained_request_refused_and_audited(tmp_path: Path) -> None:
     assert last["cmd"] == "submit" and last["result"].startswith("refused: retained")
 
 
+def test_command_roles_come_from_one_table(tmp_path: Path) -> None:
+    """Both consoles register their own handlers; the role is COMMAND_ROLES' for both, and
+    a registration that would grant a command to a lesser role is refused."""
+    from cloud_core.console.service import COMMAND_ROLES
+
+    svc, _store = _console(tmp_path)
+    for name, role in COMMAND_ROLES.items():
+        svc.register(name, lambda op, args: None)
+        assert svc.commands[name].role == role
+    assert svc.commands["echo"].role == "viewer"
+    with pytest.raises(ValueError, match="needs role 'operator'"):
+        svc.register("drain", lambda op, args: None, role="viewer")
+    r = svc.handle_message("alice", b'{"cmd": "audit", "args": {}}')  # operator, not admin
+    assert not r.ok and "needs role 'admin'" in r.error
+
+
 @pytest.mark.parametrize("payload", [
     b'{"cmd": "echo", "args": {"x": NaN}}', b'{"cmd": "echo", "args": {"x": 1e400}}',
     b"x" * 300_000, b"not json", b'{"cmd": 5}', b'{"cmd": "echo", "args": []}',
