@@ -107,7 +107,7 @@ def split_by_template(rendered: str) -> dict[str, str]:
 
 
 def generated() -> dict[str, str]:
-    """Every file deploy/k8s should hold (besides crds/), by name."""
+    """Every file deploy/k8s should hold, by name."""
     files = split_by_template(template())
     files["namespace.yaml"] = HEADER + yaml.safe_dump(NAMESPACE_DOC, sort_keys=False)
     return files
