@@ -86,4 +86,7 @@ class EngineConfig:
     descent_rounds: int = 8
     descent_work: int = 20_000
     descent_regret: float = 0.25
+    # Its tables hold one integer cost per (class, node): above this many cells (about 20
+    # bytes each at the peak, 200 MB here) the descent is skipped; stats["descent_skipped"].
+    descent_max_cells: int = 10_000_000
     cost_scale: float = 1e5  # $/hour -> integer units for the solvers

@@ -969,6 +969,10 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
     if not pods or not cfg.descent_rounds:
         return got
     n_cls = len(classes)
+    if n_cls * free.shape[0] > cfg.descent_max_cells:
+        # its tables are (classes x nodes), about 20 bytes a cell at the peak: bounded
+        stats["descent_skipped"] = 1.0
+        return got
     movable = np.array([not c.conflicts and c.gang is None for c in classes])
     reqs = np.stack([c.req for c in classes]).astype(np.int64)
     allowed = np.stack([c.mask for c in classes])

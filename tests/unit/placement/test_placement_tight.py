@@ -108,6 +108,11 @@ def test_descent_swaps_or_chains_a_pod_off_the_dear_node(with_spare: bool) -> No
     out = _descend(classes, np.array(free, dtype=np.int64), icost, got, EngineConfig(), stats)
     assert out == ([[0], [2]] if with_spare else [[0], [1]])
     assert stats["descent_moves"] == 1
+    # its (classes x nodes) tables are bounded: over the limit it is skipped, and says so
+    skipped: dict[str, float] = {}
+    assert _descend(classes, np.array(free, dtype=np.int64), icost, got,
+                    EngineConfig(descent_max_cells=1), skipped) == got
+    assert skipped == {"descent_skipped": 1.0}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
