@@ -919,7 +919,8 @@ def _improve_cost(classes: Sequence[ClassSpec], free: np.ndarray,
                   ) -> list[list[int]]:
     """Cost among the pods that fit, the count kept: cost descent (``_descend``), then for
     batches up to ``pack_flow_max_pods`` slot-flow rounds (``_slot_flow``) while they lower
-    the objective and a second descent. Each answer is replayed through the exact packer
+    the objective and a second descent (and for any batch whose descent is skipped for its
+    size, ``descent_max_cells``). Each answer is replayed through the exact packer
     and kept only if valid and better. Measured on the tight benchmark: at 3,289 pods the
     slot flow costs 0.5 s CPU and, run before the descent, leaves it a worse start (2,422
     vs 2,402 $/h); at 339 pods it is cheap and takes off another 0.3-0.7 %."""
@@ -933,7 +934,8 @@ def _improve_cost(classes: Sequence[ClassSpec], free: np.ndarray,
             got, obj = new, new_obj
 
     descend()
-    if sum(c.count for c in classes) > cfg.pack_flow_max_pods:
+    if sum(c.count for c in classes) > cfg.pack_flow_max_pods and (
+            "descent_skipped" not in stats):
         return got
     slot_obj = obj
     for _ in range(cfg.slot_rounds):

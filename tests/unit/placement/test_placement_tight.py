@@ -159,3 +159,14 @@ def test_same_placement_in_other_processes() -> None:
         out = subprocess.run([sys.executable, "-c", SOLVE], env=env, capture_output=True,
                              text=True, timeout=300, check=True)
         assert out.stdout.strip() == here
+
+
+def test_slot_flow_stands_in_when_the_descent_is_skipped() -> None:
+    """A batch too large for the descent's tables (here: a limit of one cell) and above
+    ``pack_flow_max_pods`` still gets the slot-flow cost rounds, as before the descent."""
+    inst = make_tight(30, 150, seed=1)
+    res = place(inst.snapshot, inst.pods, EngineConfig(descent_max_cells=1,
+                                                       pack_flow_max_pods=10))
+    assert res.stats.get("descent_skipped") == 1.0
+    assert res.stats.get("slot_rounds", 0) > 0
+    assert validate(inst.snapshot, inst.pods, res.assignments) == []
