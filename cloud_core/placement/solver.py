@@ -1028,18 +1028,20 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
             best_d, kind, best_b, z_chain = int(row[y0]) - here, 0, -1, -1
             gain = cost[ca] - here  # per node: what a saves there (< 0 is cheaper)
             idx = np.flatnonzero((gain < 0)[p_node] & p_mov)
+            yi = p_node[idx]  # the node of each candidate b
             for r in dims:  # a fits where b is, once b is gone
                 if idx.size:
-                    idx = idx[fr[r][p_node[idx]] + p_req[r][idx] >= ra[r]]
+                    keep = fr[r][yi] + p_req[r][idx] >= ra[r]
+                    idx, yi = idx[keep], yi[keep]
             if idx.size:
                 cb = p_cls[idx]
-                ga = gain[p_node[idx]]
+                ga = gain[yi]
                 sw = allowed[cb, x]
                 for r in range(3):  # b fits where a was, once a is gone
                     sw &= p_req[r][idx] <= fr[r][x] + ra[r]
                 d_sw = np.where(sw, ga + cost[cb, x] - p_cost[idx], _NEVER)
                 zs = best_z[cb]
-                usable = (zs != p_node[idx][:, None]) & (zs != x)
+                usable = (zs != yi[:, None]) & (zs != x)
                 col = usable.argmax(axis=1)
                 rows = np.arange(idx.size)
                 cz_b = best_c[cb, col]
