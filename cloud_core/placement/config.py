@@ -79,4 +79,14 @@ class EngineConfig:
     lns_extra_classes: int = 20  # left-out classes offered to one neighbourhood
     lns_deterministic_time: float = 0.05
     cost_lns_iterations: int = 100  # cost neighbourhoods after packing (largest regret first)
+    # Cost descent after packing (count kept exactly): a pod paying more than
+    # ``descent_regret`` of its cost above its cheapest allowed node tries a move to a cheaper
+    # node with room, a swap with a pod there, or a chain (that pod to its cheapest node with
+    # room); improving moves only, ``descent_rounds`` passes, ``descent_work`` pods looked at.
+    descent_rounds: int = 8
+    descent_work: int = 20_000
+    descent_regret: float = 0.25
+    # Its tables hold one integer cost per (class, node): above this many cells (about 20
+    # bytes each at the peak, 200 MB here) the descent is skipped; stats["descent_skipped"].
+    descent_max_cells: int = 10_000_000
     cost_scale: float = 1e5  # $/hour -> integer units for the solvers
