@@ -225,7 +225,9 @@ class Actuator:
         try:
             w: Workload | None = parse_workload(pod)
         except SpecError:
-            w = None
+            from cloud_core.placement.spec import usage_workload
+
+            w = usage_workload(pod)  # still count what it takes from its node
         with self._lock:
             self._workloads[uid] = w
         return w
@@ -270,7 +272,8 @@ class Actuator:
             if w is not None:
                 running.append(RunningPod(uid=w.uid, name=name, namespace=ns, node=node,
                                           labels=w.labels, requests=w.requests,
-                                          anti_affinity=w.pod_anti_affinity))
+                                          anti_affinity=w.pod_anti_affinity,
+                                          host_ports=w.host_ports, extended=w.extended))
             allocated[node] = allocated.get(node, Resources()) + _pod_requests(w)
         return ClusterSnapshot(nodes=self.registry.node_infos(allocated),
                                links=dict(self.links()), now=time.time(), pods=tuple(running))
@@ -281,7 +284,9 @@ class Actuator:
         return RunningPod(uid=str(md.get("uid")), name=str(md.get("name")),
                           namespace=str(md.get("namespace", "default")), node=node,
                           labels=dict(md.get("labels") or {}), requests=_pod_requests(w),
-                          anti_affinity=w.pod_anti_affinity if w else ())
+                          anti_affinity=w.pod_anti_affinity if w else (),
+                          host_ports=w.host_ports if w else (),
+                          extended=w.extended if w else {})
 
     def pending(self) -> list[JSON]:
         now = time.monotonic()
@@ -405,13 +410,9 @@ class Actuator:
         if repeat:
             return
         self._count("failed_scheduling")
-        try:
-            self.client.emit_event(pod, reason="FailedScheduling", message=message,
-                                   event_type="Warning", instance=self.config.identity)
-        except KubeError as e:
-            log.warning("FailedScheduling event for %s lost: %s", obj_key(pod), e)
-            with self._lock:
-                self._last_failure.pop(uid, None)  # report again next time
+        # queued (client.EventRecorder): never a blocking call per pod; repeats form a series
+        self.client.record_event(pod, reason="FailedScheduling", message=message,
+                                 event_type="Warning", instance=self.config.identity)
 
     def _bind(self, pod: JSON, node: str, w: Workload) -> None:
         md = pod.get("metadata") or {}
@@ -435,11 +436,9 @@ class Actuator:
             self.stats.bound_pods.append(key)
         if self.on_bound is not None:
             self.on_bound(key, node)
-        try:
-            self.client.emit_event(pod, reason="Scheduled", instance=self.config.identity,
-                                   message=f"Successfully assigned {key} to {node}")
-        except KubeError as e:
-            log.warning("Scheduled event for %s lost: %s", key, e)
+        self.client.record_event(pod, reason="Scheduled", instance=self.config.identity,
+                                 action="Binding",
+                                 message=f"Successfully assigned {key} to {node}")
 
     def _after_conflict(self, pod: JSON, w: Workload) -> None:
         md = pod.get("metadata") or {}
