@@ -14,7 +14,8 @@ Node objects for everyone (regions, zones, security levels, KubeEdge edge nodes 
 * **ceiling**: a minimal binder that replays a validated assignment of the same pods (taken
   from an earlier run of the same repetition) as fast as the API server takes bindings and
   one ``events.k8s.io`` event per pod, with the lean HTTP path of ``cloud_core/k8s/client.py``
-  on 8 threads: what a scheduler could reach on this machine if deciding were free.
+  on 24 threads (as many as cfnet binds with): what a scheduler could reach on this machine
+  if deciding were free.
 
 The pods are created first (a backlog), then the scheduler process starts; the clock runs from
 its start. Reported per scheduler (median and min–max over the repetitions, whose order
@@ -31,6 +32,7 @@ topologySpreadConstraints (``DoNotSchedule``, checked on the final state per con
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -274,6 +276,7 @@ class Run:
     bound: int = 0
     wall_s: float = float("nan")
     first_s: float = float("nan")
+    last_s: float = float("nan")
     sched_cpu_s: float = float("nan")
     api_cpu_s: float = float("nan")
     violations: list[str] = field(default_factory=list)
@@ -282,6 +285,12 @@ class Run:
     @property
     def rate(self) -> float:
         return self.bound / self.wall_s if self.wall_s > 0 and self.bound else 0.0
+
+    @property
+    def steady(self) -> float:
+        """pods/s from the first binding to the last (start-up left out)."""
+        span = self.last_s - self.first_s
+        return (self.bound - 1) / span if span > 0 and self.bound > 1 else float("nan")
 
 
 class Bench:
@@ -326,22 +335,24 @@ class Bench:
                            f"clientConnection:\n{conn}"
                            "leaderElection:\n  leaderElect: false\n")
             argv = [self.kube_scheduler, f"--config={cfg}", "--secure-port=0", "--v=1"]
-        elif name == "cfnet":
-            argv = [sys.executable, "-m", "cloud_core.k8s", "--kubeconfig", kc,
+        elif name.startswith("cfnet"):
+            prof = ["-m", "tools.bench_k8s", "--sample-to", str(self.dir / f"{tag}.prof.txt"),
+                    "--"] if self.args.profile else ["-m", "cloud_core.k8s"]
+            argv = [sys.executable, *prof, "--kubeconfig", kc,
                     "--identity", f"bench-{tag}", "--lease-namespace", "cfnet-bench",
                     "--lease-name", f"lease-{tag}", "--retry-period", "0.5",
                     *self.args.cfnet_arg]
         else:
             raise ValueError(name)
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        tree = self.args.baseline_tree if name == BASELINE else str(REPO)
+        env = {**os.environ, "PYTHONPATH": tree}
         proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=REPO,
                                 start_new_session=True)
         log.close()
         return proc
 
     def run(self, name: str, rep: int, replay: dict[str, str] | None = None) -> Run:
-        tag = f"{name.split(',')[0].replace(' ', '').replace('=', '')}-{rep}".lower()
-        tag = "".join(ch for ch in tag if ch.isalnum() or ch == "-")
+        tag = f"{SHORT[name]}-{rep}"
         ns = f"bench-{tag}-{os.getpid() % 10000}"
         sched = "default-scheduler" if name.startswith("kube-scheduler") else "cfnet-scheduler"
         if name == "ceiling":
@@ -378,9 +389,15 @@ class Bench:
         w.start()
         api0 = cpu_seconds(self.api_pid)
         t0 = time.monotonic()
+        wall0 = time.time()
         if name == "ceiling":
             assert replay is not None
-            proc = self._start_binder(ns, items, replay, tag)
+            proc = self._start_binder(ns, items, replay, tag)  # imports done, waits for "go"
+            api0 = cpu_seconds(self.api_pid)
+            t0 = time.monotonic()
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
         else:
             proc = self._start(name, tag)
         last = (0, time.monotonic())
@@ -406,14 +423,25 @@ class Bench:
         # complete: up to the last binding; incomplete: up to when the run was given up
         r.wall_s = (last_bind[0] if done.is_set() else t_end) - t0
         r.first_s = first[0] - t0 if first else float("nan")
+        r.last_s = last_bind[0] - t0
         pods = self.admin.list(f"/api/v1/namespaces/{ns}/pods")[0]
         r.violations = check(pods, self.nodes)
         r.assignment = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods
                         if p["spec"].get("nodeName")}
-        self.admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
-                           body={"apiVersion": "v1", "kind": "DeleteOptions",
-                                 "gracePeriodSeconds": 0})
-        print(f"# {name} rep {rep}: {r.bound}/{r.pods} bound in {r.wall_s:.2f} s "
+        try:  # thousands of pods: the collection delete takes a while
+            self.admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                               body={"apiVersion": "v1", "kind": "DeleteOptions",
+                                     "gracePeriodSeconds": 0}, timeout=300)
+        except KubeError as e:
+            print(f"# deleting the pods of {ns}: {e}", file=sys.stderr)
+        marks = ""
+        if name.startswith("cfnet"):  # its lifecycle lines: where the start-up goes
+            for line in (self.dir / f"{tag}.log").read_text(errors="replace").splitlines():
+                if line.startswith("{"):
+                    with contextlib.suppress(ValueError, KeyError):
+                        ev = json.loads(line)
+                        marks += f" {ev['event']}@{ev['t'] - wall0:.2f}"
+        print(f"# {name} rep {rep}:{marks} {r.bound}/{r.pods} bound in {r.wall_s:.2f} s "
               f"({r.rate:.0f} pods/s), first {r.first_s:.2f} s, cpu {r.sched_cpu_s:.1f} s, "
               f"apiserver {r.api_cpu_s:.1f} s, {len(r.violations)} violations "
               f"{r.violations[:3]}", file=sys.stderr, flush=True)
@@ -428,16 +456,21 @@ class Bench:
         log = open(self.dir / f"{tag}.log", "wb")  # noqa: SIM115 - owned by the process
         proc = subprocess.Popen([sys.executable, "-m", "tools.bench_k8s", "--binder",
                                  str(plan), "--kubeconfig", str(self.cp.kubeconfig)],
-                                stdout=log, stderr=log, cwd=REPO, start_new_session=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                cwd=REPO, start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
         log.close()
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "ready": its start-up is not what the ceiling measures
         return proc
 
 
-def binder(plan_file: str, kubeconfig: str, threads: int = 8) -> int:
+def binder(plan_file: str, kubeconfig: str, threads: int = 24) -> int:
     """The ceiling: bind a pre-decided plan with the lean path, one event per binding."""
     client = KubeClient.from_kubeconfig(kubeconfig)
     plan = json.loads(Path(plan_file).read_text())
+    print("ready", flush=True)
+    sys.stdin.readline()
 
     def one(item: list[str]) -> None:
         ns, name, uid, node = item
@@ -454,6 +487,54 @@ def binder(plan_file: str, kubeconfig: str, threads: int = 8) -> int:
     return 0
 
 
+def sampled(out: str, argv: list[str]) -> int:
+    """Run ``python -m cloud_core.k8s argv`` with a sampling profiler over all its threads
+    (cProfile sees only the main thread): every 2 ms, the innermost cfnet/library frame of
+    each busy thread is counted; the table is written at exit."""
+    import collections
+    import runpy
+    import traceback
+
+    counts: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    me = threading.get_ident()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.002):
+            for tid, frame in sys._current_frames().items():
+                if tid == me:
+                    continue
+                stack = traceback.extract_stack(frame)
+                top = stack[-1]
+                if top.name in ("wait", "acquire", "select", "poll", "recv_into", "read",
+                                "readinto", "get", "_wait_for_tstate_lock", "accept"):
+                    continue  # idle: waiting on a lock, queue or socket
+                counts[f"{Path(top.filename).name}:{top.name}"] += 1
+                for fr in reversed(stack):
+                    if "cloud_core" in fr.filename:
+                        own[f"{Path(fr.filename).name}:{fr.name}:{fr.lineno}"] += 1
+                        break
+
+    threading.Thread(target=sample, daemon=True).start()
+    sys.argv = ["cloud_core.k8s", *argv]
+    try:
+        runpy.run_module("cloud_core.k8s", run_name="__main__", alter_sys=True)
+    except SystemExit:
+        pass
+    finally:
+        stop.set()
+        total = sum(counts.values()) or 1
+        with open(out, "w") as f:
+            f.write(f"{total} busy samples\n-- innermost frame --\n")
+            for k, v in counts.most_common(40):
+                f.write(f"{100 * v / total:5.1f}% {k}\n")
+            f.write("-- innermost cloud_core frame --\n")
+            for k, v in own.most_common(40):
+                f.write(f"{100 * v / total:5.1f}% {k}\n")
+    return 0
+
+
 # -- report ------------------------------------------------------------------------------------
 def _med(xs: Sequence[float], fmt: str) -> str:
     xs = [x for x in xs if x == x]
@@ -466,15 +547,17 @@ def _med(xs: Sequence[float], fmt: str) -> str:
 
 
 def table(runs: Sequence[Run], names: Sequence[str], nodes: int, pods: int) -> str:
-    lines = [f"| scheduler ({nodes} nodes / {pods} pods) | pods/s | first binding s | "
-             "scheduler CPU s | scheduler ms/pod | kube-apiserver CPU s | bound | violations |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| scheduler ({nodes} nodes / {pods} pods) | pods/s | pods/s after 1st | "
+             "first binding s | scheduler CPU s | scheduler ms/pod | kube-apiserver CPU s | "
+             "bound | violations |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n in names:
         rs = [r for r in runs if r.scheduler == n]
         if not rs:
             continue
         lines.append(
             f"| {n} | {_med([r.rate for r in rs], '.0f')} | "
+            f"{_med([r.steady for r in rs], '.0f')} | "
             f"{_med([r.first_s for r in rs], '.2f')} | "
             f"{_med([r.sched_cpu_s for r in rs], '.1f')} | "
             f"{_med([1000 * r.sched_cpu_s / max(r.bound, 1) for r in rs], '.2f')} | "
@@ -484,6 +567,9 @@ def table(runs: Sequence[Run], names: Sequence[str], nodes: int, pods: int) -> s
 
 
 SCHEDULERS = ("kube-scheduler", "kube-scheduler, QPS 5000", "cfnet")
+BASELINE = "cfnet, baseline tree"
+SHORT = {SCHEDULERS[0]: "kube", SCHEDULERS[1]: "kube-qps", SCHEDULERS[2]: "cfnet",
+         BASELINE: "cfnet-base", "ceiling": "ceiling"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -499,15 +585,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--cfnet-arg", action="append", default=[],
                     help="extra argument for python -m cloud_core.k8s (repeatable)")
+    ap.add_argument("--baseline-tree", default="",
+                    help="also run cfnet from this source tree (e.g. /work/main: before/after)")
+    ap.add_argument("--profile", action="store_true",
+                    help="sample cfnet's threads every 2 ms (tables in the run's temp dir)")
+    ap.add_argument("--sample-to", help=argparse.SUPPRESS)
     ap.add_argument("--binder", help=argparse.SUPPRESS)
     ap.add_argument("--kubeconfig", help=argparse.SUPPRESS)
+    if argv is None and "--sample-to" in sys.argv:
+        i = sys.argv.index("--")
+        return sampled(sys.argv[sys.argv.index("--sample-to") + 1], sys.argv[i + 1:])
     a = ap.parse_args(argv)
     if a.binder:
         return binder(a.binder, a.kubeconfig)
     if a.quick:
         a.nodes, a.pods = 100, 500
-    keys = {"kube": SCHEDULERS[0], "kube-qps": SCHEDULERS[1], "cfnet": SCHEDULERS[2],
-            "ceiling": "ceiling"}
+    if a.baseline_tree and not a.only:
+        a.only = "kube,kube-qps,cfnet,cfnet-base,ceiling"
+    keys = {v: k for k, v in SHORT.items()}
     want = [keys[k.strip()] for k in a.only.split(",") if k.strip()] if a.only else \
         [*SCHEDULERS, "ceiling"]
     runs: list[Run] = []
@@ -515,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         b = Bench(cp, a)
         b.setup()
         for rep in range(a.reps):
-            order = [s for s in SCHEDULERS if s in want]
+            order = [s for s in (*SCHEDULERS, BASELINE) if s in want]
             if rep % 2:
                 order.reverse()
             rep_runs = [b.run(s, rep) for s in order]
@@ -527,11 +622,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else:
                     print("# ceiling: no complete, valid assignment to replay",
                           file=sys.stderr)
-    print(table(runs, [*SCHEDULERS, "ceiling"], a.nodes, a.pods))
+    print(table(runs, [*SCHEDULERS, BASELINE, "ceiling"], a.nodes, a.pods))
+    print(f"# logs and profiles: {b.dir}", file=sys.stderr)
     print()
     print(f"Median (min–max) of {a.reps} repetitions, order alternated; pods/s from the "
-          "scheduler's start to its last binding of a backlog created beforehand; CPU from "
-          "/proc over the same span; violations by the bench's own checker.")
+          "scheduler's start to its last binding of a backlog created beforehand (the "
+          "ceiling's clock starts after its start-up); CPU from /proc over the same span; "
+          "violations by the bench's own checker.")
     return 0 if all(not r.violations for r in runs) else 1
 
 

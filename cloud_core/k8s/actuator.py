@@ -95,7 +95,7 @@ class ActuatorConfig:
     scheduler_name: str = SCHEDULER_NAME
     batch_wait_s: float = 0.3  # gather arrivals this long before placing a batch
     max_batch: int = 500
-    bind_workers: int = 8
+    bind_workers: int = 24  # concurrent pods/binding calls (keep-alive connections)
     retry_unschedulable_s: float = 30.0
     unavailable_backoff_max_s: float = 5.0
     engine_config: Any = None
@@ -160,6 +160,7 @@ class Actuator:
         self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods")
         self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes")
         self._thread: threading.Thread | None = None
+        self._bind_error: KubeUnavailable | None = None  # from a binding in flight
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -176,6 +177,10 @@ class Actuator:
         if self._thread is not None:
             self._thread.join(30)
         self._pool.shutdown(wait=True)
+
+    def wake(self) -> None:
+        """Look for pending pods now (e.g. on becoming the leader)."""
+        self._wake.set()
 
     def wait_synced(self, timeout: float = 30.0) -> bool:
         return self.pods.synced.wait(timeout) and self.nodes.synced.wait(timeout)
@@ -311,6 +316,7 @@ class Actuator:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         backoff = 0.2
+        more = False
         while not self._stop.is_set() and not self.wait_synced(timeout=0.5):
             pass
         while not self._stop.is_set():
@@ -320,7 +326,9 @@ class Actuator:
             self._wake.clear()
             if not self.is_leader():
                 continue
-            self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
+            if not more:  # a backlog needs no gathering: its next batch is already there
+                self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
+            more = False
             try:
                 self._handle_label_changes()
                 more = self.schedule_once()
@@ -340,6 +348,9 @@ class Actuator:
 
     def schedule_once(self) -> bool:
         """Place and bind one batch; True when pods are left for another batch."""
+        err, self._bind_error = self._bind_error, None
+        if err is not None:
+            raise err  # a binding of the last batch found the API server gone: back off
         pods = self.pending()
         if not pods:
             return False
@@ -372,15 +383,18 @@ class Actuator:
         if not self.is_leader():
             return False  # lost the lease while computing: the new leader redoes this batch
         wl = {w.uid: w for w in workloads}
-        futures = [self._pool.submit(self._bind, by_uid[u], node, wl[u])
-                   for u, node in out.assignments.items() if u in by_uid]
-        errors = [f.exception() for f in futures]
+        # Assume, then bind in the background (as kube-scheduler does): the next batch is
+        # computed while these bind and counts them; a binding that fails forgets its pod.
+        now = time.monotonic()
+        todo = [(by_uid[u], node, wl[u]) for u, node in out.assignments.items() if u in by_uid]
+        with self._lock:
+            for pod, node, w in todo:
+                self._assumed[obj_key(pod)] = (node, now, w)
+        for pod, node, w in todo:
+            self._pool.submit(self._bind, pod, node, w)
         for u, msg in out.failures.items():
             if u in by_uid:
                 self._unschedulable_now(by_uid[u], gen, msg)
-        for err in errors:
-            if isinstance(err, KubeUnavailable):
-                raise err
         return len(pods) >= self.config.max_batch
 
     def _place_singly(self, snap: ClusterSnapshot, workloads: list[Workload],
@@ -418,16 +432,22 @@ class Actuator:
         md = pod.get("metadata") or {}
         ns, name, uid = str(md.get("namespace")), str(md.get("name")), str(md.get("uid"))
         key = f"{ns}/{name}"
-        if not self.is_leader():
-            return
         try:
+            if not self.is_leader():
+                raise KubeNotFound("lost the lease before binding")
             self.client.bind_pod(ns, name, uid, node)
-        except KubeConflict:
-            self._count("conflicts")
-            self._after_conflict(pod, w)
+        except BaseException as e:
+            with self._lock:
+                self._assumed.pop(key, None)  # forget: placed again by a later batch
+            if isinstance(e, KubeConflict):
+                self._count("conflicts")
+                self._after_conflict(pod, w)
+            elif isinstance(e, KubeUnavailable):
+                self._bind_error = e
+                self._wake.set()
+            elif not isinstance(e, KubeNotFound):  # NotFound: deleted meanwhile
+                log.warning("binding %s failed: %s", key, e)
             return
-        except KubeNotFound:
-            return  # deleted meanwhile
         with self._lock:
             self._assumed[key] = (node, time.monotonic(), w)
             self._unschedulable.pop(key, None)

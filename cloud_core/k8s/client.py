@@ -234,7 +234,7 @@ class EventRecorder:
     (``stats["dropped"]``), so a flood cannot grow the core's memory.
     """
 
-    def __init__(self, http_: LeanHTTP, *, max_queue: int = 10_000,
+    def __init__(self, http_: LeanHTTP, *, max_queue: int = 20_000, workers: int = 4,
                  series_window_s: float = 360.0, series_patch_s: float = 5.0) -> None:
         self._http = http_
         self._q: queue.Queue[JSON | None] = queue.Queue(max_queue)
@@ -243,17 +243,17 @@ class EventRecorder:
         # key -> [namespace, name, count, first seen, last patched count, last observed]
         self._seen: dict[tuple[Any, ...], list[Any]] = {}
         self.stats = {"written": 0, "series": 0, "dropped": 0, "failed": 0}
-        self._idle = threading.Event()
-        self._idle.set()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        self.workers = workers
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
 
     def record(self, ev: JSON) -> None:
-        with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="events", daemon=True)
-                self._thread.start()
-        self._idle.clear()
+        if not self._threads:
+            with self._lock:
+                while len(self._threads) < self.workers:  # a few writers: one would lag
+                    t = threading.Thread(target=self._run, name="events", daemon=True)
+                    t.start()
+                    self._threads.append(t)
         try:
             self._q.put_nowait(ev)
         except queue.Full:
@@ -270,10 +270,12 @@ class EventRecorder:
         return False
 
     def close(self) -> None:
-        if self._thread is not None:
+        if self._threads:
             self.flush(5.0)
-            self._q.put(None)
-            self._thread.join(5.0)
+            for _ in self._threads:
+                self._q.put(None)
+            for t in self._threads:
+                t.join(5.0)
 
     def _key(self, ev: JSON) -> tuple[Any, ...]:
         r = ev.get("regarding") or {}
@@ -301,15 +303,16 @@ class EventRecorder:
     def _write(self, ev: JSON) -> None:
         now = time.monotonic()
         key = self._key(ev)
-        seen = self._seen.get(key)
-        if seen is not None and now - seen[3] < self.series_window_s:
-            seen[2] += 1
-            seen[5] = ev.get("eventTime")
-            self.stats["series"] += 1
-            return
-        if len(self._seen) > 50_000:  # bounded: forget the oldest half
-            for k in sorted(self._seen, key=lambda k: self._seen[k][3])[:25_000]:
-                del self._seen[k]
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[3] < self.series_window_s:
+                seen[2] += 1
+                seen[5] = ev.get("eventTime")
+                self.stats["series"] += 1
+                return
+            if len(self._seen) > 50_000:  # bounded: forget the oldest half
+                for k in sorted(self._seen, key=lambda k: self._seen[k][3])[:25_000]:
+                    del self._seen[k]
         md = ev["metadata"]
         try:
             self._http.request("POST", f"/apis/events.k8s.io/v1/namespaces/{md['namespace']}"
@@ -320,10 +323,13 @@ class EventRecorder:
             log.warning("event %s for %s lost: %s", ev.get("reason"),
                         (ev.get("regarding") or {}).get("name"), e)
             return
-        self._seen[key] = [md["namespace"], md["name"], 1, now, 1, ev.get("eventTime")]
+        with self._lock:
+            self._seen[key] = [md["namespace"], md["name"], 1, now, 1, ev.get("eventTime")]
 
     def _patch_series(self, force: bool) -> None:
-        for s in list(self._seen.values()):
+        with self._lock:
+            due = [s for s in self._seen.values() if s[2] > s[4]]
+        for s in due:
             if s[2] > s[4]:
                 try:
                     self._http.request(

@@ -466,7 +466,10 @@ class PreparedCluster:
             reasons.append("no node satisfies every constraint" if not top
                            else "capacity taken by other workloads of the batch")
         ru = names[top[0]] if top else None
-        return Decision(w.uid, None, ru, tuple(reasons), summary(fit, self.ix.n, counts), None)
+        text = summary(fit, self.ix.n, counts)
+        if ci in deferred and fit:  # the nodes fit one by one; the rule that stopped it
+            text += f"; {deferred[ci]}"
+        return Decision(w.uid, None, ru, tuple(reasons), text, None)
 
     def bind(self, w: Workload, node: str) -> None:
         """Account a binding made outside ``place`` (or confirm one): resources and pod."""
