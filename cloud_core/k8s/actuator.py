@@ -316,7 +316,7 @@ class Actuator:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         backoff = 0.2
-        more = False
+        more = True  # at start-up, what is pending has waited long enough: no gathering
         while not self._stop.is_set() and not self.wait_synced(timeout=0.5):
             pass
         while not self._stop.is_set():

@@ -23,12 +23,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ortools.graph.python import min_cost_flow
-from ortools.linear_solver import pywraplp
-from ortools.sat.python import cp_model
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 from .config import EngineConfig
 
@@ -374,6 +375,10 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
 def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
            icost: list[np.ndarray], penalty: int, hint: list[list[int]], cfg: EngineConfig
            ) -> tuple[list[list[int]], int, str] | None:
+    # imported here: cp_model pulls in pandas (~0.5 s), which a scheduler's start-up (time to
+    # its first binding) should not pay before it needs CP-SAT
+    from ortools.sat.python import cp_model
+
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
     per_node: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
@@ -460,6 +465,8 @@ def solve_exact_pods(feasible: Sequence[Mapping[int, int]], req: Sequence[Sequen
                      penalty: int, time_limit_s: float = 10.0) -> ExactResult:
     """One boolean per (pod, feasible node): resources, pairwise anti-affinity per domain,
     gangs; minimise cost + penalty x unplaced. ``feasible[p]`` maps node -> integer cost."""
+    from ortools.sat.python import cp_model
+
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
     obj: list[Any] = []
@@ -507,6 +514,8 @@ def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: i
     anti-affinity and gangs are relaxed away, so no integer placement of ``min_placed`` or
     more pods costs less. With ``min_placed`` None it maximises the number placed instead
     (an upper bound on what any placement can place). Returns (value, finished)."""
+    from ortools.linear_solver import pywraplp
+
     solver = pywraplp.Solver.CreateSolver("GLOP")
     solver.SetTimeLimit(int(time_limit_s * 1000))
     inf = solver.infinity()
