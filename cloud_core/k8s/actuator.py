@@ -253,6 +253,10 @@ class Actuator:
         allocated: dict[str, Resources] = {}
         running: list[RunningPod] = []
         seen_bound: set[str] = set()
+        # Assumptions first, then the cache: a binding the watch delivers in between (its
+        # handler spends the assumption) is then counted once, never zero times.
+        with self._lock:
+            assumed_before = dict(self._assumed)
         for pod in self.pods.items():
             spec = pod.get("spec") or {}
             node = spec.get("nodeName")
@@ -271,7 +275,8 @@ class Actuator:
             # cache shows the pod bound, the assumption is spent (never count a pod twice).
             for key in seen_bound & self._assumed.keys():
                 del self._assumed[key]
-            assumed = list(self._assumed.items())
+            assumed = [(k, v) for k, v in {**assumed_before, **self._assumed}.items()
+                       if k not in seen_bound]
         for key, (node, _, w) in assumed:
             ns, _, name = key.partition("/")
             if w is not None:
