@@ -312,8 +312,9 @@ class Bench:
 
     def setup(self) -> None:
         for tree in {str(REPO), self.args.baseline_tree} - {""}:  # compile once, not timed
-            subprocess.run([sys.executable, "-c", "import cloud_core.k8s.__main__, "
-                            "cloud_core.placement.solver, tools.bench_k8s"], check=True,
+            mods = "cloud_core.k8s.__main__, cloud_core.placement.solver" + (
+                ", tools.bench_k8s" if tree == str(REPO) else "")
+            subprocess.run([sys.executable, "-c", f"import {mods}"], check=True,
                            env=self.py_env(tree), cwd=tree)
         t0 = time.monotonic()
         with ThreadPoolExecutor(8) as ex:
