@@ -160,3 +160,22 @@ def test_policy_chosen_per_core_or_per_workload() -> None:
     assert len(spread_nodes) == 6 and len(cost_nodes) < 6
     with pytest.raises(SpecError):
         parse_pod(pod(ann={"cfnet.io/placement-policy": "random"}))
+
+
+def test_both_kubernetes_schedulers_take_the_same_placement_flags() -> None:
+    """``cfnet-core --kubernetes`` and ``python -m cloud_core.k8s`` share k8s/flags.py: the
+    same defaults (no CP-SAT polish) and the same flags."""
+    import argparse
+
+    from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
+    from cloud_core.main import parse_args
+
+    alone = argparse.ArgumentParser()
+    add_scheduler_args(alone)
+    for argv in ([], ["--placement-policy", "spread", "--exact-packing"]):
+        core = scheduler_engine_config(parse_args(["--kubernetes", *argv]))
+        assert core == scheduler_engine_config(alone.parse_args(argv))
+        assert core.cpsat_polish == bool(argv) and core.use_cpsat
+        assert core.policy == ("spread" if argv else "cost")
+    with pytest.raises(SystemExit):
+        parse_args(["--kubernetes", "--placement-policy", "random"])
