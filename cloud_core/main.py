@@ -16,6 +16,7 @@ import yaml
 
 from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.errors import CoreError
+from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
 from cloud_core.metrics import int_fields
 from cloud_core.registry import load_registry
 from cloud_core.service import CoreConfig, CoreService
@@ -59,6 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     k.add_argument("--lease-duration", type=float, default=15.0)
     k.add_argument("--edge-taint", choices=("respect", "ignore"), default="respect",
                    help="KubeEdge's edge taint: respect it (pods need a toleration) or ignore it")
+    add_scheduler_args(k)
     p.add_argument("--table-every", type=float, default=10.0,
                    help="log the node and link tables every N seconds (0: never)")
     return p.parse_args(argv)
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         kube = start_kubernetes(client, core.state, core.events, KubeSettings(
             identity=a.identity, lease_namespace=a.lease_namespace,
             lease_duration_s=a.lease_duration, renew_deadline_s=a.lease_duration * 2 / 3,
-            retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint),
+            retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint,
+            engine=scheduler_engine_config(a)),
             on_lead=core.connect, on_follow=core.disconnect, console=core.console)
         # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
         core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",

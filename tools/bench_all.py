@@ -32,10 +32,11 @@ REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "scale.md"
 README = REPO / "README.md"
 BEGIN, END = "<!-- bench_all:begin -->", "<!-- bench_all:end -->"
-ORDER = ("placement", "agent", "offline", "ingest", "reaction")
+ORDER = ("placement", "k8s", "agent", "offline", "ingest", "reaction")
 # Short modes; each benchmark's own defaults are its full run (--full).
 QUICK: dict[str, list[str]] = {
     "placement": ["--quick"],
+    "k8s": ["--quick"],  # 100 nodes / 500 pods, 3 reps; --nodes/--pods for the larger sizes
     "agent": ["--phase-seconds", "6"],
     "offline": ["--kills", "5", "--cuts", "3", "--partitions", "2", "--no-doc"],
     "ingest": ["--quick"],
@@ -43,7 +44,8 @@ QUICK: dict[str, list[str]] = {
 }
 FULL_EXTRA: dict[str, list[str]] = {"offline": ["--no-doc"]}
 NEEDS_ROOT = {"agent", "offline", "reaction"}
-TIMEOUT_S = {"placement": 600, "agent": 300, "offline": 600, "ingest": 600, "reaction": 900}
+TIMEOUT_S = {"placement": 600, "k8s": 900, "agent": 300, "offline": 600, "ingest": 600,
+             "reaction": 900}
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 from cloud_core.errors import CoreError
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
 from cloud_core.k8s.leader import LeaderElector
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
 
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--edge-taint", choices=["respect", "ignore"], default="respect")
     p.add_argument("--stats-every", type=float, default=0.0)
     p.add_argument("--log-bindings", action="store_true", help="print a line per binding")
+    add_scheduler_args(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -61,14 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     except (CoreError, OSError) as e:
         print(f"cfnet k8s actuator: {e}", file=sys.stderr)
         return 2
+    def leading() -> None:
+        _say("leading", identity=args.identity)
+        act.wake()  # pods that arrived while following are waiting: don't sleep on them
+
     elector = LeaderElector(client, args.lease_namespace, args.lease_name, args.identity,
                             lease_duration_s=args.lease_duration,
                             renew_deadline_s=args.renew_deadline,
                             retry_period_s=args.retry_period,
-                            on_started=lambda: _say("leading", identity=args.identity),
+                            on_started=lambda: leading(),
                             on_stopped=lambda: _say("following", identity=args.identity))
+    engine = scheduler_engine_config(args)
     act = Actuator(client, NodeRegistry(RegistryConfig(edge_taint=args.edge_taint)),
-                   ActuatorConfig(identity=args.identity), is_leader=elector.is_leader,
+                   ActuatorConfig(identity=args.identity, engine_config=engine),
+                   is_leader=elector.is_leader,
                    on_alert=lambda a: _say("alert", **a),
                    on_bound=(lambda k, n: _say("bound", pod=k, node=n)) if args.log_bindings
                    else None)
@@ -78,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     act.start()
     elector.start()
     _say("started", identity=args.identity)
+
+    def synced() -> None:
+        if act.wait_synced(600):
+            _say("synced")
+
+    threading.Thread(target=synced, daemon=True, name="synced").start()
     while not done.wait(args.stats_every or 3600):
         s = act.stats
         _say("stats", bound=s.bound, conflicts=s.conflicts, failed=s.failed_scheduling)

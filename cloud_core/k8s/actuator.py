@@ -133,7 +133,7 @@ class ActuatorConfig:
     scheduler_name: str = SCHEDULER_NAME
     batch_wait_s: float = 0.3  # gather arrivals this long before placing a batch
     max_batch: int = 500
-    bind_workers: int = 8
+    bind_workers: int = 24  # concurrent pods/binding calls (keep-alive connections)
     retry_unschedulable_s: float = 30.0
     unavailable_backoff_max_s: float = 5.0
     engine_config: Any = None
@@ -207,6 +207,7 @@ class Actuator:
         self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods")
         self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes")
         self._thread: threading.Thread | None = None
+        self._bind_error: KubeUnavailable | None = None  # from a binding in flight
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -223,6 +224,10 @@ class Actuator:
         if self._thread is not None:
             self._thread.join(30)
         self._pool.shutdown(wait=True)
+
+    def wake(self) -> None:
+        """Look for pending pods now (e.g. on becoming the leader)."""
+        self._wake.set()
 
     def wait_synced(self, timeout: float = 30.0) -> bool:
         return self.pods.synced.wait(timeout) and self.nodes.synced.wait(timeout)
@@ -272,7 +277,9 @@ class Actuator:
         try:
             w: Workload | None = parse_workload(pod)
         except SpecError:
-            w = None
+            from cloud_core.placement.spec import usage_workload
+
+            w = usage_workload(pod)  # still count what it takes from its node
         with self._lock:
             self._workloads[uid] = w
         return w
@@ -306,6 +313,10 @@ class Actuator:
         allocated: dict[str, Resources] = {}
         running: list[RunningPod] = []
         seen_bound: set[str] = set()
+        # Assumptions first, then the cache: a binding the watch delivers in between (its
+        # handler spends the assumption) is then counted once, never zero times.
+        with self._lock:
+            assumed_before = dict(self._assumed)
         for pod in self.pods.items():
             spec = pod.get("spec") or {}
             node = spec.get("nodeName")
@@ -324,13 +335,15 @@ class Actuator:
             # cache shows the pod bound, the assumption is spent (never count a pod twice).
             for key in seen_bound & self._assumed.keys():
                 del self._assumed[key]
-            assumed = list(self._assumed.items())
+            assumed = [(k, v) for k, v in {**assumed_before, **self._assumed}.items()
+                       if k not in seen_bound]
         for key, (node, _, w) in assumed:
             ns, _, name = key.partition("/")
             if w is not None:
                 running.append(RunningPod(uid=w.uid, name=name, namespace=ns, node=node,
                                           labels=w.labels, requests=w.requests,
-                                          anti_affinity=w.pod_anti_affinity))
+                                          anti_affinity=w.pod_anti_affinity,
+                                          host_ports=w.host_ports, extended=w.extended))
             allocated[node] = allocated.get(node, Resources()) + _pod_requests(w)
         return ClusterSnapshot(nodes=self.registry.node_infos(allocated),
                                links=dict(self.links()), now=time.time(), pods=tuple(running))
@@ -341,7 +354,9 @@ class Actuator:
         return RunningPod(uid=str(md.get("uid")), name=str(md.get("name")),
                           namespace=str(md.get("namespace", "default")), node=node,
                           labels=dict(md.get("labels") or {}), requests=_pod_requests(w),
-                          anti_affinity=w.pod_anti_affinity if w else ())
+                          anti_affinity=w.pod_anti_affinity if w else (),
+                          host_ports=w.host_ports if w else (),
+                          extended=w.extended if w else {})
 
     def pending(self) -> list[JSON]:
         now = time.monotonic()
@@ -366,6 +381,7 @@ class Actuator:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         backoff = 0.2
+        more = True  # at start-up, what is pending has waited long enough: no gathering
         while not self._stop.is_set() and not self.wait_synced(timeout=0.5):
             pass
         while not self._stop.is_set():
@@ -375,7 +391,9 @@ class Actuator:
             self._wake.clear()
             if not self.is_leader():
                 continue
-            self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
+            if not more:  # a backlog needs no gathering: its next batch is already there
+                self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
+            more = False
             try:
                 self._handle_label_changes()
                 more = self.schedule_once()
@@ -395,6 +413,9 @@ class Actuator:
 
     def schedule_once(self) -> bool:
         """One step of the decision loop; True when pending pods are left for another."""
+        err, self._bind_error = self._bind_error, None
+        if err is not None:
+            raise err  # a binding of the last batch found the API server gone: back off
         self._more = False
         self.loop.step()
         return self._more
@@ -475,20 +496,27 @@ class Actuator:
         if not self.is_leader():
             return 0  # lost the lease while computing: the new leader redoes this batch
         wl = {w.uid: w for w in obs.pending}
-        futures = [self._pool.submit(self._bind, self._obs_pods[u], node, wl[u],
-                                     outcome.summaries.get(u, ""), u in obs.pinned)
-                   for u, node in outcome.assignments.items() if u in self._obs_pods]
-        errors = [f.exception() for f in futures]
+        # Assume, then bind in the background (as kube-scheduler does): the next batch is
+        # computed while these bind and counts them (snapshot() reads ``_assumed``); a binding
+        # that fails forgets its pod, and a KubeUnavailable is re-raised at the next step.
+        now = time.monotonic()
+        todo = [(self._obs_pods[u], node, wl[u]) for u, node in outcome.assignments.items()
+                if u in self._obs_pods and u in wl]
+        with self._lock:
+            for pod, node, w in todo:
+                self._assumed[obj_key(pod)] = (node, now, w)
+        for pod, node, w in todo:
+            self._pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
+                              w.uid in obs.pinned)
         for u, msg in outcome.failures.items():
             if u in self._obs_pods:
                 self._unschedulable_now(self._obs_pods[u], gen, msg)
+        # A pinned replacement takes its reservation now: its binding is assumed, and a
+        # failed one is placed again by a later step like any pending pod.
         for u in outcome.assignments:
             if u in obs.pinned:
                 self._consume_reservation(self._obs_pods.get(u), obs.pinned[u][1])
-        for err in errors:
-            if isinstance(err, KubeUnavailable):
-                raise err
-        return sum(1 for e in errors if e is None)
+        return len(todo)
 
     def _consume_reservation(self, pod: JSON | None, moved_uid: str) -> None:
         key = replacement_key(pod) if pod is not None else None
@@ -569,31 +597,34 @@ class Actuator:
         if repeat:
             return
         self._count("failed_scheduling")
-        try:
-            self.client.emit_event(pod, reason="FailedScheduling", message=message,
-                                   event_type="Warning", instance=self.config.identity)
-        except KubeError as e:
-            log.warning("FailedScheduling event for %s lost: %s", obj_key(pod), e)
-            with self._lock:
-                self._last_failure.pop(uid, None)  # report again next time
+        # queued (client.EventRecorder): never a blocking call per pod; repeats form a series
+        self.client.record_event(pod, reason="FailedScheduling", message=message,
+                                 event_type="Warning", instance=self.config.identity)
 
     def _bind(self, pod: JSON, node: str, w: Workload, why: str = "",
               pinned: bool = False) -> None:
         md = pod.get("metadata") or {}
         ns, name, uid = str(md.get("namespace")), str(md.get("name")), str(md.get("uid"))
         key = f"{ns}/{name}"
-        if not self.is_leader():
-            return
         try:
+            if not self.is_leader():
+                raise KubeNotFound("lost the lease before binding")
             self.client.bind_pod(ns, name, uid, node)
-        except KubeConflict:
-            self._count("conflicts")
-            self._after_conflict(pod, w)
+        except BaseException as e:
+            with self._lock:
+                self._assumed.pop(key, None)  # forget: placed again by a later batch
+            if isinstance(e, KubeConflict):
+                self._count("conflicts")
+                self._after_conflict(pod, w)
+            elif isinstance(e, KubeUnavailable):
+                self._bind_error = e
+                self._wake.set()
+            elif not isinstance(e, KubeNotFound):  # NotFound: deleted meanwhile
+                log.warning("binding %s failed: %s", key, e)
             return
-        except KubeNotFound:
-            return  # deleted meanwhile
         with self._lock:
-            self._assumed[key] = (node, time.monotonic(), w)
+            # The assumption was made before the call (commit_placements); not made again
+            # here: the watch may already have spent it, or even seen the pod deleted.
             self._unschedulable.pop(key, None)
         self._count("bound")
         if pinned:
@@ -602,12 +633,11 @@ class Actuator:
             self.stats.bound_pods.append(key)
         if self.on_bound is not None:
             self.on_bound(key, node)
-        try:
-            self.client.emit_event(pod, reason="Scheduled", instance=self.config.identity,
-                                   message=f"Successfully assigned {key} to {node}"
-                                   + (f" ({why})" if why else ""))
-        except KubeError as e:
-            log.warning("Scheduled event for %s lost: %s", key, e)
+        # queued (client.EventRecorder): never a blocking call per pod; repeats form a series
+        self.client.record_event(pod, reason="Scheduled", instance=self.config.identity,
+                                 action="Binding",
+                                 message=f"Successfully assigned {key} to {node}"
+                                 + (f" ({why})" if why else ""))
 
     def _after_conflict(self, pod: JSON, w: Workload) -> None:
         md = pod.get("metadata") or {}

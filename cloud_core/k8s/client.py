@@ -7,15 +7,27 @@ Everything above this module works on plain dicts (the API's JSON) and on
 ``KubeNotFound``, no answer / 5xx / 429 → ``KubeUnavailable``).
 
 Paths are API paths (``/api/v1/namespaces/x/pods``); ``watch`` streams one event per line.
+
+The per-pod calls of a scheduler (``pods/binding`` and its ``Scheduled`` event) skip the
+generated client: ``LeanHTTP`` posts pre-encoded JSON over ``http.client`` keep-alive
+connections, one per thread (the generated client's serialisation, header and response
+handling cost more CPU than the request itself). Events are written as kube-scheduler writes
+them (``events.k8s.io/v1``: regarding, note, action, reportingController/Instance) by an
+``EventRecorder`` thread, off the binding path, with kube's series aggregation for repeats.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import logging
+import queue
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
@@ -30,6 +42,8 @@ from cloud_core.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
+
+log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
@@ -83,6 +97,254 @@ def _error(status: int, body: bytes | str | None, what: str) -> KubeError:
     return KubeError(text, status, reason)
 
 
+def micro_time(t: float | None = None) -> str:
+    """A Kubernetes MicroTime (RFC 3339 with microseconds, UTC)."""
+    dt = datetime.fromtimestamp(time.time() if t is None else t, UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeanHTTP:
+    """JSON over keep-alive HTTPS with ``http.client``, from a shared pool of connections.
+
+    A caller takes an idle connection (or opens one) and gives it back: the first bindings of
+    a burst go out on the connection already open instead of waiting for a TLS handshake
+    per thread; the pool grows to the callers' concurrency and keeps at most ``max_idle``.
+
+    Built from the generated client's ``Configuration`` (host, CA, client certificate, bearer
+    token and its refresh hook), so it authenticates exactly as ``KubeClient`` does.
+    """
+
+    def __init__(self, configuration: k8s.Configuration, timeout_s: float) -> None:
+        self._cfg = configuration
+        host = str(configuration.host)
+        https = host.startswith("https://")
+        hostport = host.split("://", 1)[-1].rstrip("/")
+        self._prefix = ""
+        if "/" in hostport:
+            hostport, rest = hostport.split("/", 1)
+            self._prefix = "/" + rest
+        self._hostport = hostport
+        self.timeout_s = timeout_s
+        self._ctx: ssl.SSLContext | None = None
+        if https:
+            ctx = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+            if configuration.cert_file:
+                ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
+            if not configuration.verify_ssl:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            self._ctx = ctx
+        self._idle: list[http.client.HTTPConnection] = []
+        self.max_idle = 64
+        self._lock = threading.Lock()
+        self._auth: tuple[float, str | None] = (0.0, None)
+
+    def _authorization(self) -> str | None:
+        now = time.monotonic()
+        at, value = self._auth
+        if now - at > 1.0:  # the refresh hook (rotated in-cluster tokens) is read once a second
+            st = self._cfg.auth_settings().get("BearerToken")
+            value = str(st["value"]) if st and st.get("value") else None
+            self._auth = (now, value)
+        return value
+
+    def _take(self) -> http.client.HTTPConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        if self._ctx is not None:
+            return http.client.HTTPSConnection(self._hostport, timeout=self.timeout_s,
+                                               context=self._ctx)
+        return http.client.HTTPConnection(self._hostport, timeout=self.timeout_s)
+
+    def _give(self, c: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append(c)
+                return
+        c.close()
+
+    def call(self, method: str, path: str, body: bytes | None,
+             content_type: str = "application/json") -> tuple[int, bytes]:
+        """One request; a connection the server closed meanwhile is reopened once (the
+        callers' requests are idempotent or guarded: bindings carry a UID precondition)."""
+        headers = {"Accept": "application/json", "User-Agent": "cfnet-scheduler"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        auth = self._authorization()
+        if auth:
+            headers["Authorization"] = auth
+        for attempt in (0, 1):
+            c = self._take()
+            try:
+                c.request(method, self._prefix + path, body=body, headers=headers)
+                resp = c.getresponse()
+                data = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError,
+                    ConnectionResetError, http.client.CannotSendRequest) as e:
+                c.close()  # an idle connection the server closed meanwhile: once more
+                if attempt:
+                    raise KubeUnavailable(f"{method} {path}: {type(e).__name__}: {e}") from e
+                continue
+            except (OSError, http.client.HTTPException) as e:
+                c.close()
+                raise KubeUnavailable(f"{method} {path}: {type(e).__name__}: {e}") from e
+            if resp.will_close:
+                c.close()
+            else:
+                self._give(c)
+            return resp.status, data
+        raise AssertionError("unreachable")
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json") -> Any:
+        raw = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        status, data = self.call(method, path, raw, content_type)
+        if not 200 <= status <= 299:
+            raise _error(status, data, f"{method} {path}")
+        return json.loads(data) if data else None
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._idle = self._idle, []
+        for c in conns:
+            c.close()
+
+
+def event_body(involved: JSON, *, reason: str, message: str, event_type: str, action: str,
+               controller: str, instance: str, t: float | None = None) -> JSON:
+    """An ``events.k8s.io/v1`` Event about ``involved``, as kube-scheduler writes one."""
+    md = involved.get("metadata") or {}
+    ns = md.get("namespace") or "default"
+    return {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": f"{md.get('name')}.{uuid.uuid4().hex[:16]}", "namespace": ns},
+        "eventTime": micro_time(t), "type": event_type, "reason": reason,
+        "action": action, "note": message[:1024],
+        "reportingController": controller, "reportingInstance": instance or controller,
+        "regarding": {"apiVersion": involved.get("apiVersion", "v1"),
+                      "kind": involved.get("kind", "Pod"), "name": md.get("name"),
+                      "namespace": md.get("namespace"), "uid": md.get("uid")},
+    }
+
+
+class EventRecorder:
+    """Writes events from one background thread: never a blocking call on the caller's path.
+
+    Like client-go's events broadcaster, an event equal to one written in the last
+    ``series_window_s`` (same object, type, reason, action, note) is not written again: the
+    first one's ``series`` (count, lastObservedTime) is patched, at most once per
+    ``series_patch_s``. The queue is bounded; events that do not fit are dropped and counted
+    (``stats["dropped"]``), so a flood cannot grow the core's memory.
+    """
+
+    def __init__(self, http_: LeanHTTP, *, max_queue: int = 20_000, workers: int = 4,
+                 series_window_s: float = 360.0, series_patch_s: float = 5.0) -> None:
+        self._http = http_
+        self._q: queue.Queue[JSON | None] = queue.Queue(max_queue)
+        self.series_window_s = series_window_s
+        self.series_patch_s = series_patch_s
+        # key -> [namespace, name, count, first seen, last patched count, last observed]
+        self._seen: dict[tuple[Any, ...], list[Any]] = {}
+        self.stats = {"written": 0, "series": 0, "dropped": 0, "failed": 0}
+        self.workers = workers
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def record(self, ev: JSON) -> None:
+        if not self._threads:
+            with self._lock:
+                while len(self._threads) < self.workers:  # a few writers: one would lag
+                    t = threading.Thread(target=self._run, name="events", daemon=True)
+                    t.start()
+                    self._threads.append(t)
+        try:
+            self._q.put_nowait(ev)
+        except queue.Full:
+            self.stats["dropped"] += 1
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued event has been written (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._q.unfinished_tasks == 0:
+                self._patch_series(force=True)
+                return True
+            time.sleep(0.01)
+        return False
+
+    def close(self) -> None:
+        if self._threads:
+            self.flush(5.0)
+            for _ in self._threads:
+                self._q.put(None)
+            for t in self._threads:
+                t.join(5.0)
+
+    def _key(self, ev: JSON) -> tuple[Any, ...]:
+        r = ev.get("regarding") or {}
+        return (r.get("uid"), r.get("name"), ev.get("type"), ev.get("reason"),
+                ev.get("action"), ev.get("note"))
+
+    def _run(self) -> None:
+        while True:
+            try:
+                ev = self._q.get(timeout=self.series_patch_s)
+            except queue.Empty:
+                self._patch_series(force=False)
+                continue
+            if ev is None:
+                self._q.task_done()
+                return
+            try:
+                self._write(ev)
+            except Exception:
+                self.stats["failed"] += 1
+                log.exception("event %s lost", ev.get("reason"))
+            finally:
+                self._q.task_done()
+
+    def _write(self, ev: JSON) -> None:
+        now = time.monotonic()
+        key = self._key(ev)
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[3] < self.series_window_s:
+                seen[2] += 1
+                seen[5] = ev.get("eventTime")
+                self.stats["series"] += 1
+                return
+            if len(self._seen) > 50_000:  # bounded: forget the oldest half
+                for k in sorted(self._seen, key=lambda k: self._seen[k][3])[:25_000]:
+                    del self._seen[k]
+        md = ev["metadata"]
+        try:
+            self._http.request("POST", f"/apis/events.k8s.io/v1/namespaces/{md['namespace']}"
+                                       "/events", ev)
+            self.stats["written"] += 1
+        except KubeError as e:
+            self.stats["failed"] += 1
+            log.warning("event %s for %s lost: %s", ev.get("reason"),
+                        (ev.get("regarding") or {}).get("name"), e)
+            return
+        with self._lock:
+            self._seen[key] = [md["namespace"], md["name"], 1, now, 1, ev.get("eventTime")]
+
+    def _patch_series(self, force: bool) -> None:
+        with self._lock:
+            due = [s for s in self._seen.values() if s[2] > s[4]]
+        for s in due:
+            if s[2] > s[4]:
+                try:
+                    self._http.request(
+                        "PATCH", f"/apis/events.k8s.io/v1/namespaces/{s[0]}/events/{s[1]}",
+                        {"series": {"count": s[2], "lastObservedTime": s[5]}}, MERGE_PATCH)
+                except KubeError as e:
+                    self.stats["failed"] += 1
+                    log.info("event series of %s not updated: %s", s[1], e)
+                s[4] = s[2]
+
+
 class KubeClient:
     """JSON calls against one API server with one identity (thread-safe)."""
 
@@ -92,6 +354,8 @@ class KubeClient:
         self._api = k8s.ApiClient(configuration)
         self.host = str(configuration.host)
         self.timeout_s = timeout_s
+        self.lean = LeanHTTP(configuration, timeout_s)
+        self.events = EventRecorder(self.lean)
         self._discovery: dict[tuple[str, str], tuple[str, bool]] = dict(_KNOWN_KINDS)
         self._lock = threading.Lock()
 
@@ -125,6 +389,8 @@ class KubeClient:
         return cls(cfg)
 
     def close(self) -> None:
+        self.events.close()
+        self.lean.close()
         self._api.close()
 
     # -- raw calls -----------------------------------------------------------------------------
@@ -262,11 +528,13 @@ class KubeClient:
     # -- verbs the actuator uses ---------------------------------------------------------------
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """POST pods/binding with a UID precondition (409 if bound already or replaced)."""
-        self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body={
-            "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        })
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
+        body = (b'{"apiVersion":"v1","kind":"Binding","metadata":{"name":%s,"namespace":%s,'
+                b'"uid":%s},"target":{"apiVersion":"v1","kind":"Node","name":%s}}' % tuple(
+                    json.dumps(x).encode() for x in (name, namespace, uid, node)))
+        status, data = self.lean.call("POST", path, body)
+        if not 200 <= status <= 299:
+            raise _error(status, data, f"POST {path}")
 
     def evict_pod(self, namespace: str, name: str, uid: str | None = None) -> bool:
         """POST pods/eviction (policy/v1), so PodDisruptionBudgets are honoured.
@@ -288,20 +556,23 @@ class KubeClient:
         return True
 
     def emit_event(self, involved: JSON, *, reason: str, message: str, event_type: str = "Normal",
-                   component: str = "cfnet-scheduler", instance: str = "") -> JSON:
-        """Create a core/v1 Event about ``involved`` (a pod or node object)."""
-        md = involved.get("metadata") or {}
-        ns = md.get("namespace") or "default"
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        ev = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{md.get('name')}.{uuid.uuid4().hex[:16]}", "namespace": ns},
-            "involvedObject": {"apiVersion": involved.get("apiVersion", "v1"),
-                               "kind": involved.get("kind", "Pod"), "name": md.get("name"),
-                               "namespace": md.get("namespace"), "uid": md.get("uid")},
-            "reason": reason, "message": message[:1024], "type": event_type,
-            "source": {"component": component}, "reportingComponent": component,
-            "reportingInstance": instance or component,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        return self.create(f"/api/v1/namespaces/{ns}/events", ev)
+                   component: str = "cfnet-scheduler", instance: str = "",
+                   action: str = "Scheduling") -> JSON:
+        """Write an ``events.k8s.io/v1`` Event about ``involved`` now (raises on failure)."""
+        ev = event_body(involved, reason=reason, message=message, event_type=event_type,
+                        action=action, controller=component, instance=instance)
+        ns = ev["metadata"]["namespace"]
+        return dict(self.lean.request("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events",
+                                      ev))
+
+    def record_event(self, involved: JSON, *, reason: str, message: str,
+                     event_type: str = "Normal", component: str = "cfnet-scheduler",
+                     instance: str = "", action: str = "Scheduling") -> None:
+        """Queue an ``events.k8s.io/v1`` Event for the background recorder (never blocks;
+        repeats aggregate into a series; failures are logged and counted, not raised)."""
+        self.events.record(event_body(involved, reason=reason, message=message,
+                                      event_type=event_type, action=action,
+                                      controller=component, instance=instance))
+
+    def flush_events(self, timeout: float = 10.0) -> bool:
+        return self.events.flush(timeout)

@@ -25,9 +25,10 @@ from cloud_core.placement.model import (
     NodeInfo,
     Resources,
     Taint,
+    frozen_counts,
     frozen_map,
 )
-from cloud_core.placement.spec import parse_resources
+from cloud_core.placement.spec import GPU, parse_resources, pod_requests, split_requests
 
 REGION = "topology.kubernetes.io/region"
 ZONE = "topology.kubernetes.io/zone"
@@ -73,6 +74,8 @@ class NodeRecord:
     taints: tuple[Taint, ...] = ()
     capacity: Resources = field(default_factory=Resources)
     health: Health = Health.ONLINE
+    max_pods: int | None = None  # allocatable "pods"
+    extended: Mapping[str, int] = field(default_factory=dict)  # other allocatable resources
 
 
 @dataclass(frozen=True)
@@ -118,14 +121,38 @@ def record_of(node: Mapping[str, Any], cfg: RegistryConfig) -> NodeRecord:
     else:
         # An edge node that lost the cloud keeps its pods (autonomy): unreachable, not down.
         health = Health.UNREACHABLE if flavour != "cloud" else Health.DOWN
+    alloc = status.get("allocatable") or status.get("capacity") or {}
     try:
-        capacity = resources_of(status.get("allocatable") or status.get("capacity"))
+        capacity = resources_of(alloc)
     except SpecError:
         capacity = Resources()
+    max_pods, extended = other_allocatable(alloc)
     return NodeRecord(name=name, agent_id=labels.get(cfg.agent_id_label, name),
                       region=labels.get(REGION, ""), zone=labels.get(ZONE, ""),
                       security_level=level, flavour=flavour, pool=pool, labels=labels,
-                      taints=taints, capacity=capacity, health=health)
+                      taints=taints, capacity=capacity, health=health, max_pods=max_pods,
+                      extended=extended)
+
+
+def other_allocatable(alloc: Mapping[str, Any]) -> tuple[int | None, dict[str, int]]:
+    """``pods`` and every allocatable resource besides cpu, memory and GPUs (extended
+    resources, ephemeral-storage, hugepages-*). A malformed figure counts as 0: the node
+    then takes no pod that needs it, never more than it has."""
+    max_pods: int | None = None
+    extended: dict[str, int] = {}
+    for k, v in alloc.items():
+        if k in ("cpu", "memory", GPU):
+            continue
+        try:
+            n = split_requests(pod_requests({"containers": [
+                {"resources": {"requests": {k: v}}}]}))[1].get(k, 0)
+        except SpecError:
+            n = 0
+        if k == "pods":
+            max_pods = n
+        else:
+            extended[str(k)] = n
+    return max_pods, extended
 
 
 class NodeRegistry:
@@ -220,5 +247,6 @@ class NodeRegistry:
         return tuple(
             NodeInfo(name=r.name, region=r.region, zone=r.zone, security_level=r.security_level,
                      labels=frozen_map(r.labels), taints=r.taints, capacity=r.capacity,
-                     allocated=allocated.get(r.name, Resources()), health=r.health)
+                     allocated=allocated.get(r.name, Resources()), health=r.health,
+                     max_pods=r.max_pods, extended=frozen_counts(r.extended))
             for r in sorted(self.records(), key=lambda r: r.name))

@@ -23,7 +23,7 @@ from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.leader import LeaderElector
 from cloud_core.k8s.pools import PoolController
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
-from cloud_core.placement import ReplanConfig
+from cloud_core.placement import EngineConfig, ReplanConfig
 from cloud_core.snapshot import translated_links
 from cloud_core.state import ClusterState
 
@@ -38,6 +38,9 @@ class KubeSettings:
     retry_period_s: float = 2.0
     edge_taint: str = "respect"
     replan: ReplanConfig | None = None  # None: the engine's defaults, as in local mode
+    # None: EngineConfig's defaults; cfnet-core passes what --placement-policy and
+    # --exact-packing select (k8s/flags.py), as python -m cloud_core.k8s does
+    engine: EngineConfig | None = None
 
 
 @dataclass
@@ -79,6 +82,7 @@ def start_kubernetes(
         if on_lead is not None:
             on_lead()
         events.emit("health", f"{settings.identity} is the leader")
+        actuator.wake()  # pods that arrived while following are waiting: don't sleep on them
 
     def following() -> None:
         events.emit("health", f"{settings.identity} stopped leading")
@@ -94,7 +98,8 @@ def start_kubernetes(
         retry_period_s=settings.retry_period_s, on_started=leading, on_stopped=following,
     )
     actuator = Actuator(
-        client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan),
+        client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan,
+                                         engine_config=settings.engine),
         is_leader=elector.is_leader, on_alert=alert, links=links, on_bound=bound,
         events=events,
     )

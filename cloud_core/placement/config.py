@@ -26,6 +26,9 @@ class ScoreWeights:
     # full preference: "avoid if you can" weighs like "prefer if you can", so a preferred
     # node with one such taint nets out and the other terms decide.
     taint: float = 0.05
+    # ScheduleAnyway topology spread ($/hour for the fullest domain, 0 for the emptiest):
+    # the same scale as a preference, so spreading wins over small price differences.
+    spread: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,10 @@ class EngineConfig:
     """Everything tunable about placement; the defaults are what the core runs with."""
 
     weights: ScoreWeights = field(default_factory=ScoreWeights)
+    # Scoring policy (a workload may choose its own with the cfnet.io/placement-policy
+    # annotation): "cost" packs by price/energy/carbon (the solver); "spread" places pod by
+    # pod with kube-scheduler's default scores (least-allocated + balanced), see scores.py.
+    policy: str = "cost"
     carbon_price_per_g: float = 0.0001  # $100 per tonne CO2
     intra_region_per_gb: float = 0.01
     inter_region_per_gb: float = 0.09
@@ -45,6 +52,11 @@ class EngineConfig:
     # Solver: CP-SAT runs on coupled batches with at most this many (class, node) arcs.
     use_cpsat: bool = True
     cpsat_max_arcs: int = 4000
+    # Of those CP-SAT runs, the ones that only lower cost or prove a batch optimal (the
+    # whole-batch polish, cost neighbourhoods); the Kubernetes schedulers turn them off unless
+    # --exact-packing (seconds per 500-pod batch, for an answer the flow route already gives),
+    # keeping the count-first neighbourhoods that place pods left out.
+    cpsat_polish: bool = True
     # CP-SAT is bounded by work (its deterministic time, one worker, a fixed seed), never by
     # the clock: the same snapshot and config give the same placement on any machine load.
     # The wall-clock cap is a safety net far above what the work limit takes; when it is hit

@@ -40,6 +40,7 @@ from .model import (
     Workload,
     node_label,
 )
+from .sequential import needs_sequential, place_classes
 from .solver import ClassSpec, solve
 
 _KEY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("uid", "name"))
@@ -95,7 +96,7 @@ class PlacementResult:
 
 def _as_running(w: Workload, node: str) -> RunningPod:
     return RunningPod(w.uid, w.name, w.namespace, node, w.labels, w.requests,
-                      w.pod_anti_affinity)
+                      w.pod_anti_affinity, w.host_ports, w.extended)
 
 
 class PodIndex:
@@ -331,7 +332,9 @@ class PreparedCluster:
         nclass = len(reps)
         deps = _affinity_deps(reps)
         placed_nodes: list[list[int]] = [[] for _ in reps]
-        pending = set(range(nclass))
+        # spread, host ports, extended resources, the spread policy: pod by pod, after
+        seq = {ci for ci in range(nclass) if needs_sequential(reps[ci], self.cfg.policy)}
+        pending = set(range(nclass)) - seq
         rounds = 0
         method: list[str] = []
         stats: dict[str, float] = {}
@@ -387,13 +390,15 @@ class PreparedCluster:
         # placed earlier: give their leftovers another go until nothing changes.
         for _ in range(3):
             again = [ci for ci in range(nclass) if deps.get(ci) and reps[ci].gang is None
-                     and ci not in deferred_reason
+                     and ci not in deferred_reason and ci not in seq
                      and len(placed_nodes[ci]) < len(members[ci])]
             if not again:
                 break
             rounds += 1
             if run_round(again, set()) == 0:
                 break
+        place_classes(self, reps, members, seq, placed_nodes, base_mask, batch_cost,
+                      deferred_reason)
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
@@ -467,7 +472,10 @@ class PreparedCluster:
             reasons.append("no node satisfies every constraint" if not top
                            else "capacity taken by other workloads of the batch")
         ru = names[top[0]] if top else None
-        return Decision(w.uid, None, ru, tuple(reasons), summary(fit, self.ix.n, counts), None)
+        text = summary(fit, self.ix.n, counts)
+        if ci in deferred and fit:  # the nodes fit one by one; the rule that stopped it
+            text += f"; {deferred[ci]}"
+        return Decision(w.uid, None, ru, tuple(reasons), text, None)
 
     def bind(self, w: Workload, node: str) -> None:
         """Account a binding made outside ``place`` (or confirm one): resources and pod."""

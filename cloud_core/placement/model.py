@@ -36,16 +36,26 @@ def _freeze(obj: object, name: str) -> None:
         object.__setattr__(obj, name, FrozenLabels(v or {}))
 
 
-class FrozenLabels(Mapping[str, str]):
-    """An immutable, hashable mapping of labels (dataclasses need hashable fields)."""
+def frozen_counts(m: Mapping[str, int] | None = None) -> Mapping[str, int]:
+    """A read-only, hashable view of resource counts by name."""
+    return FrozenLabels(m or {})
+
+
+def _freeze_counts(obj: object, name: str) -> None:
+    _freeze(obj, name)
+
+
+class FrozenLabels(Mapping[str, Any]):
+    """An immutable, hashable mapping of labels (or of resource counts: dataclasses need
+    hashable fields)."""
 
     __slots__ = ("_d", "_h")
 
-    def __init__(self, d: Mapping[str, str]) -> None:
+    def __init__(self, d: Mapping[str, Any]) -> None:
         self._d = MappingProxyType(dict(d))
         self._h = hash(frozenset(self._d.items()))
 
-    def __getitem__(self, k: str) -> str:
+    def __getitem__(self, k: str) -> Any:
         return self._d[k]
 
     def __iter__(self) -> Any:
@@ -147,6 +157,34 @@ class PodAffinityTerm:
 
 
 @dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """A ``topologySpreadConstraints`` entry (Kubernetes semantics, see ``sequential.py``).
+
+    ``hard``: ``whenUnsatisfiable: DoNotSchedule`` (a filter); else ``ScheduleAnyway`` (a
+    cost). ``selector`` already carries the pod's ``matchLabelKeys`` values. Policies:
+    ``honor_affinity`` (nodeAffinityPolicy Honor, the default) counts only domains of nodes
+    that pass the pod's nodeSelector/required node affinity; ``honor_taints``
+    (nodeTaintsPolicy Honor; default Ignore) also drops nodes with untolerated taints."""
+
+    max_skew: int
+    topology_key: str
+    hard: bool
+    selector: LabelSelector
+    min_domains: int | None = None
+    honor_affinity: bool = True
+    honor_taints: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """A container's ``hostPort`` (hostIP ``0.0.0.0`` conflicts with every address)."""
+
+    port: int
+    protocol: str = "TCP"
+    host_ip: str = "0.0.0.0"
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     """One node as the core's registry and the latest telemetry describe it."""
 
@@ -164,9 +202,14 @@ class NodeInfo:
     carbon_g_per_kwh: float = 0.0
     idle_watts: float = 0.0
     max_watts: float = 0.0
+    # status.allocatable["pods"] (None: no limit known) and other allocatable resources
+    # (extended resources, ephemeral-storage, hugepages-*) by name, in whole units/bytes.
+    max_pods: int | None = None
+    extended: Mapping[str, int] = field(default_factory=frozen_counts)
 
     def __post_init__(self) -> None:
         _freeze(self, "labels")
+        _freeze_counts(self, "extended")
 
     @property
     def free(self) -> Resources:
@@ -195,9 +238,12 @@ class RunningPod:
     labels: Mapping[str, str] = field(default_factory=frozen_map)
     requests: Resources = Resources()
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
+    extended: Mapping[str, int] = field(default_factory=frozen_counts)
 
     def __post_init__(self) -> None:
         _freeze(self, "labels")
+        _freeze_counts(self, "extended")
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,11 +284,18 @@ class Workload:
     cost_weight: float = 1.0
     labels: Mapping[str, str] = field(default_factory=frozen_map)
     gang: str | None = None
+    # Constraints placed pod by pod (sequential.py): spread, host ports, extended resources.
+    spread: tuple[SpreadConstraint, ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
+    extended: Mapping[str, int] = field(default_factory=frozen_counts)
+    # Scoring policy of this workload ("cost", "spread"; None: the engine's default).
+    policy: str | None = None
 
     def __post_init__(self) -> None:
         # Callers may hand in plain dicts; freeze them so workloads stay hashable.
         _freeze(self, "node_selector")
         _freeze(self, "labels")
+        _freeze_counts(self, "extended")
         if self.preferred_node_affinity:
             check_preferences(self.preferred_node_affinity)
 

@@ -156,3 +156,68 @@ def total_cost(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)) ->
     for t in TERMS[1:]:
         out += c[t]
     return out
+
+
+# -- policies of the pod-by-pod path (sequential.py) ------------------------------------------
+POLICIES = ("cost", "spread")
+
+
+def spread_soft_cost(skews: list[tuple[Arr, int]], sel: Arr) -> Arr:
+    """``ScheduleAnyway`` spread constraints: per constraint, the skew placing the pod would
+    give, over the worst skew among the candidate nodes (0: the emptiest domain, 1: the
+    fullest; a node without the topology key counts as the fullest), summed."""
+    out = np.zeros(sel.size, dtype=np.float64)
+    for skew, _max_skew in skews:
+        s = skew[sel].astype(np.float64)
+        finite = s < np.iinfo(np.int64).max // 8
+        lo = s[finite].min() if finite.any() else 0.0
+        hi = s[finite].max() if finite.any() else 0.0
+        span = max(hi - lo, 1.0)
+        out += np.where(finite, (s - lo) / span, 1.0)
+    return out
+
+
+def kube_default_cost(w: Workload, ix: ClusterIndex, sel: Arr) -> Arr:
+    """kube-scheduler's default scores as a cost in 0..~4 (lower is better), for the
+    ``spread`` policy: NodeResourcesFit LeastAllocated (mean cpu/memory utilisation after
+    placing) + NodeResourcesBalancedAllocation (cpu/memory imbalance after placing), each
+    weight 1, and NodeAffinity's preferred terms (weight 2) -- kube's relative weights. Price,
+    energy and carbon play no part: this policy spreads as kube-scheduler does."""
+    req = np.array([w.requests.cpu_milli, w.requests.mem_bytes], dtype=np.float64)
+    cap = ix.cap[sel][:, :2].astype(np.float64)
+    after = ix.alloc[sel][:, :2] + req
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.where(cap > 0, np.minimum(after / np.maximum(cap, 1.0), 1.0), 1.0)
+    least = frac.mean(axis=1)
+    balanced = np.abs(frac[:, 0] - frac[:, 1]) / 2.0
+    out = least + balanced
+    if w.preferred_node_affinity:
+        matched, total = preferred_weight(w, ix, sel)
+        out = out + 2.0 * affinity_cost(matched, total)
+    return np.asarray(out + taint_counts(w, ix, sel))
+
+
+def sequential_cost(w: Workload, ix: ClusterIndex, mask: Arr, default_policy: str,
+                    soft_spread: list[tuple[Arr, int]]) -> Arr:
+    """Per-node cost for the pod-by-pod path (inf outside ``mask``), by the workload's
+    policy (``w.policy``, else ``default_policy``):
+
+    * ``cost``: ``total_cost`` (price, energy, carbon, ...; packs) plus ``ScheduleAnyway``
+      spread at ``weights.spread`` $/hour for the fullest domain;
+    * ``spread``: ``kube_default_cost`` plus ``ScheduleAnyway`` spread at kube's weight 2.
+    """
+    out = np.full(ix.n, np.inf)
+    sel = np.flatnonzero(mask)
+    if not sel.size:
+        return out
+    policy = w.policy or default_policy
+    if policy == "spread":
+        c = kube_default_cost(w, ix, sel)
+        if soft_spread:
+            c = c + 2.0 * spread_soft_cost(soft_spread, sel)
+    else:
+        c = total_cost(w, ix, sel)
+        if soft_spread:
+            c = c + ix.cfg.weights.spread * spread_soft_cost(soft_spread, sel)
+    out[sel] = c
+    return out

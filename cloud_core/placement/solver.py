@@ -29,14 +29,15 @@ import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ortools.graph.python import min_cost_flow
-from ortools.linear_solver import pywraplp
-from ortools.sat.python import cp_model
 
 from .config import EngineConfig
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 HOST = "kubernetes.io/hostname"
 
@@ -893,7 +894,7 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
     assert pa is not None
     if cfg.use_cpsat and _placeable(classes, free, pa.got):
         stats["lns_solved"] = float(pa.lns(free, domains, penalty, cfg, wall_cap_hits))
-    if cfg.use_cpsat and cfg.cost_lns_iterations and (
+    if cfg.use_cpsat and cfg.cpsat_polish and cfg.cost_lns_iterations and (
             sum(c.count for c in classes) <= cfg.pack_flow_max_pods):
         stats["cost_lns_solved"] = float(pa.cost_lns(domains, penalty, cfg, wall_cap_hits))
     got = _finish(classes, free, domains, [list(g) for g in pa.got])
@@ -1127,7 +1128,8 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
             got, best_obj, m = _pack_stage(classes, free, domains, icost, penalty, got,
                                            best_obj, cfg, stats)
             method = m or method
-    if cfg.use_cpsat and _coupled(classes) and arcs_total <= cfg.cpsat_max_arcs:
+    if (cfg.use_cpsat and cfg.cpsat_polish and _coupled(classes)
+            and arcs_total <= cfg.cpsat_max_arcs):
         res = _cpsat(classes, free, domains, icost, penalty, got, cfg, wall_cap_hits=hits)
         if res is not None:
             got2, obj2, status = res
@@ -1150,6 +1152,8 @@ def _cp_solver(cfg: EngineConfig, det_time: float) -> cp_model.CpSolver:
     wall-clock limit is only a safety net (far above what the work limit takes); a caller
     that sees it hit reports it (``stats["cpsat_wall_cap_hits"]``), since that answer may
     depend on load."""
+    from ortools.sat.python import cp_model  # lazily, as in _cpsat
+
     s = cp_model.CpSolver()
     p = s.parameters
     p.max_deterministic_time = det_time
@@ -1166,6 +1170,10 @@ def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str,
            ) -> tuple[list[list[int]], int, str] | None:
     """Class-level CP-SAT: integer counts per (class, node), resources per node,
     anti-affinity per domain, gangs; minimise cost + penalty x unplaced from ``hint``."""
+    # imported here: cp_model pulls in pandas (~0.5 s), which a scheduler's start-up (time to
+    # its first binding) should not pay before it needs CP-SAT
+    from ortools.sat.python import cp_model
+
     if wall_cap_hits is None:
         wall_cap_hits = [0]
     m = cp_model.CpModel()
@@ -1258,6 +1266,8 @@ def solve_exact_pods(feasible: Sequence[Mapping[int, int]], req: Sequence[Sequen
                      penalty: int, time_limit_s: float = 10.0) -> ExactResult:
     """One boolean per (pod, feasible node): resources, pairwise anti-affinity per domain,
     gangs; minimise cost + penalty x unplaced. ``feasible[p]`` maps node -> integer cost."""
+    from ortools.sat.python import cp_model
+
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
     obj: list[Any] = []
@@ -1305,6 +1315,8 @@ def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: i
     anti-affinity and gangs are relaxed away, so no integer placement of ``min_placed`` or
     more pods costs less. With ``min_placed`` None it maximises the number placed instead
     (an upper bound on what any placement can place). Returns (value, finished)."""
+    from ortools.linear_solver import pywraplp
+
     solver = pywraplp.Solver.CreateSolver("GLOP")
     solver.SetTimeLimit(int(time_limit_s * 1000))
     inf = solver.infinity()

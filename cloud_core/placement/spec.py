@@ -4,6 +4,7 @@ plain YAML, parsed into ``Workload``. Every error names the field and the reason
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,11 +24,13 @@ from edge_agent.names import (
 from . import quantity
 from .model import (
     HOSTNAME,
+    HostPort,
     LabelSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     PodAffinityTerm,
     Resources,
+    SpreadConstraint,
     Toleration,
     Workload,
 )
@@ -266,15 +269,227 @@ def parse_resources(m: Mapping[str, Any], field: str) -> Resources:
     )
 
 
-def _requests(containers: Sequence[Any], field: str) -> Resources:
-    total = Resources()
-    for i, c in enumerate(containers):
-        f = f"{field}[{i}].resources"
-        res = _map(_map(c, f"{field}[{i}]").get("resources"), f)
-        req = dict(_map(res.get("limits"), f"{f}.limits"))  # limits default the requests
-        req.update(_map(res.get("requests"), f"{f}.requests"))
-        total = total + parse_resources(req, f"{f}.requests")
-    return total
+# -- every PodSpec field: understood, irrelevant to placement, or refused ----------------------
+# A field kube-scheduler acts on that cfnet does not implement must never be ignored: the pod is
+# refused (SpecError naming the field -> FailedScheduling event). Fields listed here either
+# are honoured by cfnet or do not take part in scheduling at all.
+POD_SPEC_FIELDS = frozenset({
+    # honoured (see docs/kubernetes.md, "PodSpec fields and cfnet-scheduler")
+    "containers", "initContainers", "nodeSelector", "affinity", "tolerations", "nodeName",
+    "topologySpreadConstraints", "overhead", "resources", "schedulerName", "hostNetwork",
+    "schedulingGates", "volumes",
+    # no part in scheduling (kube-scheduler's plugins don't read them either)
+    "ephemeralContainers", "restartPolicy", "terminationGracePeriodSeconds",
+    "activeDeadlineSeconds", "dnsPolicy", "dnsConfig", "serviceAccountName", "serviceAccount",
+    "automountServiceAccountToken", "hostPID", "hostIPC", "shareProcessNamespace",
+    "securityContext", "imagePullSecrets", "hostname", "subdomain", "hostAliases",
+    "priorityClassName", "priority", "preemptionPolicy", "readinessGates", "runtimeClassName",
+    "enableServiceLinks", "setHostnameAsFQDN", "os", "hostUsers",
+})
+AFFINITY_FIELDS = {
+    "nodeAffinity": frozenset({"requiredDuringSchedulingIgnoredDuringExecution", PREFERRED}),
+    # preferred pod (anti-)affinity is a score in kube-scheduler; cfnet accepts and does not
+    # score it (documented) -- it can never make a placement invalid
+    "podAffinity": frozenset({"requiredDuringSchedulingIgnoredDuringExecution", PREFERRED}),
+    "podAntiAffinity": frozenset({"requiredDuringSchedulingIgnoredDuringExecution",
+                                  PREFERRED}),
+}
+POD_TERM_FIELDS = frozenset({"labelSelector", "namespaces", "topologyKey"})
+SPREAD_FIELDS = frozenset({"maxSkew", "topologyKey", "whenUnsatisfiable", "labelSelector",
+                           "minDomains", "nodeAffinityPolicy", "nodeTaintsPolicy",
+                           "matchLabelKeys"})
+# volume sources that tie a pod to nodes (PVCs: zones, node affinity, attach limits) are
+# refused; these never constrain the node
+PLAIN_VOLUMES = frozenset({"name", "emptyDir", "configMap", "secret", "projected",
+                           "downwardAPI", "hostPath"})
+CONTAINER_RESOURCE_FIELDS = frozenset({"requests", "limits"})
+NOT_SUPPORTED = "not supported by cfnet-scheduler (the pod is refused, never placed " \
+                "ignoring it)"
+
+
+def check_supported(spec: Mapping[str, Any], sp: str = "spec") -> None:
+    """Raise ``SpecError`` naming the first field of ``spec`` that cfnet cannot honour."""
+    for k in spec:
+        if k not in POD_SPEC_FIELDS:
+            raise SpecError(f"{sp}.{k}", NOT_SUPPORTED)
+    gates = _list(spec.get("schedulingGates"), f"{sp}.schedulingGates")
+    if gates:
+        names = ", ".join(str(_map(g, f"{sp}.schedulingGates").get("name")) for g in gates)
+        raise SpecError(f"{sp}.schedulingGates", f"the pod is gated ({names}); it is "
+                        "placed once the gates are removed")
+    aff = _map(spec.get("affinity"), f"{sp}.affinity")
+    for k, v in aff.items():
+        if k not in AFFINITY_FIELDS:
+            raise SpecError(f"{sp}.affinity.{k}", NOT_SUPPORTED)
+        for kk, terms in _map(v, f"{sp}.affinity.{k}").items():
+            f = f"{sp}.affinity.{k}.{kk}"
+            if kk not in AFFINITY_FIELDS[k]:
+                raise SpecError(f, NOT_SUPPORTED)
+            if k == "nodeAffinity":
+                continue
+            for i, t in enumerate(_list(terms, f)):
+                tm = _map(t, f"{f}[{i}]")
+                if kk == PREFERRED:
+                    tm = _map(tm.get("podAffinityTerm"), f"{f}[{i}].podAffinityTerm")
+                for x in tm:
+                    if x not in POD_TERM_FIELDS and kk != PREFERRED:
+                        raise SpecError(f"{f}[{i}].{x}", NOT_SUPPORTED)
+    for i, c in enumerate(_list(spec.get("topologySpreadConstraints"),
+                                f"{sp}.topologySpreadConstraints")):
+        for x in _map(c, f"{sp}.topologySpreadConstraints[{i}]"):
+            if x not in SPREAD_FIELDS:
+                raise SpecError(f"{sp}.topologySpreadConstraints[{i}].{x}", NOT_SUPPORTED)
+    for i, v in enumerate(_list(spec.get("volumes"), f"{sp}.volumes")):
+        for x in _map(v, f"{sp}.volumes[{i}]"):
+            if x not in PLAIN_VOLUMES:
+                raise SpecError(f"{sp}.volumes[{i}].{x}", NOT_SUPPORTED)
+    if "resources" in spec:
+        for x in _map(spec.get("resources"), f"{sp}.resources"):
+            if x not in CONTAINER_RESOURCE_FIELDS:
+                raise SpecError(f"{sp}.resources.{x}", NOT_SUPPORTED)
+    for part in ("containers", "initContainers"):
+        for i, c in enumerate(_list(spec.get(part), f"{sp}.{part}")):
+            res = _map(_map(c, f"{sp}.{part}[{i}]").get("resources"),
+                       f"{sp}.{part}[{i}].resources")
+            for x in res:
+                if x not in CONTAINER_RESOURCE_FIELDS:
+                    raise SpecError(f"{sp}.{part}[{i}].resources.{x}", NOT_SUPPORTED)
+
+
+def _quantity_of(name: str, v: Any, field: str) -> int:
+    """One resource by name: cpu in millicores, byte-valued ones in bytes, others counted."""
+    if name == "cpu":
+        return parse_quantity(v, field, "cpu")
+    if name in ("memory", "ephemeral-storage") or name.startswith("hugepages-"):
+        return parse_quantity(v, field, "mem")
+    return parse_quantity(v, field, "count")
+
+
+def _resource_map(m: Mapping[str, Any], field: str) -> dict[str, int]:
+    return {str(k): _quantity_of(str(k), v, f"{field}.{k}") for k, v in m.items()}
+
+
+def _container_requests(c: Any, field: str) -> dict[str, int]:
+    res = _map(_map(c, field).get("resources"), f"{field}.resources")
+    req = dict(_map(res.get("limits"), f"{field}.resources.limits"))  # limits default requests
+    req.update(_map(res.get("requests"), f"{field}.resources.requests"))
+    return _resource_map(req, f"{field}.resources.requests")
+
+
+def _add(a: dict[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+def pod_requests(spec: Mapping[str, Any], sp: str = "spec") -> dict[str, int]:
+    """What a pod asks of a node, as kube-scheduler's fit filter computes it: the sum over
+    containers (plus restartable "sidecar" init containers), at least each init container's
+    own request on top of the sidecars started before it, a pod-level ``resources`` where
+    set, plus the pod ``overhead``."""
+    total: dict[str, int] = {}
+    for i, c in enumerate(_list(spec.get("containers"), f"{sp}.containers")):
+        total = _add(total, _container_requests(c, f"{sp}.containers[{i}]"))
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for i, c in enumerate(_list(spec.get("initContainers"), f"{sp}.initContainers")):
+        f = f"{sp}.initContainers[{i}]"
+        req = _container_requests(c, f)
+        if _map(c, f).get("restartPolicy") == "Always":
+            sidecars = _add(sidecars, req)
+            continue
+        for k, v in _add(sidecars, req).items():
+            init_peak[k] = max(init_peak.get(k, 0), v)
+    total = _add(total, sidecars)
+    for k, v in init_peak.items():
+        total[k] = max(total.get(k, 0), v)
+    pod_level = _map(spec.get("resources"), f"{sp}.resources")
+    if pod_level:
+        lvl = dict(_map(pod_level.get("limits"), f"{sp}.resources.limits"))
+        lvl.update(_map(pod_level.get("requests"), f"{sp}.resources.requests"))
+        total.update(_resource_map(lvl, f"{sp}.resources.requests"))
+    return _add(total, _resource_map(_map(spec.get("overhead"), f"{sp}.overhead"),
+                                     f"{sp}.overhead"))
+
+
+def split_requests(req: Mapping[str, int]) -> tuple[Resources, dict[str, int]]:
+    """(cpu, memory, GPU) as ``Resources`` and every other resource by name (non-zero)."""
+    rest = {k: v for k, v in req.items() if k not in ("cpu", "memory", GPU) and v}
+    return Resources(req.get("cpu", 0), req.get("memory", 0), req.get(GPU, 0)), rest
+
+
+def host_ports(spec: Mapping[str, Any], sp: str = "spec") -> tuple[HostPort, ...]:
+    """Host ports of every container (with ``hostNetwork`` each containerPort is one)."""
+    out: list[HostPort] = []
+    host_net = bool(spec.get("hostNetwork"))
+    for part in ("initContainers", "containers"):
+        for i, c in enumerate(_list(spec.get(part), f"{sp}.{part}")):
+            for j, p in enumerate(_list(_map(c, f"{sp}.{part}[{i}]").get("ports"),
+                                        f"{sp}.{part}[{i}].ports")):
+                f = f"{sp}.{part}[{i}].ports[{j}]"
+                pm = _map(p, f)
+                port = pm.get("hostPort") or (pm.get("containerPort") if host_net else None)
+                if not port:
+                    continue
+                if isinstance(port, bool) or not isinstance(port, int) \
+                        or not 0 < port < 65536:
+                    raise SpecError(f"{f}.hostPort", f"{port!r} is not a port number")
+                proto = str(pm.get("protocol") or "TCP")
+                if proto not in ("TCP", "UDP", "SCTP"):
+                    raise SpecError(f"{f}.protocol", f"{proto!r} is not TCP, UDP or SCTP")
+                out.append(HostPort(port, proto, str(pm.get("hostIP") or "0.0.0.0")))
+    return tuple(dict.fromkeys(out))
+
+
+def spread_constraints(obj: Any, field: str, labels: Mapping[str, str]
+                       ) -> tuple[SpreadConstraint, ...]:
+    """``topologySpreadConstraints``; ``matchLabelKeys`` take the pod's own label values."""
+    out = []
+    for i, c in enumerate(_list(obj, field)):
+        f = f"{field}[{i}]"
+        cm = _map(c, f)
+        skew = cm.get("maxSkew")
+        if isinstance(skew, bool) or not isinstance(skew, int) or skew < 1:
+            raise SpecError(f"{f}.maxSkew", f"{skew!r} must be an integer >= 1")
+        key = cm.get("topologyKey")
+        if not isinstance(key, str) or not key:
+            raise SpecError(f"{f}.topologyKey", "is required")
+        if why := label_key_problem(key):  # ValidateTopologySpreadConstraints: a label name
+            raise SpecError(f"{f}.topologyKey", why)
+        when = cm.get("whenUnsatisfiable")
+        if when not in ("DoNotSchedule", "ScheduleAnyway"):
+            raise SpecError(f"{f}.whenUnsatisfiable",
+                            f"{when!r} is not DoNotSchedule or ScheduleAnyway")
+        min_domains = cm.get("minDomains")
+        if min_domains is not None:
+            if isinstance(min_domains, bool) or not isinstance(min_domains, int) \
+                    or min_domains < 1:
+                raise SpecError(f"{f}.minDomains", f"{min_domains!r} must be an integer >= 1")
+            if when != "DoNotSchedule":
+                raise SpecError(f"{f}.minDomains", "only with whenUnsatisfiable DoNotSchedule")
+        pols = {}
+        for p, default in (("nodeAffinityPolicy", "Honor"), ("nodeTaintsPolicy", "Ignore")):
+            v = cm.get(p) or default
+            if v not in ("Honor", "Ignore"):
+                raise SpecError(f"{f}.{p}", f"{v!r} is not Honor or Ignore")
+            pols[p] = v == "Honor"
+        if cm.get("labelSelector") is None:
+            # a nil selector matches no pod: every domain counts 0, the constraint holds
+            sel = LabelSelector({}, (NodeSelectorRequirement("cfnet.io/nothing", "In",
+                                                             ("\x00",)),))
+        else:
+            sel = _selector(cm["labelSelector"], f"{f}.labelSelector")
+        keys = [str(k) for k in _list(cm.get("matchLabelKeys"), f"{f}.matchLabelKeys")]
+        extra = {k: labels[k] for k in keys if k in labels}
+        if extra:
+            sel = LabelSelector({**sel.match_labels, **extra}, sel.match_expressions)
+        out.append(SpreadConstraint(skew, key, when == "DoNotSchedule", sel, min_domains,
+                                    pols["nodeAffinityPolicy"], pols["nodeTaintsPolicy"]))
+    return tuple(out)
+
+
+POLICIES = ("cost", "spread")
 
 
 def _number(v: Any, field: str, minimum: float = 0.0, strict: bool = False) -> float:
@@ -390,7 +605,14 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
     containers = _list(spec.get("containers"), f"{sp}.containers")
     if not containers:
         raise SpecError(f"{sp}.containers", "at least one container is required")
+    check_supported(spec, sp)
+    requests, extended = split_requests(pod_requests(spec, sp))
     ann = _str_map(meta.get("annotations"), "metadata.annotations", labels=False)
+    policy = ann.get(ANN + "placement-policy")
+    if policy is not None and policy not in POLICIES:
+        raise SpecError(f"metadata.annotations.{ANN}placement-policy",
+                        f"{_clip(policy)!r} is not one of {', '.join(POLICIES)}")
+    labels = _str_map(meta.get("labels"), "metadata.labels")
     aff = _map(spec.get("affinity"), f"{sp}.affinity")
     na = _map(aff.get("nodeAffinity"), f"{sp}.affinity.nodeAffinity")
     pa = _map(aff.get("podAffinity"), f"{sp}.affinity.podAffinity")
@@ -398,19 +620,33 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
     rq = "requiredDuringSchedulingIgnoredDuringExecution"
     extras = _extras(lambda k: ann.get(ANN + k), ANN,
                      lambda k: f"metadata.annotations.{ANN}{k}")
+    node_affinity = _required_terms(na, f"{sp}.affinity.nodeAffinity.{rq}")
+    node_name = spec.get("nodeName")
+    if node_name:
+        # the API server stores only a DNS subdomain here (ValidateNodeName)
+        _check_name(node_name, f"{sp}.nodeName", NAME_MAX)
+        # nodeName ANDs with the required terms: the node itself, and one of the terms
+        on = NodeSelectorRequirement(HOSTNAME, "In", (str(node_name),))
+        node_affinity = tuple(NodeSelectorTerm((*t.match_expressions, on))
+                              for t in node_affinity) or (NodeSelectorTerm((on,)),)
     return Workload(
         uid=uid or str(meta.get("uid") or f"{ns}/{name}"),
         name=name,
         namespace=ns,
-        requests=_requests(containers, f"{sp}.containers"),
+        requests=requests,
+        extended=extended,
+        host_ports=host_ports(spec, sp),
+        spread=spread_constraints(spec.get("topologySpreadConstraints"),
+                                  f"{sp}.topologySpreadConstraints", labels),
+        policy=policy,
         node_selector=_str_map(spec.get("nodeSelector"), f"{sp}.nodeSelector"),
-        node_affinity=_required_terms(na, f"{sp}.affinity.nodeAffinity.{rq}"),
+        node_affinity=node_affinity,
         preferred_node_affinity=_preferred_terms(
             na.get(PREFERRED), f"{sp}.affinity.nodeAffinity.{PREFERRED}"),
         tolerations=_tolerations(spec.get("tolerations"), f"{sp}.tolerations"),
         pod_affinity=_pod_terms(pa.get(rq), f"{sp}.affinity.podAffinity.{rq}"),
         pod_anti_affinity=_pod_terms(paa.get(rq), f"{sp}.affinity.podAntiAffinity.{rq}"),
-        labels=_str_map(meta.get("labels"), "metadata.labels"),
+        labels=labels,
         **extras,
     )
 
@@ -513,3 +749,34 @@ def parse_workload_yaml(text: str) -> list[Workload]:
         dup = next(u for u in uids if uids.count(u) > 1)
         raise SpecError("uid", f"{dup!r} appears twice")
     return out
+
+
+def usage_workload(pod: Mapping[str, Any]) -> Workload | None:
+    """What a pod bound by anyone (kube-scheduler too, or a pod cfnet refuses to place) takes
+    from its node: requests, extended resources, host ports, labels and required
+    anti-affinity, read leniently (a part that does not parse is left out) so that the
+    node's usage is counted whatever else the pod says. None: not even a name."""
+    if not isinstance(pod, Mapping):
+        return None
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    assert isinstance(meta, Mapping) and isinstance(spec, Mapping)
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    ns = str(meta.get("namespace") or "default")
+    parts: dict[str, Any] = {}
+    with contextlib.suppress(SpecError):
+        parts["requests"], parts["extended"] = split_requests(pod_requests(spec))
+    with contextlib.suppress(SpecError):
+        parts["host_ports"] = host_ports(spec)
+    with contextlib.suppress(SpecError):
+        parts["labels"] = _str_map(meta.get("labels"), "metadata.labels")
+    try:
+        paa = _map(_map(spec.get("affinity"), "a").get("podAntiAffinity"), "a")
+        parts["pod_anti_affinity"] = _pod_terms(
+            paa.get("requiredDuringSchedulingIgnoredDuringExecution"), "a")
+    except SpecError:
+        pass
+    return Workload(uid=str(meta.get("uid") or f"{ns}/{name}"), name=name, namespace=ns,
+                    **parts)

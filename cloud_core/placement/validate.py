@@ -267,6 +267,8 @@ def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
                 uids = [w.uid for w in placed if assignments[w.uid] == name]
                 out.append(Violation(uids[-1], name, "resources",
                                      f"{res}: {want} requested > {have} free"))
+    out.extend(_node_limits(ctx, snapshot, placed, assignments))
+    out.extend(_spread(ctx, snapshot, placed, assignments))
     gangs: dict[str, list[Workload]] = {}
     for w in workloads:
         if w.gang is not None:
@@ -276,6 +278,93 @@ def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
         if 0 < n_placed < len(ws):
             out.append(Violation(ws[0].uid, None, "gang",
                                  f"gang {g}: {n_placed} of {len(ws)} placed"))
+    return out
+
+
+def _node_limits(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
+                 assignments: Mapping[str, str]) -> list[Violation]:
+    """Pods per node, extended resources and host ports, running pods included."""
+    out: list[Violation] = []
+    count: dict[str, int] = {}
+    ext: dict[tuple[str, str], int] = {}
+    ports: dict[str, list[tuple[str, int, str, str]]] = {}  # node -> (proto, port, ip, uid)
+    for p in snap.pods:
+        count[p.node] = count.get(p.node, 0) + 1
+        for k, v in p.extended.items():
+            ext[p.node, k] = ext.get((p.node, k), 0) + int(v)
+        for hp in p.host_ports:
+            ports.setdefault(p.node, []).append((hp.protocol, hp.port, hp.host_ip, p.uid))
+    for w in placed:
+        name = assignments[w.uid]
+        node = ctx.nodes[name]
+        count[name] = count.get(name, 0) + 1
+        if node.max_pods is not None and count[name] > node.max_pods:
+            out.append(Violation(w.uid, name, "pods", f"{count[name]} pods > {node.max_pods}"))
+        for k, v in w.extended.items():
+            ext[name, k] = ext.get((name, k), 0) + int(v)
+            if ext[name, k] > node.extended.get(k, 0):
+                out.append(Violation(w.uid, name, "extended_resources",
+                                     f"{k}: {ext[name, k]} > {node.extended.get(k, 0)}"))
+        for hp in w.host_ports:
+            for proto, port, ip, uid in ports.get(name, []):
+                if proto == hp.protocol and port == hp.port and (
+                        ip == hp.host_ip or "0.0.0.0" in (ip, hp.host_ip)):
+                    out.append(Violation(w.uid, name, "host_ports",
+                                         f"{hp.protocol}/{hp.port} taken by {uid}"))
+            ports.setdefault(name, []).append((hp.protocol, hp.port, hp.host_ip, w.uid))
+    return out
+
+
+def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
+            assignments: Mapping[str, str]) -> list[Violation]:
+    """``DoNotSchedule`` topology spread on the final state: for every placed pod with such
+    a constraint, the pods matching its selector (its namespace) in its domain, minus the
+    fewest in any eligible domain, stay within maxSkew. Eligible: nodes with the key that
+    pass the pod's nodeSelector/required node affinity (nodeAffinityPolicy Honor) and, with
+    nodeTaintsPolicy Honor, its taints; the minimum is 0 below minDomains domains."""
+    out: list[Violation] = []
+    every = [(p.namespace, p.labels, p.node) for p in snap.pods]
+    every += [(w.namespace, w.labels, assignments[w.uid]) for w in placed]
+    # per (what decides eligibility, namespace, constraint): domain -> matching pods
+    memo: dict[tuple[object, ...], dict[str, int]] = {}
+    for w in placed:
+        for c in w.spread:
+            if not c.hard:
+                continue
+            key = (w.node_selector, w.node_affinity, w.tolerations, w.namespace, c)
+            counts = memo.get(key)
+            if counts is None:
+                counts = {}
+                eligible: set[str] = set()
+                for n in ctx.snap.nodes:
+                    d = _label(n, c.topology_key)
+                    if d is None:
+                        continue
+                    broken = {k for k, _ in _static(ctx, w, n)}
+                    if c.honor_affinity and broken & {"node_selector", "node_affinity"}:
+                        continue
+                    if c.honor_taints and "taints" in broken:
+                        continue
+                    counts.setdefault(d, 0)
+                    eligible.add(n.name)
+                for ns, labels, node in every:
+                    if ns == w.namespace and node in eligible and _sel_ok(c.selector, labels):
+                        d = _label(ctx.nodes[node], c.topology_key)
+                        assert d is not None
+                        counts[d] += 1
+                memo[key] = counts
+            here = _label(ctx.nodes[assignments[w.uid]], c.topology_key)
+            if here is None:
+                out.append(Violation(w.uid, assignments[w.uid], "topology_spread",
+                                     f"node has no {c.topology_key} label"))
+                continue
+            low = min(counts.values()) if counts else 0
+            if c.min_domains is not None and len(counts) < c.min_domains:
+                low = 0
+            if counts.get(here, 0) - low > c.max_skew:
+                out.append(Violation(w.uid, assignments[w.uid], "topology_spread",
+                                     f"{c.topology_key}={here}: {counts.get(here, 0)} - "
+                                     f"{low} > maxSkew {c.max_skew}"))
     return out
 
 

@@ -31,7 +31,9 @@ REGION = "topology.kubernetes.io/region"
 @pytest.fixture
 def actuator(core_client: KubeClient, cluster: Cluster) -> Iterator[Actuator]:
     alerts: list[dict[str, Any]] = []
-    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="test"),
+    # 8 bindings in flight (the default is 24): the restart test stops the API server on the
+    # 10th binding and needs the 120-pod burst to still be going when it is down
+    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="test", bind_workers=8),
                    on_alert=alerts.append)
     act.alerts = alerts  # type: ignore[attr-defined]
     act.start()

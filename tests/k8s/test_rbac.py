@@ -52,6 +52,15 @@ def test_role_allows_what_the_core_does(service_account_client: KubeClient,
     assert sa.get(f"/api/v1/namespaces/{ns}/pods/allowed")
     sa.bind_pod(ns, "allowed", pod["metadata"]["uid"], "rb-1")
     sa.emit_event(pod, reason="Scheduled", message="test")
+    # The scheduler's own events: events.k8s.io/v1, a repeat patched as a series.
+    before = dict(sa.events.stats)
+    for _ in range(2):  # one after the other: the second finds the first written
+        sa.record_event(pod, reason="Scheduled", message="rbac series")
+        assert sa.flush_events(10.0)
+    got = {k: v - before[k] for k, v in sa.events.stats.items()}
+    assert got == {"written": 1, "series": 1, "dropped": 0, "failed": 0}, got
+    ev = next(e for e in cluster.events("Scheduled") if e.get("message") == "rbac series")
+    assert (ev.get("series") or {}).get("count") == 2, ev
     # Re-placement: evict (PDBs honoured) and create a bare pod's unbound copy.
     sa.create(f"/api/v1/namespaces/{ns}/pods/allowed/eviction", {
         "apiVersion": "policy/v1", "kind": "Eviction",

@@ -1,0 +1,30 @@
+"""The placement flags both Kubernetes schedulers take (``python -m cloud_core.k8s`` and
+``cfnet-core --kubernetes``), so that they run the engine with the same defaults.
+
+No Kubernetes client here: ``cfnet-core`` parses its arguments before it knows its mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cloud_core.placement.config import EngineConfig
+from cloud_core.placement.spec import POLICIES
+
+
+def add_scheduler_args(p: argparse.ArgumentParser | Any) -> None:
+    """``--placement-policy`` and ``--exact-packing`` on a parser or argument group."""
+    p.add_argument("--placement-policy", choices=POLICIES, default="cost",
+                   help="cost: pack by price/energy/carbon (default); spread: kube-scheduler's "
+                        "default scores, pod by pod. A pod may choose with the "
+                        "cfnet.io/placement-policy annotation")
+    p.add_argument("--exact-packing", action="store_true",
+                   help="let CP-SAT polish and prove each coupled batch optimal (seconds per "
+                        "batch; default: the min-cost-flow / packing answer, which is what "
+                        "gets bound; CP-SAT still looks for room for pods left out)")
+
+
+def scheduler_engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine configuration the flags select."""
+    return EngineConfig(policy=args.placement_policy, cpsat_polish=args.exact_packing)

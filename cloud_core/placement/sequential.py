@@ -1,0 +1,257 @@
+"""Pod-by-pod placement for the constraints that depend on the pods placed just before.
+
+The solver places a class of identical pods in one go, with costs fixed for the batch. That is
+right for cost-first packing but cannot express kube-scheduler's rules whose answer changes
+with every pod placed: ``topologySpreadConstraints`` (skew counts), host ports, extended
+resources, pods-per-node capacity, and the ``spread`` scoring policy (least-allocated and
+balanced, recomputed after each pod). Classes with any of these are placed here, one pod at a
+time, after the solver's classes of the same batch (so their counts include them):
+
+* every filter of the engine (``PreparedCluster.filter_results``, resources included), then
+* pods-per-node (``NodeInfo.max_pods``), extended resources (``NodeInfo.extended``), host
+  port conflicts (same protocol and port, overlapping hostIP; ``0.0.0.0`` overlaps all), and
+* each ``DoNotSchedule`` spread constraint, as kube-scheduler's PodTopologySpread filter:
+  the node must carry the topology key; pods matching the selector in the pod's namespace are
+  counted per domain over the *eligible* nodes (those passing the pod's nodeSelector/required
+  node affinity unless nodeAffinityPolicy is Ignore; with nodeTaintsPolicy Honor also its
+  taints); ``count(domain) + self - min(eligible domains) <= maxSkew``, where the minimum is
+  0 while fewer than ``minDomains`` domains are eligible;
+* the cheapest node left by the class's policy wins (``scores.sequential_cost``:
+  ``ScheduleAnyway`` constraints are a cost there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import scores
+from .filters import selector_matches
+from .model import HostPort, PodAffinityTerm, RunningPod, SpreadConstraint, Workload
+
+if TYPE_CHECKING:
+    from .engine import PreparedCluster
+
+BIG = np.iinfo(np.int64).max // 4
+
+
+def needs_sequential(w: Workload, default_policy: str) -> bool:
+    """Whether ``w``'s class must be placed pod by pod (see the module docstring)."""
+    return bool(w.spread or w.host_ports or w.extended) or \
+        (w.policy or default_policy) == "spread"
+
+
+def ports_conflict(a: HostPort, b: HostPort) -> bool:
+    """Kubernetes' host port rule: same port and protocol on overlapping addresses."""
+    return a.port == b.port and a.protocol == b.protocol and (
+        a.host_ip == b.host_ip or "0.0.0.0" in (a.host_ip, b.host_ip))
+
+
+class NodeUsage:
+    """Per node: pods bound, extended resources used, host ports taken (kept up to date)."""
+
+    def __init__(self, pc: PreparedCluster, pods: Sequence[RunningPod]) -> None:
+        ix = pc.ix
+        self.n = ix.n
+        self.max_pods = np.array([BIG if nd.max_pods is None else nd.max_pods
+                                  for nd in ix.nodes], dtype=np.int64)
+        self.pods = np.zeros(ix.n, dtype=np.int64)
+        self.ext_cap: dict[str, np.ndarray] = {}
+        self.ext_used: dict[str, np.ndarray] = {}
+        self.ports: dict[int, list[HostPort]] = {}
+        self._pos = ix.pos
+        self._nodes = ix.nodes
+        for p in pods:
+            i = ix.pos.get(p.node)
+            if i is not None:
+                self.add(i, p.extended, p.host_ports)
+
+    def _ext(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name not in self.ext_cap:
+            self.ext_cap[name] = np.array([nd.extended.get(name, 0) for nd in self._nodes],
+                                          dtype=np.int64)
+            self.ext_used[name] = np.zeros(self.n, dtype=np.int64)
+        return self.ext_cap[name], self.ext_used[name]
+
+    def add(self, i: int, extended: object, host_ports: Sequence[HostPort]) -> None:
+        self.pods[i] += 1
+        for name, v in dict(extended).items():  # type: ignore[call-overload]
+            self._ext(name)[1][i] += int(v)
+        if host_ports:
+            self.ports.setdefault(i, []).extend(host_ports)
+
+    def mask(self, w: Workload) -> tuple[np.ndarray, str | None]:
+        """Nodes with a pod slot, the extended resources and free host ports for ``w``;
+        and the reason when none is left."""
+        ok = self.pods < self.max_pods
+        if not ok.any():
+            return ok, "too many pods"
+        for name, v in w.extended.items():
+            cap, used = self._ext(name)
+            ok &= cap - used >= int(v)
+            if not ok.any():
+                return ok, f"insufficient {name}"
+        for i, taken in self.ports.items():
+            if ok[i] and any(ports_conflict(a, b) for a in w.host_ports for b in taken):
+                ok[i] = False
+        if w.host_ports and not ok.any():
+            return ok, "host port in use"
+        return ok, None
+
+
+class SpreadState:
+    """Counts of one spread constraint of one workload class, per topology domain."""
+
+    def __init__(self, pc: PreparedCluster, w: Workload, c: SpreadConstraint,
+                 static_ok: np.ndarray, taints_ok: np.ndarray) -> None:
+        self.c = c
+        self.dom, names = pc.ix.domain_ids(c.topology_key)
+        eligible = self.dom >= 0
+        if c.honor_affinity:
+            eligible = eligible & static_ok
+        if c.honor_taints:
+            eligible = eligible & taints_ok
+        self.eligible = eligible
+        self.counts = np.zeros(len(names), dtype=np.int64)
+        self.is_domain = np.zeros(len(names), dtype=bool)
+        self.is_domain[np.unique(self.dom[eligible])] = True
+        term = PodAffinityTerm(c.selector, c.topology_key, (w.namespace,))
+        for p in pc.pods.matching(term, w.namespace):
+            i = pc.ix.pos.get(p.node)
+            if i is not None and eligible[i]:
+                self.counts[self.dom[i]] += 1
+        self.self_match = int(selector_matches(c.selector, w.labels))
+
+    def minimum(self) -> int:
+        n_dom = int(self.is_domain.sum())
+        if n_dom == 0:
+            return 0
+        if self.c.min_domains is not None and n_dom < self.c.min_domains:
+            return 0
+        return int(self.counts[self.is_domain].min())
+
+    def skew(self) -> np.ndarray:
+        """Per node: the skew placing one more pod there gives (BIG: node lacks the key)."""
+        after = np.where(self.dom >= 0, self.counts[np.maximum(self.dom, 0)], BIG)
+        return after + self.self_match - self.minimum()
+
+    def ok(self) -> np.ndarray:
+        return (self.dom >= 0) & (self.skew() <= self.c.max_skew)
+
+    def placed(self, i: int) -> None:
+        if self.eligible[i] and self.self_match:
+            self.counts[self.dom[i]] += 1
+
+
+def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
+                policy: str) -> tuple[list[int], np.ndarray, np.ndarray, str | None]:
+    """Place up to ``count`` pods like ``w`` one by one; accounts each in ``pc`` and ``usage``.
+
+    Returns the node indices, the mask and cost the first pod saw (for explanations), and
+    why the rest could not be placed (None: all were).
+    """
+    from .engine import _all_ok, _as_running, _req
+
+    frs = pc.filter_results(w, resources=False)
+    by_name = {f.name: f.ok for f in frs}
+    # kube's node inclusion policy looks at nodeSelector and required node affinity only
+    static_ok = by_name["node_selector"] & by_name["node_affinity"]
+    taints_ok = by_name["taints"]
+    spreads = [SpreadState(pc, w, c, static_ok, taints_ok) for c in w.spread]
+    req = _req(w)
+    dynamic = bool(w.pod_affinity or w.pod_anti_affinity or pc.pods.repelling(w))
+    base = _all_ok(frs)
+    placed: list[int] = []
+    first_mask: np.ndarray | None = None
+    first_cost: np.ndarray | None = None
+    why: str | None = None
+    for k in range(count):
+        if k and dynamic:
+            base = _all_ok(pc.filter_results(w, resources=False))
+        mask = base & (pc.free >= req).all(axis=1)
+        if not mask.any():
+            why = "no node satisfies every constraint" if not base.any() else \
+                "insufficient resources"
+            break
+        um, reason = usage.mask(w)
+        mask &= um
+        if reason is not None or not mask.any():
+            why = reason or "pod slots, extended resources or host ports taken"
+            break
+        for s in spreads:
+            if s.c.hard:
+                mask &= s.ok()
+        if not mask.any():
+            why = "topology spread: every node would exceed maxSkew"
+            break
+        cost = scores.sequential_cost(w, pc.ix, mask, policy,
+                                      [(s.skew(), s.c.max_skew) for s in spreads
+                                       if not s.c.hard])
+        if first_mask is None:
+            first_mask, first_cost = mask.copy(), cost
+        i = int(np.argmin(cost))
+        placed.append(i)
+        pc.free[i] -= req
+        pc.ix.alloc[i] += req
+        pc.pods.add(_as_running(w, pc.ix.nodes[i].name))
+        usage.add(i, w.extended, w.host_ports)
+        for s in spreads:
+            s.placed(i)
+    if first_mask is None:
+        first_mask = np.zeros(pc.ix.n, dtype=bool)
+        first_cost = np.full(pc.ix.n, np.inf)
+    assert first_cost is not None
+    return placed, first_mask, first_cost, why
+
+
+def place_classes(pc: PreparedCluster, reps: list[Workload], members: list[list[Workload]],
+                  seq: set[int], placed_nodes: list[list[int]],
+                  base_mask: dict[int, np.ndarray], batch_cost: dict[int, np.ndarray],
+                  deferred: dict[int, str]) -> None:
+    """The engine's hook, after the solver's rounds: trim what the solver put on nodes past
+    their pod count, then place the ``seq`` classes (and the trimmed pods) pod by pod."""
+    from .engine import PodIndex, _req
+
+    if not seq and all(nd.max_pods is None for nd in pc.ix.nodes):
+        return
+    if pc.pods._todo:
+        pc.pods._flush()
+    all_pods = [p for lst in pc.pods.by_ns.values() for p in lst]
+    usage = NodeUsage(pc, all_pods)
+    over = np.flatnonzero(usage.pods > usage.max_pods)
+    order = set(seq)
+    if over.size:
+        excess = {int(i): int(usage.pods[i] - usage.max_pods[i]) for i in over}
+        trimmed: set[str] = set()
+        for ci in range(len(reps)):
+            if ci in seq:
+                continue
+            keep: list[int] = []
+            for j, n in enumerate(placed_nodes[ci]):
+                if excess.get(n, 0) > 0:
+                    excess[n] -= 1
+                    trimmed.add(members[ci][j].uid)
+                    pc.free[n] += _req(reps[ci])
+                    order.add(ci)
+                else:
+                    keep.append(n)
+            # members are interchangeable: the first len(keep) keep a node
+            placed_nodes[ci][:] = keep
+        pc.pods = PodIndex([p for p in all_pods if p.uid not in trimmed])
+        usage = NodeUsage(pc, [p for p in all_pods if p.uid not in trimmed])
+    pc.ix.alloc = pc.ix.cap - pc.free
+    # Classes with a DoNotSchedule spread go last: every other pod of the batch that their
+    # selectors match is then counted when they choose (what the validator re-checks on the
+    # final state).
+    for ci in sorted(order, key=lambda ci: (any(c.hard for c in reps[ci].spread), ci)):
+        left = len(members[ci]) - len(placed_nodes[ci])
+        if left <= 0:
+            continue
+        nodes, mask, cost, why = place_class(pc, reps[ci], left, usage, pc.cfg.policy)
+        placed_nodes[ci].extend(nodes)
+        base_mask.setdefault(ci, mask)
+        batch_cost.setdefault(ci, cost)
+        if why is not None:
+            deferred[ci] = why
