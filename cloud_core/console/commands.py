@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from cloud_core.console.service import CommandError, ConsoleService, paged
+from cloud_core.console.service import CommandError, ConsoleService, jsonable, paged
 from cloud_core.errors import CoreError
 from cloud_core.events import EventLog
 from cloud_core.health import HealthConfig
@@ -24,18 +23,6 @@ from edge_agent.wire import seq_ranges
 
 MAX_SUBMIT = 1000  # workloads per request, replicas counted
 MAX_DOC_BYTES = 32 * 1024  # JSON of one workload document; a Pod spec needs far less
-
-
-def _jsonable(o: Any) -> Any:
-    if dataclasses.is_dataclass(o) and not isinstance(o, type):
-        return {f.name: _jsonable(getattr(o, f.name)) for f in dataclasses.fields(o)}
-    if isinstance(o, dict):
-        return {str(k): _jsonable(v) for k, v in o.items()}
-    if isinstance(o, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in o]
-    if hasattr(o, "items"):  # frozen label maps
-        return {str(k): _jsonable(v) for k, v in o.items()}
-    return o
 
 
 def _specs(args: dict[str, Any]) -> list[tuple[dict[str, Any], Workload]]:
@@ -141,7 +128,7 @@ def register_commands(
     def explain_cmd(op: str, args: dict[str, Any]) -> Any:
         uid = find(args)
         try:
-            return _jsonable(scheduler.explain(uid))
+            return jsonable(scheduler.explain(uid))
         except CoreError as exc:
             raise CommandError(str(exc)) from exc
 
@@ -165,7 +152,7 @@ def register_commands(
         ws = [w for _spec, w in _specs(args)]
         result = scheduler.what_if(ws)
         return {
-            "decisions": [_jsonable(d) for d in result.decisions],
+            "decisions": [jsonable(d) for d in result.decisions],
             "total_cost": result.total_cost,
             "solver": result.solver,
         }
@@ -200,7 +187,7 @@ def register_commands(
         limit = args.get("limit", 50)
         if not isinstance(limit, int) or not 1 <= limit <= 2000:
             raise CommandError("limit must be an integer within 1..2000")
-        return [_jsonable(e) for e in events.recent(limit)]
+        return [jsonable(e) for e in events.recent(limit)]
 
     def stats(op: str, args: dict[str, Any]) -> Any:
         c = ingest.counters()

@@ -10,6 +10,7 @@ audit log (who, what, when, result).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,20 @@ T = TypeVar("T")
 
 class CommandError(Exception):
     """A request that can't be served; the message goes to the operator as is."""
+
+
+def jsonable(o: Any) -> Any:
+    """``o`` (dataclasses, mappings such as frozen label maps, sequences) as plain JSON types,
+    for a console answer; shared by the local and the Kubernetes console."""
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return {f.name: jsonable(getattr(o, f.name)) for f in dataclasses.fields(o)}
+    if isinstance(o, dict):
+        return {str(k): jsonable(v) for k, v in o.items()}
+    if isinstance(o, list | tuple | set | frozenset):
+        return [jsonable(v) for v in o]
+    if hasattr(o, "items"):  # frozen label maps
+        return {str(k): jsonable(v) for k, v in o.items()}
+    return o
 
 
 def paged(rows: Sequence[T], args: dict[str, Any], row: Callable[[T], Any]) -> Any:

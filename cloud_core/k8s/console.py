@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from cloud_core.console.service import CommandError, ConsoleService, paged
+from cloud_core.console.service import CommandError, ConsoleService, jsonable, paged
 from cloud_core.errors import CoreError, KubeError, KubeForbidden, KubeNotFound
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator
@@ -36,20 +36,6 @@ from cloud_core.placement import explain, parse_workload_yaml, place
 from cloud_core.placement.model import Health
 
 MAX_WHAT_IF = 1000
-
-
-def _jsonable(o: Any) -> Any:
-    import dataclasses
-
-    if dataclasses.is_dataclass(o) and not isinstance(o, type):
-        return {f.name: _jsonable(getattr(o, f.name)) for f in dataclasses.fields(o)}
-    if isinstance(o, dict):
-        return {str(k): _jsonable(v) for k, v in o.items()}
-    if isinstance(o, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in o]
-    if hasattr(o, "items"):
-        return {str(k): _jsonable(v) for k, v in o.items()}
-    return o
 
 
 def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
@@ -133,7 +119,7 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
             ex = explain(snap, w, actuator.config.engine_config, node=node)
         except CoreError as exc:
             raise CommandError(str(exc)) from exc
-        return _jsonable({"workload": obj_key(pod), "uid": w.uid,
+        return jsonable({"workload": obj_key(pod), "uid": w.uid,
                           "state": "bound" if node else "pending", "node": node,
                           "reason": actuator.last_failure(w.uid), "explanation": ex})
 
@@ -152,7 +138,7 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
             if len(ws) > MAX_WHAT_IF:
                 raise CommandError(f"at most {MAX_WHAT_IF} workloads per request")
         result = place(actuator.snapshot(), ws, actuator.config.engine_config)
-        return {"decisions": [_jsonable(d) for d in result.decisions],
+        return {"decisions": [jsonable(d) for d in result.decisions],
                 "total_cost": result.total_cost, "solver": result.solver}
 
     def submit(op: str, args: dict[str, Any]) -> Any:
