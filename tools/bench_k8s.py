@@ -411,24 +411,28 @@ class Bench:
             proc.stdin.flush()
         else:
             proc = self._start(name, tag)
-        last = (0, time.monotonic())
-        while not done.wait(0.2):
-            if len(bound) != last[0]:
-                last = (len(bound), time.monotonic())
-            crashed = proc.poll() is not None and name != "ceiling"
-            if crashed or time.monotonic() - last[1] > self.args.stall_s \
-                    or time.monotonic() - t0 > self.args.timeout_s:
-                break
-        t_end = time.monotonic()
-        r.sched_cpu_s = cpu_seconds(proc.pid)
-        r.api_cpu_s = cpu_seconds(self.api_pid) - api0
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        try:
+            last = (0, time.monotonic())
+            while not done.wait(0.2):
+                if len(bound) != last[0]:
+                    last = (len(bound), time.monotonic())
+                crashed = proc.poll() is not None and name != "ceiling"
+                if crashed or time.monotonic() - last[1] > self.args.stall_s \
+                        or time.monotonic() - t0 > self.args.timeout_s:
+                    break
+            t_end = time.monotonic()
+            r.sched_cpu_s = cpu_seconds(proc.pid)
+            r.api_cpu_s = cpu_seconds(self.api_pid) - api0
+        finally:
+            # also when the bench itself is interrupted: the scheduler runs in a session of
+            # its own and would outlive us
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
         stop.set()
         r.bound = len(bound)
         # complete: up to the last binding; incomplete: up to when the run was given up
@@ -619,6 +623,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     want = [keys[k.strip()] for k in a.only.split(",") if k.strip()] if a.only else \
         [*SCHEDULERS, "ceiling"]
     runs: list[Run] = []
+    # The schedulers run in sessions of their own (so a Ctrl-C reaches them only through us):
+    # turn SIGTERM into SystemExit as well, so the finally blocks stop them and the control
+    # plane instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with ControlPlane() as cp:
         b = Bench(cp, a)
         b.setup()
