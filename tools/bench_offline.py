@@ -47,6 +47,7 @@ from edge_agent.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.lab import Lab, SiteSpec, _run
 from tools.netns import in_netns
+from tools.procs import stop_all
 
 log = logging.getLogger("tools.bench_offline")
 
@@ -539,13 +540,7 @@ def core_outage(fleet: int, interval_s: float, outage_s: float, workdir: Path, *
         finally:
             sim.stop()
             console.close()
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                    try:
-                        p.wait(15)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
+            stop_all(procs, grace_s=15)
 
 
 if __name__ == "__main__":

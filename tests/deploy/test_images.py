@@ -35,6 +35,7 @@ from tools import helm as chart
 from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane
 from tools.lab import Lab, SiteSpec
+from tools.procs import stop_all
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -186,13 +187,7 @@ def test_core_and_agent_images_in_a_lab(images: dict[str, str], lab: Lab,
         for n in boxes.names:
             assert "Traceback" not in boxes.logs(n), boxes.logs(n)[-3000:]
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs, grace_s=10)
         boxes.remove()
         broker.stop()
 

@@ -33,6 +33,7 @@ from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
 from edge_agent.mqtt import Message, MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
+from tools.procs import stop_all
 
 pytestmark = pytest.mark.slow
 
@@ -162,13 +163,7 @@ def test_sigkill_mid_batch_loses_nothing_applies_nothing_twice(
     finally:
         stop.set()
         beater.join(5)
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_all(procs, grace_s=15)
         watcher.stop()
         for ag in agents:
             ag.close()
@@ -271,13 +266,7 @@ def test_sigkill_mid_stream_every_report_of_200_agents_arrives_once(
         finally:
             sim.stop()
             runner.join(10) if runner.is_alive() else None
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                    try:
-                        p.wait(15)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
+            stop_all(procs, grace_s=15)
     for name in ("fleet1.log", "fleet2.log"):
         text = (tmp_path / name).read_text(errors="replace")
         assert "Traceback" not in text, text[-3000:]
