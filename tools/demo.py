@@ -39,6 +39,7 @@ from edge_agent.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.lab import Lab, SiteSpec
 from tools.netns import in_netns
+from tools.procs import stop_all
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -202,14 +203,7 @@ def run(duration_s: float, work: Path) -> int:
                     e = ex.data.get("explanation") or {}
                     say(f"why secret-ml is not placed: {e.get('summary') or ex.data.get('reason')}")
         finally:
-            for p in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs, grace_s=10)
             broker.stop()
     say("lab down; everything cleaned up")
     return 0
@@ -370,14 +364,7 @@ def run_kubernetes(duration_s: float, work: Path) -> int:
                     runner.stop()
                 if core is not None:
                     core.stop()
-                for p in procs:
-                    with contextlib.suppress(ProcessLookupError):
-                        p.send_signal(signal.SIGTERM)
-                for p in procs:
-                    try:
-                        p.wait(10)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
+                stop_all(procs, grace_s=10)
                 broker.stop()
         admin.close()
     say("Kubernetes part done; control plane and lab down")

@@ -20,6 +20,7 @@ from tests.integration.helpers import settings, wait_for
 from tools.broker import Broker
 from tools.lab import Lab, SiteSpec
 from tools.netns import in_netns
+from tools.procs import stop_all
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -125,13 +126,7 @@ def test_two_agents_to_core_state(lab: Lab, cloud_broker: Broker, tmp_path: Path
         r = lab.run("cloud", [*ctl, "nodes"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and a in r.stdout and b in r.stdout and want_probe in r.stdout
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs, grace_s=10)
         core.stop()
     for n in (f"edge-a{tag}", f"edge-b{tag}"):
         text = (tmp_path / f"{n}.log").read_text()
