@@ -324,7 +324,13 @@ def test_ebpf_loss_matches_kernel(lab: Lab, make_probe: Callable[[str], LinkProb
                                          "100000", "--gap", "0.001", "--size", "6000",
                                          "--report-every", "60"],
                                    stdout=subprocess.DEVNULL, text=True))
-        time.sleep(1.0)  # connected and past the handshake
+        # Connected and past the handshake before the window opens: at 12 % loss a SYN or
+        # SYN-ACK is lost often enough, and the sender's retries (tools.traffic) late enough,
+        # that a fixed second left the whole window empty once (0 segments for both probes).
+        flowing = time.monotonic() + 15.0
+        while time.monotonic() < flowing and not any(
+                s.peer == peer and s.segs_out > 0 for s in kernel.collect()):
+            time.sleep(0.5)
         probe.collect()
         kernel.collect()
         got: list[LinkSample] = []
