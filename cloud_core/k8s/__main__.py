@@ -2,7 +2,8 @@
 
 Credentials: ``--kubeconfig``, or ``--server`` + ``--token-file`` (+ ``--ca``), or the
 in-cluster ServiceAccount. Prints one JSON line per lifecycle event on stdout (``started``,
-``leading``, ``following``, ``stats``) so supervisors and tests can follow it.
+``leading``, ``ready``, ``synced``, ``following``, ``stats``) so supervisors and tests can
+follow it.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     _say("started", identity=args.identity)
 
     def synced() -> None:
+        if act.wait_ready(600):
+            _say("ready")  # nodes and bound pods listed: deciding starts
         if act.wait_synced(600):
             _say("synced")
 

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable, SpecError
 from cloud_core.events import EventLog
@@ -132,7 +132,10 @@ class ActuatorConfig:
 
     scheduler_name: str = SCHEDULER_NAME
     batch_wait_s: float = 0.3  # gather arrivals this long before placing a batch
-    max_batch: int = 500
+    max_batch: int = 1000
+    # The first batch is smaller: its bindings go out while the next, full one is decided
+    # (deciding has a fixed cost per batch: one snapshot over every node and pod).
+    first_batch: int = 100
     bind_workers: int = 24  # concurrent pods/binding calls (keep-alive connections)
     retry_unschedulable_s: float = 30.0
     unavailable_backoff_max_s: float = 5.0
@@ -141,6 +144,17 @@ class ActuatorConfig:
     replace_on_violation: bool = True
     replan_config: Any = None
     replan_interval_s: float = 1.0
+
+
+class _Bound(NamedTuple):
+    """A bound pod as the snapshot counts it, kept per pod uid while its version holds."""
+
+    rv: Any
+    node: str
+    key: str  # namespace/name
+    live: bool  # not Succeeded/Failed: counts on its node
+    pod: RunningPod
+    own: Workload | None  # cfnet's own, live, not being deleted: the re-planner may move it
 
 
 @dataclass
@@ -190,6 +204,12 @@ class Actuator:
         self._unschedulable: dict[str, tuple[float, int]] = {}  # pod key → (when, generation)
         self._last_failure: dict[str, str] = {}  # pod uid → last FailedScheduling message
         self._workloads: dict[str, Workload | None] = {}  # pod uid → parsed workload
+        # pod uid → what the snapshot counts of it, while bound (see _scan)
+        self._running_cache: dict[str, _Bound] = {}
+        # pod key → pod, of the pods is_pending() holds for (kept by the pod handler, so a
+        # step looks at the backlog, not at every pod of the cluster)
+        self._pending: dict[str, JSON] = {}
+        self._batches = 0  # steps that had pending pods to place
         self._generation = 0  # bumped on every cluster change that may free room
         self._pending_changes: list[LabelChange] = []
         self._alerted: set[str] = set()  # pod uids already reported as violating
@@ -204,7 +224,10 @@ class Actuator:
             engine_config=self.config.engine_config, replan_config=self.config.replan_config,
             replan_interval_s=self.config.replan_interval_s)
         self._pool = ThreadPoolExecutor(self.config.bind_workers, thread_name_prefix="bind")
-        self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods")
+        # The pods already on a node are listed first: with them (and the nodes) the engine
+        # can decide, so the first bindings go out while the backlog's pages still arrive.
+        self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods",
+                              prime={"fieldSelector": "spec.nodeName!="})
         self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes")
         self._thread: threading.Thread | None = None
         self._bind_error: KubeUnavailable | None = None  # from a binding in flight
@@ -230,7 +253,13 @@ class Actuator:
         self._wake.set()
 
     def wait_synced(self, timeout: float = 30.0) -> bool:
+        """Both caches hold a whole list."""
         return self.pods.synced.wait(timeout) and self.nodes.synced.wait(timeout)
+
+    def wait_ready(self, timeout: float = 30.0) -> bool:
+        """Enough to decide: every node, and every pod already bound to one (the pending
+        pods may still be arriving)."""
+        return self.nodes.synced.wait(timeout) and self.pods.ready.wait(timeout)
 
     # -- cache handlers ------------------------------------------------------------------------
     def _on_node(self, kind: str, obj: JSON, old: JSON | None) -> None:
@@ -250,11 +279,16 @@ class Actuator:
         key = obj_key(obj)
         spec = obj.get("spec") or {}
         with self._lock:
+            if kind != "DELETED" and self.is_pending(obj):
+                self._pending[key] = obj
+            else:
+                self._pending.pop(key, None)
             if kind == "DELETED":
                 self._assumed.pop(key, None)
                 self._unschedulable.pop(key, None)
                 uid = str((obj.get("metadata") or {}).get("uid"))
                 self._workloads.pop(uid, None)
+                self._running_cache.pop(uid, None)
                 self._last_failure.pop(uid, None)
                 self._alerted.discard(uid)
                 self._generation += 1
@@ -310,26 +344,45 @@ class Actuator:
 
         Pods whose uid is in ``exclude`` are left out (to re-validate them).
         """
-        allocated: dict[str, Resources] = {}
+        return self._scan(exclude)[0]
+
+    def _scan(self, exclude: frozenset[str] = frozenset()
+              ) -> tuple[ClusterSnapshot, list[tuple[JSON, Workload, str]]]:
+        """One pass over the pod cache: the snapshot, and cfnet's own bound, live pods."""
+        sums: dict[str, list[int]] = {}  # node -> cpu, memory, GPUs requested
         running: list[RunningPod] = []
+        own: list[tuple[JSON, Workload, str]] = []
         seen_bound: set[str] = set()
         # Assumptions first, then the cache: a binding the watch delivers in between (its
         # handler spends the assumption) is then counted once, never zero times.
         with self._lock:
             assumed_before = dict(self._assumed)
+        cache = self._running_cache
         for pod in self.pods.items():
-            spec = pod.get("spec") or {}
-            node = spec.get("nodeName")
-            phase = (pod.get("status") or {}).get("phase")
-            if node:
-                seen_bound.add(obj_key(pod))
-            if not node or phase in ("Succeeded", "Failed"):
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not node:
                 continue
-            if str((pod.get("metadata") or {}).get("uid")) in exclude:
+            md = pod.get("metadata") or {}
+            uid = str(md.get("uid"))
+            rv = md.get("resourceVersion")
+            b = cache.get(uid)
+            if b is None or b.rv != rv or b.node != node:
+                b = self._bound_entry(pod, str(node), rv)  # once per version of the pod
+                cache[uid] = b
+            seen_bound.add(b.key)
+            if not b.live or uid in exclude:
                 continue
-            w = self._workload(pod)
-            running.append(self._running(pod, node, w))
-            allocated[node] = allocated.get(node, Resources()) + _pod_requests(w)
+            running.append(b.pod)
+            r = b.pod.requests
+            a = sums.get(b.node)
+            if a is None:
+                sums[b.node] = [r.cpu_milli, r.mem_bytes, r.gpus]
+            else:
+                a[0] += r.cpu_milli
+                a[1] += r.mem_bytes
+                a[2] += r.gpus
+            if b.own is not None:
+                own.append((pod, b.own, b.node))
         with self._lock:
             # The watch can deliver a binding before _bind records it as assumed; once the
             # cache shows the pod bound, the assumption is spent (never count a pod twice).
@@ -337,6 +390,7 @@ class Actuator:
                 del self._assumed[key]
             assumed = [(k, v) for k, v in {**assumed_before, **self._assumed}.items()
                        if k not in seen_bound]
+        allocated = {n: Resources(*a) for n, a in sums.items()}
         for key, (node, _, w) in assumed:
             ns, _, name = key.partition("/")
             if w is not None:
@@ -345,8 +399,20 @@ class Actuator:
                                           anti_affinity=w.pod_anti_affinity,
                                           host_ports=w.host_ports, extended=w.extended))
             allocated[node] = allocated.get(node, Resources()) + _pod_requests(w)
-        return ClusterSnapshot(nodes=self.registry.node_infos(allocated),
+        snap = ClusterSnapshot(nodes=self.registry.node_infos(allocated),
                                links=dict(self.links()), now=time.time(), pods=tuple(running))
+        return snap, own
+
+    def _bound_entry(self, pod: JSON, node: str, rv: Any) -> _Bound:
+        spec = pod.get("spec") or {}
+        md = pod.get("metadata") or {}
+        phase = (pod.get("status") or {}).get("phase")
+        live = phase not in ("Succeeded", "Failed")
+        w = self._workload(pod)
+        mine = (live and spec.get("schedulerName") == self.config.scheduler_name
+                and not md.get("deletionTimestamp"))
+        return _Bound(rv=rv, node=node, key=obj_key(pod), live=live,
+                      pod=self._running(pod, node, w), own=w if mine else None)
 
     @staticmethod
     def _running(pod: JSON, node: str, w: Workload | None) -> RunningPod:
@@ -364,11 +430,9 @@ class Actuator:
             assumed = set(self._assumed)
             unsched = dict(self._unschedulable)
             gen = self._generation
+            candidates = list(self._pending.items())
         out = []
-        for pod in self.pods.items():
-            if not self.is_pending(pod):
-                continue
-            key = obj_key(pod)
+        for key, pod in candidates:
             if key in assumed:
                 continue
             u = unsched.get(key)
@@ -376,13 +440,17 @@ class Actuator:
                 continue
             out.append(pod)
         out.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
-        return out[: self.config.max_batch]
+        return out[: self._batch_limit()]
+
+    def _batch_limit(self) -> int:
+        return self.config.max_batch if self._batches else min(self.config.first_batch,
+                                                                 self.config.max_batch)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         backoff = 0.2
         more = True  # at start-up, what is pending has waited long enough: no gathering
-        while not self._stop.is_set() and not self.wait_synced(timeout=0.5):
+        while not self._stop.is_set() and not self.wait_ready(timeout=0.5):
             pass
         while not self._stop.is_set():
             self._wake.wait(timeout=1.0)
@@ -391,7 +459,9 @@ class Actuator:
             self._wake.clear()
             if not self.is_leader():
                 continue
-            if not more:  # a backlog needs no gathering: its next batch is already there
+            # A backlog needs no gathering (its next batch is already there), nor do pods
+            # still coming in by the page of the first list.
+            if not more and self.pods.synced.is_set():
                 self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
             more = False
             try:
@@ -423,25 +493,15 @@ class Actuator:
     # -- SourceOfTruth -------------------------------------------------------------------------
     def running_pods(self) -> list[tuple[JSON, Workload, str]]:
         """cfnet's own bound, live pods: the ones the re-planner may move."""
-        out = []
-        for pod in self.pods.items():
-            spec = pod.get("spec") or {}
-            node = spec.get("nodeName")
-            md = pod.get("metadata") or {}
-            phase = (pod.get("status") or {}).get("phase")
-            if (not node or spec.get("schedulerName") != self.config.scheduler_name
-                    or md.get("deletionTimestamp") or phase in ("Succeeded", "Failed")):
-                continue
-            w = self._workload(pod)
-            if w is not None:
-                out.append((pod, w, str(node)))
-        return out
+        return self._scan()[1]
 
     def observe(self) -> Observation:
         with self._lock:
             gen = self._generation
+        limit = self._batch_limit()
         pods = self.pending()
-        self._more = len(pods) >= self.config.max_batch
+        self._more = len(pods) >= limit
+        self._batches += bool(pods)
         obs_pods: dict[str, JSON] = {}
         pending: list[Workload] = []
         invalid: dict[str, str] = {}
@@ -456,12 +516,12 @@ class Actuator:
             pending.append(w)
             with self._lock:
                 self._workloads[uid] = w
+        snap, own = self._scan()
         running = []
-        for pod, w, node in self.running_pods():
+        for pod, w, node in own:
             obs_pods[w.uid] = pod
             running.append((w, node))
         pinned = self._pinned(pending, obs_pods)
-        snap = self.snapshot()
         health = {n.name: _LIVE.get(n.health, LiveHealth.UNKNOWN) for n in snap.nodes}
         self._obs_pods = obs_pods
         self._obs_gen = gen

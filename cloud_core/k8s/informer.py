@@ -32,11 +32,19 @@ class Reflector:
 
     ``resume_from`` starts by watching from a stored resourceVersion instead of listing (a
     410 then falls back to a list).
+
+    ``synced`` is set once the store holds a whole list. ``prime`` (an extra query, e.g. the
+    field selector of the pods already bound to a node) lets a consumer start earlier: the
+    first time, the objects matching it are listed first and ``ready`` is set as soon as
+    they are in the store; the full list then comes in page by page (each page handed to the
+    handler as it arrives), and whatever vanished between the two lists is removed at its
+    end. Without ``prime``, ``ready`` is set with ``synced``.
     """
 
     def __init__(self, client: KubeClient, path: str, handler: Handler, *,
                  name: str = "", watch_timeout_s: int = 30, max_backoff_s: float = 5.0,
-                 resume_from: str | None = None, **query: Any) -> None:
+                 resume_from: str | None = None, prime: dict[str, str] | None = None,
+                 page_size: int = 500, **query: Any) -> None:
         self.client = client
         self.path = path
         self.handler = handler
@@ -47,6 +55,9 @@ class Reflector:
         self.store: dict[str, JSON] = {}
         self.lock = threading.RLock()
         self.synced = threading.Event()
+        self.ready = threading.Event()
+        self.prime = prime
+        self.page_size = page_size
         self.stop_event = threading.Event()
         self.rv = resume_from or ""
         self.stats = {"lists": 0, "watches": 0, "gone": 0, "unavailable": 0, "events": 0}
@@ -67,24 +78,41 @@ class Reflector:
             return list(self.store.values())
 
     def _relist(self) -> None:
-        items, rv = self.client.list(self.path, **self.query)
+        fresh: dict[str, JSON] = {}
+        if self.prime is not None and not self.ready.is_set():
+            items, _ = self.client.list(self.path, limit=self.page_size, **self.query,
+                                        **self.prime)
+            for o in items:
+                self._merge(o)
+            self.ready.set()
+        rv = ""
+        for page, page_rv in self.client.list_pages(self.path, limit=self.page_size,
+                                                    **self.query):
+            rv = page_rv
+            for o in page:
+                fresh[obj_key(o)] = o
+                self._merge(o)
+        self.ready.set()
         self.stats["lists"] += 1
-        fresh = {obj_key(o): o for o in items}
         with self.lock:
-            old = self.store
+            gone = [o for k, o in self.store.items() if k not in fresh]
             self.store = fresh
-        for k, o in old.items():
-            if k not in fresh:
-                self._emit("DELETED", o, o)
-        for k, o in fresh.items():
-            prev = old.get(k)
-            if prev is None:
-                self._emit("ADDED", o, None)
-            elif (prev.get("metadata") or {}).get("resourceVersion") != \
-                    (o.get("metadata") or {}).get("resourceVersion"):
-                self._emit("MODIFIED", o, prev)
+        for o in gone:
+            self._emit("DELETED", o, o)
         self.rv = rv
         self.synced.set()
+
+    def _merge(self, o: JSON) -> None:
+        """One listed object into the store, its change to the handler."""
+        k = obj_key(o)
+        with self.lock:
+            prev = self.store.get(k)
+            self.store[k] = o
+        if prev is None:
+            self._emit("ADDED", o, None)
+        elif (prev.get("metadata") or {}).get("resourceVersion") != \
+                (o.get("metadata") or {}).get("resourceVersion"):
+            self._emit("MODIFIED", o, prev)
 
     def _emit(self, kind: str, obj: JSON, old: JSON | None) -> None:
         self.stats["events"] += 1
@@ -121,6 +149,7 @@ class Reflector:
                     backoff = 0.2
                 if self.rv and not self.synced.is_set():
                     self.synced.set()  # resumed from a stored RV and it was still valid
+                    self.ready.set()
             except KubeGone:
                 self.stats["gone"] += 1
                 log.info("%s: resourceVersion %s expired; relisting", self.name, self.rv)

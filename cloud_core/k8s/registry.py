@@ -165,6 +165,11 @@ class NodeRegistry:
         # Pool membership read from the frameworks' own objects (OpenYurt NodePool status,
         # KubeEdge NodeGroup spec): (flavour, pool) -> explicit node names / label selector.
         self._pool_objects: dict[tuple[str, str], tuple[frozenset[str], dict[str, str]]] = {}
+        # node_infos() runs once per scheduling step over every node: a node whose record and
+        # allocation did not change since the last step keeps its NodeInfo (building 5,000 of
+        # them per step was a tenth of the scheduler's CPU at 5,000 nodes).
+        self._infos: dict[str, tuple[NodeRecord, Resources, NodeInfo]] = {}
+        self._order: list[str] | None = None  # node names, sorted; None: rebuild
 
     def set_pool_object(self, flavour: str, pool: str, nodes: list[str] | None,
                         match_labels: Mapping[str, str] | None = None) -> None:
@@ -203,6 +208,8 @@ class NodeRegistry:
         with self._lock:
             old = self._nodes.get(rec.name)
             self._nodes[rec.name] = rec
+            if old is None:
+                self._order = None
         if old is None:
             return []
         return [LabelChange(rec.name, k, old.labels.get(k), rec.labels.get(k))
@@ -211,6 +218,8 @@ class NodeRegistry:
     def remove(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
+            self._infos.pop(name, None)
+            self._order = None
 
     def get(self, name: str) -> NodeRecord | None:
         with self._lock:
@@ -242,11 +251,25 @@ class NodeRegistry:
         return {k: sorted(v) for k, v in sorted(out.items())}
 
     def node_infos(self, allocated: Mapping[str, Resources] | None = None) -> tuple[NodeInfo, ...]:
-        """The registry as the placement engine's ``NodeInfo``s (``allocated`` per node)."""
+        """The registry as the placement engine's ``NodeInfo``s (``allocated`` per node),
+        sorted by name."""
         allocated = allocated or {}
-        return tuple(
-            NodeInfo(name=r.name, region=r.region, zone=r.zone, security_level=r.security_level,
-                     labels=frozen_map(r.labels), taints=r.taints, capacity=r.capacity,
-                     allocated=allocated.get(r.name, Resources()), health=r.health,
-                     max_pods=r.max_pods, extended=frozen_counts(r.extended))
-            for r in sorted(self.records(), key=lambda r: r.name))
+        with self._lock:
+            if self._order is None:
+                self._order = sorted(self._nodes)
+            recs = [self._nodes[n] for n in self._order]
+        zero = Resources()
+        out = []
+        for r in recs:
+            a = allocated.get(r.name, zero)
+            cached = self._infos.get(r.name)
+            if cached is not None and cached[0] is r and cached[1] == a:
+                out.append(cached[2])
+                continue
+            info = NodeInfo(name=r.name, region=r.region, zone=r.zone,
+                            security_level=r.security_level, labels=frozen_map(r.labels),
+                            taints=r.taints, capacity=r.capacity, allocated=a, health=r.health,
+                            max_pods=r.max_pods, extended=frozen_counts(r.extended))
+            self._infos[r.name] = (r, a, info)
+            out.append(info)
+        return tuple(out)

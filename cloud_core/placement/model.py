@@ -58,6 +58,23 @@ class FrozenLabels(Mapping[str, Any]):
     def __getitem__(self, k: str) -> Any:
         return self._d[k]
 
+    # The Mapping mixins are Python-level (get() is a try/except around __getitem__); the
+    # placement filters and the validator call these per pod and node: delegate to the dict.
+    def get(self, k: str, default: Any = None) -> Any:
+        return self._d.get(k, default)
+
+    def __contains__(self, k: object) -> bool:
+        return k in self._d
+
+    def keys(self) -> Any:
+        return self._d.keys()
+
+    def items(self) -> Any:
+        return self._d.items()
+
+    def values(self) -> Any:
+        return self._d.values()
+
     def __iter__(self) -> Any:
         return iter(self._d)
 

@@ -323,10 +323,15 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     pass the pod's nodeSelector/required node affinity (nodeAffinityPolicy Honor) and, with
     nodeTaintsPolicy Honor, its taints; the minimum is 0 below minDomains domains."""
     out: list[Violation] = []
-    every = [(p.namespace, p.labels, p.node) for p in snap.pods]
-    every += [(w.namespace, w.labels, assignments[w.uid]) for w in placed]
+    every: dict[str, list[tuple[Mapping[str, str], str]]] = {}  # namespace -> (labels, node)
+    for p in snap.pods:
+        every.setdefault(p.namespace, []).append((p.labels, p.node))
+    for w in placed:
+        every.setdefault(w.namespace, []).append((w.labels, assignments[w.uid]))
     # per (what decides eligibility, namespace, constraint): domain -> matching pods
     memo: dict[tuple[object, ...], dict[str, int]] = {}
+    # per (what decides eligibility): eligible node -> its domain (shared by the selectors)
+    domains_memo: dict[tuple[object, ...], dict[str, str]] = {}
     for w in placed:
         for c in w.spread:
             if not c.hard:
@@ -334,23 +339,32 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
             key = (w.node_selector, w.node_affinity, w.tolerations, w.namespace, c)
             counts = memo.get(key)
             if counts is None:
-                counts = {}
-                eligible: set[str] = set()
-                for n in ctx.snap.nodes:
-                    d = _label(n, c.topology_key)
+                ekey = (w.node_selector, w.node_affinity, w.tolerations, c.topology_key,
+                        c.honor_affinity, c.honor_taints)
+                domain_of = domains_memo.get(ekey)
+                if domain_of is None:
+                    domain_of = {}
+                    for n in ctx.snap.nodes:
+                        d = _label(n, c.topology_key)
+                        if d is None:
+                            continue
+                        broken = {k for k, _ in _static(ctx, w, n)}
+                        if c.honor_affinity and broken & {"node_selector", "node_affinity"}:
+                            continue
+                        if c.honor_taints and "taints" in broken:
+                            continue
+                        domain_of[n.name] = d
+                    domains_memo[ekey] = domain_of
+                counts = dict.fromkeys(domain_of.values(), 0)
+                hits: dict[Mapping[str, str], bool] = {}  # replicas share their labels
+                for labels, node in every.get(w.namespace, ()):
+                    d = domain_of.get(node)
                     if d is None:
                         continue
-                    broken = {k for k, _ in _static(ctx, w, n)}
-                    if c.honor_affinity and broken & {"node_selector", "node_affinity"}:
-                        continue
-                    if c.honor_taints and "taints" in broken:
-                        continue
-                    counts.setdefault(d, 0)
-                    eligible.add(n.name)
-                for ns, labels, node in every:
-                    if ns == w.namespace and node in eligible and _sel_ok(c.selector, labels):
-                        d = _label(ctx.nodes[node], c.topology_key)
-                        assert d is not None
+                    hit = hits.get(labels)
+                    if hit is None:
+                        hit = hits[labels] = _sel_ok(c.selector, labels)
+                    if hit:
                         counts[d] += 1
                 memo[key] = counts
             here = _label(ctx.nodes[assignments[w.uid]], c.topology_key)

@@ -225,3 +225,75 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
     assert wait_for(replacement, what="replacement bound") == other
     old = [p for p in cluster.pods() if p["metadata"]["name"] == "resident"]
     assert not old or old[0]["metadata"].get("deletionTimestamp")  # evicted
+
+
+def test_primed_reflector_real_apiserver(cluster: Cluster, admin: KubeClient,
+                                         core_client: KubeClient) -> None:
+    """The primed start-up against the real API server: the bound pods (field selector
+    ``spec.nodeName!=``) come in before any pending one, and the store ends equal to a plain
+    list, over several pages."""
+    path = f"/api/v1/namespaces/{cluster.namespace}/pods"
+    for i in range(3):  # bound at creation (no node object needed for the API server)
+        admin.create(path, {"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": f"bound-{i}"},
+                            "spec": {"nodeName": f"somewhere-{i}", "containers": [
+                                {"name": "app", "image": "registry.example/app:1"}]}})
+    for i in range(12):
+        cluster.pod(f"pending-{i}", scheduler="other-scheduler")
+    order: list[str] = []
+    ready_at: list[int] = []
+    r = Reflector(core_client, path, lambda kind, obj, old: order.append(obj["metadata"]["name"]),
+                  prime={"fieldSelector": "spec.nodeName!="}, page_size=5)
+    r.ready.clear()
+
+    def note_ready() -> None:
+        if r.ready.wait(30):
+            ready_at.append(len(order))
+
+    t = threading.Thread(target=note_ready)
+    t.start()
+    r.start()
+    try:
+        assert r.synced.wait(30)
+        t.join(5)
+        assert sorted(order[:3]) == ["bound-0", "bound-1", "bound-2"]
+        assert ready_at and ready_at[0] >= 3  # ready once the bound pods were in
+        assert len(order) == 15  # the bound ones came once: the full list changed nothing
+        assert {o["metadata"]["name"] for o in r.items()} == \
+            {p["metadata"]["name"] for p in admin.list(path)[0]}
+        cluster.pod("late", scheduler="other-scheduler")
+        wait_for(lambda: len(r.items()) == 16, what="the watch after the paged list")
+    finally:
+        r.stop()
+
+
+def test_snapshot_follows_pod_versions(cluster: Cluster, admin: KubeClient,
+                                       actuator: Actuator) -> None:
+    """The snapshot keeps a bound pod's parsed form per resourceVersion: a label change is
+    seen (pod affinity counts labels), a finished pod stops counting, a deleted one is gone."""
+    cluster.node("v-0", region="eu-west", cpu="4")
+    cluster.pod("web", labels={"app": "web", "tier": "a"})
+    wait_for(lambda: bound(cluster).get("web") == "v-0", what="web bound")
+
+    def seen() -> dict[str, Any] | None:
+        snap = actuator.snapshot()
+        mine = [p for p in snap.pods if p.name == "web"]
+        return {"labels": dict(mine[0].labels), "alloc": snap.nodes[0].allocated.cpu_milli} \
+            if mine else None
+
+    wait_for(lambda: (seen() or {}).get("labels") == {"app": "web", "tier": "a"},
+             what="web in the snapshot")
+    assert (seen() or {})["alloc"] == 250
+    path = f"/api/v1/namespaces/{cluster.namespace}/pods/web"
+    admin.patch(path, {"metadata": {"labels": {"tier": "b"}}})
+    wait_for(lambda: (seen() or {}).get("labels") == {"app": "web", "tier": "b"},
+             what="the new labels")
+    pod = admin.get(path)
+    pod["status"] = {"phase": "Succeeded"}
+    admin.replace(f"{path}/status", pod)
+    wait_for(lambda: seen() is None, what="a finished pod no longer counts")
+    assert actuator.snapshot().nodes[0].allocated.cpu_milli == 0
+    admin.delete(path, grace_period_s=0)
+    wait_for(lambda: not [p for p in actuator.pods.items()
+                          if p["metadata"]["name"] == "web"], what="web deleted")
+    assert all(b.key != f"{cluster.namespace}/web" for b in actuator._running_cache.values())

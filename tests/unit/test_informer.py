@@ -1,0 +1,94 @@
+"""Reflector start-up with a primed list, over a fake client (an I/O edge: the same path runs
+against the real API server in tests/k8s/test_actuator.py::test_primed_reflector_real_apiserver).
+
+``prime`` lists the pods already bound first and sets ``ready`` as soon as they are in the
+store; the full list then arrives page by page, each page handed to the handler before the
+next one is asked for; what vanished between the two lists is removed at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from cloud_core.k8s.informer import Reflector
+
+Obj = dict[str, Any]
+Page = tuple[list[Obj], str]
+
+
+def pod(name: str, node: str = "", rv: int = 1) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": str(rv)},
+            "spec": {"nodeName": node} if node else {}}
+
+
+class FakeClient:
+    """A fake of KubeClient's list/list_pages/watch: canned pages, a gate before page 2."""
+
+    def __init__(self, primed: list[dict[str, Any]], pages: list[list[dict[str, Any]]]) -> None:
+        self.primed = primed
+        self.pages = pages
+        self.gate = threading.Event()  # page 2 and later wait for it
+        self.asked: list[dict[str, Any]] = []
+
+    def list(self, path: str, **query: Any) -> Page:
+        self.asked.append(query)
+        return list(self.primed), "10"
+
+    def list_pages(self, path: str, **query: Any) -> Iterator[Page]:
+        self.asked.append(query)
+        for i, page in enumerate(self.pages):
+            if i:
+                assert self.gate.wait(10)
+            yield page, "20"
+
+    def watch(self, path: str, rv: str, **kw: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+        stop = kw.get("stop")
+        assert stop is not None
+        stop.wait(10)
+        return iter(())
+
+
+def test_ready_before_the_whole_list() -> None:
+    bound_then_deleted = pod("gone", node="n1", rv=5)
+    bound = pod("b", node="n1", rv=6)
+    fake = FakeClient([bound_then_deleted, bound],
+                      [[pod("p1", rv=11), pod("p2", rv=12), pod("b", node="n1", rv=6)],
+                       [pod("p3", rv=13)]])
+    seen: list[tuple[str, str]] = []
+    r = Reflector(fake, "/api/v1/pods", lambda kind, obj, old: seen.append(  # type: ignore[arg-type]
+        (kind, obj["metadata"]["name"])), prime={"fieldSelector": "spec.nodeName!="},
+        page_size=3)
+    r.start()
+    try:
+        assert r.ready.wait(5)
+        assert not r.synced.is_set()  # page 2 is held back
+        names = {o["metadata"]["name"] for o in r.items()}
+        assert {"gone", "b"} <= names  # every bound pod is in before deciding starts
+        # the primed query first, with its field selector; then the full list
+        assert fake.asked[0] == {"limit": 3, "fieldSelector": "spec.nodeName!="}
+        assert fake.asked[1] == {"limit": 3}
+        fake.gate.set()
+        assert r.synced.wait(5)
+        assert {o["metadata"]["name"] for o in r.items()} == {"b", "p1", "p2", "p3"}
+        # bound pods, then page 1 as it came (b unchanged: no event), page 2, and at the end
+        # the pod that the full list no longer has
+        assert seen == [("ADDED", "gone"), ("ADDED", "b"), ("ADDED", "p1"), ("ADDED", "p2"),
+                        ("ADDED", "p3"), ("DELETED", "gone")]
+        assert r.rv == "20"
+    finally:
+        r.stop_event.set()
+
+
+def test_without_prime_ready_comes_with_the_whole_list() -> None:
+    fake = FakeClient([], [[pod("p1")], [pod("p2")]])
+    r = Reflector(fake, "/api/v1/pods", lambda *a: None)  # type: ignore[arg-type]
+    r.start()
+    try:
+        assert not r.ready.wait(0.3)  # page 1 is in, page 2 held back: not ready
+        assert len(fake.asked) == 1  # no primed list
+        fake.gate.set()
+        assert r.synced.wait(5) and r.ready.is_set() and len(r.items()) == 2
+    finally:
+        r.stop_event.set()
