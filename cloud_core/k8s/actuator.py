@@ -224,11 +224,14 @@ class Actuator:
             engine_config=self.config.engine_config, replan_config=self.config.replan_config,
             replan_interval_s=self.config.replan_interval_s)
         self._pool = ThreadPoolExecutor(self.config.bind_workers, thread_name_prefix="bind")
-        # The pods already on a node are listed first: with them (and the nodes) the engine
-        # can decide, so the first bindings go out while the backlog's pages still arrive.
-        self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods",
-                              prime={"fieldSelector": "spec.nodeName!="})
+        # The pods already on a node are listed first: with them and the nodes the engine can
+        # decide, so the first bindings go out while the backlog's pages still arrive. Those
+        # pages are asked for once the nodes are in: nothing can be placed before, and until
+        # then they only compete with the node list for the interpreter.
         self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes")
+        self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods",
+                              prime={"fieldSelector": "spec.nodeName!="},
+                              pages_after=self.nodes.synced)
         self._thread: threading.Thread | None = None
         self._bind_error: KubeUnavailable | None = None  # from a binding in flight
 

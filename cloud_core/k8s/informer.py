@@ -38,13 +38,15 @@ class Reflector:
     first time, the objects matching it are listed first and ``ready`` is set as soon as
     they are in the store; the full list then comes in page by page (each page handed to the
     handler as it arrives), and whatever vanished between the two lists is removed at its
-    end. Without ``prime``, ``ready`` is set with ``synced``.
+    end. Without ``prime``, ``ready`` is set with ``synced``. ``pages_after``: the first full
+    list waits for this event (the primed list does not).
     """
 
     def __init__(self, client: KubeClient, path: str, handler: Handler, *,
                  name: str = "", watch_timeout_s: int = 30, max_backoff_s: float = 5.0,
                  resume_from: str | None = None, prime: dict[str, str] | None = None,
-                 page_size: int = 500, **query: Any) -> None:
+                 page_size: int = 500, pages_after: threading.Event | None = None,
+                 **query: Any) -> None:
         self.client = client
         self.path = path
         self.handler = handler
@@ -58,6 +60,7 @@ class Reflector:
         self.ready = threading.Event()
         self.prime = prime
         self.page_size = page_size
+        self.pages_after = pages_after
         self.stop_event = threading.Event()
         self.rv = resume_from or ""
         self.stats = {"lists": 0, "watches": 0, "gone": 0, "unavailable": 0, "events": 0}
@@ -85,6 +88,10 @@ class Reflector:
             for o in items:
                 self._merge(o)
             self.ready.set()
+        if self.pages_after is not None and not self.synced.is_set():
+            while not self.pages_after.wait(0.5):  # the first full list only
+                if self.stop_event.is_set():
+                    return
         rv = ""
         for page, page_rv in self.client.list_pages(self.path, limit=self.page_size,
                                                     **self.query):
@@ -137,6 +144,8 @@ class Reflector:
             try:
                 if not self.rv:
                     self._relist()
+                    if self.stop_event.is_set():
+                        return
                 self.stats["watches"] += 1
                 for kind, obj in self.client.watch(self.path, self.rv,
                                                    timeout_s=self.watch_timeout_s,
