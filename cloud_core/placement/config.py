@@ -90,6 +90,11 @@ class EngineConfig:
     lns_tries: int = 20  # neighbourhoods per left-out class before it is given up
     lns_extra_classes: int = 20  # left-out classes offered to one neighbourhood
     lns_deterministic_time: float = 0.05
+    # A GPU pod that failed once: up to this many nodes with GPUs join its neighbourhood (most
+    # free GPUs first), with room for their pods, solved with more work (GPUs are packed to
+    # the last one, so freeing an 8-GPU node moves GPU pods across many nodes).
+    lns_gpu_ring: int = 30
+    lns_gpu_deterministic_time: float = 0.2
     cost_lns_iterations: int = 100  # cost neighbourhoods after packing (largest regret first)
     # Cost descent after packing (count kept exactly): a pod paying more than
     # ``descent_regret`` of its cost above its cheapest allowed node tries a move to a cheaper

@@ -354,6 +354,7 @@ class _Pack:
         self.on: list[list[int]] = [[] for _ in range(free.shape[0])]  # classes per node
         self.work = 0
         self.sticky = [c.gang is not None for c in classes]
+        self.gpu_nodes = free[:, 2] > 0
 
     def put(self, ci: int, n: int) -> None:
         self.pk.put(ci, n)
@@ -494,13 +495,45 @@ class _Pack:
                 slack = (self.pk.free[others][:, dims] * self.inv[others][:, dims]).min(axis=1)
                 top = others[np.argsort(-slack, kind="stable")[:2 * k]].tolist()
                 pick += rng.sample(top, min(k, len(top)))
+            det = cfg.lns_deterministic_time
+            if fails.get(ci0, 0) and dims[2] and cfg.lns_gpu_ring:
+                pick += self._gpu_ring(pick, may, cfg, rng)
+                det = cfg.lns_gpu_deterministic_time
             before = len(self.got[ci0])
             self._solve_sub(np.array(sorted(pick), dtype=np.int64), domains, penalty, cfg,
-                            wall_cap_hits)
+                            wall_cap_hits, det_time=det)
             solved += 1
             if len(self.got[ci0]) == before:
                 fails[ci0] = fails.get(ci0, 0) + 1
         return solved
+
+    def _gpu_ring(self, pick: list[int], may: np.ndarray, cfg: EngineConfig,
+                  rng: random.Random) -> list[int]:
+        """For a GPU pod that failed once: up to ``lns_gpu_ring`` nodes with GPUs that the
+        pods of the neighbourhood may use (most free GPUs first), and ``lns_slack`` nodes
+        with the most room for the pods on *those*. GPUs are packed to the last one, so
+        freeing a large GPU node moves its GPU pods across many GPU nodes, and each of
+        those takes them only if cpu pods there that tolerate the taint move on to cpu
+        nodes: a chain the first ring leaves out (measured: the 8-GPU pod of the 300 x 60
+        tight instance, seed 2, placed only with this ring)."""
+        classes = self.classes
+        gpus = may & self.gpu_nodes
+        gpus[pick] = False
+        idx = np.flatnonzero(gpus)
+        ring = idx[np.lexsort((idx, -self.pk.free[idx, 2]))[:cfg.lns_gpu_ring]].tolist()
+        may2 = np.zeros_like(may)
+        dims = np.zeros(3, dtype=bool)
+        for n in ring:
+            for cj in set(self.on[n]):
+                may2 |= classes[cj].mask
+                dims |= classes[cj].req > 0
+        may2[pick + ring] = False
+        others = np.flatnonzero(may2)
+        if not ring or not others.size or not dims.any():
+            return ring
+        slack = (self.pk.free[others][:, dims] * self.inv[others][:, dims]).min(axis=1)
+        top = others[np.argsort(-slack, kind="stable")[:2 * cfg.lns_slack]].tolist()
+        return ring + rng.sample(top, min(cfg.lns_slack, len(top)))
 
     def cost_lns(self, domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
                  wall_cap_hits: list[int]) -> int:
@@ -538,8 +571,8 @@ class _Pack:
         return done
 
     def _solve_sub(self, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
-                   cfg: EngineConfig, wall_cap_hits: list[int], count_only: bool = True
-                   ) -> None:
+                   cfg: EngineConfig, wall_cap_hits: list[int], count_only: bool = True,
+                   det_time: float | None = None) -> None:
         classes = self.classes
         removed: list[tuple[int, int]] = [(cj, int(n)) for n in nodes.tolist()
                                           for cj in self.on[n]
@@ -572,7 +605,8 @@ class _Pack:
         sub_dom = {k: domains[k][nodes] for k in domains}
         sub_cost = [self.icost[ci][nodes] for ci in members]
         res = _cpsat(sub, sub_free, sub_dom, sub_cost, penalty, hint, cfg,
-                     det_time=cfg.lns_deterministic_time, wall_cap_hits=wall_cap_hits,
+                     det_time=det_time or cfg.lns_deterministic_time,
+                     wall_cap_hits=wall_cap_hits,
                      count_only=count_only, presolve=False)
         self.work += 1
         better = res is not None and res[1] < before

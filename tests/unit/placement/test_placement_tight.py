@@ -83,6 +83,20 @@ def test_tight_300x60_places_every_pod(seed: int) -> None:
     assert res.total_cost < off.total_cost * 0.99
 
 
+def test_gpu_ring_frees_the_8_gpu_node() -> None:
+    """300 x 60, seed 2: the last pod asks for 8 GPUs and its one free-able 8-GPU node holds
+    smaller GPU pods; they can move only to GPU nodes whose cpu is taken by cpu pods that
+    tolerate the taint, which must move on to cpu nodes -- a chain the first neighbourhood
+    ring leaves out. With the GPU ring (``lns_gpu_ring``) every pod is placed; without it
+    one is left out."""
+    inst = make_tight(60, 300, seed=2, util=(0.92, 0.98))
+    res = place(inst.snapshot, inst.pods)
+    assert validate(inst.snapshot, inst.pods, res.assignments) == []
+    assert len(res.assignments) == len(inst.pods) == 342
+    off = place(inst.snapshot, inst.pods, EngineConfig(lns_gpu_ring=0))
+    assert len(off.assignments) == len(inst.pods) - 1
+
+
 def _spec(req: tuple[int, int, int], cost: list[float]) -> ClassSpec:
     return ClassSpec(count=1, req=np.array(req, dtype=np.int64), mask=np.ones(len(cost), bool),
                      cost=np.array(cost))
