@@ -539,8 +539,10 @@ class _Pack:
                  wall_cap_hits: list[int]) -> int:
         """Cost among the pods that fit: for the pods that pay most above their cheapest
         allowed node (largest regret first), a neighbourhood of their node, their
-        ``lns_near`` cheapest allowed nodes and ``lns_slack`` roomy ones, re-placed by
-        CP-SAT with the full objective (count first, then cost) -- never fewer pods."""
+        ``lns_near`` cheapest allowed nodes and the ``cost_lns_slack`` nodes with the most
+        room for the pods on those (``_roomy``: on nearly full nodes a cheaper place opens
+        only if its pods move on), re-placed by CP-SAT with the full objective (count
+        first, then cost), ``cost_lns_deterministic_time`` each -- never fewer pods."""
         classes = self.classes
         regret: list[tuple[int, int, int]] = []
         for ci, nodes in enumerate(self.got):
@@ -564,11 +566,31 @@ class _Pack:
             cand = np.flatnonzero(c.mask)
             cheap = cand[np.argsort(self.icost[ci][cand], kind="stable")[:cfg.lns_near]]
             pick = {n, *cheap.tolist()}
+            if cfg.cost_lns_slack:
+                pick.update(self._roomy(sorted(pick), cfg.cost_lns_slack))
             seen.update(pick)
             self._solve_sub(np.array(sorted(pick), dtype=np.int64), domains, penalty, cfg,
-                            wall_cap_hits, count_only=False)
+                            wall_cap_hits, count_only=False,
+                            det_time=cfg.cost_lns_deterministic_time)
             done += 1
         return done
+
+    def _roomy(self, nodes: list[int], k: int) -> list[int]:
+        """The ``k`` nodes with the most room (least normalised free resource among those
+        asked for) where the pods on ``nodes`` may go instead; ties by index."""
+        classes = self.classes
+        may = np.zeros(self.pk.free.shape[0], dtype=bool)
+        dims = np.zeros(3, dtype=bool)
+        for n in nodes:
+            for cj in set(self.on[n]):
+                may |= classes[cj].mask
+                dims |= classes[cj].req > 0
+        may[nodes] = False
+        others = np.flatnonzero(may)
+        if not others.size or not dims.any():
+            return []
+        slack = (self.pk.free[others][:, dims] * self.inv[others][:, dims]).min(axis=1)
+        return others[np.argsort(-slack, kind="stable")[:k]].tolist()
 
     def _solve_sub(self, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
                    cfg: EngineConfig, wall_cap_hits: list[int], count_only: bool = True,
