@@ -35,6 +35,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -265,6 +266,66 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
     return lines
 
 
+def engine_classes(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineConfig,
+                   assign: dict[str, str]) -> tuple[list[Any], np.ndarray,
+                                                    dict[str, np.ndarray], list[list[int]]]:
+    """The batch as the engine's solver sees it (one round: these instances have no pod
+    affinity): classes with every filter but resources, all anti-affinity between classes,
+    the nodes' free resources and domains; and ``assign`` as node indices per class."""
+    from cloud_core.placement.engine import (
+        PreparedCluster,
+        _all_ok,
+        _req,
+        _set_conflicts,
+        class_key,
+    )
+    from cloud_core.placement.solver import ClassSpec
+
+    pc = PreparedCluster(snap, cfg)
+    groups: dict[object, list[Workload]] = {}
+    for w in pods:
+        groups.setdefault(class_key(w), []).append(w)
+    specs: list[ClassSpec] = []
+    hint: list[list[int]] = []
+    for g in groups.values():
+        mask = _all_ok(pc.filter_results(g[0], resources=False))
+        specs.append(ClassSpec(len(g), _req(g[0]), mask, pc.cost(g[0], mask), gang=g[0].gang))
+        hint.append([int(pc.ix.pos[assign[w.uid]]) for w in g if w.uid in assign])
+    _set_conflicts([g[0] for g in groups.values()], specs)
+    domains = {k: pc.ix.domain_ids(k)[0] for sp in specs for k in sp.conflicts}
+    return specs, pc.free, domains, hint
+
+
+def proof_rows(n_nodes: int, n_pods: int, util: float, seeds: Sequence[int],
+               time_limit_s: float) -> list[str]:
+    """Small tight instances where CP-SAT can prove the optimum: how far the *proven*
+    optimum itself sits above the LP bound (the bound's looseness, which no placement can
+    beat) and how far the engine sits above the optimum."""
+    from cloud_core.placement.solver import cpsat_cost_reference, lp_lower_bound
+
+    cfg = EngineConfig()
+    lines = []
+    for seed in seeds:
+        inst = make_tight(n_nodes, n_pods, seed, (util - 0.03, util + 0.03))
+        res = place(inst.snapshot, inst.pods, cfg)
+        specs, free, domains, hint = engine_classes(inst.snapshot, inst.pods, cfg,
+                                                    dict(res.assignments))
+        placed = len(res.assignments)
+        lp, _ = lp_lower_bound(specs, free, placed)
+        ref = cpsat_cost_reference(specs, free, domains, hint, cfg, time_limit_s)
+        # CP-SAT stopped early may hold no useful bound (0 when below the penalty)
+        bd, bd_lp = ((f"{ref.bound:.2f}", f"{(ref.bound - lp) / lp * 100:+.2f} %")
+                     if ref.bound > 0 else ("-", "-"))
+        lines.append(
+            f"| {n_pods}x{n_nodes} seed {seed} | {placed}/{len(inst.pods)} | "
+            f"{res.total_cost:.2f} | {lp:.2f} | "
+            f"{ref.cost:.2f} ({'proven' if ref.optimal else 'best found'}) | {bd} | "
+            f"{(res.total_cost - lp) / lp * 100:+.2f} % | {bd_lp} | "
+            f"{round((res.total_cost - ref.cost) / ref.cost * 100, 2) + 0.0:+.2f} % |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="3000x500,300x60")
@@ -272,6 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--proof", default="50x10",
+                    help="small size where CP-SAT proves the optimum ('' to skip)")
+    ap.add_argument("--proof-seeds", default="1,2,3,4,5,6")
+    ap.add_argument("--proof-limit", type=float, default=30.0,
+                    help="CP-SAT wall seconds per proof instance (a reference, not a path)")
     a = ap.parse_args(argv)
     configs = {"cfnet": EngineConfig()}
     if not a.no_baseline:
@@ -284,6 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for size in a.sizes.split(","):
         p, n = (int(x) for x in size.split("x"))
         run_size(n, p, a.util, a.seed, a.reps, configs)
+    if a.proof:
+        p, n = (int(x) for x in a.proof.split("x"))
+        print()
+        print("| proof instance | placed | cfnet $/h | LP bound | CP-SAT optimum | CP-SAT "
+              "bound | cfnet vs LP | proven bound vs LP (the LP's looseness) | "
+              "cfnet vs optimum |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        proof_rows(n, p, a.util, [int(x) for x in a.proof_seeds.split(",")], a.proof_limit)
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0
 

@@ -354,6 +354,7 @@ class _Pack:
         self.on: list[list[int]] = [[] for _ in range(free.shape[0])]  # classes per node
         self.work = 0
         self.sticky = [c.gang is not None for c in classes]
+        self.gpu_nodes = free[:, 2] > 0
 
     def put(self, ci: int, n: int) -> None:
         self.pk.put(ci, n)
@@ -494,20 +495,54 @@ class _Pack:
                 slack = (self.pk.free[others][:, dims] * self.inv[others][:, dims]).min(axis=1)
                 top = others[np.argsort(-slack, kind="stable")[:2 * k]].tolist()
                 pick += rng.sample(top, min(k, len(top)))
+            det = cfg.lns_deterministic_time
+            if fails.get(ci0, 0) and dims[2] and cfg.lns_gpu_ring:
+                pick += self._gpu_ring(pick, may, cfg, rng)
+                det = cfg.lns_gpu_deterministic_time
             before = len(self.got[ci0])
             self._solve_sub(np.array(sorted(pick), dtype=np.int64), domains, penalty, cfg,
-                            wall_cap_hits)
+                            wall_cap_hits, det_time=det)
             solved += 1
             if len(self.got[ci0]) == before:
                 fails[ci0] = fails.get(ci0, 0) + 1
         return solved
 
+    def _gpu_ring(self, pick: list[int], may: np.ndarray, cfg: EngineConfig,
+                  rng: random.Random) -> list[int]:
+        """For a GPU pod that failed once: up to ``lns_gpu_ring`` nodes with GPUs that the
+        pods of the neighbourhood may use (most free GPUs first), and ``lns_slack`` nodes
+        with the most room for the pods on *those*. GPUs are packed to the last one, so
+        freeing a large GPU node moves its GPU pods across many GPU nodes, and each of
+        those takes them only if cpu pods there that tolerate the taint move on to cpu
+        nodes: a chain the first ring leaves out (measured: the 8-GPU pod of the 300 x 60
+        tight instance, seed 2, placed only with this ring)."""
+        classes = self.classes
+        gpus = may & self.gpu_nodes
+        gpus[pick] = False
+        idx = np.flatnonzero(gpus)
+        ring = idx[np.lexsort((idx, -self.pk.free[idx, 2]))[:cfg.lns_gpu_ring]].tolist()
+        may2 = np.zeros_like(may)
+        dims = np.zeros(3, dtype=bool)
+        for n in ring:
+            for cj in set(self.on[n]):
+                may2 |= classes[cj].mask
+                dims |= classes[cj].req > 0
+        may2[pick + ring] = False
+        others = np.flatnonzero(may2)
+        if not ring or not others.size or not dims.any():
+            return ring
+        slack = (self.pk.free[others][:, dims] * self.inv[others][:, dims]).min(axis=1)
+        top = others[np.argsort(-slack, kind="stable")[:2 * cfg.lns_slack]].tolist()
+        return ring + rng.sample(top, min(cfg.lns_slack, len(top)))
+
     def cost_lns(self, domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
                  wall_cap_hits: list[int]) -> int:
         """Cost among the pods that fit: for the pods that pay most above their cheapest
         allowed node (largest regret first), a neighbourhood of their node, their
-        ``lns_near`` cheapest allowed nodes and ``lns_slack`` roomy ones, re-placed by
-        CP-SAT with the full objective (count first, then cost) -- never fewer pods."""
+        ``lns_near`` cheapest allowed nodes and the ``cost_lns_slack`` nodes with the most
+        room for the pods on those (``_roomy``: on nearly full nodes a cheaper place opens
+        only if its pods move on), re-placed by CP-SAT with the full objective (count
+        first, then cost), ``cost_lns_deterministic_time`` each -- never fewer pods."""
         classes = self.classes
         regret: list[tuple[int, int, int]] = []
         for ci, nodes in enumerate(self.got):
@@ -531,15 +566,35 @@ class _Pack:
             cand = np.flatnonzero(c.mask)
             cheap = cand[np.argsort(self.icost[ci][cand], kind="stable")[:cfg.lns_near]]
             pick = {n, *cheap.tolist()}
+            if cfg.cost_lns_slack:
+                pick.update(self._roomy(sorted(pick), cfg.cost_lns_slack))
             seen.update(pick)
             self._solve_sub(np.array(sorted(pick), dtype=np.int64), domains, penalty, cfg,
-                            wall_cap_hits, count_only=False)
+                            wall_cap_hits, count_only=False,
+                            det_time=cfg.cost_lns_deterministic_time)
             done += 1
         return done
 
+    def _roomy(self, nodes: list[int], k: int) -> list[int]:
+        """The ``k`` nodes with the most room (least normalised free resource among those
+        asked for) where the pods on ``nodes`` may go instead; ties by index."""
+        classes = self.classes
+        may = np.zeros(self.pk.free.shape[0], dtype=bool)
+        dims = np.zeros(3, dtype=bool)
+        for n in nodes:
+            for cj in set(self.on[n]):
+                may |= classes[cj].mask
+                dims |= classes[cj].req > 0
+        may[nodes] = False
+        others = np.flatnonzero(may)
+        if not others.size or not dims.any():
+            return []
+        slack = (self.pk.free[others][:, dims] * self.inv[others][:, dims]).min(axis=1)
+        return others[np.argsort(-slack, kind="stable")[:k]].tolist()
+
     def _solve_sub(self, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
-                   cfg: EngineConfig, wall_cap_hits: list[int], count_only: bool = True
-                   ) -> None:
+                   cfg: EngineConfig, wall_cap_hits: list[int], count_only: bool = True,
+                   det_time: float | None = None) -> None:
         classes = self.classes
         removed: list[tuple[int, int]] = [(cj, int(n)) for n in nodes.tolist()
                                           for cj in self.on[n]
@@ -572,7 +627,8 @@ class _Pack:
         sub_dom = {k: domains[k][nodes] for k in domains}
         sub_cost = [self.icost[ci][nodes] for ci in members]
         res = _cpsat(sub, sub_free, sub_dom, sub_cost, penalty, hint, cfg,
-                     det_time=cfg.lns_deterministic_time, wall_cap_hits=wall_cap_hits,
+                     det_time=det_time or cfg.lns_deterministic_time,
+                     wall_cap_hits=wall_cap_hits,
                      count_only=count_only, presolve=False)
         self.work += 1
         better = res is not None and res[1] < before
@@ -1166,10 +1222,12 @@ def _cp_solver(cfg: EngineConfig, det_time: float) -> cp_model.CpSolver:
 def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
            icost: list[np.ndarray], penalty: int, hint: list[list[int]], cfg: EngineConfig,
            det_time: float | None = None, wall_cap_hits: list[int] | None = None,
-           count_only: bool = False, presolve: bool = True
+           count_only: bool = False, presolve: bool = True,
+           bound: list[float] | None = None
            ) -> tuple[list[list[int]], int, str] | None:
     """Class-level CP-SAT: integer counts per (class, node), resources per node,
-    anti-affinity per domain, gangs; minimise cost + penalty x unplaced from ``hint``."""
+    anti-affinity per domain, gangs; minimise cost + penalty x unplaced from ``hint``.
+    ``bound``, if given, receives CP-SAT's proven lower bound on that objective."""
     # imported here: cp_model pulls in pandas (~0.5 s), which a scheduler's start-up (time to
     # its first binding) should not pay before it needs CP-SAT
     from ortools.sat.python import cp_model
@@ -1241,6 +1299,8 @@ def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str,
     st = s.solve(m)
     if s.wall_time >= s.parameters.max_time_in_seconds * 0.98:
         wall_cap_hits[0] += 1
+    if bound is not None:
+        bound.append(float(s.best_objective_bound))
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     got: list[list[int]] = [[] for _ in classes]
@@ -1305,6 +1365,41 @@ def solve_exact_pods(feasible: Sequence[Mapping[int, int]], req: Sequence[Sequen
         if s.value(v):
             where[p] = n
     return ExactResult(st == cp_model.OPTIMAL, round(s.objective_value), where)
+
+
+@dataclass
+class CostReference:
+    """CP-SAT on the exact class-level model: is ``cost`` proven optimal among placements
+    of the most pods, and a proven lower bound on that cost ($/hour)."""
+
+    placed: int
+    cost: float
+    bound: float
+    optimal: bool
+
+
+def cpsat_cost_reference(classes: Sequence[ClassSpec], free: np.ndarray,
+                         domains: Mapping[str, np.ndarray], hint: list[list[int]],
+                         cfg: EngineConfig, time_limit_s: float) -> CostReference:
+    """The engine's own CP-SAT model (``_cpsat``: count first, then cost; every resource,
+    all anti-affinity, gangs), solved from ``hint`` for up to ``time_limit_s`` of wall
+    time -- a reference for the benchmark, not a scheduling path. When the hint places
+    every pod, CP-SAT's bound on its objective is a lower bound on the cost of any
+    placement of every pod, one that integrality makes tighter than the LP's."""
+    icost, penalty = _penalty(classes, cfg.cost_scale)
+    ref = dataclasses.replace(cfg, cpsat_wall_cap_s=time_limit_s)
+    bound: list[float] = []
+    res = _cpsat(classes, free, domains, icost, penalty, hint, ref, det_time=1e9,
+                 bound=bound)
+    got = res[0] if res is not None else hint
+    if _objective(classes, icost, penalty, got) > _objective(classes, icost, penalty, hint):
+        got = hint
+    placed = sum(map(len, got))
+    unplaced = sum(c.count for c in classes) - placed
+    lo = (bound[0] - penalty * unplaced) if bound else 0.0
+    return CostReference(placed, _objective(classes, icost, 0, got) / cfg.cost_scale,
+                         max(lo, 0.0) / cfg.cost_scale,
+                         res is not None and res[2] == "optimal")
 
 
 def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: int | None,
