@@ -132,6 +132,7 @@ class DecisionLoop:
     def __init__(self, source: SourceOfTruth, actuator: StepActuator, events: EventLog, *,
                  engine_config: EngineConfig | None = None,
                  replan_config: ReplanConfig | None = None, replan_interval_s: float = 1.0,
+                 replan_max_share: float | None = None,
                  clock: Callable[[], float] = time.time,
                  on_placement: Callable[[float, int, dict[str, float]], None] | None = None,
                  ) -> None:
@@ -147,6 +148,11 @@ class DecisionLoop:
         # fraction of that and let one spike move a workload. So it runs once per report
         # interval, or at once when health changes.
         self.replan_interval_s = replan_interval_s
+        # At scale an observation plus plan_moves over every running pod costs a good part
+        # of a second (10,000 pods: 0.1-0.5 s): with ``replan_max_share`` set, the interval
+        # stretches so that re-planning takes at most that share of the loop's time.
+        self.replan_max_share = replan_max_share
+        self._replan_cost = 0.0  # seconds the last re-planning step took (observe + plan)
         self._last_replan = -1e18
         self._health_changed = False
         self.replan_state = ReplanState()
@@ -266,8 +272,14 @@ class DecisionLoop:
         for u in [u for u in self._reported if u not in live]:
             del self._reported[u]
 
+    def replan_every(self) -> float:
+        """Seconds between re-plans: the interval, stretched by ``replan_max_share``."""
+        if self.replan_max_share:
+            return max(self.replan_interval_s, self._replan_cost / self.replan_max_share)
+        return self.replan_interval_s
+
     def replan_due(self) -> bool:
-        return (self._clock() - self._last_replan >= self.replan_interval_s
+        return (self._clock() - self._last_replan >= self.replan_every()
                 or self._health_changed)
 
     def replan(self, obs: Observation, outcome: PlaceOutcome, *, force: bool = False) -> int:
@@ -311,13 +323,18 @@ class DecisionLoop:
     # ------------------------------------------------------------------ the step
 
     def step(self) -> StepReport:
+        t0 = time.perf_counter()
         obs = self.source.observe()
+        observed = time.perf_counter() - t0
         self.note_health(obs.health)
         outcome = self.place(obs)
         self.report(outcome, obs.pending)
         placed = self.actuator.commit_placements(obs, outcome)
         applied = self.actuator.apply()
+        last, t1 = self._last_replan, time.perf_counter()
         moves = self.replan(obs, outcome)
+        if self._last_replan != last:  # it ran
+            self._replan_cost = observed + time.perf_counter() - t1
         if moves:
             applied += self.actuator.apply()
         return StepReport(placed, len(outcome.failures) + len(obs.invalid), applied, moves,

@@ -144,6 +144,9 @@ class ActuatorConfig:
     replace_on_violation: bool = True
     replan_config: Any = None
     replan_interval_s: float = 1.0
+    # re-planning (a snapshot and plan_moves over every running pod) takes at most this share
+    # of the loop's time: at 10,000 pods the interval stretches to a few seconds
+    replan_max_share: float = 0.1
 
 
 class _Bound(NamedTuple):
@@ -222,7 +225,8 @@ class Actuator:
         self.loop = DecisionLoop(
             self, self, events or EventLog(lambda ev: None),
             engine_config=self.config.engine_config, replan_config=self.config.replan_config,
-            replan_interval_s=self.config.replan_interval_s)
+            replan_interval_s=self.config.replan_interval_s,
+            replan_max_share=self.config.replan_max_share)
         self._pool = ThreadPoolExecutor(self.config.bind_workers, thread_name_prefix="bind")
         # The pods already on a node are listed first: with them and the nodes the engine can
         # decide, so the first bindings go out while the backlog's pages still arrive. Those
@@ -427,21 +431,28 @@ class Actuator:
                           host_ports=w.host_ports if w else (),
                           extended=w.extended if w else {})
 
+    def _waiting(self, key: str, now: float, gen: int) -> bool:
+        """Pending pod ``key`` is to be placed now: not assumed bound, not backing off as
+        unschedulable (unless the cluster changed since). Call with ``_lock`` held."""
+        if key in self._assumed:
+            return False
+        u = self._unschedulable.get(key)
+        return u is None or u[1] != gen or now - u[0] >= self.config.retry_unschedulable_s
+
+    def _work_waiting(self) -> bool:
+        """Whether a step has anything to do besides re-planning: pods to place, a cluster
+        change since the last step, a binding error to report."""
+        now = time.monotonic()
+        with self._lock:
+            gen = self._generation
+            return (self._bind_error is not None or gen != self._obs_gen
+                    or any(self._waiting(k, now, gen) for k in self._pending))
+
     def pending(self) -> list[JSON]:
         now = time.monotonic()
         with self._lock:
-            assumed = set(self._assumed)
-            unsched = dict(self._unschedulable)
             gen = self._generation
-            candidates = list(self._pending.items())
-        out = []
-        for key, pod in candidates:
-            if key in assumed:
-                continue
-            u = unsched.get(key)
-            if u is not None and u[1] == gen and now - u[0] < self.config.retry_unschedulable_s:
-                continue
-            out.append(pod)
+            out = [pod for key, pod in self._pending.items() if self._waiting(key, now, gen)]
         out.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
         return out[: self._batch_limit()]
 
@@ -466,9 +477,13 @@ class Actuator:
             # still coming in by the page of the first list.
             if not more and self.pods.synced.is_set():
                 self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
-            more = False
+            # until a first batch was placed, what is pending has waited long enough (the
+            # backlog may still be arriving by the page): no gathering
+            more = not self._batches
             try:
                 self._handle_label_changes()
+                if not self._work_waiting() and not self.loop.replan_due():
+                    continue  # nothing to place, nothing changed, no re-plan due: no snapshot
                 more = self.schedule_once()
                 backoff = 0.2
                 if more:

@@ -498,8 +498,10 @@ class KubeClient:
                 if stop is not None and stop.is_set():
                     return
                 buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
+                if b"\n" not in chunk:
+                    continue
+                *lines, buf = buf.split(b"\n")  # one split a chunk, not one a line
+                for line in lines:
                     if not line.strip():
                         continue
                     ev = json.loads(line)

@@ -478,13 +478,7 @@ class _Pack:
             near = room[np.argsort(short, kind="stable")[:2 * cfg.lns_near]].tolist()
             pick = rng.sample(near, min(cfg.lns_near, len(near)))
             # where the pods on those nodes could go instead
-            may = np.zeros(free.shape[0], dtype=bool)
-            dims = req > 0
-            for n in pick:
-                for cj in set(self.on[n]):
-                    may |= classes[cj].mask
-                    dims |= classes[cj].req > 0
-            may[pick] = False
+            may, dims = self._reach(pick, req > 0)
             others = np.flatnonzero(may)
             if others.size and dims.any():
                 # a pod that failed gets a wider neighbourhood: a large pod needs the
@@ -575,17 +569,22 @@ class _Pack:
             done += 1
         return done
 
+    def _reach(self, nodes: list[int], dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the pods on ``nodes`` may go instead (a mask without ``nodes``), and the
+        resources asked for: ``dims`` and those the pods ask for."""
+        may = np.zeros(self.pk.free.shape[0], dtype=bool)
+        dims = dims.copy()
+        for n in nodes:
+            for cj in set(self.on[n]):
+                may |= self.classes[cj].mask
+                dims |= self.classes[cj].req > 0
+        may[nodes] = False
+        return may, dims
+
     def _roomy(self, nodes: list[int], k: int) -> list[int]:
         """The ``k`` nodes with the most room (least normalised free resource among those
         asked for) where the pods on ``nodes`` may go instead; ties by index."""
-        classes = self.classes
-        may = np.zeros(self.pk.free.shape[0], dtype=bool)
-        dims = np.zeros(3, dtype=bool)
-        for n in nodes:
-            for cj in set(self.on[n]):
-                may |= classes[cj].mask
-                dims |= classes[cj].req > 0
-        may[nodes] = False
+        may, dims = self._reach(nodes, np.zeros(3, dtype=bool))
         others = np.flatnonzero(may)
         if not others.size or not dims.any():
             return []

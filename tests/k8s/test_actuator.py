@@ -244,7 +244,6 @@ def test_primed_reflector_real_apiserver(cluster: Cluster, admin: KubeClient,
     ready_at: list[int] = []
     r = Reflector(core_client, path, lambda kind, obj, old: order.append(obj["metadata"]["name"]),
                   prime={"fieldSelector": "spec.nodeName!="}, page_size=5)
-    r.ready.clear()
 
     def note_ready() -> None:
         if r.ready.wait(30):

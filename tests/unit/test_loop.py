@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import pytest
+
 from cloud_core.events import EventLog
 from cloud_core.health import Health as LiveHealth
 from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
@@ -105,3 +107,37 @@ def test_a_move_that_did_not_happen_starts_no_cool_down() -> None:
         loop.step()
     assert [(m.src, m.dst) for m in ok.moves] == [("b", "c")]
     assert "near" in loop.replan_state.last_move
+
+
+@dataclass
+class SlowFakeSource(FakeSource):
+    """A fake source whose observation costs a (monotonic-clock) second: a big cluster."""
+
+    t: list[float] = field(default_factory=lambda: [0.0])
+
+    def observe(self) -> Observation:
+        self.t[0] += 1.0
+        return self.obs
+
+
+def test_replan_interval_stretches_with_its_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With replan_max_share 0.1, a re-plan whose observation took 1 s is next due 10 s later
+    (not after replan_interval_s = 1 s); without it, after 1 s as before."""
+    import cloud_core.loop as loop_mod
+
+    obs = Observation(health=HEALTH, snapshot=snapshot(5.0), pending=[], running=[(NEAR, "c")])
+    for share, due_after in ((0.1, 10.0), (None, 1.0)):
+        src = SlowFakeSource(obs)
+        clock = [100.0]
+        monkeypatch.setattr(loop_mod.time, "perf_counter",
+                            lambda src=src: src.t[0])
+        loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
+                            replan_interval_s=1.0, replan_max_share=share,
+                            clock=lambda clock=clock: clock[0])
+        assert loop.replan_due()
+        loop.step()
+        assert loop.replan_every() == due_after
+        clock[0] += due_after - 0.5
+        assert not loop.replan_due()
+        clock[0] += 0.5
+        assert loop.replan_due()
