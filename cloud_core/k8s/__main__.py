@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from cloud_core.errors import CoreError
-from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+from cloud_core.k8s.actuator import Actuator, ActuatorConfig, tune_gc
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
 from cloud_core.k8s.leader import LeaderElector
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                             on_started=lambda: leading(),
                             on_stopped=lambda: _say("following", identity=args.identity))
     engine = scheduler_engine_config(args)
+    tune_gc()
     act = Actuator(client, NodeRegistry(RegistryConfig(edge_taint=args.edge_taint)),
                    ActuatorConfig(identity=args.identity, engine_config=engine),
                    is_leader=elector.is_leader,

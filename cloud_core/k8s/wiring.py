@@ -17,7 +17,7 @@ from typing import Any
 
 from cloud_core.console.service import ConsoleService
 from cloud_core.events import EventLog
-from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+from cloud_core.k8s.actuator import Actuator, ActuatorConfig, tune_gc
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.leader import LeaderElector
@@ -106,6 +106,7 @@ def start_kubernetes(
     if console is not None:
         register_kubernetes_commands(console, actuator, client, events, clock)
     pools = PoolController(client, actuator, is_leader=elector.is_leader)
+    tune_gc()  # the core is this process: its caches are the scheduler's
     actuator.start()
     pools.start()
     elector.start()

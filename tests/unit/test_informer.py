@@ -92,3 +92,17 @@ def test_without_prime_ready_comes_with_the_whole_list() -> None:
         assert r.synced.wait(5) and r.ready.is_set() and len(r.items()) == 2
     finally:
         r.stop_event.set()
+
+
+def test_tune_gc_raises_the_young_threshold() -> None:
+    import gc
+
+    from cloud_core.k8s.actuator import tune_gc
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        tune_gc()
+        assert gc.get_threshold() == (20_000, 20, 20)
+    finally:
+        gc.set_threshold(*before)
