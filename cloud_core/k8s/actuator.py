@@ -489,12 +489,11 @@ class Actuator:
             if not self.is_leader():
                 continue
             # A backlog needs no gathering (its next batch is already there), nor do pods
-            # still coming in by the page of the first list.
-            if not more and self.pods.synced.is_set():
+            # still coming in by the page of the first list, nor anything before the first
+            # batch (what is pending at start-up has waited long enough).
+            if not more and self._batches and self.pods.synced.is_set():
                 self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
-            # until a first batch was placed, what is pending has waited long enough (the
-            # backlog may still be arriving by the page): no gathering
-            more = not self._batches
+            more = False
             try:
                 self._handle_label_changes()
                 if not self._work_waiting() and not self.loop.replan_due():
