@@ -523,10 +523,6 @@ class Actuator:
         return self._more
 
     # -- SourceOfTruth -------------------------------------------------------------------------
-    def running_pods(self) -> list[tuple[JSON, Workload, str]]:
-        """cfnet's own bound, live pods: the ones the re-planner may move."""
-        return self._scan()[1]
-
     def observe(self) -> Observation:
         with self._lock:
             gen = self._generation
