@@ -1,0 +1,131 @@
+"""How cfnet reads its credentials: kubeconfig (static form read itself, the rest through the
+kubernetes loader), in-cluster ServiceAccount, bearer tokens. No API server here; the same
+paths against a real one: tests/k8s/test_endpoint_k8s.py and tests/deploy/test_images.py
+(in-cluster, in a container)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloud_core.errors import KubeError
+from cloud_core.k8s.client import TOKEN_REREAD_S, Endpoint, LeanHTTP
+
+
+def kubeconfig(path: Path, user: dict[str, Any], cluster: dict[str, Any] | None = None,
+               current: str = "c1") -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": current,
+        "clusters": [{"name": "k1", "cluster": cluster or {"server": "https://10.0.0.1:6443/"}},
+                     {"name": "k2", "cluster": {"server": "https://10.0.0.2:6443"}}],
+        "users": [{"name": "u1", "user": user}, {"name": "u2", "user": {"token": "t2"}}],
+        "contexts": [{"name": "c1", "context": {"cluster": "k1", "user": "u1"}},
+                     {"name": "c2", "context": {"cluster": "k2", "user": "u2"}}],
+    }))
+    return path
+
+
+@pytest.mark.parametrize(("user", "cluster", "want"), [
+    ({"token": "abc"}, None,
+     {"host": "https://10.0.0.1:6443", "token": "abc", "auth": None}),
+    ({"client-certificate": "pki/a.crt", "client-key": "/abs/a.key"},
+     {"server": "https://h:1", "certificate-authority": "ca.crt"},
+     {"cert_file": "{d}/pki/a.crt", "key_file": "/abs/a.key", "ca_file": "{d}/ca.crt"}),
+    ({"client-certificate-data": base64.b64encode(b"CERT").decode(),
+      "client-key-data": base64.b64encode(b"KEY").decode()},
+     {"server": "https://h:1", "certificate-authority-data": base64.b64encode(b"CA").decode(),
+      "insecure-skip-tls-verify": True, "tls-server-name": "kubernetes"},
+     {"cert_data": b"CERT", "key_data": b"KEY", "ca_data": "CA", "insecure": True,
+      "server_name": "kubernetes"}),
+    ({"tokenFile": "tok"}, None, {"token_file": "{d}/tok", "token": None}),
+], ids=["token", "cert-files-relative", "inline-data", "token-file"])
+def test_static_kubeconfig_read_without_the_kubernetes_loader(
+        tmp_path: Path, user: dict[str, Any], cluster: dict[str, Any] | None,
+        want: dict[str, Any]) -> None:
+    ep = Endpoint.from_kubeconfig(str(kubeconfig(tmp_path / "kc", user, cluster)))
+    for k, v in want.items():
+        assert getattr(ep, k) == (v.format(d=tmp_path) if isinstance(v, str) else v), k
+    assert ep.auth is None  # read here, not by kubernetes.config
+
+
+def test_context_chosen_by_name(tmp_path: Path) -> None:
+    kc = kubeconfig(tmp_path / "kc", {"token": "t1"})
+    ep = Endpoint.from_kubeconfig(str(kc), context="c2")
+    assert (ep.host, ep.token) == ("https://10.0.0.2:6443", "t2")
+
+
+@pytest.mark.parametrize("doc", [
+    "current-context: nowhere\ncontexts: []\n", "[1, 2]\n", "{\n", "contexts: 7\n"])
+def test_broken_kubeconfig_is_a_kube_error(tmp_path: Path, doc: str) -> None:
+    p = tmp_path / "kc"
+    p.write_text(doc)
+    with pytest.raises(KubeError, match="cannot load kubeconfig"):
+        Endpoint.from_kubeconfig(str(p))
+
+
+def test_missing_kubeconfig_is_a_kube_error(tmp_path: Path) -> None:
+    with pytest.raises(KubeError, match="cannot load kubeconfig"):
+        Endpoint.from_kubeconfig(str(tmp_path / "absent"))
+
+
+def test_exec_plugin_goes_through_the_kubernetes_loader(tmp_path: Path) -> None:
+    """A credential plugin (here a tiny script printing an ExecCredential) is the kubernetes
+    loader's job: the token comes from its refresh hook."""
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text('import json\nprint(json.dumps({"apiVersion": '
+                      '"client.authentication.k8s.io/v1beta1", "kind": "ExecCredential", '
+                      '"status": {"token": "from-exec"}}))\n')
+    kc = kubeconfig(tmp_path / "kc", {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
+        "args": [str(plugin)], "interactiveMode": "Never"}})
+    ep = Endpoint.from_kubeconfig(str(kc))
+    assert ep.auth is not None and ep.host == "https://10.0.0.1:6443"
+    assert LeanHTTP(ep, 1.0).headers(False)["Authorization"] == "Bearer from-exec"
+
+
+def test_in_cluster_reads_the_service_account(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("tok-1\n")
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+    ep = Endpoint.in_cluster(env, str(tmp_path))
+    assert ep.host == "https://[fd00::1]:443" and ep.ca_file is None
+    http = LeanHTTP(ep, 1.0)
+    assert http.headers(True)["Authorization"] == "Bearer tok-1"
+    (tmp_path / "token").write_text("tok-2\n")  # rotated by the kubelet
+    assert http.headers(True)["Authorization"] == "Bearer tok-1"  # re-read once a minute
+    http._auth = (time.monotonic() - TOKEN_REREAD_S - 1, http._auth[1])
+    assert http.headers(True)["Authorization"] == "Bearer tok-2"
+
+
+@pytest.mark.parametrize("env", [{}, {"KUBERNETES_SERVICE_HOST": "h"},
+                                 {"KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": ""}])
+def test_not_in_a_cluster(tmp_path: Path, env: dict[str, str]) -> None:
+    (tmp_path / "token").write_text("t")
+    with pytest.raises(KubeError, match="not running in a cluster"):
+        Endpoint.in_cluster(env, str(tmp_path))
+
+
+def test_no_token_file_is_not_in_a_cluster(tmp_path: Path) -> None:
+    env = {"KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(KubeError, match="no ServiceAccount token"):
+        Endpoint.in_cluster(env, str(tmp_path))
+
+
+def test_unreadable_certificate_is_a_kube_error(tmp_path: Path) -> None:
+    ep = Endpoint(host="https://h:1", cert_file=str(tmp_path / "absent.crt"))
+    with pytest.raises(KubeError, match="TLS set-up"):
+        LeanHTTP(ep, 1.0)
+
+
+def test_importing_the_scheduler_does_not_import_the_kubernetes_client() -> None:
+    """0.2 s of start-up a scheduler does not need (its kubeconfig is static here)."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", "import sys, cloud_core.k8s.__main__; "
+                          "print('kubernetes' in sys.modules)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
