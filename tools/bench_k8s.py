@@ -357,7 +357,8 @@ class Bench:
             raise ValueError(name)
         tree = self.args.baseline_tree if name == BASELINE else str(REPO)
         env = self.py_env(tree)
-        proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=REPO,
+        # cwd is the tree: ``python -m`` puts the working directory first on sys.path
+        proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=tree,
                                 start_new_session=True)
         log.close()
         return proc
