@@ -62,6 +62,9 @@ class Observation:
     # uid -> (node, predecessor uid): a pending replacement for a workload the loop moved;
     # it goes where the move planned (checked by the validator), keeping the cool-down.
     pinned: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # More workloads wait beyond ``pending`` (a backlog taken batch by batch): re-planning
+    # waits for it, up to ``DecisionLoop.REPLAN_BACKLOG_DEFER_S`` past its due time.
+    backlog: bool = False
 
 
 @dataclass(frozen=True)
@@ -282,9 +285,18 @@ class DecisionLoop:
         return (self._clock() - self._last_replan >= self.replan_every()
                 or self._health_changed)
 
+    # Moving running pods while new ones still queue only delays the queue (and what the
+    # moves would weigh changes batch by batch); a node's health change is not deferred, and
+    # neither is a re-plan once it is this long overdue (a backlog that never ends).
+    REPLAN_BACKLOG_DEFER_S = 30.0
+
     def replan(self, obs: Observation, outcome: PlaceOutcome, *, force: bool = False) -> int:
         """Re-plan running workloads (SLA strikes, forecasts, cool-down) and act on moves."""
         if not (self.replan_due() or force):
+            return 0
+        if (obs.backlog and not force and not self._health_changed
+                and self._clock() - self._last_replan
+                < self.replan_every() + self.REPLAN_BACKLOG_DEFER_S):
             return 0
         self._last_replan, self._health_changed = self._clock(), False
         by_uid = {w.uid: w for w in obs.pending}

@@ -51,6 +51,7 @@ from cloud_core.k8s.informer import Reflector, obj_key
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
 from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
 from cloud_core.placement.model import ClusterSnapshot, Health, Resources, RunningPod, Workload
+from cloud_core.placement.spec import PodParser
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,7 @@ class Actuator:
         self._unschedulable: dict[str, tuple[float, int]] = {}  # pod key → (when, generation)
         self._last_failure: dict[str, str] = {}  # pod uid → last FailedScheduling message
         self._workloads: dict[str, Workload | None] = {}  # pod uid → parsed workload
+        self._parser = PodParser()  # the loop thread's: a controller's pods parsed once
         # pod uid → what the snapshot counts of it, while bound (see _scan)
         self._running_cache: dict[str, _Bound] = {}
         # pod key → pod, of the pods is_pending() holds for (kept by the pod handler, so a
@@ -537,7 +539,7 @@ class Actuator:
             uid = str((pod.get("metadata") or {}).get("uid"))
             obs_pods[uid] = pod
             try:
-                w = parse_workload(pod)
+                w = self._parser.parse(pod)
             except SpecError as e:
                 invalid[uid] = f"invalid workload spec: {e}"
                 continue
@@ -554,7 +556,8 @@ class Actuator:
         self._obs_pods = obs_pods
         self._obs_gen = gen
         return Observation(health=health, snapshot=snap, pending=pending, running=running,
-                           invalid=invalid, pinned=pinned)
+                           invalid=invalid, pinned=pinned,
+                           backlog=self._more or not self.pods.synced.is_set())
 
     def _pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
                 ) -> dict[str, tuple[str, str]]:

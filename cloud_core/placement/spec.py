@@ -5,10 +5,12 @@ plain YAML, parsed into ``Workload``. Every error names the field and the reason
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 import yaml
 
 from cloud_core.errors import SpecError
@@ -649,6 +651,48 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
         labels=labels,
         **extras,
     )
+
+
+class PodParser:
+    """``parse_pod`` with a memo for pods that differ only in name and uid.
+
+    The pods of one controller (a ReplicaSet's, a Job's) share namespace, labels,
+    annotations and spec: the first is parsed in full, the others reuse its Workload with
+    their own name (checked) and uid. The key is the JSON of everything ``parse_pod`` reads
+    besides those two, so any difference parses afresh; the memo is bounded (cleared when
+    full) and refusals are not memoised. For pods decoded from JSON (string keys only: a
+    non-string key would encode like its string). One instance per thread (no lock).
+    """
+
+    def __init__(self, max_entries: int = 2048) -> None:
+        self.max_entries = max_entries
+        self._memo: dict[bytes, Workload] = {}
+        self._encode = msgspec.json.Encoder().encode
+        self.hits = 0
+
+    def parse(self, pod: Mapping[str, Any]) -> Workload:
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        if not isinstance(meta, Mapping) or pod.get("kind", "Pod") != "Pod":
+            return parse_pod(pod)
+        try:
+            key = self._encode((meta.get("namespace"), meta.get("labels"),
+                                meta.get("annotations"), pod.get("spec")))
+        except (TypeError, ValueError):  # not JSON-shaped: parse_pod says why
+            return parse_pod(pod)
+        t = self._memo.get(key)
+        if t is None:
+            w = parse_pod(pod)
+            if len(self._memo) >= self.max_entries:
+                self._memo.clear()
+            self._memo[key] = w
+            return w
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            raise SpecError("metadata.name", "is required")
+        _check_name(name, "metadata.name", NAME_MAX)
+        self.hits += 1
+        return dataclasses.replace(t, uid=str(meta.get("uid") or f"{t.namespace}/{name}"),
+                                   name=name)
 
 
 _PLAIN_KEYS = {"name", "namespace", "uid", "replicas", "requests", "nodeSelector", "nodeAffinity",

@@ -141,3 +141,35 @@ def test_replan_interval_stretches_with_its_cost(monkeypatch: pytest.MonkeyPatch
         assert not loop.replan_due()
         clock[0] += 0.5
         assert loop.replan_due()
+
+
+def test_replan_waits_for_a_backlog_but_not_for_ever() -> None:
+    """While a backlog is taken batch by batch, a due re-plan waits (up to
+    REPLAN_BACKLOG_DEFER_S past due); without a backlog, or on a health change, it runs."""
+    obs = Observation(health=HEALTH, snapshot=snapshot(5.0), pending=[], running=[(NEAR, "c")],
+                      backlog=True)
+    src = FakeSource(obs)
+    clock = [1000.0]
+    loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
+                        replan_interval_s=1.0, clock=lambda: clock[0])
+    loop.step()  # never re-planned: runs now, backlog or not
+    ran_at = loop._last_replan
+    assert ran_at == 1000.0
+    clock[0] += 2.0  # due again
+    assert loop.replan_due()
+    loop.step()
+    assert loop._last_replan == ran_at  # deferred: the backlog goes first
+    src.obs = replace(obs, backlog=False)
+    loop.step()
+    assert loop._last_replan == clock[0]  # the backlog is gone: it runs
+    src.obs = obs
+    clock[0] += 1.0 + DecisionLoop.REPLAN_BACKLOG_DEFER_S - 0.5
+    loop.step()
+    assert loop._last_replan == clock[0] - 1.0 - DecisionLoop.REPLAN_BACKLOG_DEFER_S + 0.5
+    clock[0] += 0.5  # overdue by the bound: a backlog that never ends does not starve it
+    loop.step()
+    assert loop._last_replan == clock[0]
+    clock[0] += 1.0
+    src.obs = replace(obs, health={**HEALTH, "b": LiveHealth.DOWN})  # a health change...
+    loop.step()  # ...is not deferred
+    assert loop._last_replan == clock[0]

@@ -1,0 +1,72 @@
+"""PodParser: parse_pod with a memo for a controller's pods; it must answer exactly as
+parse_pod does, pod by pod, refusals included."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from cloud_core.errors import SpecError
+from cloud_core.placement.spec import PodParser, parse_pod
+from tools.bench_k8s import pod_object
+
+
+def pods() -> list[dict[str, Any]]:
+    out = []
+    for i in range(200):  # the bench's mix: affinity, tolerations, spread, requests
+        p = pod_object(i, f"ns-{i % 3}", "cfnet-scheduler")
+        p["metadata"]["uid"] = f"uid-{i}"
+        out.append(p)
+    return out
+
+
+def test_same_answers_as_parse_pod() -> None:
+    parser = PodParser()
+    for p in pods() + pods():
+        assert parser.parse(p) == parse_pod(p)
+    assert parser.hits > 200  # the second round and the repeats within the mix came from it
+
+
+@pytest.mark.parametrize(("change", "path"), [
+    (lambda p: p["metadata"].__setitem__("name", "Bad_Name"), "metadata.name"),
+    (lambda p: p["metadata"].__setitem__("name", ""), "metadata.name"),
+    (lambda p: p["metadata"].pop("name"), "metadata.name"),
+    (lambda p: p["spec"].__setitem__("schedulingGates", [{"name": "g"}]),
+     "spec.schedulingGates"),
+    (lambda p: p["spec"].__setitem__("futureField", 1), "spec.futureField"),
+    (lambda p: p["metadata"]["labels"].__setitem__("app", "x" * 70), "metadata.labels"),
+], ids=["bad-name", "empty-name", "no-name", "gated", "unknown-field", "bad-label"])
+def test_refusals_after_a_memoised_twin(change: Any, path: str) -> None:
+    """A pod that differs from a memoised one only where it is wrong is still refused, with
+    parse_pod's reason; the refusal is not memoised."""
+    parser = PodParser()
+    good = pods()[0]
+    parser.parse(good)
+    bad = copy.deepcopy(good)
+    bad["metadata"]["uid"] = "other"
+    change(bad)
+    for _ in range(2):
+        with pytest.raises(SpecError) as e:
+            parser.parse(bad)
+        assert e.value.field.startswith(path)
+    with pytest.raises(SpecError) as e2:
+        parse_pod(bad)
+    assert str(e2.value) == str(e.value)
+
+
+def test_uid_and_name_are_each_pods_own() -> None:
+    parser = PodParser()
+    a, b = pods()[0], copy.deepcopy(pods()[0])
+    b["metadata"].update(name="p-other", uid="uid-other")
+    wa, wb = parser.parse(a), parser.parse(b)
+    assert (wa.uid, wa.name, wb.uid, wb.name) == ("uid-0", "p-00000", "uid-other", "p-other")
+    assert parser.hits == 1
+
+
+def test_memo_is_bounded() -> None:
+    parser = PodParser(max_entries=10)
+    for p in pods()[:60]:
+        parser.parse(p)
+    assert len(parser._memo) <= 10
