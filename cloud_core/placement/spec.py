@@ -674,9 +674,12 @@ class PodParser:
         meta = pod.get("metadata") if isinstance(pod, Mapping) else None
         if not isinstance(meta, Mapping) or pod.get("kind", "Pod") != "Pod":
             return parse_pod(pod)
+        spec = _key_spec(pod.get("spec"))
+        if spec is None:
+            return parse_pod(pod)
         try:
             key = self._encode((meta.get("namespace"), meta.get("labels"),
-                                meta.get("annotations"), pod.get("spec")))
+                                meta.get("annotations"), spec))
         except (TypeError, ValueError):  # not JSON-shaped: parse_pod says why
             return parse_pod(pod)
         t = self._memo.get(key)
@@ -693,6 +696,32 @@ class PodParser:
         self.hits += 1
         return dataclasses.replace(t, uid=str(meta.get("uid") or f"{t.namespace}/{name}"),
                                    name=name)
+
+
+def _key_spec(spec: Any) -> Any:
+    """What of ``spec`` parse_pod reads, for PodParser's key; None: no memo for this pod.
+
+    The API server gives every pod a projected ServiceAccount volume with a random name
+    (``kube-api-access-xxxxx``), mounted in each container: parse_pod reads neither volume
+    names nor mounts (only which sources a volume uses), so they stay out of the key.
+    """
+    if not isinstance(spec, Mapping):
+        return spec
+    if "volumes" not in spec:
+        return spec
+    vols = spec.get("volumes")
+    out = dict(spec)
+    if isinstance(vols, list):
+        if not all(isinstance(v, Mapping) for v in vols):
+            return None
+        out["volumes"] = [{"sources": sorted(str(k) for k in v if k != "name")} for v in vols]
+    for c in ("containers", "initContainers"):
+        cs = spec.get(c)
+        if isinstance(cs, list):
+            if not all(isinstance(x, Mapping) for x in cs):
+                return None
+            out[c] = [{k: v for k, v in x.items() if k != "volumeMounts"} for x in cs]
+    return out
 
 
 _PLAIN_KEYS = {"name", "namespace", "uid", "replicas", "requests", "nodeSelector", "nodeAffinity",

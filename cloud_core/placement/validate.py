@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .config import EngineConfig
 from .model import (
@@ -34,13 +35,29 @@ class Violation:
     detail: str
 
 
+class _PodLike(Protocol):
+    """What the pod (anti-)affinity checks read of a pod: a running pod (``RunningPod``,
+    taken as it is: no copy of 10,000 pods per batch) or one the batch assigns (``_Pod``)."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def anti_affinity(self) -> tuple[PodAffinityTerm, ...]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Pod:
     uid: str
     namespace: str
     labels: Mapping[str, str]
     node: str
-    anti: tuple[PodAffinityTerm, ...]
+    anti_affinity: tuple[PodAffinityTerm, ...]
 
 
 def _label(node: NodeInfo, key: str) -> str | None:
@@ -91,7 +108,7 @@ def _sel_ok(sel: LabelSelector, labels: Mapping[str, str]) -> bool:
     return all(_req_ok(r, labels.get(r.key)) for r in sel.match_expressions)
 
 
-def _term_hits(t: PodAffinityTerm, owner_ns: str, pod: _Pod) -> bool:
+def _term_hits(t: PodAffinityTerm, owner_ns: str, pod: _PodLike) -> bool:
     return pod.namespace in (t.namespaces or (owner_ns,)) and _sel_ok(t.selector, pod.labels)
 
 
@@ -176,19 +193,19 @@ def _static(ctx: _Ctx, w: Workload, node: NodeInfo) -> list[tuple[str, str]]:
 class _Pods:
     """All pods (running and newly assigned) bucketed by topology domain."""
 
-    def __init__(self, ctx: _Ctx, pods: Sequence[_Pod]) -> None:
+    def __init__(self, ctx: _Ctx, pods: Sequence[_PodLike]) -> None:
         self.ctx = ctx
         self.pods = pods
-        self._by_dom: dict[str, dict[str, list[_Pod]]] = {}
-        self.repellers: dict[tuple[str, str], list[tuple[_Pod, PodAffinityTerm]]] = {}
+        self._by_dom: dict[str, dict[str, list[_PodLike]]] = {}
+        self.repellers: dict[tuple[str, str], list[tuple[_PodLike, PodAffinityTerm]]] = {}
         for p in pods:
             node = ctx.nodes.get(p.node)
-            for t in p.anti:
+            for t in p.anti_affinity:
                 d = _label(node, t.topology_key) if node is not None else None
                 if d is not None:
                     self.repellers.setdefault((t.topology_key, d), []).append((p, t))
 
-    def in_domain(self, key: str, dom: str) -> list[_Pod]:
+    def in_domain(self, key: str, dom: str) -> list[_PodLike]:
         idx = self._by_dom.get(key)
         if idx is None:
             idx = {}
@@ -243,7 +260,7 @@ def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
         elif name not in ctx.nodes:
             out.append(Violation(uid, name, "unknown_node", "no such node"))
     placed = [w for w in workloads if assignments.get(w.uid) in ctx.nodes]
-    pods = [_Pod(p.uid, p.namespace, p.labels, p.node, p.anti_affinity) for p in snapshot.pods]
+    pods: list[_PodLike] = [*snapshot.pods]
     pods += [_Pod(w.uid, w.namespace, w.labels, assignments[w.uid], w.pod_anti_affinity)
              for w in placed]
     used: dict[str, list[int]] = {}

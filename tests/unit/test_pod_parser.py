@@ -70,3 +70,36 @@ def test_memo_is_bounded() -> None:
     for p in pods()[:60]:
         parser.parse(p)
     assert len(parser._memo) <= 10
+
+
+def _with_sa_volume(p: dict[str, Any], suffix: str, source: str = "projected"
+                    ) -> dict[str, Any]:
+    """As the API server's ServiceAccount admission leaves a pod: a randomly named volume."""
+    p = copy.deepcopy(p)
+    name = f"kube-api-access-{suffix}"
+    p["spec"]["volumes"] = [{"name": name, source: {}}]
+    for c in p["spec"]["containers"]:
+        c["volumeMounts"] = [{"name": name, "mountPath": "/var/run/secrets/x"}]
+    return p
+
+
+def test_service_account_volumes_do_not_defeat_the_memo() -> None:
+    parser = PodParser()
+    base = pods()[0]
+    for i, suffix in enumerate(("abcde", "fghij", "klmno")):
+        p = _with_sa_volume(base, suffix)
+        p["metadata"].update(name=f"p-{i}", uid=f"u-{i}")
+        assert parser.parse(p) == parse_pod(p)
+    assert parser.hits == 2
+
+
+def test_a_volume_source_that_binds_to_nodes_is_refused_after_a_memoised_twin() -> None:
+    parser = PodParser()
+    parser.parse(_with_sa_volume(pods()[0], "abcde"))
+    bad = _with_sa_volume(pods()[0], "abcde", source="persistentVolumeClaim")
+    with pytest.raises(SpecError, match="persistentVolumeClaim"):
+        parser.parse(bad)
+    odd = copy.deepcopy(bad)
+    odd["spec"]["volumes"] = [["projected"]]  # not a mapping: parse_pod's answer, no memo
+    with pytest.raises(SpecError):
+        parser.parse(odd)
