@@ -340,11 +340,13 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     pass the pod's nodeSelector/required node affinity (nodeAffinityPolicy Honor) and, with
     nodeTaintsPolicy Honor, its taints; the minimum is 0 below minDomains domains."""
     out: list[Violation] = []
-    every: dict[str, list[tuple[Mapping[str, str], str]]] = {}  # namespace -> (labels, node)
+    # namespace -> labels -> nodes of the pods with them: a selector is matched once per
+    # label set (a controller's replicas share theirs), and only matching pods are counted
+    every: dict[str, dict[Mapping[str, str], list[str]]] = {}
     for p in snap.pods:
-        every.setdefault(p.namespace, []).append((p.labels, p.node))
+        every.setdefault(p.namespace, {}).setdefault(p.labels, []).append(p.node)
     for w in placed:
-        every.setdefault(w.namespace, []).append((w.labels, assignments[w.uid]))
+        every.setdefault(w.namespace, {}).setdefault(w.labels, []).append(assignments[w.uid])
     # per (what decides eligibility, namespace, constraint): domain -> matching pods
     memo: dict[tuple[object, ...], dict[str, int]] = {}
     # per (what decides eligibility): eligible node -> its domain (shared by the selectors)
@@ -373,16 +375,13 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
                         domain_of[n.name] = d
                     domains_memo[ekey] = domain_of
                 counts = dict.fromkeys(domain_of.values(), 0)
-                hits: dict[Mapping[str, str], bool] = {}  # replicas share their labels
-                for labels, node in every.get(w.namespace, ()):
-                    d = domain_of.get(node)
-                    if d is None:
+                for labels, nodes in every.get(w.namespace, {}).items():
+                    if not _sel_ok(c.selector, labels):
                         continue
-                    hit = hits.get(labels)
-                    if hit is None:
-                        hit = hits[labels] = _sel_ok(c.selector, labels)
-                    if hit:
-                        counts[d] += 1
+                    for node in nodes:
+                        d = domain_of.get(node)
+                        if d is not None:
+                            counts[d] += 1
                 memo[key] = counts
             here = _label(ctx.nodes[assignments[w.uid]], c.topology_key)
             if here is None:

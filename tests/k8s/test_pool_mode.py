@@ -127,11 +127,16 @@ def test_edgeapplication_for_a_nodegroup_object(admin: KubeClient, cluster: Clus
         "apiVersion": "apps.kubeedge.io/v1alpha1", "kind": "NodeGroup",
         "metadata": {"name": "pe-g"}, "spec": {"nodes": ["pe-0", "pe-1"]}})
     try:
+        # as the OpenYurt test: the group's members read before the Deployment comes (a
+        # plan made earlier places nothing and is rewritten once they are)
+        wait_for(lambda: pools.registry.membership("kubeedge").get("pe-1") == "pe-g",
+                 what="NodeGroup membership read")
         dep = admin.create(f"/apis/apps/v1/namespaces/{ns}/deployments",
                            pool_deployment(ns, "cam", 5, "kubeedge", tolerate_edge=True))
         path = f"/apis/apps.kubeedge.io/v1alpha1/namespaces/{ns}/edgeapplications/cam"
         got = wait_for(lambda: admin.get(path), timeout=30, what="EdgeApplication")
-        plan = wait_for(lambda: pools.plans.get(f"{ns}/cam"), what="plan recorded")
+        plan = wait_for(lambda: (p := pools.plans.get(f"{ns}/cam")) is not None
+                        and p.per_pool and p, what="plan with the group's nodes recorded")
         got = admin.get(path)
         assert plan.per_pool == {"pe-g": 4} and len(plan.unplaced) == 1  # 2 nodes x 2 cpus
         assert got["spec"]["workloadScope"]["targetNodeGroups"] == [
