@@ -262,6 +262,21 @@ class Endpoint:
         return ctx
 
 
+class _NamedTLSConnection(http.client.HTTPSConnection):
+    """HTTPS whose certificate is checked against ``server_name`` (kubeconfig's
+    ``tls-server-name``) instead of the host it connects to, as client-go does."""
+
+    def __init__(self, host: str, *, server_name: str, timeout: float,
+                 context: ssl.SSLContext) -> None:
+        super().__init__(host, timeout=timeout, context=context)
+        self._server_name = server_name
+        self._tls = context
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)  # TCP; TLS below, with the other name
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
 def _named(doc: Any, section: str, name: Any) -> Any:
     for entry in doc.get(section) or []:
         if isinstance(entry, dict) and entry.get("name") == name:
@@ -332,6 +347,9 @@ class LeanHTTP:
     def connect(self, timeout_s: float | None = None) -> http.client.HTTPConnection:
         """A new connection of its own (a watch keeps one for its whole stream)."""
         t = self.timeout_s if timeout_s is None else timeout_s
+        if self._ctx is not None and self.endpoint.server_name:
+            return _NamedTLSConnection(self._hostport, server_name=self.endpoint.server_name,
+                                       timeout=t, context=self._ctx)
         if self._ctx is not None:
             return http.client.HTTPSConnection(self._hostport, timeout=t, context=self._ctx)
         return http.client.HTTPConnection(self._hostport, timeout=t)

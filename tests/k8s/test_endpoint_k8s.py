@@ -75,3 +75,25 @@ def test_wrong_ca_is_refused(control_plane: ControlPlane, tmp_path: Path) -> Non
             c.list("/api/v1/nodes")
     finally:
         c.close()
+
+
+@pytest.mark.parametrize(("name", "ok"), [("kubernetes.default.svc", True),
+                                          ("not-the-server.example", False)])
+def test_tls_server_name_is_what_the_certificate_is_checked_against(
+        control_plane: ControlPlane, tmp_path: Path, name: str, ok: bool) -> None:
+    """kubeconfig's tls-server-name: honoured (a name in the server's certificate works over
+    127.0.0.1; one that is not fails verification), never ignored."""
+    adm = control_plane.admin
+    assert adm is not None
+    kc = _kubeconfig(tmp_path / "kc", adm.host,
+                     {"certificate-authority": adm.ca_file, "tls-server-name": name},
+                     {"client-certificate": adm.cert_file, "client-key": adm.key_file})
+    c = KubeClient.from_kubeconfig(kc)
+    try:
+        if ok:
+            assert isinstance(c.list("/api/v1/nodes")[0], list)
+        else:
+            with pytest.raises(KubeError, match="CERTIFICATE_VERIFY_FAILED"):
+                c.list("/api/v1/nodes")
+    finally:
+        c.close()
