@@ -37,7 +37,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -88,6 +87,11 @@ _KNOWN_KINDS: dict[tuple[str, str], tuple[str, bool]] = {
 # In-cluster credentials (a ServiceAccount's projected token, rotated by the kubelet).
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_REREAD_S = 60.0  # as client-go and the kubernetes client re-read a rotated token
+
+# Bounds on what comes in: a kubeconfig is read whole before YAML sees it, a watch line is
+# one object (etcd stores at most 1.5 MiB an object; JSON adds little).
+KUBECONFIG_MAX_BYTES = 1 << 20
+WATCH_LINE_MAX_BYTES = 16 << 20
 
 # What ``Endpoint.from_kubeconfig`` reads itself; any other key needs ``kubernetes.config``.
 _STATIC_USER = frozenset({"client-certificate", "client-certificate-data", "client-key",
@@ -181,7 +185,12 @@ class Endpoint:
         if os.pathsep in path:  # several files merged: the kubernetes loader's job
             return cls._kubernetes_loader(path, context)
         try:
-            doc = yaml.load(Path(path).read_text(), Loader=yaml.CSafeLoader)
+            with open(path, "rb") as f:
+                raw = f.read(KUBECONFIG_MAX_BYTES + 1)
+            if len(raw) > KUBECONFIG_MAX_BYTES:
+                raise KubeError(f"cannot load kubeconfig {path}: over "
+                                f"{KUBECONFIG_MAX_BYTES} bytes")
+            doc = yaml.load(raw.decode(), Loader=yaml.CSafeLoader)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise KubeError(f"cannot load kubeconfig {path}: {e}") from e
         try:
@@ -189,9 +198,11 @@ class Endpoint:
             ctx = _named(doc, "contexts", ctx_name)["context"]
             cluster = _named(doc, "clusters", ctx["cluster"])["cluster"]
             user = _named(doc, "users", ctx["user"])["user"] if ctx.get("user") else {}
-            server = str(cluster["server"])
-        except (KeyError, TypeError) as e:
+            server = cluster["server"]
+        except (KeyError, TypeError, AttributeError) as e:
             raise KubeError(f"cannot load kubeconfig {path}: missing {e}") from e
+        if not isinstance(server, str) or not server.startswith(("https://", "http://")):
+            raise KubeError(f"cannot load kubeconfig {path}: server is not an http(s) URL")
         if (not isinstance(user, dict) or not isinstance(cluster, dict)
                 or set(user) - _STATIC_USER or set(cluster) - _STATIC_CLUSTER):
             return cls._kubernetes_loader(path, context)
@@ -201,12 +212,19 @@ class Endpoint:
             return os.path.join(base, str(v)) if v else None
 
         def data(v: Any) -> bytes | None:
-            return base64.b64decode(str(v)) if v else None
+            try:
+                return base64.b64decode(str(v), validate=True) if v else None
+            except ValueError as e:  # binascii.Error
+                raise KubeError(f"cannot load kubeconfig {path}: bad base64: {e}") from e
 
         ca_data = data(cluster.get("certificate-authority-data"))
+        try:
+            ca_pem = ca_data.decode() if ca_data else None
+        except UnicodeDecodeError as e:
+            raise KubeError(f"cannot load kubeconfig {path}: CA data is not PEM") from e
         return cls(host=server.rstrip("/"),
                    ca_file=file(cluster.get("certificate-authority")),
-                   ca_data=ca_data.decode() if ca_data else None,
+                   ca_data=ca_pem,
                    cert_file=file(user.get("client-certificate")),
                    key_file=file(user.get("client-key")),
                    cert_data=data(user.get("client-certificate-data")),
@@ -228,7 +246,7 @@ class Endpoint:
         try:
             k8s_config.load_kube_config(config_file=path, context=context,
                                         client_configuration=cfg, persist_config=False)
-        except (k8s_config.ConfigException, OSError, ValueError) as e:
+        except Exception as e:  # a third-party loader on an operator's file: any failure
             raise KubeError(f"cannot load kubeconfig {path}: {e}") from e
         if cfg.proxy:
             raise KubeError(f"kubeconfig {path}: proxy-url is not supported")
@@ -675,6 +693,9 @@ class KubeClient:
                     return
                 buf += chunk
                 if b"\n" not in chunk:
+                    if len(buf) > WATCH_LINE_MAX_BYTES:
+                        raise KubeUnavailable(f"{what}: an event over {WATCH_LINE_MAX_BYTES} "
+                                              "bytes")
                     continue
                 *lines, buf = buf.split(b"\n")  # one split a chunk, not one a line
                 for line in lines:

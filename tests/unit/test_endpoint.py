@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cloud_core.errors import KubeError
 from cloud_core.k8s.client import TOKEN_REREAD_S, Endpoint, LeanHTTP
@@ -129,3 +131,36 @@ def test_importing_the_scheduler_does_not_import_the_kubernetes_client() -> None
                           "print('kubernetes' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_oversized_kubeconfig_is_refused_before_parsing(tmp_path: Path) -> None:
+    from cloud_core.k8s.client import KUBECONFIG_MAX_BYTES
+    p = tmp_path / "kc"
+    p.write_text("# " + "x" * KUBECONFIG_MAX_BYTES + "\n")
+    with pytest.raises(KubeError, match="over"):
+        Endpoint.from_kubeconfig(str(p))
+
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8))
+_tree = st.recursive(_scalar, lambda kids: st.one_of(
+    st.lists(kids, max_size=3),
+    st.dictionaries(st.sampled_from(["name", "context", "cluster", "user", "server", "token",
+                                     "tokenFile", "client-certificate-data",
+                                     "certificate-authority-data", "exec", "x"]),
+                    kids, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.fixed_dictionaries({}, optional={
+    "current-context": _scalar, "contexts": _tree, "clusters": _tree, "users": _tree}))
+def test_fuzzed_kubeconfig_gives_an_endpoint_or_a_kube_error(tmp_path: Path,
+                                                            doc: dict[str, Any]) -> None:
+    """Whatever shape the file has: an Endpoint or a KubeError naming the file, nothing else
+    (no TypeError/AttributeError from a list where a mapping belongs)."""
+    p = tmp_path / "kc"
+    p.write_text(json.dumps(doc))
+    try:
+        Endpoint.from_kubeconfig(str(p))
+    except KubeError as e:
+        assert "kubeconfig" in str(e)
