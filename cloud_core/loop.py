@@ -62,8 +62,9 @@ class Observation:
     # uid -> (node, predecessor uid): a pending replacement for a workload the loop moved;
     # it goes where the move planned (checked by the validator), keeping the cool-down.
     pinned: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-    # More workloads wait beyond ``pending`` (a backlog taken batch by batch): re-planning
-    # waits for it, up to ``DecisionLoop.REPLAN_BACKLOG_DEFER_S`` past its due time.
+    # More workloads wait beyond ``pending`` (a backlog taken batch by batch), or the
+    # placements of one are still being carried out: re-planning waits for it, up to
+    # ``DecisionLoop.REPLAN_BACKLOG_DEFER_S`` past its due time.
     backlog: bool = False
 
 

@@ -39,14 +39,15 @@ class Reflector:
     they are in the store; the full list then comes in page by page (each page handed to the
     handler as it arrives), and whatever vanished between the two lists is removed at its
     end. Without ``prime``, ``ready`` is set with ``synced``. ``pages_after``: the first full
-    list waits for this event (the primed list does not).
+    list waits for this event (the primed list does not). ``after_page`` is called once
+    each listed page is in the store (and its changes handled).
     """
 
     def __init__(self, client: KubeClient, path: str, handler: Handler, *,
                  name: str = "", watch_timeout_s: int = 30, max_backoff_s: float = 5.0,
                  resume_from: str | None = None, prime: dict[str, str] | None = None,
                  page_size: int = 500, pages_after: threading.Event | None = None,
-                 **query: Any) -> None:
+                 after_page: Callable[[], None] | None = None, **query: Any) -> None:
         self.client = client
         self.path = path
         self.handler = handler
@@ -61,6 +62,7 @@ class Reflector:
         self.prime = prime
         self.page_size = page_size
         self.pages_after = pages_after
+        self.after_page = after_page or (lambda: None)
         self.stop_event = threading.Event()
         self.rv = resume_from or ""
         self.stats = {"lists": 0, "watches": 0, "gone": 0, "unavailable": 0, "events": 0}
@@ -87,6 +89,7 @@ class Reflector:
                                         **self.prime)
             for o in items:
                 self._merge(o)
+            self.after_page()
             self.ready.set()
         if self.pages_after is not None and not self.synced.is_set():
             while not self.pages_after.wait(0.5):  # the first full list only
@@ -99,6 +102,7 @@ class Reflector:
             for o in page:
                 fresh[obj_key(o)] = o
                 self._merge(o)
+            self.after_page()
         self.ready.set()
         self.stats["lists"] += 1
         with self.lock:
