@@ -138,11 +138,20 @@ class SpreadState:
         return after + self.self_match - self.minimum()
 
     def ok(self) -> np.ndarray:
-        return (self.dom >= 0) & (self.skew() <= self.c.max_skew)
+        """Nodes where one more pod keeps the skew within ``maxSkew`` (decided per domain,
+        then spread over the nodes: nodes without the key, id -1, take the last entry)."""
+        fine = self.counts + self.self_match - self.minimum() <= self.c.max_skew
+        return np.append(fine, False)[self.dom]
 
     def placed(self, i: int) -> None:
         if self.eligible[i] and self.self_match:
             self.counts[self.dom[i]] += 1
+
+
+def _one(n: int, i: int) -> np.ndarray:
+    m = np.zeros(n, dtype=bool)
+    m[i] = True
+    return m
 
 
 def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
@@ -167,10 +176,16 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
     first_mask: np.ndarray | None = None
     first_cost: np.ndarray | None = None
     why: str | None = None
+    # Placing a pod changes its node only: what fits and, without ScheduleAnyway spread (its
+    # cost is relative to the candidates), the cost are computed once and kept per node.
+    fits = (pc.free >= req).all(axis=1)
+    soft = any(not c.hard for c in w.spread)
+    full = None if soft else scores.sequential_cost(w, pc.ix, np.ones(pc.ix.n, dtype=bool),
+                                                    policy, [])
     for k in range(count):
         if k and dynamic:
             base = _all_ok(pc.filter_results(w, resources=False))
-        mask = base & (pc.free >= req).all(axis=1)
+        mask = base & fits
         if not mask.any():
             why = "no node satisfies every constraint" if not base.any() else \
                 "insufficient resources"
@@ -186,15 +201,21 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
         if not mask.any():
             why = "topology spread: every node would exceed maxSkew"
             break
-        cost = scores.sequential_cost(w, pc.ix, mask, policy,
-                                      [(s.skew(), s.c.max_skew) for s in spreads
-                                       if not s.c.hard])
+        if full is None:
+            cost = scores.sequential_cost(w, pc.ix, mask, policy,
+                                          [(s.skew(), s.c.max_skew) for s in spreads
+                                           if not s.c.hard])
+        else:
+            cost = np.where(mask, full, np.inf)
         if first_mask is None:
             first_mask, first_cost = mask.copy(), cost
         i = int(np.argmin(cost))
         placed.append(i)
         pc.free[i] -= req
         pc.ix.alloc[i] += req
+        fits[i] = bool((pc.free[i] >= req).all())
+        if full is not None:
+            full[i] = scores.sequential_cost(w, pc.ix, _one(pc.ix.n, i), policy, [])[i]
         pc.pods.add(_as_running(w, pc.ix.nodes[i].name))
         usage.add(i, w.extended, w.host_ports)
         for s in spreads:

@@ -282,3 +282,69 @@ def test_reference_agrees_on_a_known_case() -> None:
     assert (placed, proven) == (2, True)
     res = place(snap, ws)
     assert np.isclose(_engine_cost(snap, ws, dict(res.assignments), EngineConfig()), cost)
+
+
+def _naive_place_class(pc: Any, w: Workload, count: int, usage: Any, policy: str) -> list[int]:
+    """``sequential.place_class`` as it was written first: every pod recomputes what fits
+    and its cost over all nodes (the reference for the incremental version)."""
+    from cloud_core.placement import scores
+    from cloud_core.placement.engine import _all_ok, _as_running, _req
+    from cloud_core.placement.sequential import SpreadState
+
+    frs = pc.filter_results(w, resources=False)
+    by_name = {f.name: f.ok for f in frs}
+    static_ok = by_name["node_selector"] & by_name["node_affinity"]
+    spreads = [SpreadState(pc, w, c, static_ok, by_name["taints"]) for c in w.spread]
+    req = _req(w)
+    placed: list[int] = []
+    for _ in range(count):
+        mask = _all_ok(pc.filter_results(w, resources=False)) & (pc.free >= req).all(axis=1)
+        um, reason = usage.mask(w)
+        mask &= um
+        for s in spreads:
+            if s.c.hard:
+                mask &= (s.dom >= 0) & (s.skew() <= s.c.max_skew)
+        if reason is not None or not mask.any():
+            break
+        cost = scores.sequential_cost(w, pc.ix, mask, policy,
+                                      [(s.skew(), s.c.max_skew) for s in spreads
+                                       if not s.c.hard])
+        i = int(np.argmin(cost))
+        placed.append(i)
+        pc.free[i] -= req
+        pc.ix.alloc[i] += req
+        pc.pods.add(_as_running(w, pc.ix.nodes[i].name))
+        usage.add(i, w.extended, w.host_ports)
+        for s in spreads:
+            s.placed(i)
+    return placed
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snap=clusters(max_nodes=12), count=st.integers(1, 14),
+       policy=st.sampled_from(["cost", "spread"]),
+       spread=st.sampled_from(["none", "hard-zone", "hard-host", "soft-zone", "both"]),
+       cpu=st.sampled_from([100, 500, 1500]))
+def test_place_class_keeps_the_naive_answers(snap: ClusterSnapshot, count: int, policy: str,
+                                             spread: str, cpu: int) -> None:
+    """Kept per node (what fits, the cost) or recomputed per pod: the same nodes, in the
+    same order, for every policy and kind of spread constraint."""
+    from cloud_core.placement import PreparedCluster
+    from cloud_core.placement.model import LabelSelector, SpreadConstraint
+    from cloud_core.placement.sequential import NodeUsage, place_class
+
+    sel = LabelSelector({"app": "s"})
+    cons = {"none": (), "hard-zone": (SpreadConstraint(1, ZONE, True, sel),),
+            "hard-host": (SpreadConstraint(1, HOSTNAME, True, sel),),
+            "soft-zone": (SpreadConstraint(1, ZONE, False, sel),),
+            "both": (SpreadConstraint(2, ZONE, True, sel),
+                     SpreadConstraint(1, HOSTNAME, False, sel))}[spread]
+    w = Workload("w", "w", requests=Resources(cpu, GIB // 4, 0), labels={"app": "s"},
+                 spread=cons)
+    got, want = [], []
+    for out, fn in ((got, place_class), (want, _naive_place_class)):
+        pc = PreparedCluster(snap, EngineConfig())
+        usage = NodeUsage(pc, snap.pods)
+        res = fn(pc, w, count, usage, policy)
+        out.extend(res[0] if isinstance(res, tuple) else res)
+    assert got == want
