@@ -178,7 +178,7 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
     why: str | None = None
     # Placing a pod changes its node only: what fits and, without ScheduleAnyway spread (its
     # cost is relative to the candidates), the cost are computed once and kept per node.
-    fits = (pc.free >= req).all(axis=1)
+    fits: np.ndarray = np.asarray((pc.free >= req).all(axis=1))
     soft = any(not c.hard for c in w.spread)
     full = None if soft else scores.sequential_cost(w, pc.ix, np.ones(pc.ix.n, dtype=bool),
                                                     policy, [])
