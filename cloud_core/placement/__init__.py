@@ -41,8 +41,9 @@ def prepare(snapshot: ClusterSnapshot, config: EngineConfig | None = None) -> Pr
 
 def place(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
           config: EngineConfig | None = None) -> PlacementResult:
-    """Place a batch of workloads together on ``snapshot``."""
-    return PreparedCluster(snapshot, config).place(workloads)
+    """Place a batch of workloads together on ``snapshot`` (indexes built as the batch
+    needs them: the prepared cluster is not kept)."""
+    return PreparedCluster(snapshot, config, eager=False).place(workloads)
 
 
 def explain(snapshot: ClusterSnapshot, workload: Workload, config: EngineConfig | None = None,

@@ -184,7 +184,7 @@ def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]
         for w, node, _ in need:
             dest_sla = None if w.max_latency_ms is None else w.max_latency_ms * cfg.dest_ratio
             probes.append(_avoiding(w, [node, *hot], dest_sla))
-        res = PreparedCluster(snap2, cfg.engine).place(probes)
+        res = PreparedCluster(snap2, cfg.engine, eager=False).place(probes)
         originals = [w for w, _, _ in need]
         chosen = {u: n for u, n in res.assignments.items()}
         # the real SLA, the real spec: the validator must agree before anything moves
