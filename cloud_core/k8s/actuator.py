@@ -213,6 +213,16 @@ class ActuatorStats:
     bound_pods: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
 
 
+def _assumed_pod(key: str, node: str, w: Workload | None) -> RunningPod | None:
+    """A binding made but not seen yet, as the snapshot counts it (built once, not per step)."""
+    if w is None:
+        return None
+    ns, _, name = key.partition("/")
+    return RunningPod(uid=w.uid, name=name, namespace=ns, node=node, labels=w.labels,
+                      requests=w.requests, anti_affinity=w.pod_anti_affinity,
+                      host_ports=w.host_ports, extended=w.extended)
+
+
 def _pod_requests(w: Workload | None) -> Resources:
     return w.requests if w is not None else Resources()
 
@@ -238,7 +248,8 @@ class Actuator:
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._assumed: dict[str, tuple[str, float, Workload | None]] = {}  # pod key → node
+        # pod key → (node, when, the pod as the snapshot counts it): bindings made, not seen yet
+        self._assumed: dict[str, tuple[str, float, RunningPod | None]] = {}
         self._unschedulable: dict[str, tuple[float, int]] = {}  # pod key → (when, generation)
         self._last_failure: dict[str, str] = {}  # pod uid → last FailedScheduling message
         self._workloads: dict[str, Workload | None] = {}  # pod uid → parsed workload
@@ -461,14 +472,10 @@ class Actuator:
         if gone:
             running = [p for p in running if p.uid not in exclude]
             own = [o for o in own if o[1].uid not in exclude]
-        for key, (node, _, w) in assumed:
-            ns, _, name = key.partition("/")
-            if w is not None:
-                running.append(RunningPod(uid=w.uid, name=name, namespace=ns, node=node,
-                                          labels=w.labels, requests=w.requests,
-                                          anti_affinity=w.pod_anti_affinity,
-                                          host_ports=w.host_ports, extended=w.extended))
-                r = w.requests
+        for _, (node, _, rp) in assumed:
+            if rp is not None:
+                running.append(rp)
+                r = rp.requests
                 u = usage.setdefault(node, [0, 0, 0])
                 u[0] += r.cpu_milli
                 u[1] += r.mem_bytes
@@ -649,7 +656,8 @@ class Actuator:
                 if u in self._obs_pods and u in wl]
         with self._lock:
             for pod, node, w in todo:
-                self._assumed[obj_key(pod)] = (node, now, w)
+                key = obj_key(pod)
+                self._assumed[key] = (node, now, _assumed_pod(key, node, w))
             self._binding += len(todo)
         for pod, node, w in todo:
             self._pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
@@ -804,7 +812,8 @@ class Actuator:
         if node and (live.get("metadata") or {}).get("uid") == md.get("uid"):
             self._count("already_bound")  # an earlier attempt (or another replica) won
             with self._lock:
-                self._assumed[key] = (str(node), time.monotonic(), w)
+                self._assumed[key] = (str(node), time.monotonic(),
+                                      _assumed_pod(key, str(node), w))
 
     # -- residency / security re-validation ----------------------------------------------------
     def _handle_label_changes(self) -> None:

@@ -363,9 +363,15 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
                 domain_of = domains_memo.get(ekey)
                 if domain_of is None:
                     domain_of = {}
+                    # no node selector/affinity to honour, no taints: every node with the key
+                    check = (c.honor_affinity and bool(w.node_selector or w.node_affinity)
+                             ) or c.honor_taints
                     for n in ctx.snap.nodes:
                         d = _label(n, c.topology_key)
                         if d is None:
+                            continue
+                        if not check:
+                            domain_of[n.name] = d
                             continue
                         broken = {k for k, _ in _static(ctx, w, n)}
                         if c.honor_affinity and broken & {"node_selector", "node_affinity"}:
