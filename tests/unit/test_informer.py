@@ -97,7 +97,7 @@ def test_without_prime_ready_comes_with_the_whole_list() -> None:
 def test_tune_gc_raises_the_young_threshold() -> None:
     import gc
 
-    from cloud_core.k8s.actuator import tune_gc
+    from cloud_core.k8s.actuator import _GC_TUNED, tune_gc
 
     before = gc.get_threshold()
     try:
@@ -106,3 +106,58 @@ def test_tune_gc_raises_the_young_threshold() -> None:
         assert gc.get_threshold() == (20_000, 20, 20)
     finally:
         gc.set_threshold(*before)
+        _GC_TUNED.clear()
+
+
+def test_listed_pages_are_frozen_out_of_the_collector_only_in_a_tuned_process() -> None:
+    """``after_page`` runs once per listed page (the primed list is one); the actuator's
+    ``settle_listed`` freezes the heap there only once ``tune_gc`` ran (an entry point),
+    never in a library caller's process."""
+    import gc
+
+    from cloud_core.k8s import actuator
+
+    calls: list[int] = []
+    fake = FakeClient([pod("b", node="n1")], [[pod("p1")], [pod("p2")]])
+    fake.gate.set()
+    r = Reflector(fake, "/api/v1/pods", lambda *a: None,  # type: ignore[arg-type]
+                  prime={"fieldSelector": "spec.nodeName!="},
+                  after_page=lambda: calls.append(len(r.store)))
+    r.start()
+    try:
+        assert r.synced.wait(5)
+        assert calls == [1, 2, 3]  # primed list, then each page, after its objects are in
+    finally:
+        r.stop_event.set()
+
+    before = gc.get_threshold()
+    gc.unfreeze()
+    actuator._GC_TUNED.clear()
+    try:
+        actuator.settle_listed()
+        assert gc.get_freeze_count() == 0  # not tuned: the heap is the caller's
+        actuator.tune_gc()
+        actuator.settle_listed()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        actuator._GC_TUNED.clear()
+        gc.set_threshold(*before)
+
+
+def test_a_burst_still_binding_counts_as_a_backlog() -> None:
+    """More bindings queued than the binding workers take at once: the observation says
+    backlog (a due re-plan waits for them); at most that many in flight: no backlog. The
+    client is never called here (no reflector started): the Actuator is built over None."""
+    from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+
+    act = Actuator(None, config=ActuatorConfig(bind_workers=4))  # type: ignore[arg-type]
+    try:
+        act.pods.synced.set()
+        assert act.observe().backlog is False
+        act._binding = 5
+        assert act.observe().backlog is True
+        act._binding = 4
+        assert act.observe().backlog is False
+    finally:
+        act._pool.shutdown()
