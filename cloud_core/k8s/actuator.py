@@ -255,10 +255,10 @@ class Actuator:
         self._workloads: dict[str, Workload | None] = {}  # pod uid → parsed workload
         self._parser = PodParser()  # the loop thread's: a controller's pods parsed once
         # What the snapshot counts, kept by the pod handler (_count_bound): pod uid → its
-        # entry while bound; bound pod key → uid; live pods by uid; cfnet's own live pods;
+        # entry while bound; the keys of bound pods; live pods by uid; cfnet's own live pods;
         # per node, the requests of its live pods [cpu, memory, GPUs, pods].
         self._running_cache: dict[str, _Bound] = {}
-        self._bound_keys: dict[str, str] = {}
+        self._bound_keys: set[str] = set()
         self._live: dict[str, RunningPod] = {}
         self._own: dict[str, tuple[JSON, Workload, str]] = {}
         self._usage: dict[str, list[int]] = {}
@@ -379,14 +379,14 @@ class Actuator:
             return
         if prev is not None:
             del self._running_cache[uid]
-            self._bound_keys.pop(prev.key, None)
+            self._bound_keys.discard(prev.key)
             if prev.live:
                 del self._live[uid]
                 self._add_usage(prev.node, prev.pod.requests, -1)
             self._own.pop(uid, None)
         if entry is not None:
             self._running_cache[uid] = entry
-            self._bound_keys[entry.key] = uid
+            self._bound_keys.add(entry.key)
             if entry.live:
                 self._live[uid] = entry.pod
                 self._add_usage(entry.node, entry.pod.requests, 1)

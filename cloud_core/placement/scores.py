@@ -208,8 +208,15 @@ def sequential_cost(w: Workload, ix: ClusterIndex, mask: Arr, default_policy: st
     """
     out = np.full(ix.n, np.inf)
     sel = np.flatnonzero(mask)
-    if not sel.size:
-        return out
+    if sel.size:
+        out[sel] = policy_cost(w, ix, sel, default_policy, soft_spread)
+    return out
+
+
+def policy_cost(w: Workload, ix: ClusterIndex, sel: Arr, default_policy: str,
+                soft_spread: list[tuple[Arr, int]]) -> Arr:
+    """``sequential_cost`` on the nodes ``sel`` (non-empty) only. Without soft spread every
+    term is per node, so a node's cost does not depend on which others are in ``sel``."""
     policy = w.policy or default_policy
     if policy == "spread":
         c = kube_default_cost(w, ix, sel)
@@ -219,5 +226,4 @@ def sequential_cost(w: Workload, ix: ClusterIndex, mask: Arr, default_policy: st
         c = total_cost(w, ix, sel)
         if soft_spread:
             c = c + ix.cfg.weights.spread * spread_soft_cost(soft_spread, sel)
-    out[sel] = c
-    return out
+    return c

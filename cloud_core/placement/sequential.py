@@ -148,12 +148,6 @@ class SpreadState:
             self.counts[self.dom[i]] += 1
 
 
-def _one(n: int, i: int) -> np.ndarray:
-    m = np.zeros(n, dtype=bool)
-    m[i] = True
-    return m
-
-
 def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
                 policy: str) -> tuple[list[int], np.ndarray, np.ndarray, str | None]:
     """Place up to ``count`` pods like ``w`` one by one; accounts each in ``pc`` and ``usage``.
@@ -180,8 +174,8 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
     # cost is relative to the candidates), the cost are computed once and kept per node.
     fits: np.ndarray = np.asarray((pc.free >= req).all(axis=1))
     soft = any(not c.hard for c in w.spread)
-    full = None if soft else scores.sequential_cost(w, pc.ix, np.ones(pc.ix.n, dtype=bool),
-                                                    policy, [])
+    full = None if soft or not pc.ix.n else scores.policy_cost(w, pc.ix, np.arange(pc.ix.n),
+                                                               policy, [])
     for k in range(count):
         if k and dynamic:
             base = _all_ok(pc.filter_results(w, resources=False))
@@ -215,7 +209,7 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
         pc.ix.alloc[i] += req
         fits[i] = bool((pc.free[i] >= req).all())
         if full is not None:
-            full[i] = scores.sequential_cost(w, pc.ix, _one(pc.ix.n, i), policy, [])[i]
+            full[i] = scores.policy_cost(w, pc.ix, np.array([i]), policy, [])[0]
         pc.pods.add(_as_running(w, pc.ix.nodes[i].name))
         usage.add(i, w.extended, w.host_ports)
         for s in spreads:
