@@ -29,6 +29,7 @@ import copy
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -47,6 +48,11 @@ POOL_MODE = "cfnet.io/pool-mode"
 FLAVOURS = ("openyurt", "kubeedge")
 NODEPOOLS = "/apis/apps.openyurt.io/v1beta2/nodepools"
 NODEGROUPS = "/apis/apps.kubeedge.io/v1alpha1/nodegroups"
+
+POOL_APIS = ((NODEPOOLS, "openyurt"), (NODEGROUPS, "kubeedge"))
+# An API the server does not serve (the framework's CRDs not installed) is asked for again this
+# often, so a framework installed after the core starts is read without a restart.
+NOT_SERVED_RETRY_S = 60.0
 
 YURT_API = "apps.openyurt.io/v1beta1"
 KUBEEDGE_API = "apps.kubeedge.io/v1alpha1"
@@ -199,18 +205,13 @@ class PoolController:
         self.deployments = Reflector(client, "/apis/apps/v1/deployments", self._changed,
                                      name="deployments")
         self.extra: list[Reflector] = []
+        self._unread: dict[str, float] = {path: 0.0 for path, _ in POOL_APIS}  # -> next probe
+        self._probe_error: dict[str, str] = {}  # path -> last failure logged
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.deployments.start()
-        for path, flavour in ((NODEPOOLS, "openyurt"), (NODEGROUPS, "kubeedge")):
-            try:  # a cluster without the framework has no such API: nothing to read
-                self.client.get(path, limit=1)
-            except KubeError:
-                continue
-            r = Reflector(self.client, path, self._pool_object(flavour), name=path)
-            r.start()
-            self.extra.append(r)
+        self._read_pool_objects()
         self._thread = threading.Thread(target=self._run, name="cfnet-pools", daemon=True)
         self._thread.start()
 
@@ -221,6 +222,40 @@ class PoolController:
             r.stop_event.set()
         if self._thread is not None:
             self._thread.join(10)
+
+    def _read_pool_objects(self) -> None:
+        """Start a reflector for each framework's pool objects once its API answers.
+
+        Asked again on every round of the controller until it does: a cluster without the
+        framework answers 404 (asked again every ``NOT_SERVED_RETRY_S``, quietly), while any
+        other failure (a timeout or a 5xx under load, a 403 before the RBAC is in place) is
+        logged once per distinct cause and retried on the next round (``resync_s``). Probing
+        once at start and giving up on any error left a core that met one slow answer blind
+        to its NodeGroups until restarted."""
+        now = time.monotonic()
+        for path, flavour in POOL_APIS:
+            if path not in self._unread or now < self._unread[path]:
+                continue
+            try:
+                self.client.get(path, limit=1)
+            except KubeNotFound:
+                self._unread[path] = now + NOT_SERVED_RETRY_S
+                if self._probe_error.get(path) != "not served":
+                    self._probe_error[path] = "not served"
+                    log.info("%s is not served (no %s CRDs): pools of %s come from node "
+                             "labels only; asking again every %.0f s", path, flavour,
+                             flavour, NOT_SERVED_RETRY_S)
+                continue
+            except KubeError as e:
+                if self._probe_error.get(path) != str(e):
+                    self._probe_error[path] = str(e)
+                    log.warning("reading %s failed: %s; retrying", path, e)
+                continue
+            del self._unread[path]
+            self._probe_error.pop(path, None)
+            r = Reflector(self.client, path, self._pool_object(flavour), name=path)
+            r.start()
+            self.extra.append(r)
 
     def _changed(self, kind: str, obj: JSON, old: JSON | None) -> None:
         self._wake.set()
@@ -245,7 +280,11 @@ class PoolController:
         while not self._stop.is_set():
             self._wake.wait(self.resync_s)
             self._wake.clear()
-            if self._stop.is_set() or not self.is_leader():
+            if self._stop.is_set():
+                return
+            if self._unread:
+                self._read_pool_objects()
+            if not self.is_leader():
                 continue
             self._stop.wait(0.2)  # let a burst of changes gather
             try:
