@@ -87,6 +87,10 @@ _KNOWN_KINDS: dict[tuple[str, str], tuple[str, bool]] = {
 # In-cluster credentials (a ServiceAccount's projected token, rotated by the kubelet).
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_REREAD_S = 60.0  # as client-go and the kubernetes client re-read a rotated token
+# Answers that carry Retry-After are sent again, as client-go does (its maxRetries is 10);
+# the total wait per call is bounded too, so a throttled caller is slowed, never stalled.
+RETRY_AFTER_TRIES = 10
+RETRY_AFTER_BUDGET_S = 10.0
 
 # Bounds on what comes in: a kubeconfig is read whole before YAML sees it, a watch line is
 # one object (etcd stores at most 1.5 MiB an object; JSON adds little).
@@ -123,6 +127,15 @@ def _error(status: int, body: bytes | str | None, what: str) -> KubeError:
     if status == 429 or status >= 500:
         return KubeUnavailable(text, status, reason)
     return KubeError(text, status, reason)
+
+
+def _retry_after_s(value: str) -> float | None:
+    """Seconds from a ``Retry-After`` header as client-go reads it (an integer; anything
+    else, e.g. an HTTP date, is not a retry), at least 0 and at most the whole budget."""
+    v = value.strip()
+    if not v or len(v) > 8 or not v.isascii() or not v.lstrip("-").isdigit():
+        return None
+    return float(min(max(int(v), 0), int(RETRY_AFTER_BUDGET_S) + 1))
 
 
 def _query_string(query: Mapping[str, Any]) -> str:
@@ -331,6 +344,7 @@ class LeanHTTP:
         self.max_idle = 64
         self._lock = threading.Lock()
         self._auth: tuple[float, str | None] = (-1e9, None)
+        self.stats = {"retried": 0}  # requests sent again because the answer said Retry-After
 
     def _authorization(self) -> str | None:
         ep = self.endpoint
@@ -388,12 +402,43 @@ class LeanHTTP:
 
     def call(self, method: str, path: str, body: bytes | None,
              content_type: str = "application/json",
-             timeout_s: float | None = None) -> tuple[int, bytes]:
+             timeout_s: float | None = None, *,
+             retry_after: bool = True) -> tuple[int, bytes]:
         """One request. A kept-alive connection that fails (the server closed it meanwhile,
         or restarted) is dropped and the request sent once more on a new one, as Go's
         net/http does; the callers' requests are idempotent or guarded (bindings carry a UID
         precondition, events unique names). A timeout is not retried; ``timeout_s`` (a
-        slow call, e.g. a collection delete) holds for this call only."""
+        slow call, e.g. a collection delete) holds for this call only.
+
+        An answer with ``Retry-After`` is sent again after that many seconds, as client-go's
+        ``checkWait`` does: a 429 for any method (API Priority and Fairness refused it before
+        running it), a 5xx for a GET only (a write the server may have run is the caller's
+        to retry), at most ``RETRY_AFTER_TRIES`` times and ``RETRY_AFTER_BUDGET_S`` of
+        waiting in all; the last answer is returned. ``retry_after=False`` returns the first
+        answer (an eviction a disruption budget refuses is a 429 with Retry-After: 10, which
+        the re-planner retries on its own clock)."""
+        waited = 0.0
+        for _ in range(RETRY_AFTER_TRIES):
+            status, data, after = self._call_once(method, path, body, content_type, timeout_s)
+            if not retry_after or after is None or not (
+                    status == 429 or (status >= 500 and method == "GET")):
+                break
+            wait = _retry_after_s(after)
+            if wait is None or waited + wait > RETRY_AFTER_BUDGET_S:
+                break
+            self.stats["retried"] += 1
+            log.info("%s %s: HTTP %d, retrying after %.0f s as the server asks", method,
+                     path.split("?", 1)[0], status, wait)
+            time.sleep(wait)
+            waited += wait
+        else:
+            status, data, _ = self._call_once(method, path, body, content_type, timeout_s)
+        return status, data
+
+    def _call_once(self, method: str, path: str, body: bytes | None, content_type: str,
+                   timeout_s: float | None) -> tuple[int, bytes, str | None]:
+        """One request (and its resend on a stale kept-alive connection): the status, the
+        body and the ``Retry-After`` header of a non-2xx answer."""
         headers = self.headers(body is not None, content_type)
         for attempt in (0, 1):
             c, reused = self._take()
@@ -414,16 +459,18 @@ class LeanHTTP:
                 c.close()
             else:
                 self._give(c)
-            return resp.status, data
+            after = None if 200 <= resp.status <= 299 else resp.getheader("Retry-After")
+            return resp.status, data, after
         raise AssertionError("unreachable")
 
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json", *, decode: bool = True,
-                timeout_s: float | None = None) -> Any:
+                timeout_s: float | None = None, retry_after: bool = True) -> Any:
         """One call with a JSON body (or raw bytes); the decoded answer, or None with
         ``decode=False`` (an answer nobody reads is not parsed)."""
         raw = body if body is None or isinstance(body, bytes) else _encode(body)
-        status, data = self.call(method, path, raw, content_type, timeout_s)
+        status, data = self.call(method, path, raw, content_type, timeout_s,
+                                 retry_after=retry_after)
         if not 200 <= status <= 299:
             raise _error(status, data, f"{method} {path}")
         if not decode or not data:
@@ -607,11 +654,13 @@ class KubeClient:
     # -- raw calls -----------------------------------------------------------------------------
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                 body: Any = None, content_type: str | None = None,
-                timeout: float | None = None) -> Any:
-        """One call; returns the decoded JSON body or raises a ``KubeError`` subclass."""
+                timeout: float | None = None, retry_after: bool = True) -> Any:
+        """One call; returns the decoded JSON body or raises a ``KubeError`` subclass
+        (answers with Retry-After are retried first: ``LeanHTTP.call``)."""
         q = _query_string(query) if query else ""
         return self.lean.request(method, f"{path}?{q}" if q else path, body,
-                                 content_type or "application/json", timeout_s=timeout)
+                                 content_type or "application/json", timeout_s=timeout,
+                                 retry_after=retry_after)
 
     def get(self, path: str, **query: Any) -> JSON:
         return dict(self.request("GET", path, query=query))
@@ -771,8 +820,10 @@ class KubeClient:
         if uid:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
         try:
+            # a refusal by a disruption budget says Retry-After: 10; the re-planner asks
+            # again on its own clock rather than holding its thread here
             self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
-                         body=body)
+                         body=body, retry_after=False)
         except KubeUnavailable as e:
             if e.status == 429:
                 return False

@@ -129,8 +129,14 @@ def test_edgeapplication_for_a_nodegroup_object(admin: KubeClient, cluster: Clus
     try:
         # as the OpenYurt test: the group's members read before the Deployment comes (a
         # plan made earlier places nothing and is rewritten once they are)
-        wait_for(lambda: pools.registry.membership("kubeedge").get("pe-1") == "pe-g",
-                 what="NodeGroup membership read")
+        try:
+            wait_for(lambda: pools.registry.membership("kubeedge").get("pe-1") == "pe-g",
+                     what="NodeGroup membership read")
+        except AssertionError as e:  # say which half is missing: the object or the node
+            raise AssertionError(
+                f"{e}; pool objects read from {[r.path for r in pools.extra]}, "
+                f"{len(pools.extra[-1].items()) if pools.extra else 0} listed; "
+                f"node pe-1: {pools.registry.get('pe-1')}") from e
         dep = admin.create(f"/apis/apps/v1/namespaces/{ns}/deployments",
                            pool_deployment(ns, "cam", 5, "kubeedge", tolerate_edge=True))
         path = f"/apis/apps.kubeedge.io/v1alpha1/namespaces/{ns}/edgeapplications/cam"
