@@ -29,6 +29,7 @@ import http.client
 import logging
 import os
 import queue
+import select
 import ssl
 import tempfile
 import threading
@@ -127,6 +128,21 @@ def _error(status: int, body: bytes | str | None, what: str) -> KubeError:
     if status == 429 or status >= 500:
         return KubeUnavailable(text, status, reason)
     return KubeError(text, status, reason)
+
+
+def _closed_by_peer(c: http.client.HTTPConnection) -> bool:
+    """An idle kept-alive connection with something to read has been closed by the server
+    (EOF) or is out of step with it: either way not one to send a request on (urllib3's
+    ``is_connection_dropped``). A never-connected one connects when used."""
+    sock = c.sock
+    if sock is None:
+        return False
+    try:
+        p = select.poll()
+        p.register(sock, select.POLLIN)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return True
 
 
 def _retry_after_s(value: str) -> float | None:
@@ -387,10 +403,19 @@ class LeanHTTP:
         return http.client.HTTPConnection(self._hostport, timeout=t)
 
     def _take(self) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection and whether it was kept alive from an earlier call."""
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
+        """A connection and whether it was kept alive from an earlier call. Idle connections
+        the server has closed meanwhile are dropped, not handed out: Go's transport notices
+        a closed idle connection on its own (a reader per connection), ``http.client`` only
+        when it is used, and after an API server restart every idle one is dead."""
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                c = self._idle.pop()
+            if _closed_by_peer(c):
+                c.close()
+                continue
+            return c, True
         return self.connect(), False
 
     def _give(self, c: http.client.HTTPConnection) -> None:
@@ -441,7 +466,8 @@ class LeanHTTP:
         body and the ``Retry-After`` header of a non-2xx answer."""
         headers = self.headers(body is not None, content_type)
         for attempt in (0, 1):
-            c, reused = self._take()
+            # the resend goes over a new connection: another idle one may be as stale
+            c, reused = self._take() if not attempt else (self.connect(), False)
             t = self.timeout_s if timeout_s is None else timeout_s
             c.timeout = t
             if c.sock is not None:
