@@ -223,6 +223,13 @@ def _assumed_pod(key: str, node: str, w: Workload | None) -> RunningPod | None:
                       host_ports=w.host_ports, extended=w.extended)
 
 
+def _accumulate(a: list[int], r: Resources, sign: int) -> None:
+    """Add (``sign`` 1) or take away (-1) ``r`` from a node's [cpu, memory, GPUs] sums."""
+    a[0] += sign * r.cpu_milli
+    a[1] += sign * r.mem_bytes
+    a[2] += sign * r.gpus
+
+
 def _pod_requests(w: Workload | None) -> Resources:
     return w.requests if w is not None else Resources()
 
@@ -397,9 +404,7 @@ class Actuator:
         a = self._usage.get(node)
         if a is None:
             a = self._usage[node] = [0, 0, 0, 0]
-        a[0] += sign * r.cpu_milli
-        a[1] += sign * r.mem_bytes
-        a[2] += sign * r.gpus
+        _accumulate(a, r, sign)
         a[3] += sign  # pods: the entry goes when its last pod does
         if not a[3]:
             del self._usage[node]
@@ -464,22 +469,14 @@ class Actuator:
             assumed = [(k, v) for k, v in self._assumed.items() if k not in self._bound_keys]
             gone = [self._running_cache[u] for u in exclude if u in self._live]
         for b in gone:  # left out to be re-validated
-            r = b.pod.requests
-            a = usage[b.node]
-            a[0] -= r.cpu_milli
-            a[1] -= r.mem_bytes
-            a[2] -= r.gpus
+            _accumulate(usage[b.node], b.pod.requests, -1)
         if gone:
             running = [p for p in running if p.uid not in exclude]
             own = [o for o in own if o[1].uid not in exclude]
         for _, (node, _, rp) in assumed:
             if rp is not None:
                 running.append(rp)
-                r = rp.requests
-                u = usage.setdefault(node, [0, 0, 0])
-                u[0] += r.cpu_milli
-                u[1] += r.mem_bytes
-                u[2] += r.gpus
+                _accumulate(usage.setdefault(node, [0, 0, 0]), rp.requests, 1)
         allocated = {n: Resources(*a) for n, a in usage.items()}
         snap = ClusterSnapshot(nodes=self.registry.node_infos(allocated),
                                links=dict(self.links()), now=time.time(), pods=tuple(running))

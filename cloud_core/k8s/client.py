@@ -443,9 +443,9 @@ class LeanHTTP:
         answer (an eviction a disruption budget refuses is a 429 with Retry-After: 10, which
         the re-planner retries on its own clock)."""
         waited = 0.0
-        for _ in range(RETRY_AFTER_TRIES):
+        for tries in range(RETRY_AFTER_TRIES + 1):
             status, data, after = self._call_once(method, path, body, content_type, timeout_s)
-            if not retry_after or after is None or not (
+            if tries == RETRY_AFTER_TRIES or not retry_after or after is None or not (
                     status == 429 or (status >= 500 and method == "GET")):
                 break
             wait = _retry_after_s(after)
@@ -456,8 +456,6 @@ class LeanHTTP:
                      path.split("?", 1)[0], status, wait)
             time.sleep(wait)
             waited += wait
-        else:
-            status, data, _ = self._call_once(method, path, body, content_type, timeout_s)
         return status, data
 
     def _call_once(self, method: str, path: str, body: bytes | None, content_type: str,

@@ -370,10 +370,7 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
                         d = _label(n, c.topology_key)
                         if d is None:
                             continue
-                        if not check:
-                            domain_of[n.name] = d
-                            continue
-                        broken = {k for k, _ in _static(ctx, w, n)}
+                        broken = {k for k, _ in _static(ctx, w, n)} if check else set()
                         if c.honor_affinity and broken & {"node_selector", "node_affinity"}:
                             continue
                         if c.honor_taints and "taints" in broken:

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cloud_core.errors import KubeUnavailable
 from cloud_core.k8s import client as client_mod
@@ -134,3 +136,13 @@ def test_opting_out_and_the_error(server: FakeAPIServer) -> None:
         assert e.value.status == 429 and "TooManyRequests" in str(e.value)
     finally:
         c.close()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=40) | st.from_regex(r"-?[0-9]{1,12}", fullmatch=True))
+def test_retry_after_header_fuzz(value: str) -> None:
+    # any header text: no exception, and either no retry or a wait within the budget
+    got = client_mod._retry_after_s(value)
+    assert got is None or 0.0 <= got <= client_mod.RETRY_AFTER_BUDGET_S + 1
+    if got is not None:
+        assert value.strip().isascii() and value.strip().lstrip("-").isdigit()
