@@ -26,9 +26,18 @@ from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
 from cloud_core.k8s.leader import LeaderElector
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
 
+_SAY_LOCK = threading.Lock()
+
 
 def _say(event: str, **kw: Any) -> None:
-    print(json.dumps({"event": event, "t": time.time(), **kw}), flush=True)
+    """One JSON line on stdout. Whole lines under a lock: the leader-election thread's
+    "leading" and the main thread's "started" come at the same moment, and ``print`` writes
+    the text and its newline separately, so two lines could interleave into one that no
+    reader parses (CI lost a "leading" so)."""
+    line = json.dumps({"event": event, "t": time.time(), **kw}) + "\n"
+    with _SAY_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def make_client(args: argparse.Namespace) -> KubeClient:
