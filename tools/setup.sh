@@ -14,7 +14,11 @@ APT_PKGS=(mosquitto mosquitto-clients python3-bpfcc bpfcc-tools libbpfcc nftable
           # images (tests/deploy): mmdebstrap makes the base, podman/buildah build and run the
           # Containerfile (runc: crun refuses this kernel's cgroup v1/v2 hybrid), umoci/skopeo
           # unpack and copy images where podman cannot run one
-          mmdebstrap podman buildah runc umoci skopeo uidmap)
+          mmdebstrap podman buildah runc umoci skopeo uidmap
+          # the test cluster's real node (tools/envtest/node.py): containerd 1.6 runs the
+          # pods through runc, the CNI plugins wire them (bridge, host-local, loopback,
+          # portmap), kube-proxy writes iptables rules and needs conntrack
+          containerd containernetworking-plugins iptables conntrack)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

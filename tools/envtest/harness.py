@@ -46,12 +46,15 @@ class EnvtestError(RuntimeError):
     """The control plane could not be built or started; the message says which step failed."""
 
 
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
+NODE = ("kubelet", "kube-proxy", "kwok", "coredns")
+
+
 def all_binary_paths() -> dict[str, Path]:
-    """Where build.sh puts every control-plane binary for the configured versions."""
+    """Where build.sh puts every test-cluster binary for the configured versions."""
     out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-dir"], check=True,
                          capture_output=True, text=True).stdout.split()
-    names = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
-    return {name: Path(p) for name, p in zip(names, out, strict=True)}
+    return {name: Path(p) for name, p in zip(CONTROL_PLANE + NODE, out, strict=True)}
 
 
 def binary_paths() -> tuple[Path, Path]:
@@ -60,20 +63,24 @@ def binary_paths() -> tuple[Path, Path]:
     return paths["kube-apiserver"], paths["etcd"]
 
 
-def ensure_binaries(*, stream: Any = None) -> tuple[Path, Path]:
+def ensure_binaries(*, stream: Any = None, node: bool = False) -> tuple[Path, Path]:
     """Build kube-apiserver and etcd when missing (a no-op when cached); return their paths.
 
-    Progress goes to ``stream`` (default: the real stderr, so pytest's capture does not hide a
-    twenty-minute compile).
+    With ``node`` also the real node's kubelet, kube-proxy, kwok and CoreDNS
+    (``tools/envtest/node.py``). Progress goes to ``stream`` (default: the real stderr, so
+    pytest's capture does not hide a twenty-minute compile).
     """
-    paths = all_binary_paths()
+    all_paths = all_binary_paths()
+    paths = {n: p for n, p in all_paths.items() if node or n in CONTROL_PLANE}
     apiserver, etcd = paths["kube-apiserver"], paths["etcd"]
     if all(p.exists() for p in paths.values()):
         return apiserver, etcd
     out = stream or sys.__stderr__
-    print(f"[envtest] building control plane binaries into {apiserver.parent.parent.parent} "
+    what = "test cluster (control plane and node)" if node else "control plane"
+    print(f"[envtest] building {what} binaries into {apiserver.parent.parent.parent} "
           "(first run only; several minutes on a small machine)", file=out, flush=True)
-    proc = subprocess.Popen(["nice", "-n", "10", "bash", str(BUILD_SCRIPT)],
+    env = {**os.environ, "CFNET_ENVTEST_ONLY": "all" if node else "control-plane"}
+    proc = subprocess.Popen(["nice", "-n", "10", "bash", str(BUILD_SCRIPT)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     tail: list[str] = []
@@ -99,19 +106,36 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise EnvtestError(f"openssl {' '.join(args)} failed: {r.stderr.strip()}")
 
 
-def generate_pki(d: Path) -> None:
-    """CA, apiserver serving cert (loopback, service IP), admin client cert, SA signing key."""
+def sign_client_cert(d: Path, name: str, subject: str) -> None:
+    """``<name>.crt``/``.key`` in ``d``: a client certificate for ``subject`` from d's CA."""
+    (d / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+             f"{name}.csr", "-subj", subject, cwd=d)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile",
+             f"{name}.ext", cwd=d)
+
+
+def generate_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """CA, apiserver serving cert (loopback, service IP, ``extra_ips``), admin client cert,
+    the API server's client cert for kubelets, SA signing key."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
              "ca.crt", "-days", "2", "-subj", "/CN=cfnet-envtest-ca", cwd=d)
     certs = {
         "apiserver": ("/CN=kube-apiserver",
-                      "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+                      "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,"
+                      + "".join(f"IP:{ip}," for ip in extra_ips)
+                      + "DNS:localhost,DNS:kubernetes,"
                       "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
                       "extendedKeyUsage=serverAuth\n"),
         "admin": ("/O=system:masters/CN=cfnet-envtest-admin", "extendedKeyUsage=clientAuth\n"),
         "controller-manager": ("/CN=system:kube-controller-manager",
                                "extendedKeyUsage=clientAuth\n"),
+        # The API server's identity towards kubelets (logs, exec): kubeadm's
+        # apiserver-kubelet-client, in system:masters.
+        "kubelet-client": ("/O=system:masters/CN=kube-apiserver-kubelet-client",
+                           "extendedKeyUsage=clientAuth\n"),
     }
     for name, (subj, ext) in certs.items():
         (d / f"{name}.ext").write_text(ext)
@@ -172,9 +196,22 @@ class ControlPlane:
                    "job-controller", "disruption-controller",
                    "root-ca-certificate-publisher-controller")
 
+    NODE_CONTROLLERS = ("node-lifecycle-controller", "endpointslice-controller",
+                        "taint-eviction-controller", "pod-garbage-collector-controller")
+
     def __init__(self, workdir: Path | None = None, *, log_stream: Any = None,
-                 controllers: bool = True, priority_and_fairness: bool = False) -> None:
+                 controllers: bool = True, priority_and_fairness: bool = False,
+                 advertise_address: str = "127.0.0.1", real_nodes: bool = False) -> None:
         self.controllers = controllers
+        # With nodes whose kubelet (or kwok) posts heartbeats: the node-lifecycle controller
+        # (removes the not-ready taint, marks silent nodes unreachable), the EndpointSlice
+        # controller (kube-proxy and CoreDNS route Services by them) and kube-scheduler.
+        self.real_nodes = real_nodes
+        self.sched_proc: subprocess.Popen[bytes] | None = None
+        # The address the API server advertises (the ``kubernetes`` Service's endpoint). It
+        # still listens on 127.0.0.1 only; a real node (tools/envtest/node.py) relays its own
+        # address on a veth into its namespace to that port, so pods reach the Service.
+        self.advertise_address = advertise_address
         # API Priority and Fairness is off by default here (one client, no tenants to keep
         # apart; the benchmarks' tables are measured so); a test of how cfnet meets its 429s
         # turns it on, as every real cluster has it.
@@ -204,7 +241,8 @@ class ControlPlane:
 
     def start(self) -> None:
         self.apiserver_bin, self.etcd_bin = ensure_binaries(stream=self.log_stream)
-        generate_pki(self.dir / "pki")
+        extra = () if self.advertise_address == "127.0.0.1" else (self.advertise_address,)
+        generate_pki(self.dir / "pki", extra)
         try:
             self._start_etcd()
             self.api_port = free_port()
@@ -220,11 +258,16 @@ class ControlPlane:
         if self.controllers:
             try:
                 self._start_controller_manager()
+                if self.real_nodes:
+                    self._start_scheduler()
             except BaseException:
                 self.stop()
                 raise
 
     def stop(self) -> None:
+        if self.sched_proc is not None:
+            _terminate(self.sched_proc)
+            self.sched_proc = None
         if self.kcm_proc is not None:
             _terminate(self.kcm_proc)
             self.kcm_proc = None
@@ -278,7 +321,11 @@ class ControlPlane:
         self.api_proc = subprocess.Popen(
             [str(self.apiserver_bin),
              f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+             "--bind-address=127.0.0.1", f"--advertise-address={self.advertise_address}",
+             f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+             f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+             "--kubelet-preferred-address-types=InternalIP",
+             "--enable-admission-plugins=NodeRestriction",
              f"--secure-port={self.api_port}",
              f"--cert-dir={self.dir / 'apiserver-certs'}",
              f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -288,7 +335,7 @@ class ControlPlane:
              f"--service-account-signing-key-file={pki / 'sa.key'}",
              "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
              "--api-audiences=https://kubernetes.default.svc.cluster.local",
-             "--authorization-mode=RBAC",
+             "--authorization-mode=Node,RBAC",  # Node: kubelets (tools/envtest/node.py)
              "--anonymous-auth=false",
              # ServiceAccount admission on: kube-controller-manager creates the "default"
              # accounts (ControlPlane(controllers=False) turns it off, as nothing would).
@@ -312,11 +359,12 @@ class ControlPlane:
                             key_file=str(pki / "controller-manager.key"))
         kc = creds.write_kubeconfig(self.dir / "controller-manager.kubeconfig",
                                     user="system:kube-controller-manager")
+        controllers = self.CONTROLLERS + (self.NODE_CONTROLLERS if self.real_nodes else ())
         log = open(self.dir / "kube-controller-manager.log", "ab")  # noqa: SIM115
         self.kcm_proc = subprocess.Popen(
             [str(self.kcm_bin), f"--kubeconfig={kc}",
              f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-             f"--controllers={','.join(self.CONTROLLERS)}",
+             f"--controllers={','.join(controllers)}",
              f"--service-account-private-key-file={pki / 'sa.key'}",
              f"--root-ca-file={pki / 'ca.crt'}",
              "--use-service-account-credentials=true",
@@ -341,6 +389,19 @@ class ControlPlane:
             raise EnvtestError(f"kube-controller-manager did not become ready:\n{tail}")
         with contextlib.suppress(OSError, urllib.error.URLError):
             self.request("DELETE", f"/api/v1/namespaces/{probe}")
+
+    def _start_scheduler(self) -> None:
+        """kube-scheduler (default profile) with the admin credentials, no leader election."""
+        cfg = self.dir / "kube-scheduler.yaml"
+        cfg.write_text("apiVersion: kubescheduler.config.k8s.io/v1\n"
+                       "kind: KubeSchedulerConfiguration\n"
+                       f"clientConnection:\n  kubeconfig: {self.kubeconfig}\n"
+                       "leaderElection:\n  leaderElect: false\n")
+        log = open(self.dir / "kube-scheduler.log", "ab")  # noqa: SIM115
+        self.sched_proc = subprocess.Popen(
+            [str(all_binary_paths()["kube-scheduler"]), f"--config={cfg}", "--secure-port=0",
+             "--v=1"], stdout=log, stderr=log, start_new_session=True)
+        log.close()
 
     def wait_default_service_account(self, namespace: str, timeout: float = 30.0) -> None:
         """Block until the ServiceAccount controller made ``namespace``'s "default" account."""

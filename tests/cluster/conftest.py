@@ -1,0 +1,100 @@
+"""Fixtures for the tests on a cluster where pods run: one per session.
+
+``real_cluster``: a control plane (etcd, kube-apiserver with the Node authorizer and
+NodeRestriction, kube-controller-manager with the node-lifecycle and EndpointSlice
+controllers, kube-scheduler), one real node (containerd, kubelet, kube-proxy, CoreDNS in a
+network namespace of its own: ``tools/envtest/node.py``) and kwok for simulated nodes
+(``tools/envtest/kwok.py``). The binaries are built on first use (tools/envtest/build.sh,
+progress on stderr), before any test runs, so the compile does not count against a test's
+timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tools.envtest import ControlPlane, EnvtestError, ensure_binaries
+from tools.envtest.kwok import Kwok
+from tools.envtest.node import RealNode
+
+BUILD_ERROR = pytest.StashKey[str]()
+BUILD_THREAD = pytest.StashKey[threading.Thread]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the test cluster's binaries (in a thread, joined at collection's end) when a
+    selected test uses ``real_cluster``."""
+    if not any("real_cluster" in getattr(i, "fixturenames", ()) for i in items):
+        return
+
+    def build() -> None:
+        try:
+            ensure_binaries(node=True)
+        except EnvtestError as e:
+            config.stash[BUILD_ERROR] = str(e)
+
+    thread = threading.Thread(target=build, name="envtest-node-build")
+    thread.start()
+    config.stash[BUILD_THREAD] = thread
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    thread = session.config.stash.get(BUILD_THREAD, None)
+    if thread is not None:
+        thread.join()
+
+
+@dataclass
+class RealCluster:
+    cp: ControlPlane
+    node: RealNode
+    kwok: Kwok
+
+    def wait(self, pred: Callable[[], Any], timeout: float, what: str) -> Any:
+        """Poll ``pred`` (bounded); on timeout fail with the kubelet's and containerd's
+        log tails."""
+        import time
+        import urllib.error
+
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = pred()
+            except (OSError, urllib.error.URLError) as e:
+                last = e
+            else:
+                if last:
+                    return last
+            time.sleep(0.3)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} "
+                             f"(last: {last!r})\n{self.node.logs()}")
+
+
+@pytest.fixture(scope="session")
+def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
+    err = request.config.stash.get(BUILD_ERROR, None)
+    if err is not None:
+        pytest.fail(f"cannot build the test cluster: {err}", pytrace=False)
+    cp = ControlPlane(advertise_address=RealNode.host_address(), real_nodes=True)
+    try:
+        cp.start()
+        node = RealNode(cp)
+        node.start()
+    except EnvtestError as e:
+        cp.stop()
+        pytest.fail(f"cannot start the test cluster: {e}", pytrace=False)
+    kwok = Kwok(cp)
+    try:
+        kwok.start()
+        yield RealCluster(cp, node, kwok)
+    finally:
+        kwok.stop()
+        node.stop()
+        cp.stop()

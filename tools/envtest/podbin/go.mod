@@ -1,0 +1,3 @@
+module cfnet.local/podbin
+
+go 1.24
