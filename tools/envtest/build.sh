@@ -254,22 +254,21 @@ build_wrapped() {
   log "$name built in $((SECONDS - t0)) s: $bin"
 }
 
-# kwok has no built-in stages: its own stage files (nodes initialised and heartbeating with
-# a Lease; pods Pending -> Running/Ready, Succeeded/Failed, terminating pods removed) are
-# copied from its module into stages.yaml, the --config the harness passes.
+# kwok has no built-in stages: its own "fast" stage files (nodes initialised and heartbeating
+# with a Lease; pods Running/Ready at once, completed, terminating pods removed at once: no
+# random delays, so tests and benchmarks measure cfnet, not kwok's jitter) are copied from
+# its module into stages-fast.yaml, the --config the harness passes.
 build_kwok() {
   build_wrapped kwok "$KWOK_DIR" sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
-  [[ -s "$KWOK_DIR/stages.yaml" ]] && return 0
+  [[ -s "$KWOK_DIR/stages-fast.yaml" ]] && return 0
   local src f
   src="$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",\?$/\1/p')"
   for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-      pod/general/pod-create.yaml pod/general/pod-init-container-running.yaml \
-      pod/general/pod-init-container-completed.yaml pod/general/pod-ready.yaml \
-      pod/general/pod-complete.yaml pod/general/pod-delete.yaml; do
+      pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
     echo "---"; cat "$src/kustomize/stage/$f"
-  done > "$KWOK_DIR/stages.yaml.tmp"
-  mv "$KWOK_DIR/stages.yaml.tmp" "$KWOK_DIR/stages.yaml"
-  log "kwok stages: $KWOK_DIR/stages.yaml"
+  done > "$KWOK_DIR/stages-fast.yaml.tmp"
+  mv "$KWOK_DIR/stages-fast.yaml.tmp" "$KWOK_DIR/stages-fast.yaml"
+  log "kwok stages: $KWOK_DIR/stages-fast.yaml"
 }
 
 # CoreDNS with the cluster-DNS plugins only. The directive order stays upstream's

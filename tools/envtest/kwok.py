@@ -1,10 +1,11 @@
 """kwok for the test cluster: many simulated nodes with no kubelet.
 
 ``Kwok(control_plane)`` runs the kwok controller (built by ``tools/envtest/build.sh`` from
-``sigs.k8s.io/kwok``) with kwok's own stages (``$CFNET_CACHE/envtest/kwok-<v>/stages.yaml``:
-nodes initialised and kept alive with a Lease; pods Pending -> Running/Ready, completed, and
-terminating pods removed). It manages only the nodes annotated ``kwok.x-k8s.io/node: fake``
-(``Kwok.node()`` makes one), so a real kubelet's node beside them is left alone. kwok touches
+``sigs.k8s.io/kwok``) with kwok's own "fast" stages
+(``$CFNET_CACHE/envtest/kwok-<v>/stages-fast.yaml``: nodes initialised and kept alive with a
+Lease; pods Pending -> Running/Ready at once, completed, and terminating pods removed). It
+manages only the nodes annotated ``kwok.x-k8s.io/node: fake`` (``Kwok.node()`` makes one),
+so a real kubelet's node beside them is left alone. kwok touches
 nothing but the API server: no network, no containers.
 """
 
@@ -51,7 +52,7 @@ class Kwok:
     def start(self) -> None:
         ensure_binaries(stream=self.log_stream, node=True)
         binary = all_binary_paths()["kwok"]
-        stages = binary.parent.parent / "stages.yaml"
+        stages = binary.parent.parent / "stages-fast.yaml"
         if not stages.exists():
             raise EnvtestError(f"kwok's stages are missing ({stages}); rerun build.sh")
         log = open(self.log, "ab")  # noqa: SIM115 - owned by the process

@@ -67,6 +67,10 @@ from tools.envtest.images import PAUSE_IMAGE, build_images
 
 CNI_BIN = Path("/usr/lib/cni")
 SHIM_SOCKETS = Path("/run/containerd/s")
+# Paths outside the temp dir that the kubelet and containerd 1.6 write whatever they are told:
+# the kubelet's device-plugin socket dir, libcni's result cache. Removed at the end when the
+# node made them (listed in <workdir>/created, so a crashed run's are removed too).
+MACHINE_PATHS = (Path("/var/lib/kubelet"), Path("/var/lib/cni"))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 POD_CIDR = "10.251.0.0/24"
 SERVICE_CIDR = "10.0.0.0/24"
@@ -173,6 +177,10 @@ def cleanup(tag: str, workdir: Path | None) -> None:
     if workdir is not None and workdir.exists():
         _unmount_under(workdir)
         _remove_shim_sockets(workdir)
+        with contextlib.suppress(OSError):
+            for line in (workdir / "created").read_text().splitlines():
+                if Path(line) in MACHINE_PATHS:
+                    shutil.rmtree(line, ignore_errors=True)
     _run(["ip", "netns", "del", ns], check=False)
     _rmdir_cgroups(tag)
     if workdir is not None and os.environ.get("CFNET_ENVTEST_KEEP") != "1":
@@ -303,6 +311,8 @@ class RealNode:
         cleanup_stale()
         cleanup(self.tag, self.dir)
         self.dir.mkdir(parents=True)
+        (self.dir / "created").write_text(
+            "".join(f"{p}\n" for p in MACHINE_PATHS if not p.exists()))
         try:
             self._network()
             self._cgroups()
