@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.errors import AgentError
+from edge_agent.logsetup import configure_logging
 
 if TYPE_CHECKING:
     from edge_agent.bpf_loader import PendingLoad
@@ -168,14 +169,13 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("text")
     try:
         cfg = load_config(argv)
     except AgentError as exc:
         print(f"cfnet-agent: {exc}", file=sys.stderr)
         return 2
+    configure_logging(cfg.log_format)
     early = start_loader_early(cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
