@@ -296,6 +296,8 @@ BAD = [
     ("image.pullPolicy=Sometimes", "image.pullPolicy"),
     ("core.extraArgs[0]=rm", "core.extraArgs"),
     ("core.rbac.clusterRules[0].verbs[0]=destroy", "core.rbac.clusterRules"),
+    ("broker.tls=false", "tls"),  # the chart's Mosquitto is TLS only
+    ("mosquitto.service.nodePort=30001", "nodePort"),  # a ClusterIP would ignore it
     ("core.typo=1", "typo"),
     ("agentt.enabled=true", "agentt"),
 ]
