@@ -37,7 +37,8 @@ def start_loader_early(cfg: AgentConfig) -> PendingLoad | None:
 
     # The probe filters on the node's addresses, which a node nearly always has;
     # if it has none the probe sees another request and loads again.
-    pending, why = start_early(include_loopback=cfg.include_loopback, filter_local=True)
+    pending, why = start_early(include_loopback=cfg.include_loopback, filter_local=True,
+                               probe_port=cfg.probe_port)
     if pending is None:
         log.debug("eBPF loader not started early: %s", why)
     return pending
@@ -98,7 +99,8 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> 
     mqtt.start()
     try:
         probe, reason = open_probe(
-            ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs),
+            ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs,
+                        probe_port=cfg.probe_port),
             pending=early,
         )
     except BaseException:
