@@ -74,6 +74,15 @@ def test_defaults_render_the_core_as_asked() -> None:
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert "--kubernetes" in c["args"] and "--broker-host=mosquitto.cfnet-system.svc" in c["args"]
     assert {e["name"] for e in c["env"]} >= {"POD_NAME", "POD_NAMESPACE"}  # election identity
+    probes = {k: c[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe",
+                                                    "readinessProbe")}
+    assert probes == {"startupProbe": "/healthz", "livenessProbe": "/healthz",
+                      "readinessProbe": "/readyz"}
+    assert objs[("Service", "cfnet-core-metrics")]["spec"]["publishNotReadyAddresses"] is True
+    mq = objs[("Deployment", "mosquitto")]["spec"]["template"]["spec"]
+    assert mq["securityContext"]["runAsNonRoot"] is True and mq["securityContext"]["fsGroup"]
+    assert mq["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert mq["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     pdb = objs[("PodDisruptionBudget", "cfnet-core")]
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
