@@ -40,7 +40,14 @@ def by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
-@pytest.mark.parametrize("values", [[], ALT_VALUES], ids=["defaults", "alternative"])
+# Edge nodes without cluster DNS reach the chart's broker through a NodePort (docs/install.md).
+EDGE_VALUES = ["mosquitto.service.type=NodePort", "mosquitto.service.nodePort=30883",
+               "broker.agentHost=203.0.113.10", "core.serviceMonitor.enabled=true",
+               "core.logFormat=json", "agent.logFormat=json"]
+
+
+@pytest.mark.parametrize("values", [[], ALT_VALUES, EDGE_VALUES],
+                         ids=["defaults", "alternative", "edge"])
 def test_helm_lint_strict_is_clean(values: list[str]) -> None:
     args = ["lint", "--strict", str(CHART)]
     for v in values:
