@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                  a.identity, a.lease_namespace, a.lease_name)
     else:
         core.metrics.readiness.add("broker", broker_check(core, None))
+    core.metrics.readiness.started()
     pending = len(core.store.workloads(("planned",)))
     log.info("core %s up: db %s, %d registered nodes, %d planned placements to re-apply",
              a.username, a.db, len(cfg.registry.nodes), pending)

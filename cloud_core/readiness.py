@@ -13,7 +13,10 @@ kube-apiserver's ``/readyz?verbose``), so ``kubectl describe pod`` shows why. Wh
   round every retry period) is at most one lease duration old.
 
 A check is a function returning ``None`` when fine or the reason it is not; one that raises
-fails with the exception's text (a probe must never take the process down).
+fails with the exception's text (a probe must never take the process down). Until the owner
+calls ``started()`` (once every check is registered) the answer is 503 ``[-]startup``: the
+HTTP server comes up before the Kubernetes parts, and an empty set of checks must not read
+as ready.
 """
 
 from __future__ import annotations
@@ -30,10 +33,16 @@ class Readiness:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._checks: dict[str, Check] = {}
+        self._started = threading.Event()
+        self.add("startup", lambda: None if self._started.is_set() else "still starting")
 
     def add(self, name: str, check: Check) -> None:
         with self._lock:
             self._checks[name] = check
+
+    def started(self) -> None:
+        """Every check is registered: from now on they alone decide."""
+        self._started.set()
 
     def failures(self) -> dict[str, str]:
         """Failing checks, name -> reason; empty when ready."""

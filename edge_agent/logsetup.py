@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 from edge_agent import __version__
 
 LOG_FORMATS = ("text", "json")
+# Child processes (the core's MQTT process) read the format here, so they log as the parent.
+ENV = "CFNET_LOG_FORMAT"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -48,6 +51,13 @@ def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    os.environ[ENV] = fmt
+
+
+def configure_child_logging(level: int) -> None:
+    """In a child process: the format its parent chose (``configure_logging``), else text."""
+    fmt = os.environ.get(ENV, "text")
+    configure_logging(fmt if fmt in LOG_FORMATS else "text", level)
 
 
 def add_version_flag(p: argparse.ArgumentParser) -> None:

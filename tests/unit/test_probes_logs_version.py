@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 import tomllib
@@ -38,7 +39,10 @@ def get(url: str) -> tuple[int, str]:
 
 def test_readiness_reports_each_failing_check_with_its_reason() -> None:
     r = Readiness()
-    assert r.report() == (True, "ok\n")
+    # Not ready before its owner says every check is registered.
+    assert r.report() == (False, "[-]startup: still starting\nreadyz check failed\n")
+    r.started()
+    assert r.report() == (True, "[+]startup ok\nok\n")
     state = {"broker": "down"}
     r.add("broker", lambda: None if state["broker"] == "up" else "not connected")
     r.add("caches", lambda: None)
@@ -49,7 +53,7 @@ def test_readiness_reports_each_failing_check_with_its_reason() -> None:
     r.add("odd", boom)
     ready, body = r.report()
     assert not ready
-    assert body.splitlines() == ["[-]broker: not connected", "[+]caches ok",
+    assert body.splitlines() == ["[+]startup ok", "[-]broker: not connected", "[+]caches ok",
                                  "[-]odd: check raised RuntimeError: kaput",
                                  "readyz check failed"]
     state["broker"] = "up"
@@ -65,12 +69,15 @@ def test_metrics_server_answers_healthz_readyz_and_metrics() -> None:
     broken = {"v": "no broker"}
     m.readiness.add("broker", lambda: broken["v"])
     port = m.serve(0, "127.0.0.1")
+    assert get(f"http://127.0.0.1:{port}/readyz")[0] == 503  # before started()
+    m.readiness.started()
     try:
         base = f"http://127.0.0.1:{port}"
         assert get(f"{base}/healthz") == (200, "ok\n")
-        assert get(f"{base}/readyz") == (503, "[-]broker: no broker\nreadyz check failed\n")
+        assert get(f"{base}/readyz") == (503, "[+]startup ok\n[-]broker: no broker\n"
+                                                "readyz check failed\n")
         broken["v"] = ""
-        assert get(f"{base}/readyz") == (200, "[+]broker ok\nok\n")
+        assert get(f"{base}/readyz") == (200, "[+]startup ok\n[+]broker ok\nok\n")
         code, text = get(f"{base}/metrics")
         assert code == 200
         assert "cfnet_leader 0.0" in text
@@ -102,6 +109,7 @@ def test_configure_logging_json_writes_one_object_per_line(monkeypatch: pytest.M
                                                            ) -> None:
     buf = io.StringIO()
     monkeypatch.setattr(sys, "stderr", buf)
+    monkeypatch.setenv("CFNET_LOG_FORMAT", "text")  # configure_logging sets it; restored after
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     try:
@@ -111,6 +119,7 @@ def test_configure_logging_json_writes_one_object_per_line(monkeypatch: pytest.M
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
     assert json.loads(buf.getvalue().strip())["msg"] == "hello 3"
+    assert os.environ["CFNET_LOG_FORMAT"] == "json"  # what the core's MQTT child reads
 
 
 def test_every_command_answers_version() -> None:
