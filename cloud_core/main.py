@@ -10,7 +10,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -18,9 +20,14 @@ from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.errors import CoreError
 from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
 from cloud_core.metrics import int_fields
+from cloud_core.readiness import Check
 from cloud_core.registry import load_registry
 from cloud_core.service import CoreConfig, CoreService
 from cloud_core.view import render_links, render_nodes
+from edge_agent.logsetup import LOG_FORMATS, add_version_flag, configure_logging
+
+if TYPE_CHECKING:
+    from cloud_core.k8s.leader import LeaderElector
 
 log = logging.getLogger("cfnet.core")
 
@@ -28,7 +35,10 @@ log = logging.getLogger("cfnet.core")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="cfnet-core", description="cfnet cloud core")
+    add_version_flag(p)
     add_broker_args(p)
+    p.add_argument("--log-format", choices=LOG_FORMATS, default=env("CFNET_LOG_FORMAT", "text"),
+                   help="text (default) or json: one JSON object per line")
     p.add_argument("--username", default=env("CFNET_USERNAME", "core-0"))
     p.add_argument("--db", type=Path, default=Path(env("CFNET_DB", "/var/lib/cfnet-core/core.db")),
                    help="SQLite database: workloads, placements, journal, audit")
@@ -57,6 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     k.add_argument("--identity", default=env("POD_NAME") or socket.gethostname(),
                    help="this replica's name in the leader Lease")
     k.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "cfnet-system"))
+    k.add_argument("--lease-name", default=env("CFNET_LEASE_NAME", "cfnet-core"),
+                   help="the leader Lease (the chart's Role grants get/update on this name)")
     k.add_argument("--lease-duration", type=float, default=15.0)
     k.add_argument("--edge-taint", choices=("respect", "ignore"), default="respect",
                    help="KubeEdge's edge taint: respect it (pods need a toleration) or ignore it")
@@ -93,11 +105,38 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
     )
 
 
+def broker_check(core: CoreService, leading: Callable[[], bool] | None) -> Check:
+    """Readiness: connected to the broker (a Kubernetes follower does not connect)."""
+
+    def check() -> str | None:
+        if leading is not None and not leading():
+            return None
+        if core.mqtt.connected:
+            return None
+        return f"not connected to the broker ({core.mqtt.last_refusal or 'no answer'})"
+
+    return check
+
+
+def api_check(elector: LeaderElector, max_age_s: float,
+              clock: Callable[[], float] = time.time) -> Check:
+    """Readiness: the API server answered the election within ``max_age_s``."""
+
+    def check() -> str | None:
+        if not elector.last_contact:
+            return "no answer from the API server yet"
+        age = clock() - elector.last_contact
+        if age > max_age_s:
+            return f"no answer from the API server for {age:.0f}s"
+        return None
+
+    return check
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("text")
     a = parse_args(argv)
+    configure_logging(a.log_format)
     try:
         cfg = build_config(a)
         core = CoreService(cfg)
@@ -124,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             core.stop()
             return 2
         kube = start_kubernetes(client, core.state, core.events, KubeSettings(
-            identity=a.identity, lease_namespace=a.lease_namespace,
+            identity=a.identity, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
             lease_duration_s=a.lease_duration, renew_deadline_s=a.lease_duration * 2 / 3,
             retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint,
             engine=scheduler_engine_config(a)),
@@ -132,8 +171,18 @@ def main(argv: list[str] | None = None) -> int:
         # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
         core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
                                   "event", int_fields(kube.actuator.stats))
-        log.info("placing through the Kubernetes API as %s (lease %s/cfnet-core)",
-                 a.identity, a.lease_namespace)
+        elector = kube.elector
+        core.metrics.set_leader(elector.is_leader)
+        ready = core.metrics.readiness
+        ready.add("broker", broker_check(core, elector.is_leader))
+        ready.add("kubernetes-caches", lambda: None if kube is not None and kube.actuator
+                  .wait_synced(0) else "pod and node caches not synced yet")
+        ready.add("kubernetes-api", api_check(elector, a.lease_duration))
+        log.info("placing through the Kubernetes API as %s (lease %s/%s)",
+                 a.identity, a.lease_namespace, a.lease_name)
+    else:
+        core.metrics.readiness.add("broker", broker_check(core, None))
+    core.metrics.readiness.started()
     pending = len(core.store.workloads(("planned",)))
     log.info("core %s up: db %s, %d registered nodes, %d planned placements to re-apply",
              a.username, a.db, len(cfg.registry.nodes), pending)

@@ -5,24 +5,42 @@ snapshot when Prometheus scrapes, so the endpoint always shows exactly the
 numbers the core itself reports (and benchmarks print). Only what has no
 other home — placement latency and solver statistics — is recorded here.
 Each core owns its registry: no module-level state.
+
+The same HTTP server answers ``/healthz`` and ``/readyz`` (``cloud_core.readiness``), so the
+chart's probes and Prometheus use one port. Beside cfnet's own families it exports the
+standard ``process_*`` metrics (prometheus_client's ProcessCollector), ``cfnet_build_info``
+and, on a Kubernetes replica, ``cfnet_leader`` (1 while this replica holds the Lease).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import platform
+import socket
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    make_wsgi_app,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cloud_core import __version__
 from cloud_core.errors import CoreError
 from cloud_core.health import Health, HealthConfig, all_health
 from cloud_core.ingest import Ingest
+from cloud_core.readiness import Readiness
 from cloud_core.state import ClusterState
 from cloud_core.store import Store
 
@@ -99,6 +117,54 @@ class _Counters(Collector):
         yield fam
 
 
+class _Leader(Collector):
+    """``cfnet_leader``: read at scrape time from the election (absent without one)."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], bool] | None = None
+
+    def collect(self) -> Iterator[Any]:
+        if self.read is None:
+            return
+        g = GaugeMetricFamily("cfnet_leader", "1 while this replica holds the leader Lease")
+        g.add_metric([], 1.0 if self.read() else 0.0)
+        yield g
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would flood the log."""
+
+
+App = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def probe_app(metrics: App, readiness: Readiness) -> App:
+    """``/healthz`` and ``/readyz`` in front of the Prometheus app (every other path)."""
+
+    def app(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/livez"):
+            start("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n"]
+        if path == "/readyz":
+            ready, body = readiness.report()
+            start("200 OK" if ready else "503 Service Unavailable",
+                  [("Content-Type", "text/plain; charset=utf-8")])
+            return [body.encode()]
+        return metrics(environ, start)
+
+    return app
+
+
 def int_fields(obj: Any) -> Callable[[], dict[str, int]]:
     """A reader of a dataclass's int fields (e.g. the Kubernetes actuator's stats)."""
     names = [f.name for f in dataclasses.fields(obj) if f.type in (int, "int")]
@@ -123,7 +189,14 @@ class CoreMetrics:
                                 "Relative gap of the latest solve to its bound (0: proven optimal;"
                                 " NaN: no bound computed)", registry=self.registry)
         self.solver_gap.set(math.nan)
-        self._server: Any = None
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, ..._memory_...
+        build = Gauge("cfnet_build_info", "The running cfnet build (value 1)",
+                      ["version", "python"], registry=self.registry)
+        build.labels(__version__, platform.python_version()).set(1)
+        self._leader = _Leader()
+        self.registry.register(self._leader)
+        self.readiness = Readiness()
+        self._server: _Server | None = None
 
     def observe_placement(self, seconds: float, batch: int, stats: dict[str, float]) -> None:
         self.placement_seconds.observe(seconds)
@@ -136,9 +209,16 @@ class CoreMetrics:
         """Export counters kept elsewhere (read when scraped, never copied)."""
         self.registry.register(_Counters(name, doc, label, read))
 
+    def set_leader(self, read: Callable[[], bool]) -> None:
+        """Export ``cfnet_leader`` from ``read`` (the Lease election's ``is_leader``)."""
+        self._leader.read = read
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Start the /metrics endpoint; returns the bound port (``port=0`` picks one)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        """Start /metrics, /healthz and /readyz; returns the bound port (``port=0``: any)."""
+        cls = _Server6 if ":" in addr else _Server
+        server = make_server(addr, port, probe_app(make_wsgi_app(self.registry), self.readiness),
+                             cls, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
         self._server = server
         return int(server.server_port)
 

@@ -41,6 +41,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from cloud_core.errors import CoreError
+from edge_agent.logsetup import configure_child_logging
 from edge_agent.mqtt import Message, MqttSettings
 
 log = logging.getLogger(__name__)
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if kind != "init":
         return 1
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_child_logging(level)  # the parent's --log-format (text or json lines)
     _Child(settings, subs, cmd, out).run()
     return 0
 

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from edge_agent.errors import ConfigError
+from edge_agent.logsetup import LOG_FORMATS, add_version_flag
 from edge_agent.wire import valid_id
 
 
@@ -41,6 +42,7 @@ class AgentConfig:
     buffer_max_bytes: int = 16 * 1024 * 1024
     buffer_max_age_s: float = 7 * 86400.0
     metrics_port: int = 0
+    log_format: str = "text"  # text | json (edge_agent/logsetup.py)
 
     def resolved_password(self) -> str | None:
         if self.password is not None:
@@ -87,6 +89,7 @@ def _coerce(name: str, value: Any) -> Any:
 def load_config(argv: list[str] | None = None) -> AgentConfig:
     p = argparse.ArgumentParser(prog="cfnet-agent", description="cfnet edge agent")
     p.add_argument("-c", "--config", type=Path, help="YAML config file")
+    add_version_flag(p)
     for f in fields(AgentConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.name in _BOOLS:
@@ -130,6 +133,8 @@ def validate(cfg: AgentConfig) -> AgentConfig:
         )
     if not 0.05 <= cfg.interval_s <= 3600:
         raise ConfigError(f"interval_s {cfg.interval_s} must be within 0.05..3600")
+    if cfg.log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format {cfg.log_format!r}: expected one of {LOG_FORMATS}")
     if cfg.tls and cfg.ca_file is not None and not cfg.ca_file.exists():
         raise ConfigError(f"CA file {cfg.ca_file} does not exist")
     return cfg

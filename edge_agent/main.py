@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.errors import AgentError
+from edge_agent.logsetup import configure_logging
 
 if TYPE_CHECKING:
     from edge_agent.bpf_loader import PendingLoad
@@ -36,7 +37,8 @@ def start_loader_early(cfg: AgentConfig) -> PendingLoad | None:
 
     # The probe filters on the node's addresses, which a node nearly always has;
     # if it has none the probe sees another request and loads again.
-    pending, why = start_early(include_loopback=cfg.include_loopback, filter_local=True)
+    pending, why = start_early(include_loopback=cfg.include_loopback, filter_local=True,
+                               probe_port=cfg.probe_port)
     if pending is None:
         log.debug("eBPF loader not started early: %s", why)
     return pending
@@ -97,7 +99,8 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> 
     mqtt.start()
     try:
         probe, reason = open_probe(
-            ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs),
+            ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs,
+                        probe_port=cfg.probe_port),
             pending=early,
         )
     except BaseException:
@@ -168,14 +171,13 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("text")
     try:
         cfg = load_config(argv)
     except AgentError as exc:
         print(f"cfnet-agent: {exc}", file=sys.stderr)
         return 2
+    configure_logging(cfg.log_format)
     early = start_loader_early(cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -29,6 +29,7 @@ from cloud_core.console.map import render_map
 from cloud_core.console.protocol import MAX_REQUEST_BYTES
 from cloud_core.errors import CoreError
 from cloud_core.view import cut, links_table, nodes_table, table
+from edge_agent.logsetup import add_version_flag
 from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import EVENTS_TOPIC
 
@@ -54,6 +55,7 @@ def _at_least(low: int) -> Callable[[str], int]:
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="cfnetctl", description="cfnet operator console (MQTT)")
+    add_version_flag(p)
     add_broker_args(p)
     p.add_argument("--user", default=env("CFNET_USER", env("USER", "operator")),
                    help="operator account (also $CFNET_USER)")

@@ -58,6 +58,9 @@ class LeaderElector:
         self.on_started, self.on_stopped = on_started, on_stopped
         self.clock = clock
         self._last_renew = 0.0  # local clock of our last successful write as holder
+        # Local clock at the end of the last round the API server answered (a conflict is an
+        # answer); /readyz of cfnet-core turns not-ready when it grows old.
+        self.last_contact = 0.0
         self._leading = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -92,6 +95,7 @@ class LeaderElector:
         while not self._stop.is_set():
             try:
                 wait = self.try_acquire_or_renew()
+                self.last_contact = self.clock()
             except KubeError as e:
                 log.info("%s: lease call failed: %s", self.identity, e)
                 wait = self.retry_period_s

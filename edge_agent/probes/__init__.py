@@ -36,7 +36,7 @@ def open_probe(
 
             return (
                 EbpfProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs,
-                          pending=pending),
+                          probe_port=cfg.probe_port, pending=pending),
                 None,
             )
         except ProbeError as exc:
@@ -48,6 +48,7 @@ def open_probe(
     # Imported only when used: pyroute2 costs the eBPF agent a few MiB for nothing.
     from edge_agent.probes.sockdiag import SockDiagProbe
 
-    probe = SockDiagProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs)
+    probe = SockDiagProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs,
+                          probe_port=cfg.probe_port)
     log.warning("link probe: using sock_diag fallback (%s)", reason)
     return probe, reason

@@ -37,6 +37,9 @@ class ProbeConfig:
     # host, so the eBPF probe counts only sockets bound to one of these
     # (empty: count every non-loopback socket).
     local_addrs: tuple[str, ...] = ()
+    # The active prober's TCP port: its connections count as active, not passive, samples.
+    # Must be the port the agent's echo server and prober use (AgentConfig.probe_port).
+    probe_port: int = DEFAULT_PROBE_PORT
 
 
 class LinkProbe(Protocol):

@@ -213,8 +213,9 @@ def load_request(*, include_loopback: bool = False, filter_local: bool = False,
                                   maps=list(MAPS))
 
 
-def start_early(*, include_loopback: bool = False,
-                filter_local: bool = True) -> tuple[bpf_loader.PendingLoad | None, str]:
+def start_early(*, include_loopback: bool = False, filter_local: bool = True,
+                probe_port: int = DEFAULT_PROBE_PORT
+                ) -> tuple[bpf_loader.PendingLoad | None, str]:
     """Start the loader now, before the agent's own start-up, to claim it later.
 
     The compile (most of the agent's start-up) then runs beside the agent's
@@ -225,7 +226,8 @@ def start_early(*, include_loopback: bool = False,
     try:
         precheck()
         return bpf_loader.start_loader(load_request(include_loopback=include_loopback,
-                                                    filter_local=filter_local)), ""
+                                                    filter_local=filter_local,
+                                                    probe_port=probe_port)), ""
     except ProbeError as exc:
         return None, str(exc)
 

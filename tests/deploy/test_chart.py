@@ -19,11 +19,11 @@ from tools import helm as chart
 from tools.helm import CHART, ROOT, HelmError, documents, template
 
 # Values a platform team sets instead of the defaults: own broker, Secrets from the chart,
-# the agent on capabilities instead of privileged, no PDB.
+# the agent on the privileged fallback instead of capabilities, no PDB.
 ALT_VALUES = ["mosquitto.enabled=false", "broker.host=mqtt.example.org",
               "credentials.create=true", "credentials.caCrt=CA",
               "credentials.corePassword=c0re", "credentials.agentPassword=ag3nt",
-              "agent.privileged=false", "core.podDisruptionBudget.enabled=false",
+              "agent.privileged=true", "core.podDisruptionBudget.enabled=false",
               "image.tag=9.9.9", "core.replicas=3"]
 
 
@@ -40,7 +40,14 @@ def by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
-@pytest.mark.parametrize("values", [[], ALT_VALUES], ids=["defaults", "alternative"])
+# Edge nodes without cluster DNS reach the chart's broker through a NodePort (docs/install.md).
+EDGE_VALUES = ["mosquitto.service.type=NodePort", "mosquitto.service.nodePort=30883",
+               "broker.agentHost=203.0.113.10", "core.serviceMonitor.enabled=true",
+               "core.logFormat=json", "agent.logFormat=json"]
+
+
+@pytest.mark.parametrize("values", [[], ALT_VALUES, EDGE_VALUES],
+                         ids=["defaults", "alternative", "edge"])
 def test_helm_lint_strict_is_clean(values: list[str]) -> None:
     args = ["lint", "--strict", str(CHART)]
     for v in values:
@@ -74,6 +81,15 @@ def test_defaults_render_the_core_as_asked() -> None:
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert "--kubernetes" in c["args"] and "--broker-host=mosquitto.cfnet-system.svc" in c["args"]
     assert {e["name"] for e in c["env"]} >= {"POD_NAME", "POD_NAMESPACE"}  # election identity
+    probes = {k: c[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe",
+                                                    "readinessProbe")}
+    assert probes == {"startupProbe": "/healthz", "livenessProbe": "/healthz",
+                      "readinessProbe": "/readyz"}
+    assert objs[("Service", "cfnet-core-metrics")]["spec"]["publishNotReadyAddresses"] is True
+    mq = objs[("Deployment", "mosquitto")]["spec"]["template"]["spec"]
+    assert mq["securityContext"]["runAsNonRoot"] is True and mq["securityContext"]["fsGroup"]
+    assert mq["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert mq["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     pdb = objs[("PodDisruptionBudget", "cfnet-core")]
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
@@ -97,11 +113,16 @@ def test_defaults_render_the_agent_as_asked() -> None:
     assert pod["automountServiceAccountToken"] is False
     assert {"operator": "Exists"} in pod["tolerations"]  # edge taints included
     (c,) = pod["containers"]
-    assert c["securityContext"] == {"privileged": True}
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert {"BPF", "PERFMON", "NET_ADMIN"} <= set(sc["capabilities"]["add"])
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert {"/sys/kernel/btf", "/sys/kernel/tracing", "/sys/kernel/debug", "/lib/modules",
             "/usr/src", "/var/lib/cfnet-agent", "/etc/cfnet-agent"} <= set(mounts)
     assert mounts["/lib/modules"]["readOnly"] and mounts["/sys/kernel/btf"]["readOnly"]
+    # A node without headers, modules or BTF still starts the agent (sock_diag fallback).
+    assert {v["hostPath"]["type"] for v in pod["volumes"] if "hostPath" in v} == \
+        {"DirectoryOrCreate"}
     cm = objs[("ConfigMap", "cfnet-agent-config")]
     assert "broker_host: mosquitto.cfnet-system.svc" in cm["data"]["agent.yaml"]
     assert ("Deployment", "mosquitto") in objs and ("Service", "mosquitto") in objs
@@ -118,9 +139,7 @@ def test_alternative_values_render() -> None:
     assert c["image"].endswith("cfnet-core:9.9.9")
     assert "--broker-host=mqtt.example.org" in c["args"]
     agent = objs[("DaemonSet", "cfnet-agent")]["spec"]["template"]["spec"]["containers"][0]
-    sc = agent["securityContext"]
-    assert sc["privileged"] is False and sc["capabilities"]["drop"] == ["ALL"]
-    assert {"BPF", "PERFMON"} <= set(sc["capabilities"]["add"])
+    assert agent["securityContext"] == {"privileged": True}
     sec = objs[("Secret", "cfnet-core-mqtt")]
     assert set(sec["data"]) == {"ca.crt", "password"}
     assert ("Secret", "cfnet-agent-credentials") in objs

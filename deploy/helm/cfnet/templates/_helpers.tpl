@@ -25,3 +25,21 @@ mosquitto.{{ .Release.Namespace }}.svc
 {{ fail "broker.host is required when mosquitto.enabled is false" }}
 {{- end -}}
 {{- end }}
+
+{{/* Where the agents connect: broker.agentHost, else the core's broker host. */}}
+{{- define "cfnet.agentBrokerHost" -}}
+{{- .Values.broker.agentHost | default (include "cfnet.brokerHost" .) -}}
+{{- end }}
+
+{{/* The agents' port: broker.agentPort, else the NodePort when the chart's Mosquitto is
+reached through one, else broker.port. */}}
+{{- define "cfnet.agentBrokerPort" -}}
+{{- $svc := .Values.mosquitto.service -}}
+{{- if .Values.broker.agentPort -}}
+{{ .Values.broker.agentPort }}
+{{- else if and .Values.mosquitto.enabled .Values.broker.agentHost (eq $svc.type "NodePort") $svc.nodePort -}}
+{{ $svc.nodePort }}
+{{- else -}}
+{{ .Values.broker.port }}
+{{- end -}}
+{{- end }}
