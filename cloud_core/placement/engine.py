@@ -31,6 +31,7 @@ from .filters import (
 )
 from .index import ClusterIndex
 from .model import (
+    COUNT_MAX,
     HOSTNAME,
     REGION,
     ZONE,
@@ -168,7 +169,9 @@ class PreparedCluster:
         self.cfg = config or EngineConfig()
         self.snapshot = snapshot
         self.ix = ClusterIndex(snapshot, self.cfg)
-        self.free = self.ix.cap - self.ix.alloc
+        # an over-committed node has no room (0), not "less than none": a pod requesting
+        # none of a resource still fits there (NodeResourcesFit checks only requests > 0)
+        self.free = np.maximum(self.ix.cap - self.ix.alloc, 0)
         self.pods = PodIndex(snapshot.pods)
         self._node_keys: dict[tuple[str, Hashable], tuple[np.ndarray, list[Hashable]]] = {}
         self._static: dict[tuple[str, Hashable, Hashable], FilterResult] = {}
@@ -290,8 +293,8 @@ class PreparedCluster:
 
     def resources_result(self, w: Workload, free: np.ndarray | None = None) -> FilterResult:
         free = self.free if free is None else free
-        req = np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus])
-        short = free < req
+        req = _req(w)
+        short = (free < req) & (req > 0)
         # GPU first: the scarcest resource is the most useful reason
         labels = np.where(short[:, 2], 2, np.where(short[:, 0], 0, 1))
         return FilterResult("resources", np.asarray(~short.any(axis=1)), labels,
@@ -543,8 +546,10 @@ def _all_ok(frs: Sequence[FilterResult]) -> np.ndarray:
 
 
 def _req(w: Workload) -> np.ndarray:
-    return np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus],
-                    dtype=np.int64)
+    # clamped one past what a node can have (model.COUNT_MAX): a request that cannot be
+    # counted fits nowhere, and is never an OverflowError
+    return np.array([min(max(v, 0), COUNT_MAX + 1) for v in (
+        w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus)], dtype=np.int64)
 
 
 def _set_conflicts(reps: list[Workload], specs: list[ClassSpec]) -> None:

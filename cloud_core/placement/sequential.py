@@ -78,7 +78,8 @@ class NodeUsage:
     def add(self, i: int, extended: object, host_ports: Sequence[HostPort]) -> None:
         self.pods[i] += 1
         for name, v in dict(extended).items():  # type: ignore[call-overload]
-            self._ext(name)[1][i] += int(v)
+            used = self._ext(name)[1]  # saturating: a sum past int64 is "full"
+            used[i] = min(int(used[i]) + min(int(v), BIG), BIG)
         if host_ports:
             self.ports.setdefault(i, []).extend(host_ports)
 

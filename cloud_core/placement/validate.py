@@ -280,7 +280,7 @@ def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
         free = (n.capacity.cpu_milli - n.allocated.cpu_milli,
                 n.capacity.mem_bytes - n.allocated.mem_bytes, n.capacity.gpus - n.allocated.gpus)
         for res, want, have in zip(("cpu", "memory", "gpu"), u, free, strict=True):
-            if want > have:
+            if want > 0 and want > have:  # a zero request fits an over-committed node
                 uids = [w.uid for w in placed if assignments[w.uid] == name]
                 out.append(Violation(uids[-1], name, "resources",
                                      f"{res}: {want} requested > {have} free"))
