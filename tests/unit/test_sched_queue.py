@@ -1,0 +1,119 @@
+"""The Kubernetes loop's scheduling queue (cloud_core/k8s/queue.py) on a fake clock:
+backoff as kube-scheduler's defaults, moves driven by queueing hints, fairness across
+namespaces, in-flight events. The same queue against a real API server:
+tests/k8s/test_tenancy.py."""
+
+from __future__ import annotations
+
+from cloud_core.k8s.queue import (
+    ClusterEvent,
+    Event,
+    Reject,
+    SchedulingQueue,
+    rejections,
+)
+
+
+def test_backoff_doubles_from_1s_to_10s_as_upstream_defaults() -> None:
+    q = SchedulingQueue()
+    assert [q.backoff_s(n) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+
+
+def test_a_namespace_backlog_does_not_hide_another_namespaces_pod() -> None:
+    q = SchedulingQueue()
+    for i in range(1000):
+        q.add(f"noisy/p{i}", "noisy", 0, now=float(i) / 1000)
+    q.add("quiet/canary", "quiet", 0, now=5.0)  # newest of all
+    batch = q.pop_batch(10, now=5.0)
+    assert "quiet/canary" in batch
+    assert len(batch) == 10
+
+
+def test_round_robin_takes_each_namespace_in_turn_priority_first() -> None:
+    q = SchedulingQueue()
+    q.add("a/low", "a", 0, now=0.0)
+    q.add("a/high", "a", 100, now=1.0)
+    q.add("b/x", "b", 0, now=0.5)
+    assert q.pop_batch(3, now=2.0) in (["a/high", "b/x", "a/low"], ["b/x", "a/high", "a/low"])
+
+
+def test_unschedulable_pod_waits_for_a_helpful_event_not_any_change() -> None:
+    q = SchedulingQueue()
+    q.add("t/p", "t", 0, now=0.0)
+    assert q.pop_batch(10, now=0.0) == ["t/p"]
+    q.failed("t/p", rejections("0/3 nodes fit: 3 residency"), now=0.0)
+    assert q.state("t/p") == "unschedulable"
+    # a pod deletion frees room: no help to a pod a node's residency rejected
+    assert q.on_event(ClusterEvent(Event.POD_DELETED, node="n1"), now=5.0) == 0
+    assert not q.has_active(5.0)
+    # a node change may help: back to active (its 1 s backoff is over)
+    assert q.on_event(ClusterEvent(Event.NODE_CHANGED, node="n1"), now=5.0) == 1
+    assert q.pop_batch(10, now=5.0) == ["t/p"]
+
+
+def test_resource_hint_asks_whether_the_freed_room_is_enough() -> None:
+    q = SchedulingQueue()
+    q.add("t/big", "t", 0, now=0.0)
+    q.pop_batch(1, now=0.0)
+    q.failed("t/big", rejections("0/2 nodes fit: 2 insufficient cpu"), now=0.0)
+    assert q.on_event(ClusterEvent(Event.POD_DELETED, node="n1"), 3.0,
+                      fits_after=lambda key, node: False) == 0
+    assert q.on_event(ClusterEvent(Event.POD_DELETED, node="n1"), 3.0,
+                      fits_after=lambda key, node: True) == 1
+
+
+def test_moved_pod_still_backing_off_goes_to_backoff_then_active() -> None:
+    q = SchedulingQueue()
+    q.add("t/p", "t", 0, now=0.0)
+    for attempt in range(1, 4):  # 1 s, 2 s, then 4 s of backoff
+        now = 100.0 * attempt
+        assert q.pop_batch(1, now=now) == ["t/p"]
+        q.failed("t/p", [Reject.RESOURCES], now=now)
+        q.on_event(ClusterEvent(Event.NODE_CHANGED), now=now)
+    assert q.state("t/p") == "backoff"
+    assert not q.has_active(303.9)
+    assert q.has_active(304.0)
+
+
+def test_event_while_in_flight_sends_the_failed_pod_to_backoff() -> None:
+    q = SchedulingQueue()
+    q.add("t/p", "t", 0, now=0.0)
+    q.pop_batch(1, now=0.0)
+    q.on_event(ClusterEvent(Event.NODE_CHANGED), now=0.1)  # while it was being decided
+    q.failed("t/p", [Reject.NODE], now=0.2)
+    assert q.state("t/p") == "backoff"
+
+
+def test_unschedulable_pod_is_retried_after_max_wait_without_events() -> None:
+    q = SchedulingQueue(max_unschedulable_s=30.0)
+    q.add("t/p", "t", 0, now=0.0)
+    q.pop_batch(1, now=0.0)
+    q.failed("t/p", [Reject.SPEC], now=0.0)
+    assert not q.has_active(29.0)
+    assert q.has_active(30.0)
+
+
+def test_gang_hint_is_per_namespace() -> None:
+    q = SchedulingQueue()
+    q.add("a/w0", "a", 0, now=0.0, gang="train")
+    q.pop_batch(1, now=0.0)
+    q.failed("a/w0", rejections("gang train: 1 of 2 placed"), now=0.0)
+    assert q.on_event(ClusterEvent(Event.PENDING_ADDED, namespace="b", gang="train"), 5) == 0
+    assert q.on_event(ClusterEvent(Event.PENDING_ADDED, namespace="a", gang="train"), 5) == 1
+
+
+def test_lost_in_flight_pods_are_tried_again_and_removed_pods_never() -> None:
+    q = SchedulingQueue()
+    q.add("t/a", "t", 0, now=0.0)
+    q.add("t/b", "t", 0, now=0.0)
+    assert q.pop_batch(5, now=0.0) == ["t/a", "t/b"]
+    q.remove("t/b")  # bound
+    assert q.pop_batch(5, now=1.0) == ["t/a"]  # the step never reported t/a
+    assert len(q) == 1
+
+
+def test_rejections_read_from_engine_messages() -> None:
+    assert rejections("invalid workload spec: spec.x: bad") == {Reject.SPEC}
+    assert Reject.RESOURCES in rejections("0/5 nodes fit: 5 insufficient memory")
+    assert Reject.ANTI_AFFINITY in rejections("0/5 nodes fit: 5 pod anti-affinity")
+    assert rejections("something new") == {Reject.UNKNOWN}
