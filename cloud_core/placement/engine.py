@@ -20,6 +20,7 @@ from .explain import (
     FilterResult,
     first_failure_counts,
     first_failure_examples,
+    pod_by_pod_results,
     summary,
 )
 from .filters import (
@@ -273,11 +274,27 @@ class PreparedCluster:
     def _affinity_results(self, w: Workload) -> list[FilterResult]:
         n = self.ix.n
         ok_aff = np.ones(n, dtype=bool)
-        for t in w.pod_affinity:
-            m, found = self._domains_with(t, w.namespace)
-            if not found and term_matches_pod(t, w.namespace, w.namespace, w.labels):
-                continue  # Kubernetes: the first pod of a self-affine group goes anywhere
-            ok_aff &= m
+        if w.pod_affinity:
+            # InterPodAffinity: the pods that count are those matching EVERY term; with none
+            # anywhere, a pod matching all its own terms is the first of its group and may go
+            # to any node carrying every term's topology key (validate.py: the same rule)
+            terms = w.pod_affinity
+            both = [p for p in self.pods.matching(terms[0], w.namespace)
+                    if all(term_matches_pod(t, w.namespace, p.namespace, p.labels)
+                           for t in terms[1:])]
+            first = not both and all(term_matches_pod(t, w.namespace, w.namespace, w.labels)
+                                     for t in terms)
+            for t in terms:
+                dom, names = self.ix.domain_ids(t.topology_key)
+                if first:
+                    ok_aff &= dom >= 0
+                    continue
+                hit = np.zeros(len(names) + 1, dtype=bool)
+                for p in both:
+                    i = self.ix.pos.get(p.node)
+                    if i is not None and dom[i] >= 0:
+                        hit[dom[i]] = True
+                ok_aff &= hit[dom] & (dom >= 0)
         ok_anti = np.ones(n, dtype=bool)
         for t in w.pod_anti_affinity:
             m, _ = self._domains_with(t, w.namespace)
@@ -497,7 +514,8 @@ class PreparedCluster:
         self._cost.clear()
 
     def explain(self, w: Workload, node: str | None = None, top: int = 3) -> Explanation:
-        frs = self.filter_results(w)
+        # the pod-by-pod constraints too: "fits" is never said of a node the validator rejects
+        frs = [*self.filter_results(w), *pod_by_pod_results(self, w)]
         fit, counts = first_failure_counts(frs, self.ix.n)
         cost = self.cost(w)
         ok = _all_ok(frs)

@@ -439,11 +439,19 @@ def split_requests(req: Mapping[str, int]) -> tuple[Resources, dict[str, int]]:
 
 
 def host_ports(spec: Mapping[str, Any], sp: str = "spec") -> tuple[HostPort, ...]:
-    """Host ports of every container (with ``hostNetwork`` each containerPort is one)."""
+    """Host ports the pod holds (with ``hostNetwork`` each containerPort is one): those of
+    its containers and of its restartable ("sidecar", ``restartPolicy: Always``) init
+    containers. A run-to-completion init container has finished before the containers start,
+    so its ports are not held (NodePorts' getContainerPorts; node_ports_test.go cases
+    "non-sidecar initContainer using hostPort", "TCP hostPort conflict from sidecar
+    initContainer")."""
     out: list[HostPort] = []
     host_net = bool(spec.get("hostNetwork"))
     for part in ("initContainers", "containers"):
         for i, c in enumerate(_list(spec.get(part), f"{sp}.{part}")):
+            if part == "initContainers" and (not isinstance(c, Mapping)
+                                             or c.get("restartPolicy") != "Always"):
+                continue
             for j, p in enumerate(_list(_map(c, f"{sp}.{part}[{i}]").get("ports"),
                                         f"{sp}.{part}[{i}].ports")):
                 f = f"{sp}.{part}[{i}].ports[{j}]"

@@ -235,15 +235,24 @@ def _pod_terms(w: Workload, node: NodeInfo, pods: _Pods) -> list[tuple[str, str]
         for p, t in lst:
             if p.uid != w.uid and _term_hits(t, p.namespace, me):
                 out.append(("pod_anti_affinity", f"{p.uid}'s anti-affinity repels it"))
-    for t in w.pod_affinity:
+    if not w.pod_affinity:
+        return out
+    # InterPodAffinity: only a pod matching EVERY term counts; with none anywhere, a pod
+    # matching all its own terms is the first of its group (the exception is for the pod as
+    # a whole), and it still needs a node carrying every term's topology key
+    terms = w.pod_affinity
+
+    def all_terms(p: _PodLike) -> bool:
+        return all(_term_hits(t, w.namespace, p) for t in terms)
+
+    first = all_terms(me) and not any(p.uid != w.uid and all_terms(p) for p in pods.pods)
+    for t in terms:
         d = _label(node, t.topology_key)
-        if d is not None and any(p.uid != w.uid and _term_hits(t, w.namespace, p)
-                                 for p in pods.in_domain(t.topology_key, d)):
-            continue
-        anywhere = any(p.uid != w.uid and _term_hits(t, w.namespace, p) for p in pods.pods)
-        if not anywhere and _term_hits(t, w.namespace, me):
-            continue  # the first pod of a self-affine group
-        out.append(("pod_affinity", f"no pod matching the term in its {t.topology_key}"))
+        if d is None:
+            out.append(("pod_affinity", f"node has no {t.topology_key} label"))
+        elif not first and not any(p.uid != w.uid and all_terms(p)
+                                   for p in pods.in_domain(t.topology_key, d)):
+            out.append(("pod_affinity", f"no pod matching every term in its {t.topology_key}"))
     return out
 
 
