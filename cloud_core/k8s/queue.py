@@ -224,7 +224,7 @@ class SchedulingQueue:
         self._events.clear()
         self._events_overflow = False
         out: list[str] = []
-        spaces = sorted(ns for ns in self._active if self._valid_top(ns))
+        spaces = sorted(ns for ns in list(self._active) if self._valid_top(ns))
         if not spaces:
             return out
         start = self._rr % len(spaces)

@@ -117,3 +117,66 @@ def test_rejections_read_from_engine_messages() -> None:
     assert Reject.RESOURCES in rejections("0/5 nodes fit: 5 insufficient memory")
     assert Reject.ANTI_AFFINITY in rejections("0/5 nodes fit: 5 pod anti-affinity")
     assert rejections("something new") == {Reject.UNKNOWN}
+
+
+class FakeKubeClient:
+    """A fake at the actuator's I/O edge (events, bindings): the same path against a real
+    API server is tests/k8s/test_tenancy.py."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.bound: list[tuple[str, str, str]] = []
+
+    def record_event(self, pod: dict, **kw: object) -> None:
+        self.events.append((pod["metadata"]["name"], str(kw.get("reason"))))
+
+    emit_event = record_event
+
+    def bind_pod(self, ns: str, name: str, uid: str, node: str) -> None:
+        self.bound.append((ns, name, node))
+
+
+def test_actuator_backlog_plus_deletions_leaves_the_canary_first() -> None:
+    from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+    from cloud_core.k8s.registry import NodeRegistry
+
+    fake = FakeKubeClient()
+    act = Actuator(fake, NodeRegistry(),  # type: ignore[arg-type]
+                   ActuatorConfig(batch_wait_s=0.0, max_batch=50, first_batch=50))
+    rv = [0]
+
+    def pod(ns: str, name: str, cpu: str, node: str | None = None) -> dict:
+        rv[0] += 1
+        spec: dict = {"schedulerName": "cfnet-scheduler" if node is None else "other",
+                      "containers": [{"name": "c", "image": "x",
+                                      "resources": {"requests": {"cpu": cpu}}}]}
+        if node:
+            spec["nodeName"] = node
+        return {"metadata": {"name": name, "namespace": ns, "uid": f"{ns}-{name}",
+                             "resourceVersion": str(rv[0])},
+                "spec": spec, "status": {"phase": "Pending"}}
+
+    try:
+        act._on_node("ADDED", {
+            "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/region": "eu"}},
+            "spec": {}, "status": {"allocatable": {"cpu": "8", "memory": "8Gi"},
+                                   "conditions": [{"type": "Ready", "status": "True"}]}}, None)
+        for i in range(120):  # distinct, fit no node; more than a batch
+            act._on_pod("ADDED", pod("noisy", f"big-{i}", str(100 + i)), None)
+        busy = [pod("noisy", f"busy-{i}", "10m", "n1") for i in range(10)]
+        for b in busy:
+            act._on_pod("ADDED", b, None)
+        for _ in range(3):
+            act.schedule_once()
+        assert act.stats.failed_scheduling == 120
+        act._on_pod("ADDED", pod("canary", "c0", "100m"), None)
+        for k in range(30):  # deletions that free 10m: no help to any backlog pod
+            act._on_pod("DELETED", busy.pop(0), None)
+            busy.append(pod("noisy", f"busy-x{k}", "10m", "n1"))
+            act._on_pod("ADDED", busy[-1], None)
+        popped = act.queue.stats.popped
+        act.schedule_once()
+        assert act.queue.stats.popped - popped == 1  # the canary alone
+    finally:
+        act._pool.shutdown(wait=True)
+    assert ("canary", "c0", "n1") in fake.bound
