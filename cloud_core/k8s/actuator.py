@@ -628,7 +628,8 @@ class Actuator:
                           labels=dict(md.get("labels") or {}), requests=_pod_requests(w),
                           anti_affinity=w.pod_anti_affinity if w else (),
                           host_ports=w.host_ports if w else (),
-                          extended=w.extended if w else {})
+                          extended=w.extended if w else {},
+                          terminating=bool(md.get("deletionTimestamp")))
 
     def _work_waiting(self) -> bool:
         """Whether a step has anything to do besides re-planning: pods to place, a cluster

@@ -277,6 +277,9 @@ class RunningPod:
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
     host_ports: tuple[HostPort, ...] = ()
     extended: Mapping[str, int] = field(default_factory=frozen_counts)
+    # being deleted (metadata.deletionTimestamp): still holds its resources and host ports,
+    # but topology spread does not count it (PodTopologySpread skips terminating pods)
+    terminating: bool = False
 
     def __post_init__(self) -> None:
         _freeze(self, "labels")

@@ -121,7 +121,7 @@ class SpreadState:
         term = PodAffinityTerm(c.selector, c.topology_key, (w.namespace,))
         for p in pc.pods.matching(term, w.namespace):
             i = pc.ix.pos.get(p.node)
-            if i is not None and eligible[i]:
+            if i is not None and eligible[i] and not p.terminating:  # not counted upstream
                 self.counts[self.dom[i]] += 1
         self.self_match = int(selector_matches(c.selector, w.labels))
 

@@ -353,7 +353,8 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     # label set (a controller's replicas share theirs), and only matching pods are counted
     every: dict[str, dict[Mapping[str, str], list[str]]] = {}
     for p in snap.pods:
-        every.setdefault(p.namespace, {}).setdefault(p.labels, []).append(p.node)
+        if not p.terminating:  # PodTopologySpread does not count terminating pods
+            every.setdefault(p.namespace, {}).setdefault(p.labels, []).append(p.node)
     for w in placed:
         every.setdefault(w.namespace, {}).setdefault(w.labels, []).append(assignments[w.uid])
     # per (what decides eligibility, namespace, constraint): domain -> matching pods

@@ -101,3 +101,22 @@ def test_interpodaffinity_multiple_terms_first_pod(case: str, zone_key: str,
                     labels={"foo": "bar"})  # matches the first term only
     snap = ClusterSnapshot(nodes=nodes, links={}, now=0.0, pods=(p1,))
     assert _agree(snap, _affine_pod()) == want, case
+
+
+# pkg/scheduler/framework/plugins/podtopologyspread/filtering_test.go, TestSingleConstraint
+def test_podtopologyspread_terminating_pods_should_be_excluded() -> None:
+    w = parse_pod({
+        "metadata": {"name": "p", "namespace": "default", "uid": "p", "labels": {"foo": ""}},
+        "spec": {"schedulerName": "cfnet-scheduler", "containers": [{"name": "c", "image": "x"}],
+                 "topologySpreadConstraints": [{
+                     "maxSkew": 1, "topologyKey": "node", "whenUnsatisfiable": "DoNotSchedule",
+                     "labelSelector": {"matchExpressions": [{"key": "foo",
+                                                             "operator": "Exists"}]}}]}})
+    nodes = tuple(NodeInfo(n, "r", "", labels={"node": n}, capacity=Resources(4000, 1 << 30))
+                  for n in ("node-a", "node-b"))
+    pods = (RunningPod(uid="p-a", name="p-a", namespace="default", node="node-a",
+                       labels={"foo": ""}, terminating=True),
+            RunningPod(uid="p-b", name="p-b", namespace="default", node="node-b",
+                       labels={"foo": ""}))
+    snap = ClusterSnapshot(nodes=nodes, links={}, now=0.0, pods=pods)
+    assert _agree(snap, w) == {"node-a"}
