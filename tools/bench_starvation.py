@@ -16,7 +16,7 @@ scheduler is ``python -m cloud_core.k8s`` started from this tree and, as the bas
 in the same run, from ``--baseline-rev`` (default ``main``; exported with ``git archive``).
 
     python -m tools.bench_starvation [--backlog 1000 --deletions 20 --seconds 30]
-                                     [--baseline-rev main | --no-baseline]
+                                     [--baseline-rev main | --no-baseline] [--quick]
 """
 
 from __future__ import annotations
@@ -257,7 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--baseline-rev", default="main")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="300 pods, 15 s (make bench)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.backlog, a.seconds = 300, 15.0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     labels = ["this tree"] + ([] if a.no_baseline else [f"baseline {a.baseline_rev}"])
     runs: list[Run] = []

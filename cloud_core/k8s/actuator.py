@@ -150,6 +150,9 @@ class ActuatorConfig:
     first_batch: int = 100
     bind_workers: int = 24  # concurrent pods/binding calls (keep-alive connections)
     retry_unschedulable_s: float = 30.0
+    # pods tried before, at most this many a batch (queue.py pop_batch): a flush of many
+    # distinct unschedulable pods is taken in short batches, not one long one
+    max_retries_per_batch: int = 100
     unavailable_backoff_max_s: float = 5.0
     engine_config: Any = None
     identity: str = "cfnet-core"
@@ -645,7 +648,8 @@ class Actuator:
         The pods stay in flight until the step reports them placed or not."""
         now = time.monotonic()
         with self._lock:
-            keys = self.queue.pop_batch(self._batch_limit(), now)
+            keys = self.queue.pop_batch(self._batch_limit(), now,
+                                        self.config.max_retries_per_batch)
             out = []
             for k in keys:
                 pod = self._pending.get(k)

@@ -211,11 +211,13 @@ class SchedulingQueue:
         self._flush(now)
         return any(self._valid_top(ns) for ns in list(self._active))
 
-    def pop_batch(self, limit: int, now: float) -> list[str]:
+    def pop_batch(self, limit: int, now: float, retry_limit: int | None = None) -> list[str]:
         """Up to ``limit`` pods to try, taken from the namespaces in turn (each in priority,
-        then arrival order). They are in flight until ``failed`` / ``remove`` / ``requeue``;
-        pods still in flight from an earlier pop (a step that never reported) are tried
-        again first."""
+        then arrival order), of which at most ``retry_limit`` tried before: a batch of
+        retries (a flush of many distinct unschedulable pods) stays short, so a pod arriving
+        meanwhile waits for a short batch, not for a thousand hopeless ones. They are in
+        flight until ``failed`` / ``remove`` / ``requeue``; pods still in flight from an
+        earlier pop (a step that never reported) are tried again first."""
         self._flush(now)
         self._cycle += 1
         for lost in list(self._in_flight.values()):  # an earlier step lost them: again
@@ -224,6 +226,7 @@ class SchedulingQueue:
         self._events.clear()
         self._events_overflow = False
         out: list[str] = []
+        retries = 0
         spaces = sorted(ns for ns in list(self._active) if self._valid_top(ns))
         if not spaces:
             return out
@@ -236,9 +239,13 @@ class SchedulingQueue:
                 if len(out) >= limit:
                     nxt.append(ns)
                     continue
+                if (retry_limit is not None and retries >= retry_limit
+                        and self._top_attempts(ns) > 0):
+                    continue  # this namespace's next pod is a retry: the budget is spent
                 q = self._pop_active(ns)
                 if q is None:
                     continue
+                retries += q.attempts > 0
                 q.state, q.cycle = "in_flight", self._cycle
                 self._in_flight[q.key] = q
                 out.append(q.key)
@@ -364,6 +371,11 @@ class SchedulingQueue:
             heapq.heappop(h)
         self._active.pop(ns, None)
         return False
+
+    def _top_attempts(self, ns: str) -> int:
+        if not self._valid_top(ns):
+            return 0
+        return self._pods[self._active[ns][0][3]].attempts
 
     def _pop_active(self, ns: str) -> QueuedPod | None:
         if not self._valid_top(ns):

@@ -180,3 +180,19 @@ def test_actuator_backlog_plus_deletions_leaves_the_canary_first() -> None:
     finally:
         act._pool.shutdown(wait=True)
     assert ("canary", "c0", "n1") in fake.bound
+
+
+def test_retries_are_taken_in_short_batches_new_pods_not_held_back() -> None:
+    q = SchedulingQueue(max_unschedulable_s=30.0)
+    for i in range(300):
+        q.add(f"noisy/p{i}", "noisy", 0, now=0.0)
+    first = q.pop_batch(1000, now=0.0)
+    assert len(first) == 300
+    for k in first:
+        q.failed(k, [Reject.RESOURCES], now=0.0)
+    q.add("canary/c", "canary", 0, now=40.0)
+    batch = q.pop_batch(1000, now=40.0, retry_limit=100)  # all 300 flushed at 30 s
+    assert "canary/c" in batch and len(batch) == 101
+    for k in batch:
+        q.remove(k)  # bound (or reported): nothing left in flight
+    assert len(q.pop_batch(1000, now=40.0, retry_limit=100)) == 100
