@@ -22,8 +22,8 @@ that is placed the same way.
 Failure handling: a 409 on bind means the pod is already bound (by an earlier attempt whose
 answer was lost, or another replica) or was replaced; the pod is re-read and never bound twice.
 An unreachable API server leaves pods pending and retries with backoff; the reflectors
-resume or relist (410) on their own. Unschedulable pods wait for a cluster change (node or pod
-event) or ``retry_unschedulable_s``.
+resume or relist (410) on their own. Pending pods wait in a scheduling queue like
+kube-scheduler's (``queue.py``: per-pod backoff, queueing hints, fair across namespaces).
 
 When a node's region / zone / security-level label changes, the running cfnet pods there are
 re-validated; a pod that no longer fits raises an alert (a Warning event and ``on_alert``) and
@@ -47,10 +47,20 @@ from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavail
 from cloud_core.events import EventLog
 from cloud_core.health import Health as LiveHealth
 from cloud_core.k8s.client import JSON, KubeClient
+from cloud_core.k8s.evict import exclusion
 from cloud_core.k8s.informer import Reflector, obj_key
+from cloud_core.k8s.queue import ClusterEvent, Event, SchedulingQueue, rejections
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
 from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
-from cloud_core.placement.model import ClusterSnapshot, Health, Resources, RunningPod, Workload
+from cloud_core.placement.model import (
+    COUNT_MAX,
+    ClusterSnapshot,
+    Health,
+    Resources,
+    RunningPod,
+    Workload,
+    bounded_resources,
+)
 from cloud_core.placement.spec import PodParser
 
 log = logging.getLogger(__name__)
@@ -140,6 +150,9 @@ class ActuatorConfig:
     first_batch: int = 100
     bind_workers: int = 24  # concurrent pods/binding calls (keep-alive connections)
     retry_unschedulable_s: float = 30.0
+    # pods tried before, at most this many a batch (queue.py pop_batch): a flush of many
+    # distinct unschedulable pods is taken in short batches, not one long one
+    max_retries_per_batch: int = 100
     unavailable_backoff_max_s: float = 5.0
     engine_config: Any = None
     identity: str = "cfnet-core"
@@ -210,6 +223,7 @@ class ActuatorStats:
     moves: int = 0
     evictions_blocked: int = 0
     pinned_bound: int = 0
+    uncountable: int = 0  # bound pods whose requests cfnet clamped (RequestsUncountable)
     bound_pods: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
 
 
@@ -228,6 +242,59 @@ def _accumulate(a: list[int], r: Resources, sign: int) -> None:
     a[0] += sign * r.cpu_milli
     a[1] += sign * r.mem_bytes
     a[2] += sign * r.gpus
+
+
+def _priority(spec: Mapping[str, Any]) -> int:
+    p = spec.get("priority")
+    return p if isinstance(p, int) and not isinstance(p, bool) else 0
+
+
+def _gang(pod: Mapping[str, Any]) -> str | None:
+    g = ((pod.get("metadata") or {}).get("annotations") or {}).get("cfnet.io/gang")
+    return str(g)[:253] if g is not None else None
+
+
+def _spec_changed(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """An update that may change where the pod fits (upstream ignores status-only ones)."""
+    nm, om = new.get("metadata") or {}, old.get("metadata") or {}
+    return (new.get("spec") != old.get("spec") or nm.get("labels") != om.get("labels")
+            or nm.get("annotations") != om.get("annotations"))
+
+
+def _node_may_help(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """A Node event that may make a pod fit: a new node, or a change of labels, taints,
+    schedulability, allocatable or readiness (not a heartbeat)."""
+    if old is None:
+        return True
+    nm, om = new.get("metadata") or {}, old.get("metadata") or {}
+    ns, os_ = new.get("spec") or {}, old.get("spec") or {}
+    nst, ost = new.get("status") or {}, old.get("status") or {}
+
+    def ready(st: Mapping[str, Any]) -> Any:
+        return [c.get("status") for c in st.get("conditions") or [] if c.get("type") == "Ready"]
+
+    return (nm.get("labels") != om.get("labels") or ns.get("taints") != os_.get("taints")
+            or ns.get("unschedulable") != os_.get("unschedulable")
+            or nst.get("allocatable") != ost.get("allocatable") or ready(nst) != ready(ost))
+
+
+def _pod_event(prev: _Bound | None, entry: _Bound | None) -> ClusterEvent | None:
+    """What a bound pod's change means to the queueing hints: room freed (it went away or
+    finished), or a pod (new labels) for affinity and spread."""
+    if prev is not None and prev.live and (entry is None or not entry.live
+                                           or entry.node != prev.node):
+        return ClusterEvent(Event.POD_DELETED, node=prev.node, namespace=prev.pod.namespace)
+    if entry is not None and entry.live and (prev is None or prev.pod.labels
+                                             != entry.pod.labels):
+        return ClusterEvent(Event.POD_BOUND, node=entry.node, namespace=entry.pod.namespace)
+    return None
+
+
+def _uncountable(w: Workload) -> bool:
+    """Some figure of ``w``'s requests was clamped to what cfnet counts."""
+    r = w.requests
+    return (max(abs(r.cpu_milli), abs(r.mem_bytes), abs(r.gpus)) >= COUNT_MAX
+            or any(abs(v) >= COUNT_MAX for v in w.extended.values()))
 
 
 def _pod_requests(w: Workload | None) -> Resources:
@@ -257,7 +324,9 @@ class Actuator:
         self._stop = threading.Event()
         # pod key → (node, when, the pod as the snapshot counts it): bindings made, not seen yet
         self._assumed: dict[str, tuple[str, float, RunningPod | None]] = {}
-        self._unschedulable: dict[str, tuple[float, int]] = {}  # pod key → (when, generation)
+        # activeQ / backoffQ / unschedulable pods with queueing hints, fair across
+        # namespaces (queue.py); called under ``_lock``
+        self.queue = SchedulingQueue(max_unschedulable_s=self.config.retry_unschedulable_s)
         self._last_failure: dict[str, str] = {}  # pod uid → last FailedScheduling message
         self._workloads: dict[str, Workload | None] = {}  # pod uid → parsed workload
         self._parser = PodParser()  # the loop thread's: a controller's pods parsed once
@@ -276,6 +345,7 @@ class Actuator:
         self._generation = 0  # bumped on every cluster change that may free room
         self._pending_changes: list[LabelChange] = []
         self._alerted: set[str] = set()  # pod uids already reported as violating
+        self._uncountable_warned: set[str] = set()  # pod uids told RequestsUncountable
         self._to_replace: dict[str, JSON] = {}  # pod uid → pod whose re-placement must finish
         # A move's destination per replacement key: [(node, moved pod uid, expiry)].
         self._reserved: dict[tuple[str, ...], list[tuple[str, str, float]]] = {}
@@ -342,6 +412,9 @@ class Actuator:
                     self._pending_changes.extend(changes)
         with self._lock:
             self._generation += 1
+            if kind != "DELETED" and _node_may_help(obj, old):
+                self.queue.on_event(ClusterEvent(Event.NODE_CHANGED, node=name),
+                                    time.monotonic())
         self._wake.set()
 
     def _on_pod(self, kind: str, obj: JSON, old: JSON | None) -> None:
@@ -357,18 +430,32 @@ class Actuator:
             # parsed outside the lock, once per version of a bound pod
             entry = b if b is not None and b.rv == rv and b.node == node \
                 else self._bound_entry(obj, str(node), rv)
+        now = time.monotonic()
         with self._lock:
             if kind != "DELETED" and self.is_pending(obj):
                 self._pending[key] = obj
+                if key not in self.queue or (old is not None and _spec_changed(obj, old)):
+                    gang = _gang(obj)
+                    self.queue.add(key, str(md.get("namespace", "default")),
+                                   _priority(spec), now, gang)
+                    if gang is not None:
+                        self.queue.on_event(ClusterEvent(
+                            Event.PENDING_ADDED, namespace=str(md.get("namespace")),
+                            gang=gang), now)
             else:
                 self._pending.pop(key, None)
+                self.queue.remove(key)
+            prev = self._running_cache.get(uid)
             self._count_bound(uid, entry, obj)
+            ev = _pod_event(prev, entry)
+            if ev is not None and self.queue.on_event(ev, now, self._fits_after):
+                self._wake.set()
             if kind == "DELETED":
                 self._assumed.pop(key, None)
-                self._unschedulable.pop(key, None)
                 self._workloads.pop(uid, None)
                 self._last_failure.pop(uid, None)
                 self._alerted.discard(uid)
+                self._uncountable_warned.discard(uid)
                 self._generation += 1
             elif node and key in self._assumed:
                 del self._assumed[key]  # the informer caught up with our binding
@@ -408,6 +495,23 @@ class Actuator:
         a[3] += sign  # pods: the entry goes when its last pod does
         if not a[3]:
             del self._usage[node]
+
+    def _fits_after(self, key: str, node: str) -> bool:
+        """Queueing hint for a pod rejected for room, after a pod on ``node`` went away:
+        does ``key`` fit what is free there now (requested resources only, as
+        NodeResourcesFit)? Extended resources, host ports and pod slots: assumed yes.
+        Call with ``_lock`` held (the sums are the handler's, already updated)."""
+        pod = self._pending.get(key)
+        w = self._workloads.get(str(((pod or {}).get("metadata") or {}).get("uid")))
+        rec = self.registry.get(node)
+        if pod is None or w is None or rec is None:
+            return True
+        used = self._usage.get(node, [0, 0, 0, 0])
+        cap = rec.capacity
+        return all(want <= 0 or want <= have - u for want, have, u in (
+            (w.requests.cpu_milli, cap.cpu_milli, used[0]),
+            (w.requests.mem_bytes, cap.mem_bytes, used[1]),
+            (w.requests.gpus, cap.gpus, used[2])))
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -477,7 +581,9 @@ class Actuator:
             if rp is not None:
                 running.append(rp)
                 _accumulate(usage.setdefault(node, [0, 0, 0]), rp.requests, 1)
-        allocated = {n: Resources(*a) for n, a in usage.items()}
+        # a node's sum past what cfnet counts (pods of other schedulers asking for more than
+        # any node has) is that much: the node is full, and no int64 sum overflows
+        allocated = {n: bounded_resources(Resources(*a)) for n, a in usage.items()}
         snap = ClusterSnapshot(nodes=self.registry.node_infos(allocated),
                                links=dict(self.links()), now=time.time(), pods=tuple(running))
         return snap, own
@@ -488,10 +594,34 @@ class Actuator:
         phase = (pod.get("status") or {}).get("phase")
         live = phase not in ("Succeeded", "Failed")
         w = self._workload(pod)
+        # the re-planner's candidates: cfnet's own live pods that may be evicted (never a
+        # DaemonSet, mirror/static, system-critical, kube-system or local-storage pod)
         mine = (live and spec.get("schedulerName") == self.config.scheduler_name
-                and not md.get("deletionTimestamp"))
+                and not md.get("deletionTimestamp") and exclusion(pod) is None)
+        if live and w is not None and _uncountable(w):
+            self._warn_uncountable(pod, node, w)
         return _Bound(rv=rv, node=node, key=obj_key(pod), live=live,
                       pod=self._running(pod, node, w), own=w if mine else None)
+
+    def _warn_uncountable(self, pod: JSON, node: str, w: Workload) -> None:
+        """A bound pod (any scheduler's) asks for more than cfnet counts: it is counted as
+        that much (its node is full for cfnet), said once per pod in a Warning event."""
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        with self._lock:
+            if uid in self._uncountable_warned:
+                return
+            self._uncountable_warned.add(uid)
+        what = ", ".join(f"{k}" for k, v in (("cpu", w.requests.cpu_milli),
+                                            ("memory", w.requests.mem_bytes),
+                                            ("nvidia.com/gpu", w.requests.gpus),
+                                            *w.extended.items()) if abs(v) >= COUNT_MAX)
+        self._count("uncountable")
+        self.client.record_event(
+            pod, reason="RequestsUncountable", event_type="Warning",
+            instance=self.config.identity,
+            message=f"{obj_key(pod)} on node {node} requests more {what} than cfnet counts "
+                    f"({COUNT_MAX}); cfnet counts it as {COUNT_MAX}, so {node} takes no pod "
+                    f"that needs {what}")
 
     @staticmethod
     def _running(pod: JSON, node: str, w: Workload | None) -> RunningPod:
@@ -501,15 +631,8 @@ class Actuator:
                           labels=dict(md.get("labels") or {}), requests=_pod_requests(w),
                           anti_affinity=w.pod_anti_affinity if w else (),
                           host_ports=w.host_ports if w else (),
-                          extended=w.extended if w else {})
-
-    def _waiting(self, key: str, now: float, gen: int) -> bool:
-        """Pending pod ``key`` is to be placed now: not assumed bound, not backing off as
-        unschedulable (unless the cluster changed since). Call with ``_lock`` held."""
-        if key in self._assumed:
-            return False
-        u = self._unschedulable.get(key)
-        return u is None or u[1] != gen or now - u[0] >= self.config.retry_unschedulable_s
+                          extended=w.extended if w else {},
+                          terminating=bool(md.get("deletionTimestamp")))
 
     def _work_waiting(self) -> bool:
         """Whether a step has anything to do besides re-planning: pods to place, a cluster
@@ -518,15 +641,23 @@ class Actuator:
         with self._lock:
             gen = self._generation
             return (self._bind_error is not None or gen != self._obs_gen
-                    or any(self._waiting(k, now, gen) for k in self._pending))
+                    or self.queue.has_active(now))
 
     def pending(self) -> list[JSON]:
+        """The next batch from the scheduling queue (fair across namespaces; see queue.py).
+        The pods stay in flight until the step reports them placed or not."""
         now = time.monotonic()
         with self._lock:
-            gen = self._generation
-            out = [pod for key, pod in self._pending.items() if self._waiting(key, now, gen)]
-        out.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
-        return out[: self._batch_limit()]
+            keys = self.queue.pop_batch(self._batch_limit(), now,
+                                        self.config.max_retries_per_batch)
+            out = []
+            for k in keys:
+                pod = self._pending.get(k)
+                if pod is None or k in self._assumed:
+                    self.queue.remove(k)
+                else:
+                    out.append(pod)
+        return out
 
     def _batch_limit(self) -> int:
         return self.config.max_batch if self._batches else min(self.config.first_batch,
@@ -655,12 +786,16 @@ class Actuator:
             for pod, node, w in todo:
                 key = obj_key(pod)
                 self._assumed[key] = (node, now, _assumed_pod(key, node, w))
+                self.queue.remove(key)  # assumed: back in only if its binding fails
             self._binding += len(todo)
         for pod, node, w in todo:
             self._pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
                               w.uid in obs.pinned)
         for u, msg in outcome.failures.items():
             if u in self._obs_pods:
+                g = wl[u].gang if u in wl else None
+                if g is not None and f"gang {g}" not in msg:
+                    msg = f"gang {g}: {msg}"  # say which gang (namespace/name) waits
                 self._unschedulable_now(self._obs_pods[u], gen, msg)
         # A pinned replacement takes its reservation now: its binding is assumed, and a
         # failed one is placed again by a later step like any pending pod.
@@ -742,7 +877,8 @@ class Actuator:
         md = pod.get("metadata") or {}
         uid = str(md.get("uid"))
         with self._lock:
-            self._unschedulable[obj_key(pod)] = (time.monotonic(), gen)
+            self.queue.failed(obj_key(pod), rejections(message), time.monotonic(),
+                              self._fits_after)
             repeat = self._last_failure.get(uid) == message
             self._last_failure[uid] = message
         if repeat:
@@ -771,6 +907,11 @@ class Actuator:
         except BaseException as e:
             with self._lock:
                 self._assumed.pop(key, None)  # forget: placed again by a later batch
+                if key in self._pending and not isinstance(e, KubeConflict):
+                    p = self._pending[key]
+                    self.queue.add(key, ns, _priority(p.get("spec") or {}), time.monotonic(),
+                                   _gang(p))
+                    self.queue.requeue(key, time.monotonic())  # after its backoff
             if isinstance(e, KubeConflict):
                 self._count("conflicts")
                 self._after_conflict(pod, w)
@@ -780,10 +921,6 @@ class Actuator:
             elif not isinstance(e, KubeNotFound):  # NotFound: deleted meanwhile
                 log.warning("binding %s failed: %s", key, e)
             return
-        with self._lock:
-            # The assumption was made before the call (commit_placements); not made again
-            # here: the watch may already have spent it, or even seen the pod deleted.
-            self._unschedulable.pop(key, None)
         self._count("bound")
         if pinned:
             self._count("pinned_bound")
@@ -831,8 +968,11 @@ class Actuator:
             snap = self.snapshot(exclude=frozenset({w.uid}))
             problems = validate_binding(snap, w, str(node), self.config.engine_config)
             if problems:
+                kept = exclusion(pod)
+                if kept is not None:
+                    problems = [*problems, f"not evicted: {kept}"]
                 self._alert(pod, str(node), problems, [c for c in changes if c.node == node])
-                if self.config.replace_on_violation:
+                if self.config.replace_on_violation and kept is None:
                     self._to_replace[str(md.get("uid"))] = pod
         for uid, pod in list(self._to_replace.items()):
             try:

@@ -31,6 +31,7 @@ from cloud_core.errors import CoreError, KubeError, KubeForbidden, KubeNotFound
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.evict import exclusion
 from cloud_core.k8s.informer import obj_key
 from cloud_core.placement import explain, parse_workload_yaml, place
 from cloud_core.placement.model import Health
@@ -196,9 +197,14 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
         evicted: list[str] = []
         blocked: list[str] = []
         refused: list[str] = []
+        kept: list[str] = []
         for p in cfnet_pods():
             md = p.get("metadata") or {}
             if (p.get("spec") or {}).get("nodeName") != node or md.get("deletionTimestamp"):
+                continue
+            why = exclusion(p)  # the descheduler's DefaultEvictor defaults (k8s/evict.py)
+            if why is not None:
+                kept.append(f"{obj_key(p)}: {why}")
                 continue
             try:
                 ok = client.evict_pod(str(md.get("namespace")), str(md.get("name")),
@@ -220,7 +226,7 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
                     f"{len(blocked)} held by a PodDisruptionBudget", node=node,
                     severity="warning")
         return {"node": node, "evicted": evicted, "blocked_by_budget": blocked,
-                "failed": refused, "other_schedulers_pods_left": others,
+                "failed": refused, "not_evictable": kept, "other_schedulers_pods_left": others,
                 "note": "pods of other schedulers are left; `kubectl drain` evicts them too"
                 if others else ""}
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cloud_core.errors import KubeError, KubeNotFound
+from cloud_core.errors import CoreError, KubeConflict, KubeError, KubeNotFound, SpecError
 from cloud_core.k8s.actuator import Actuator, parse_workload, run_engine
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.informer import Reflector, obj_key
@@ -53,6 +53,16 @@ POOL_APIS = ((NODEPOOLS, "openyurt"), (NODEGROUPS, "kubeedge"))
 # An API the server does not serve (the framework's CRDs not installed) is asked for again this
 # often, so a framework installed after the core starts is read without a restart.
 NOT_SERVED_RETRY_S = 60.0
+
+# The most replicas cfnet plans for one pool-mode Deployment: each is a workload the engine
+# places, so a tenant's ``replicas: 2000000`` is refused (an event names the bound) before
+# anything is expanded, instead of costing the core gigabytes and minutes.
+MAX_POOL_REPLICAS = 1000
+# The label cfnet puts on the pool objects it creates. It updates or deletes only an object
+# carrying it *and* an ownerReference to the Deployment it plans for; any other object of
+# that name (the platform team's, another tool's) is never adopted.
+MANAGED_BY = "app.kubernetes.io/managed-by"
+CFNET = "cfnet"
 
 YURT_API = "apps.openyurt.io/v1beta1"
 KUBEEDGE_API = "apps.kubeedge.io/v1alpha1"
@@ -74,6 +84,34 @@ class PoolPlan:
         return sum(self.per_pool.values())
 
 
+class NotOwned(CoreError):
+    """A pool object of that name exists and cfnet did not create it for this Deployment."""
+
+
+def pool_replicas(deployment: JSON) -> int:
+    """``spec.replicas`` (default 1), bounded before anything is expanded (SpecError)."""
+    raw = (deployment.get("spec") or {}).get("replicas", 1)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise SpecError("spec.replicas", f"{str(raw)[:40]!r} is not a replica count")
+    if raw > MAX_POOL_REPLICAS:
+        raise SpecError("spec.replicas", f"{raw} is more than cfnet plans for one pool-mode "
+                        f"Deployment ({MAX_POOL_REPLICAS})")
+    return raw
+
+
+def owned_by(obj: JSON, deployment: JSON) -> bool:
+    """``obj`` was created by cfnet for ``deployment``: cfnet's label and an ownerReference
+    to that Deployment's uid."""
+    md = obj.get("metadata") or {}
+    uid = (deployment.get("metadata") or {}).get("uid")
+    if (md.get("labels") or {}).get(MANAGED_BY) != CFNET:
+        return False
+    # a Deployment not read from the API server (no uid: a plan made by hand) is written
+    # without an ownerReference, so only the label can say it
+    return not uid or any(o.get("kind") == "Deployment" and o.get("uid") == uid
+                          for o in md.get("ownerReferences") or [])
+
+
 def _replica_pod(deployment: JSON, app: str, i: int) -> JSON:
     tpl = (deployment.get("spec") or {}).get("template") or {}
     md = copy.deepcopy(tpl.get("metadata") or {})
@@ -87,7 +125,7 @@ def plan_pools(snapshot: ClusterSnapshot, registry: NodeRegistry, deployment: JS
                flavour: str, *, engine_config: Any = None) -> PoolPlan:
     """Place ``deployment``'s replicas on pooled nodes of ``flavour``; count them per pool."""
     app = str((deployment.get("metadata") or {}).get("name"))
-    replicas = int((deployment.get("spec") or {}).get("replicas", 1))
+    replicas = pool_replicas(deployment)
     pool_of = registry.membership(flavour)
     snap = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in pool_of))
     workloads = [parse_workload(_replica_pod(deployment, app, i)) for i in range(replicas)]
@@ -164,12 +202,31 @@ def edge_application(deployment: JSON, plan: PoolPlan) -> JSON:
 
 
 def apply_pool_plan(client: KubeClient, deployment: JSON, plan: PoolPlan) -> JSON:
-    """Create or update the framework object for ``plan``; returns what the server stored."""
+    """Create or update the framework object for ``plan``; returns what the server stored.
+
+    An existing object is replaced only when cfnet created it for this Deployment
+    (:func:`owned_by`); otherwise :class:`NotOwned` (never adopted). The replace carries the
+    live resourceVersion, so an object that changed hands meanwhile is a conflict."""
     obj = yurt_app_set(deployment, plan) if plan.flavour == "openyurt" else \
         edge_application(deployment, plan)
+    obj["metadata"].setdefault("labels", {})[MANAGED_BY] = CFNET
     if (deployment.get("metadata") or {}).get("uid"):
         obj = _owned(obj, deployment)
-    return client.apply(obj)
+    md = obj["metadata"]
+    coll = client.resource_path(str(obj["apiVersion"]), str(obj["kind"]), md.get("namespace"))
+    try:
+        return client.create(coll, obj)
+    except KubeConflict:
+        path = f"{coll}/{md['name']}"
+        live = client.get(path)
+        if not owned_by(live, deployment):
+            raise NotOwned(f"{obj['kind']} {md.get('namespace')}/{md['name']} exists and was "
+                           f"not created by cfnet for this Deployment (label {MANAGED_BY}="
+                           f"{CFNET} and an ownerReference to it): cfnet does not adopt "
+                           "it") from None
+        body = {**obj, "metadata": {**md, "resourceVersion":
+                                    live["metadata"]["resourceVersion"]}}
+        return client.replace(path, body)
 
 
 def _template_digest(deployment: JSON) -> str:
@@ -199,6 +256,8 @@ class PoolController:
         self._stop = threading.Event()
         self._written: dict[tuple[str, str], tuple[str, str]] = {}  # (ns, name) -> (flav, spec)
         self._warned: set[str] = set()
+        self._owner: dict[tuple[str, str], str] = {}  # (ns, name) -> Deployment uid written for
+        self._failed: dict[tuple[str, str], str] = {}  # (ns, name) -> last failure told
         self._members: dict[tuple[str, str], dict[str, str]] = {}  # pool membership planned on
         self._template: dict[tuple[str, str], str] = {}  # the Deployment template planned
         self.plans: dict[str, PoolPlan] = {}  # "ns/name" -> last plan written
@@ -304,63 +363,94 @@ class PoolController:
                 continue
             key = (str(md.get("namespace")), str(md.get("name")))
             seen.add(key)
-            plan = plan_pools(snap, self.registry, dep, str(flavour),
-                              engine_config=self.actuator.config.engine_config)
-            pool_of = self.registry.membership(str(flavour))
-            members = {n.name: f"{pool_of[n.name]} {n.capacity} {n.health}"
-                       for n in snap.nodes if n.name in pool_of}
-            last = self.plans.get(obj_key(dep))
-            if (last is not None and self._written.get(key, ("",))[0] == flavour
-                    and last.replicas == plan.replicas and plan.placed == last.placed
-                    and self._members.get(key) == members
-                    and self._template.get(key) == _template_digest(dep)):
-                # Nothing that decides the plan changed (the template, the replica count,
-                # the pools' nodes, their capacity and health) and the new one places no
-                # more replicas: a time-limited solver may split equal pools differently from
-                # run to run, and moving replicas between pools for that would churn the edge.
-                continue
-            obj = yurt_app_set(dep, plan) if flavour == "openyurt" else \
-                edge_application(dep, plan)
-            digest = json.dumps(obj, sort_keys=True)
-            if self._written.get(key) == (flavour, digest):
-                continue
+            # one tenant's Deployment (a refused spec, a name taken, a failed write) never
+            # stops the others': its failure is its own event
             try:
-                apply_pool_plan(self.client, dep, plan)
-            except KubeError as e:
-                log.warning("writing the %s object for %s failed: %s", flavour, obj_key(dep), e)
-                continue
-            old = self._written.get(key)
-            if old is not None and old[0] != flavour:
-                self._delete(key, old[0])
-            self._written[key] = (str(flavour), digest)
-            self._members[key] = members
-            self._template[key] = _template_digest(dep)
-            self.plans[obj_key(dep)] = plan
-            writes += 1
-            self._event(dep, "PoolPlan", "Normal",
-                        f"cfnet placed {plan.placed}/{plan.replicas} replicas per pool "
-                        f"({flavour}): " + (", ".join(f"{p} {n}" for p, n in
-                                                      plan.per_pool.items()) or "none")
-                        + (f"; {len(plan.unplaced)} unplaced: "
-                           f"{next(iter(plan.unplaced.values()))}" if plan.unplaced else ""))
-            if not (dep.get("spec") or {}).get("paused") and obj_key(dep) not in self._warned:
-                self._warned.add(obj_key(dep))
-                self._event(dep, "PoolModeNotPaused", "Warning",
-                            "pool-mode Deployment is not paused: its own ReplicaSet runs "
-                            "replicas too; set spec.paused: true to use it as a template only")
+                writes += self._reconcile_one(dep, key, str(flavour), snap)
+            except Exception as e:
+                reason = ("PoolObjectNotOwned" if isinstance(e, NotOwned) else
+                          "PoolPlanRefused" if isinstance(e, SpecError) else "PoolPlanFailed")
+                msg = f"cfnet did not write the {flavour} pool object: {e}"
+                if self._failed.get(key) != msg:
+                    self._failed[key] = msg
+                    log.warning("%s: %s", obj_key(dep), msg)
+                    self._event(dep, reason, "Warning", msg)
         for key in [k for k in self._written if k not in seen]:
             self._delete(key, self._written[key][0])
         return writes
 
-    def _delete(self, key: tuple[str, str], flavour: str) -> None:
+    def _reconcile_one(self, dep: JSON, key: tuple[str, str], flavour: str,
+                       snap: ClusterSnapshot) -> int:
+        """Plan and write one Deployment's pool object; 1 if written (raises what stops it:
+        the caller turns that into this Deployment's event)."""
+        plan = plan_pools(snap, self.registry, dep, flavour,
+                          engine_config=self.actuator.config.engine_config)
+        pool_of = self.registry.membership(flavour)
+        members = {n.name: f"{pool_of[n.name]} {n.capacity} {n.health}"
+                   for n in snap.nodes if n.name in pool_of}
+        last = self.plans.get(obj_key(dep))
+        if (last is not None and self._written.get(key, ("",))[0] == flavour
+                and last.replicas == plan.replicas and plan.placed == last.placed
+                and self._members.get(key) == members
+                and self._template.get(key) == _template_digest(dep)):
+            # Nothing that decides the plan changed (the template, the replica count,
+            # the pools' nodes, their capacity and health) and the new one places no
+            # more replicas: a time-limited solver may split equal pools differently from
+            # run to run, and moving replicas between pools for that would churn the edge.
+            return 0
+        obj = yurt_app_set(dep, plan) if flavour == "openyurt" else edge_application(dep, plan)
+        digest = json.dumps(obj, sort_keys=True)
+        if self._written.get(key) == (flavour, digest):
+            return 0
         try:
-            self.client.delete(_pool_path(flavour, *key))
+            apply_pool_plan(self.client, dep, plan)
+        except KubeError as e:  # NotOwned is no KubeError: the caller tells the tenant
+            log.warning("writing the %s object for %s failed: %s", flavour, obj_key(dep), e)
+            return 0  # retried on the next round
+        self._failed.pop(key, None)
+        old = self._written.get(key)
+        if old is not None and old[0] != flavour:
+            self._delete(key, old[0])
+        self._written[key] = (flavour, digest)
+        self._owner[key] = str((dep.get("metadata") or {}).get("uid") or "")
+        self._members[key] = members
+        self._template[key] = _template_digest(dep)
+        self.plans[obj_key(dep)] = plan
+        self._event(dep, "PoolPlan", "Normal",
+                    f"cfnet placed {plan.placed}/{plan.replicas} replicas per pool "
+                    f"({flavour}): " + (", ".join(f"{p} {n}" for p, n in
+                                                  plan.per_pool.items()) or "none")
+                    + (f"; {len(plan.unplaced)} unplaced: "
+                       f"{next(iter(plan.unplaced.values()))}" if plan.unplaced else ""))
+        if not (dep.get("spec") or {}).get("paused") and obj_key(dep) not in self._warned:
+            self._warned.add(obj_key(dep))
+            self._event(dep, "PoolModeNotPaused", "Warning",
+                        "pool-mode Deployment is not paused: its own ReplicaSet runs "
+                        "replicas too; set spec.paused: true to use it as a template only")
+        return 1
+
+    def _delete(self, key: tuple[str, str], flavour: str) -> None:
+        """Delete the pool object cfnet wrote for ``key``, only if it still is cfnet's (its
+        label and an ownerReference to the Deployment it was written for), with the uid and
+        resourceVersion read as preconditions: never an object that changed hands."""
+        path = _pool_path(flavour, *key)
+        try:
+            live = self.client.get(path)
+            lmd = live.get("metadata") or {}
+            if owned_by(live, {"metadata": {"uid": self._owner.get(key)}}):
+                self.client.request("DELETE", path, body={
+                    "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {
+                        "uid": lmd.get("uid"), "resourceVersion": lmd.get("resourceVersion")}})
+            else:
+                log.warning("not deleting %s: it is not the object cfnet wrote", path)
         except KubeNotFound:
             pass
         except KubeError as e:
             log.warning("deleting the %s object %s/%s failed: %s", flavour, *key, e)
             return
         self._written.pop(key, None)
+        self._owner.pop(key, None)
+        self._failed.pop(key, None)
         self._members.pop(key, None)
         self._template.pop(key, None)
         self.plans.pop("/".join(key), None)

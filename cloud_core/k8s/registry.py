@@ -25,6 +25,8 @@ from cloud_core.placement.model import (
     NodeInfo,
     Resources,
     Taint,
+    bounded,
+    bounded_resources,
     frozen_counts,
     frozen_map,
 )
@@ -123,7 +125,7 @@ def record_of(node: Mapping[str, Any], cfg: RegistryConfig) -> NodeRecord:
         health = Health.UNREACHABLE if flavour != "cloud" else Health.DOWN
     alloc = status.get("allocatable") or status.get("capacity") or {}
     try:
-        capacity = resources_of(alloc)
+        capacity = bounded_resources(resources_of(alloc))
     except SpecError:
         capacity = Resources()
     max_pods, extended = other_allocatable(alloc)
@@ -148,6 +150,7 @@ def other_allocatable(alloc: Mapping[str, Any]) -> tuple[int | None, dict[str, i
                 {"resources": {"requests": {k: v}}}]}))[1].get(k, 0)
         except SpecError:
             n = 0
+        n = bounded(n)  # a figure past what cfnet counts is that much (model.COUNT_MAX)
         if k == "pods":
             max_pods = n
         else:

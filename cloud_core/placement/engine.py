@@ -20,6 +20,7 @@ from .explain import (
     FilterResult,
     first_failure_counts,
     first_failure_examples,
+    pod_by_pod_results,
     summary,
 )
 from .filters import (
@@ -31,6 +32,7 @@ from .filters import (
 )
 from .index import ClusterIndex
 from .model import (
+    COUNT_MAX,
     HOSTNAME,
     REGION,
     ZONE,
@@ -168,7 +170,9 @@ class PreparedCluster:
         self.cfg = config or EngineConfig()
         self.snapshot = snapshot
         self.ix = ClusterIndex(snapshot, self.cfg)
-        self.free = self.ix.cap - self.ix.alloc
+        # an over-committed node has no room (0), not "less than none": a pod requesting
+        # none of a resource still fits there (NodeResourcesFit checks only requests > 0)
+        self.free = np.maximum(self.ix.cap - self.ix.alloc, 0)
         self.pods = PodIndex(snapshot.pods)
         self._node_keys: dict[tuple[str, Hashable], tuple[np.ndarray, list[Hashable]]] = {}
         self._static: dict[tuple[str, Hashable, Hashable], FilterResult] = {}
@@ -270,11 +274,27 @@ class PreparedCluster:
     def _affinity_results(self, w: Workload) -> list[FilterResult]:
         n = self.ix.n
         ok_aff = np.ones(n, dtype=bool)
-        for t in w.pod_affinity:
-            m, found = self._domains_with(t, w.namespace)
-            if not found and term_matches_pod(t, w.namespace, w.namespace, w.labels):
-                continue  # Kubernetes: the first pod of a self-affine group goes anywhere
-            ok_aff &= m
+        if w.pod_affinity:
+            # InterPodAffinity: the pods that count are those matching EVERY term; with none
+            # anywhere, a pod matching all its own terms is the first of its group and may go
+            # to any node carrying every term's topology key (validate.py: the same rule)
+            terms = w.pod_affinity
+            both = [p for p in self.pods.matching(terms[0], w.namespace)
+                    if all(term_matches_pod(t, w.namespace, p.namespace, p.labels)
+                           for t in terms[1:])]
+            first = not both and all(term_matches_pod(t, w.namespace, w.namespace, w.labels)
+                                     for t in terms)
+            for t in terms:
+                dom, names = self.ix.domain_ids(t.topology_key)
+                if first:
+                    ok_aff &= dom >= 0
+                    continue
+                hit = np.zeros(len(names) + 1, dtype=bool)
+                for p in both:
+                    i = self.ix.pos.get(p.node)
+                    if i is not None and dom[i] >= 0:
+                        hit[dom[i]] = True
+                ok_aff &= hit[dom] & (dom >= 0)
         ok_anti = np.ones(n, dtype=bool)
         for t in w.pod_anti_affinity:
             m, _ = self._domains_with(t, w.namespace)
@@ -290,8 +310,8 @@ class PreparedCluster:
 
     def resources_result(self, w: Workload, free: np.ndarray | None = None) -> FilterResult:
         free = self.free if free is None else free
-        req = np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus])
-        short = free < req
+        req = _req(w)
+        short = (free < req) & (req > 0)
         # GPU first: the scarcest resource is the most useful reason
         labels = np.where(short[:, 2], 2, np.where(short[:, 0], 0, 1))
         return FilterResult("resources", np.asarray(~short.any(axis=1)), labels,
@@ -494,7 +514,8 @@ class PreparedCluster:
         self._cost.clear()
 
     def explain(self, w: Workload, node: str | None = None, top: int = 3) -> Explanation:
-        frs = self.filter_results(w)
+        # the pod-by-pod constraints too: "fits" is never said of a node the validator rejects
+        frs = [*self.filter_results(w), *pod_by_pod_results(self, w)]
         fit, counts = first_failure_counts(frs, self.ix.n)
         cost = self.cost(w)
         ok = _all_ok(frs)
@@ -543,8 +564,10 @@ def _all_ok(frs: Sequence[FilterResult]) -> np.ndarray:
 
 
 def _req(w: Workload) -> np.ndarray:
-    return np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus],
-                    dtype=np.int64)
+    # clamped one past what a node can have (model.COUNT_MAX): a request that cannot be
+    # counted fits nowhere, and is never an OverflowError
+    return np.array([min(max(v, 0), COUNT_MAX + 1) for v in (
+        w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus)], dtype=np.int64)
 
 
 def _set_conflicts(reps: list[Workload], specs: list[ClassSpec]) -> None:

@@ -165,11 +165,13 @@ STATIC_FILTERS: tuple[StaticFilter, ...] = (
 # -- dynamic filters (scalar forms; the engine has vector forms of the same rules) ----------
 def check_resources(req: Resources, free: Resources) -> str | None:
     """Reports the first short resource, GPU first since it is the scarcest."""
-    if req.gpus > free.gpus:
+    # only what the pod requests is checked (NodeResourcesFit: a zero request fits even an
+    # over-committed node)
+    if req.gpus > 0 and req.gpus > free.gpus:
         return "insufficient GPU"
-    if req.cpu_milli > free.cpu_milli:
+    if req.cpu_milli > 0 and req.cpu_milli > free.cpu_milli:
         return "insufficient cpu"
-    if req.mem_bytes > free.mem_bytes:
+    if req.mem_bytes > 0 and req.mem_bytes > free.mem_bytes:
         return "insufficient memory"
     return None
 

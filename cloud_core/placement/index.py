@@ -14,7 +14,17 @@ from cloud_core.errors import PlacementError
 
 from .config import EngineConfig
 from .filters import requirement_matches
-from .model import ClusterSnapshot, LinkInfo, NodeInfo, NodeSelectorTerm, Taint, topology_domain
+from .model import (
+    COUNT_MAX,
+    ClusterSnapshot,
+    LinkInfo,
+    NodeInfo,
+    NodeSelectorTerm,
+    Resources,
+    Taint,
+    bounded,
+    topology_domain,
+)
 
 INF = math.inf
 
@@ -26,6 +36,21 @@ def effective_p95(link: LinkInfo, cfg: EngineConfig) -> float:
     if link.age_s > cfg.stale_after_s:
         return link.rtt_p95_ms * cfg.stale_factor
     return link.rtt_p95_ms
+
+
+def _resource_array(rs: list[Resources]) -> np.ndarray:
+    """(n, 3) int64 of cpu, memory, GPUs; a figure past ``COUNT_MAX`` (a snapshot not built
+    by the core's own sources, which clamp already) is clamped, never an OverflowError."""
+    n = len(rs)
+    try:
+        a = np.fromiter((x for r in rs for x in (r.cpu_milli, r.mem_bytes, r.gpus)),
+                        np.int64, 3 * n)
+        if n and (np.abs(a) <= COUNT_MAX).all():
+            return a.reshape(n, 3)
+    except OverflowError:
+        pass
+    return np.fromiter((bounded(x) for r in rs for x in (r.cpu_milli, r.mem_bytes, r.gpus)),
+                       np.int64, 3 * n).reshape(n, 3)
 
 
 class ClusterIndex:
@@ -43,12 +68,8 @@ class ClusterIndex:
             dup = next(x for x in names if names.count(x) > 1)
             raise PlacementError(f"node {dup!r} appears twice in the snapshot")
         # flat iterators: a nested list per node cost twice as much (one snapshot per step)
-        self.cap = np.fromiter((x for nd in nodes for x in (
-            nd.capacity.cpu_milli, nd.capacity.mem_bytes, nd.capacity.gpus)),
-            np.int64, 3 * self.n).reshape(self.n, 3)
-        self.alloc = np.fromiter((x for nd in nodes for x in (
-            nd.allocated.cpu_milli, nd.allocated.mem_bytes, nd.allocated.gpus)),
-            np.int64, 3 * self.n).reshape(self.n, 3)
+        self.cap = _resource_array([nd.capacity for nd in nodes])
+        self.alloc = _resource_array([nd.allocated for nd in nodes])
         # 1/capacity, 0 where a node has none (a request for it is filtered out anyway)
         self.inv_cap = np.where(self.cap > 0, 1.0 / np.maximum(self.cap, 1), 0.0)
         f = np.array([[nd.price_per_hour, nd.energy_price_per_kwh, nd.carbon_g_per_kwh,

@@ -14,6 +14,26 @@ from typing import Any
 
 from cloud_core.errors import PlacementError
 
+# The most of one resource cfnet counts: per pod (a pod's summed requests), per node
+# (capacity, and the summed requests of its pods). The engine keeps resources in int64
+# arrays; with every figure at most 2^50 (1 PiB of memory, 2^40 cores in millicores) no sum
+# or difference it forms can overflow. A pod of cfnet's that asks for more is refused (a
+# SpecError naming the field); a pod of another scheduler that does is counted as this
+# much, so its node is full, and nothing else is affected (docs/placement.md, "Bounds").
+COUNT_MAX = 2**50
+
+
+def bounded(v: int) -> int:
+    """``v`` clamped to [-COUNT_MAX, COUNT_MAX] (a figure that cannot be counted)."""
+    return COUNT_MAX if v > COUNT_MAX else -COUNT_MAX if v < -COUNT_MAX else v
+
+
+def bounded_resources(r: Resources) -> Resources:
+    """``r`` with each figure clamped by :func:`bounded` (``r`` itself when already)."""
+    if all(-COUNT_MAX <= v <= COUNT_MAX for v in (r.cpu_milli, r.mem_bytes, r.gpus)):
+        return r
+    return Resources(bounded(r.cpu_milli), bounded(r.mem_bytes), bounded(r.gpus))
+
 
 class Health(StrEnum):
     """A node's health as the core's health tracker sees it."""
@@ -257,6 +277,9 @@ class RunningPod:
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
     host_ports: tuple[HostPort, ...] = ()
     extended: Mapping[str, int] = field(default_factory=frozen_counts)
+    # being deleted (metadata.deletionTimestamp): still holds its resources and host ports,
+    # but topology spread does not count it (PodTopologySpread skips terminating pods)
+    terminating: bool = False
 
     def __post_init__(self) -> None:
         _freeze(self, "labels")

@@ -78,7 +78,8 @@ class NodeUsage:
     def add(self, i: int, extended: object, host_ports: Sequence[HostPort]) -> None:
         self.pods[i] += 1
         for name, v in dict(extended).items():  # type: ignore[call-overload]
-            self._ext(name)[1][i] += int(v)
+            used = self._ext(name)[1]  # saturating: a sum past int64 is "full"
+            used[i] = min(int(used[i]) + min(int(v), BIG), BIG)
         if host_ports:
             self.ports.setdefault(i, []).extend(host_ports)
 
@@ -120,7 +121,7 @@ class SpreadState:
         term = PodAffinityTerm(c.selector, c.topology_key, (w.namespace,))
         for p in pc.pods.matching(term, w.namespace):
             i = pc.ix.pos.get(p.node)
-            if i is not None and eligible[i]:
+            if i is not None and eligible[i] and not p.terminating:  # not counted upstream
                 self.counts[self.dom[i]] += 1
         self.self_match = int(selector_matches(c.selector, w.labels))
 

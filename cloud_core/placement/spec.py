@@ -25,6 +25,7 @@ from edge_agent.names import (
 
 from . import quantity
 from .model import (
+    COUNT_MAX,
     HOSTNAME,
     HostPort,
     LabelSelector,
@@ -415,6 +416,22 @@ def pod_requests(spec: Mapping[str, Any], sp: str = "spec") -> dict[str, int]:
                                      f"{sp}.overhead"))
 
 
+def counted_requests(req: Mapping[str, int], sp: str = "spec") -> dict[str, int]:
+    """``req`` (a pod's :func:`pod_requests`) if every figure is one cfnet counts; else a
+    SpecError naming the resource (the pod is refused, nothing else is affected)."""
+    for k, v in req.items():
+        if not -COUNT_MAX <= v <= COUNT_MAX:
+            raise SpecError(f"{sp}.containers[*].resources.requests.{_clip(str(k))}",
+                            f"adds up to {v}, more than cfnet counts ({COUNT_MAX}) for one pod")
+    return dict(req)
+
+
+def clamped_requests(req: Mapping[str, int]) -> dict[str, int]:
+    """``req`` with each figure clamped to what cfnet counts: a pod of another scheduler
+    asking for more takes all of its node, and no sum overflows."""
+    return {k: min(max(v, -COUNT_MAX), COUNT_MAX) for k, v in req.items()}
+
+
 def split_requests(req: Mapping[str, int]) -> tuple[Resources, dict[str, int]]:
     """(cpu, memory, GPU) as ``Resources`` and every other resource by name (non-zero)."""
     rest = {k: v for k, v in req.items() if k not in ("cpu", "memory", GPU) and v}
@@ -422,11 +439,19 @@ def split_requests(req: Mapping[str, int]) -> tuple[Resources, dict[str, int]]:
 
 
 def host_ports(spec: Mapping[str, Any], sp: str = "spec") -> tuple[HostPort, ...]:
-    """Host ports of every container (with ``hostNetwork`` each containerPort is one)."""
+    """Host ports the pod holds (with ``hostNetwork`` each containerPort is one): those of
+    its containers and of its restartable ("sidecar", ``restartPolicy: Always``) init
+    containers. A run-to-completion init container has finished before the containers start,
+    so its ports are not held (NodePorts' getContainerPorts; node_ports_test.go cases
+    "non-sidecar initContainer using hostPort", "TCP hostPort conflict from sidecar
+    initContainer")."""
     out: list[HostPort] = []
     host_net = bool(spec.get("hostNetwork"))
     for part in ("initContainers", "containers"):
         for i, c in enumerate(_list(spec.get(part), f"{sp}.{part}")):
+            if part == "initContainers" and (not isinstance(c, Mapping)
+                                             or c.get("restartPolicy") != "Always"):
+                continue
             for j, p in enumerate(_list(_map(c, f"{sp}.{part}[{i}]").get("ports"),
                                         f"{sp}.{part}[{i}].ports")):
                 f = f"{sp}.{part}[{i}].ports[{j}]"
@@ -608,7 +633,7 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
     if not containers:
         raise SpecError(f"{sp}.containers", "at least one container is required")
     check_supported(spec, sp)
-    requests, extended = split_requests(pod_requests(spec, sp))
+    requests, extended = split_requests(counted_requests(pod_requests(spec, sp), sp))
     ann = _str_map(meta.get("annotations"), "metadata.annotations", labels=False)
     policy = ann.get(ANN + "placement-policy")
     if policy is not None and policy not in POLICIES:
@@ -622,6 +647,10 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
     rq = "requiredDuringSchedulingIgnoredDuringExecution"
     extras = _extras(lambda k: ann.get(ANN + k), ANN,
                      lambda k: f"metadata.annotations.{ANN}{k}")
+    if "gang" in extras:
+        # a gang is a tenant's name: per namespace, so tenant B's "train" is not tenant A's
+        # (the engine's and validator's messages then name it as namespace/name)
+        extras["gang"] = f"{ns}/{extras['gang']}"
     node_affinity = _required_terms(na, f"{sp}.affinity.nodeAffinity.{rq}")
     node_name = spec.get("nodeName")
     if node_name:
@@ -840,7 +869,8 @@ def usage_workload(pod: Mapping[str, Any]) -> Workload | None:
     ns = str(meta.get("namespace") or "default")
     parts: dict[str, Any] = {}
     with contextlib.suppress(SpecError):
-        parts["requests"], parts["extended"] = split_requests(pod_requests(spec))
+        parts["requests"], parts["extended"] = split_requests(
+            clamped_requests(pod_requests(spec)))
     with contextlib.suppress(SpecError):
         parts["host_ports"] = host_ports(spec)
     with contextlib.suppress(SpecError):

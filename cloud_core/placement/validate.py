@@ -235,15 +235,24 @@ def _pod_terms(w: Workload, node: NodeInfo, pods: _Pods) -> list[tuple[str, str]
         for p, t in lst:
             if p.uid != w.uid and _term_hits(t, p.namespace, me):
                 out.append(("pod_anti_affinity", f"{p.uid}'s anti-affinity repels it"))
-    for t in w.pod_affinity:
+    if not w.pod_affinity:
+        return out
+    # InterPodAffinity: only a pod matching EVERY term counts; with none anywhere, a pod
+    # matching all its own terms is the first of its group (the exception is for the pod as
+    # a whole), and it still needs a node carrying every term's topology key
+    terms = w.pod_affinity
+
+    def all_terms(p: _PodLike) -> bool:
+        return all(_term_hits(t, w.namespace, p) for t in terms)
+
+    first = all_terms(me) and not any(p.uid != w.uid and all_terms(p) for p in pods.pods)
+    for t in terms:
         d = _label(node, t.topology_key)
-        if d is not None and any(p.uid != w.uid and _term_hits(t, w.namespace, p)
-                                 for p in pods.in_domain(t.topology_key, d)):
-            continue
-        anywhere = any(p.uid != w.uid and _term_hits(t, w.namespace, p) for p in pods.pods)
-        if not anywhere and _term_hits(t, w.namespace, me):
-            continue  # the first pod of a self-affine group
-        out.append(("pod_affinity", f"no pod matching the term in its {t.topology_key}"))
+        if d is None:
+            out.append(("pod_affinity", f"node has no {t.topology_key} label"))
+        elif not first and not any(p.uid != w.uid and all_terms(p)
+                                   for p in pods.in_domain(t.topology_key, d)):
+            out.append(("pod_affinity", f"no pod matching every term in its {t.topology_key}"))
     return out
 
 
@@ -280,7 +289,7 @@ def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
         free = (n.capacity.cpu_milli - n.allocated.cpu_milli,
                 n.capacity.mem_bytes - n.allocated.mem_bytes, n.capacity.gpus - n.allocated.gpus)
         for res, want, have in zip(("cpu", "memory", "gpu"), u, free, strict=True):
-            if want > have:
+            if want > 0 and want > have:  # a zero request fits an over-committed node
                 uids = [w.uid for w in placed if assignments[w.uid] == name]
                 out.append(Violation(uids[-1], name, "resources",
                                      f"{res}: {want} requested > {have} free"))
@@ -344,7 +353,8 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     # label set (a controller's replicas share theirs), and only matching pods are counted
     every: dict[str, dict[Mapping[str, str], list[str]]] = {}
     for p in snap.pods:
-        every.setdefault(p.namespace, {}).setdefault(p.labels, []).append(p.node)
+        if not p.terminating:  # PodTopologySpread does not count terminating pods
+            every.setdefault(p.namespace, {}).setdefault(p.labels, []).append(p.node)
     for w in placed:
         every.setdefault(w.namespace, {}).setdefault(w.labels, []).append(assignments[w.uid])
     # per (what decides eligibility, namespace, constraint): domain -> matching pods

@@ -1,0 +1,50 @@
+"""Which pods cfnet may evict (cloud_core/k8s/evict.py): the descheduler's DefaultEvictor
+defaults (sigs.k8s.io/descheduler pkg/framework/plugins/defaultevictor). The re-planner and
+the console's drain against a real API server: tests/k8s/test_tenancy.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cloud_core.k8s.evict import EvictionPolicy, exclusion
+
+
+def _pod(ns: str = "app", ann: dict[str, str] | None = None, owner: str | None = None,
+         **spec: Any) -> dict[str, Any]:
+    md: dict[str, Any] = {"name": "p", "namespace": ns, "annotations": ann or {}}
+    if owner:
+        md["ownerReferences"] = [{"kind": owner, "name": "o", "uid": "u", "controller": True}]
+    return {"metadata": md, "spec": {"containers": [{"name": "c"}], **spec}}
+
+
+@pytest.mark.parametrize(("pod", "why"), [
+    (_pod(owner="ReplicaSet"), None),
+    (_pod(), None),
+    (_pod(owner="DaemonSet"), "a DaemonSet pod"),
+    (_pod(ann={"kubernetes.io/config.mirror": "abc"}), "a mirror pod"),
+    (_pod(ann={"kubernetes.io/config.source": "file"}), "a static pod"),
+    (_pod(ann={"kubernetes.io/config.source": "api"}), None),
+    (_pod(priorityClassName="system-cluster-critical"), "system-critical"),
+    (_pod(priority=2_000_001_000), "system-critical"),
+    (_pod(priority=1000), None),
+    (_pod(ns="kube-system"), "in namespace kube-system"),
+    (_pod(volumes=[{"name": "scratch", "emptyDir": {}}]), "local storage"),
+    (_pod(volumes=[{"name": "h", "hostPath": {"path": "/x"}}]), "local storage"),
+    (_pod(volumes=[{"name": "cfg", "configMap": {"name": "c"}}]), None),
+])
+def test_default_evictor_table(pod: dict[str, Any], why: str | None) -> None:
+    got = exclusion(pod)
+    assert (got is None) == (why is None), got
+    if why is not None:
+        assert got is not None and why in got
+
+
+def test_allowed_by_policy() -> None:
+    pol = EvictionPolicy(evict_local_storage=True, evict_system_critical=True,
+                         excluded_namespaces=frozenset())
+    assert exclusion(_pod(volumes=[{"name": "s", "emptyDir": {}}]), pol) is None
+    assert exclusion(_pod(ns="kube-system", priorityClassName="system-node-critical"),
+                     pol) is None
+    assert exclusion(_pod(owner="DaemonSet"), pol) == "a DaemonSet pod"  # never
