@@ -219,6 +219,118 @@ def make_tight(n_nodes: int, n_pods: int, seed: int = 1,
     return TightInstance(ClusterSnapshot(tuple(nodes), links, now=1e9), pods, hidden)
 
 
+def make_overfull(n_nodes: int, n_pods: int, seed: int = 1, drop: float = 0.12
+                  ) -> TightInstance:
+    """A tight instance with about ``drop`` of its nodes taken away (links to them too):
+    the pods of those nodes are extra demand, so some pods cannot be placed and the count
+    is decided by packing. ``hidden`` is empty (no placement of every pod exists)."""
+    inst = make_tight(n_nodes, n_pods, seed)
+    rnd = random.Random(seed)
+    nodes = tuple(nd for nd in inst.snapshot.nodes if rnd.random() >= drop)
+    names = {nd.name for nd in nodes}
+    links = {k: v for k, v in inst.snapshot.links.items() if k[0] in names and k[1] in names}
+    return TightInstance(ClusterSnapshot(nodes, links, now=inst.snapshot.now), inst.pods, {})
+
+
+GATEWAYS = 8
+
+
+def make_sla(n_nodes: int, n_pods: int, seed: int = 1, load: float = 0.65) -> TightInstance:
+    """The second family: latency SLAs to user gateways (named peers) and to regions, pod
+    anti-affinity (hostname and zone, within a deployment), GPUs at moderate load.
+
+    4 regions of 3 zones on a line, 20 % GPU nodes (1/2/4 GPUs, tainted), prices by region
+    +-10 %. Pods come as deployments of 1-8 replicas; their requests are drawn until the
+    batch asks for ``load`` of the cpu (GPU deployments until about ``load`` of the GPUs).
+    Constraints: 45 % an SLA to a gateway, 15 % to a region (20-60 % of the nodes in range),
+    30 % hostname anti-affinity, 10 % zone anti-affinity, 25 % residency to one or two
+    regions. The maximum count is not known by construction here: the reference (CP-SAT
+    from the engine's answer, count first) says whether a placement of more pods exists.
+    ``hidden`` is empty."""
+    rnd = random.Random(seed * 7919 + 17)
+    regions = [f"g{i}" for i in range(4)]
+    nodes: list[NodeInfo] = []
+    pos: list[float] = []
+    for i in range(n_nodes):
+        ri = i % len(regions)
+        gpus = rnd.choice((1, 2, 4)) if rnd.random() < 0.2 else 0
+        cpu, mem = ((max(16000, 8000 * gpus), max(64, 32 * gpus)) if gpus
+                    else rnd.choice(CPU_NODES[:4]))
+        price = (0.5 * cpu / 16000 + 2.5 * gpus) * (1.0 + 0.15 * ((ri * 3) % 4))
+        nodes.append(NodeInfo(
+            name=f"s{i:05d}", region=regions[ri], zone=f"{regions[ri]}-z{(i // 4) % 3}",
+            taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),) if gpus else (),
+            capacity=Resources(cpu, mem * GIB, gpus),
+            price_per_hour=round(price * rnd.uniform(0.9, 1.1), 4),
+            energy_price_per_kwh=0.1 + 0.02 * ri, carbon_g_per_kwh=100 + 60 * ri,
+            idle_watts=300 if gpus else 100, max_watts=1500 if gpus else 350))
+        pos.append(ri * 10.0 + rnd.uniform(0, 8))
+    links: dict[tuple[str, str], LinkInfo] = {}
+    gw_pos = [rnd.uniform(0, 10.0 * len(regions)) for _ in range(GATEWAYS)]
+    lat_gw = np.zeros((n_nodes, GATEWAYS))
+    for i in range(n_nodes):
+        for g in range(GATEWAYS):
+            p95 = round(abs(pos[i] - gw_pos[g]) * 1.2 + rnd.uniform(2, 8), 1)
+            lat_gw[i, g] = p95
+            links[(nodes[i].name, f"gw{g}")] = LinkInfo(p95 / 1.4, p95, 0.0, 1e8, 1.0)
+    first = {r: r for r in range(len(regions))}  # node r is in region r
+    lat_rg = np.zeros((n_nodes, len(regions)))
+    for i in range(n_nodes):
+        for r in range(len(regions)):
+            if r == i % len(regions):
+                continue
+            p95 = round(abs(pos[i] - r * 10.0) * 1.5 + rnd.uniform(1, 6), 1)
+            lat_rg[i, r] = p95
+            links[(nodes[i].name, nodes[first[r]].name)] = LinkInfo(p95 / 1.4, p95, 0.0,
+                                                                    1e8, 1.0)
+    cpu_total = sum(nd.capacity.cpu_milli for nd in nodes)
+    gpu_total = sum(nd.capacity.gpus for nd in nodes)
+    pods: list[Workload] = []
+    cpu_asked = gpu_asked = 0
+    d = 0
+    while len(pods) < n_pods:
+        d += 1
+        reps = min(rnd.randint(1, 8), n_pods - len(pods))
+        gpu = 0
+        if gpu_total and gpu_asked + reps <= load * gpu_total and rnd.random() < 0.25:
+            gpu = rnd.choice((1, 1, 2))
+        c = rnd.choice(POD_CPU[:8]) if not gpu else 2000 * gpu
+        if not gpu and cpu_asked + reps * c > load * cpu_total:
+            c = 250
+        m = int(c * rnd.choice((2, 4, 4, 8)) * MI * 1024 / 1000) // (256 * MI) * (256 * MI)
+        sla: float | None = None
+        target: str | None = None
+        x = rnd.random()
+        if x < 0.6:
+            if x < 0.45:
+                g = rnd.randrange(GATEWAYS)
+                col, target = lat_gw[:, g], f"gw{g}"
+            else:
+                r = rnd.randrange(len(regions))
+                col, target = lat_rg[:, r], regions[r]
+            sla = float(np.ceil(np.quantile(col, rnd.uniform(0.2, 0.6)) / 5.0) * 5.0)
+        residency: frozenset[str] = frozenset()
+        if rnd.random() < 0.25:
+            residency = frozenset(rnd.sample(regions, rnd.choice((1, 2))))
+        app = f"d{d}"
+        y = rnd.random()
+        key = HOSTNAME if y < 0.3 else "topology.kubernetes.io/zone" if y < 0.4 else None
+        anti = (PodAffinityTerm(LabelSelector({"app": app}), key),) if key else ()
+        data_gb = rnd.choice((0.0, 0.0, 20.0, 200.0))
+        for k in range(reps):
+            uid = f"{app}-{k}"
+            pods.append(Workload(
+                uid=uid, name=uid, requests=Resources(c, m, gpu),
+                tolerations=GPU_TOL if gpu or rnd.random() < 0.0 else (),
+                pod_anti_affinity=anti, max_latency_ms=sla, latency_to=target,
+                residency=residency, data_name=f"x{d}" if data_gb else None,
+                data_gb=data_gb, data_location=regions[d % len(regions)] if data_gb else None,
+                labels={"app": app}))
+        cpu_asked += reps * c
+        gpu_asked += reps * gpu
+    return TightInstance(ClusterSnapshot(tuple(nodes), links, now=1e9), pods, {})
+
+
 def placed_bound(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[str, str],
                  cfg: EngineConfig, time_limit_s: float = 120.0) -> tuple[float, float]:
     """(LP least $/hour of placing exactly the placed pods, LP most pods placeable)."""

@@ -76,6 +76,9 @@ class EngineConfig:
     pack_flow_max_pods: int = 1000
     pack_rescue_share: float = 0.01  # loose batch: re-pack if more than this share is out
     pack_lookahead: float = 10.0  # weight of the expected demand of the pods still to come
+    # The cost descent and slot flow also after the flow route, when the flow was not
+    # exact (rejections repaired) and the batch has at most pack_flow_max_pods pods.
+    flow_descent: bool = True
     slot_rounds: int = 3  # cost rounds after packing: pods exchange slots they fit in
     pack_cost: float = 0.0  # weight of a node's cost above the pod's cheapest, relative
     pack_big: float = 0.6  # second packing order: pods this large (share of a mean node) first
@@ -102,6 +105,7 @@ class EngineConfig:
     # 0.3-6 % cheaper, 2-3x the CPU time of those batches (0 nodes: the neighbourhood is the
     # pod's node and its cheapest allowed ones, as before).
     cost_lns_slack: int = 6
+    cost_lns_passes: int = 3  # passes over the regrets while one lowers the cost
     cost_lns_deterministic_time: float = 0.1
     # Cost descent after packing (count kept exactly): a pod paying more than
     # ``descent_regret`` of its cost above its cheapest allowed node tries a move to a cheaper
