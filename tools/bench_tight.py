@@ -343,7 +343,8 @@ def placed_bound(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[s
 
 
 def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
-             configs: dict[str, EngineConfig]) -> list[str]:
+             configs: dict[str, EngineConfig]
+             ) -> tuple[list[str], TightInstance, dict[str, Any]]:
     inst = make_tight(n_nodes, n_pods, seed, (util - 0.03, util + 0.03))
     snap, pods = inst.snapshot, inst.pods
     known = len(pods)
@@ -352,6 +353,7 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
 
     hidden_cost = cost_of(snap, pods, inst.hidden, EngineConfig())
     lines = []
+    results: dict[str, Any] = {}
     for name, cfg in configs.items():
         walls, cpus, placed, costs, sigs = [], [], [], [], set()
         res = None
@@ -364,6 +366,7 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
             costs.append(res.total_cost)
             sigs.add(tuple(sorted(res.assignments.items())))
         assert res is not None
+        results[name] = res
         viol = len(validate(snap, pods, res.assignments, cfg))
         lb, most = placed_bound(snap, pods, dict(res.assignments), cfg)
         gap = (float(np.median(costs)) - lb) / lb * 100 if lb > 0 else float("nan")
@@ -375,7 +378,7 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
             f"{np.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f}) | "
             f"{np.median(cpus):.2f} | {len(sigs)} | {viol} |")
         print(lines[-1], f"  [{res.solver}; {dict(res.stats)}]", flush=True)
-    return lines
+    return lines, inst, results
 
 
 def engine_classes(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineConfig,
@@ -409,33 +412,130 @@ def engine_classes(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineC
 
 
 def proof_rows(n_nodes: int, n_pods: int, util: float, seeds: Sequence[int],
-               time_limit_s: float) -> list[str]:
+               cpu_s: float) -> list[str]:
     """Small tight instances where CP-SAT can prove the optimum: how far the *proven*
     optimum itself sits above the LP bound (the bound's looseness, which no placement can
-    beat) and how far the engine sits above the optimum."""
+    beat) and how far each path sits above the optimum."""
     from cloud_core.placement.solver import cpsat_cost_reference, lp_lower_bound
 
     cfg = EngineConfig()
     lines = []
     for seed in seeds:
         inst = make_tight(n_nodes, n_pods, seed, (util - 0.03, util + 0.03))
-        res = place(inst.snapshot, inst.pods, cfg)
+        res = place(inst.snapshot, inst.pods, EngineConfig(cpsat_polish=False))
+        loc = place(inst.snapshot, inst.pods, cfg)
         specs, free, domains, hint = engine_classes(inst.snapshot, inst.pods, cfg,
                                                     dict(res.assignments))
+        _, _, _, hint_l = engine_classes(inst.snapshot, inst.pods, cfg, dict(loc.assignments))
         placed = len(res.assignments)
         lp, _ = lp_lower_bound(specs, free, placed)
-        ref = cpsat_cost_reference(specs, free, domains, hint, cfg, time_limit_s)
+        ref = cpsat_cost_reference(specs, free, domains, hint, cfg, 0.0,
+                                   cpu_checkpoints=(cpu_s,))
+        k8s, local = _int_cost(specs, cfg, hint), _int_cost(specs, cfg, hint_l)
         # CP-SAT stopped early may hold no useful bound (0 when below the penalty)
         bd, bd_lp = ((f"{ref.bound:.2f}", f"{(ref.bound - lp) / lp * 100:+.2f} %")
                      if ref.bound > 0 else ("-", "-"))
         lines.append(
             f"| {n_pods}x{n_nodes} seed {seed} | {placed}/{len(inst.pods)} | "
-            f"{res.total_cost:.2f} | {lp:.2f} | "
+            f"{k8s:.2f} | {lp:.2f} | "
             f"{ref.cost:.2f} ({'proven' if ref.optimal else 'best found'}) | {bd} | "
-            f"{(res.total_cost - lp) / lp * 100:+.2f} % | {bd_lp} | "
-            f"{round((res.total_cost - ref.cost) / ref.cost * 100, 2) + 0.0:+.2f} % |")
+            f"{(k8s - lp) / lp * 100:+.2f} % | {bd_lp} | "
+            f"{round((k8s - ref.cost) / ref.cost * 100, 2) + 0.0:+.2f} % | "
+            f"{round((local - ref.cost) / ref.cost * 100, 2) + 0.0:+.2f} % |")
         print(lines[-1], flush=True)
     return lines
+
+
+K8S = "cfnet, Kubernetes default (cpsat_polish=False)"
+LOCAL = "cfnet, local (cpsat_polish=True)"
+
+
+def engine_configs(baseline: bool) -> dict[str, EngineConfig]:
+    """The paths measured: the Kubernetes schedulers' default, the local mode's, and the
+    flow route alone (the engine before count-first packing) as the baseline."""
+    out = {K8S: EngineConfig(cpsat_polish=False), LOCAL: EngineConfig()}
+    if baseline:
+        out["flow route only (pack=False)"] = EngineConfig(pack=False)
+    return out
+
+
+def _int_cost(specs: Sequence[Any], cfg: EngineConfig, got: list[list[int]]) -> float:
+    """$/hour of ``got`` in the solver's integer units (as CP-SAT counts it)."""
+    from cloud_core.placement.solver import _objective, _penalty
+
+    icost, _ = _penalty(specs, cfg.cost_scale)
+    return _objective(specs, icost, 0, got) / cfg.cost_scale
+
+
+def reference_row(name: str, snap: ClusterSnapshot, pods: Sequence[Workload],
+                  results: dict[str, Any], seconds: Sequence[float]) -> str:
+    """CP-SAT (the engine's exact class model, one worker) from the Kubernetes path's answer
+    as the hint, for ``seconds`` of CPU: its best cost at each checkpoint, with the count
+    it reached, its proven bound, and each path's gap to the best at each checkpoint."""
+    from cloud_core.placement.solver import cpsat_cost_reference, lp_lower_bound
+
+    cfg = EngineConfig()
+    k8s = results[K8S]
+    specs, free, domains, hint = engine_classes(snap, pods, cfg, dict(k8s.assignments))
+    placed = len(k8s.assignments)
+    lp, _ = lp_lower_bound(specs, free, placed)
+    t0 = time.process_time()
+    ref = cpsat_cost_reference(specs, free, domains, hint, cfg, 0.0, cpu_checkpoints=seconds)
+    cpu = time.process_time() - t0
+    cells = [name, f"{ref.placed}/{len(pods)} ({placed})"]
+    for t in seconds:
+        cells.append(f"{ref.at_cpu[t]:.2f}")
+    cells.append(f"{ref.bound:.2f}" if ref.bound > 0 else "-")
+    cells.append(f"{lp:.2f}")
+    for path in (K8S, LOCAL):
+        res = results[path]
+        _, _, _, got = engine_classes(snap, pods, cfg, dict(res.assignments))
+        c = _int_cost(specs, cfg, got)
+        same = len(res.assignments) == ref.placed
+        for t in seconds:
+            g = (c - ref.at_cpu[t]) / ref.at_cpu[t] * 100
+            cells.append(f"{g:+.2f} %" + ("" if same else " (count differs)"))
+    cells.append(f"{cpu:.0f}")
+    return "| " + " | ".join(cells) + " |"
+
+
+def family_rows(n_nodes: int, n_pods: int, seeds: Sequence[int], seconds: float
+                ) -> list[float]:
+    """The second family (``make_sla``): per seed, both paths' count and cost against
+    CP-SAT's best for ``seconds`` of CPU from the Kubernetes path's answer. Returns the
+    Kubernetes path's gaps."""
+    from cloud_core.placement.solver import cpsat_cost_reference
+
+    cfg = EngineConfig()
+    gaps = []
+    for seed in seeds:
+        inst = make_sla(n_nodes, n_pods, seed)
+        res = {}
+        cpu = {}
+        for path, c in engine_configs(False).items():
+            t0 = time.process_time()
+            res[path] = place(inst.snapshot, inst.pods, c)
+            cpu[path] = time.process_time() - t0
+            assert not validate(inst.snapshot, inst.pods, res[path].assignments, c)
+        specs, free, domains, hint = engine_classes(inst.snapshot, inst.pods, cfg,
+                                                    dict(res[K8S].assignments))
+        ref = cpsat_cost_reference(specs, free, domains, hint, cfg, 0.0,
+                                   cpu_checkpoints=(seconds,))
+        best = ref.at_cpu[seconds]
+        cells = [f"{n_pods}x{n_nodes} seed {seed}", f"{ref.placed}"]
+        for path in (K8S, LOCAL):
+            r = res[path]
+            _, _, _, got = engine_classes(inst.snapshot, inst.pods, cfg, dict(r.assignments))
+            cost = _int_cost(specs, cfg, got)
+            g = (cost - best) / best * 100
+            if path == K8S:
+                gaps.append(g)
+            cells += [f"{len(r.assignments)}", f"{cost:.3f}",
+                      f"{g:+.2f} %" + ("" if len(r.assignments) == ref.placed
+                                       else " (count differs)"), f"{cpu[path]:.2f}"]
+        cells += [f"{best:.3f}", f"{ref.bound:.3f}" if ref.bound > 0 else "-"]
+        print("| " + " | ".join(cells) + " |", flush=True)
+    return gaps
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -445,31 +545,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--reference-seconds", default="",
+                    help="CPU seconds of CP-SAT (one worker, hinted with the Kubernetes "
+                         "path's answer) as checkpoints of one run per size, e.g. '60,300' "
+                         "(the issue's reference; minutes per size: off by default)")
     ap.add_argument("--proof", default="50x10",
                     help="small size where CP-SAT proves the optimum ('' to skip)")
     ap.add_argument("--proof-seeds", default="1,2,3,4,5,6")
     ap.add_argument("--proof-limit", type=float, default=30.0,
-                    help="CP-SAT wall seconds per proof instance (a reference, not a path)")
+                    help="CP-SAT CPU seconds per proof instance (a reference, not a path)")
+    ap.add_argument("--family", default="200x40",
+                    help="second family (SLA to gateways/regions, anti-affinity, GPUs at "
+                         "moderate load), pods x nodes ('' to skip)")
+    ap.add_argument("--family-seeds", default="1-10")
+    ap.add_argument("--family-seconds", type=float, default=20.0,
+                    help="CPU seconds of the CP-SAT reference per family instance")
     a = ap.parse_args(argv)
-    configs = {"cfnet": EngineConfig()}
-    if not a.no_baseline:
-        configs["flow route only (pack=False)"] = EngineConfig(pack=False)
+    configs = engine_configs(not a.no_baseline)
+    seconds = [float(x) for x in a.reference_seconds.split(",") if x]
     header = ("| instance, engine | pods (all fit) | LP max | placed median (range) | "
               "placed / feasible | cost vs LP among placed | cost vs hidden packing | "
               "wall s median (range) | CPU s | distinct placements | violations |")
-    print(header)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for size in a.sizes.split(","):
+    if a.sizes:
+        print(header)
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    refs: list[tuple[str, TightInstance, dict[str, Any]]] = []
+    for size in [x for x in a.sizes.split(",") if x]:
         p, n = (int(x) for x in size.split("x"))
-        run_size(n, p, a.util, a.seed, a.reps, configs)
+        _, inst, results = run_size(n, p, a.util, a.seed, a.reps, configs)
+        refs.append((f"{p}x{n} seed {a.seed}", inst, results))
+    if seconds and refs:
+        print()
+        cols = " | ".join(f"CP-SAT best in {t:.0f} s" for t in seconds)
+        gcols = " | ".join(f"{w} vs {t:.0f} s" for w in ("k8s", "local") for t in seconds)
+        print(f"| reference instance | CP-SAT placed (engine) | {cols} | CP-SAT bound | "
+              f"LP bound | {gcols} | reference CPU s |")
+        print("|---|---:|" + "---:|" * (2 * len(seconds) + 3 + len(seconds)))
+        for name, inst, results in refs:
+            print(reference_row(name, inst.snapshot, inst.pods, results, seconds),
+                  flush=True)
     if a.proof:
         p, n = (int(x) for x in a.proof.split("x"))
         print()
-        print("| proof instance | placed | cfnet $/h | LP bound | CP-SAT optimum | CP-SAT "
-              "bound | cfnet vs LP | proven bound vs LP (the LP's looseness) | "
-              "cfnet vs optimum |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| proof instance | placed | cfnet k8s $/h | LP bound | CP-SAT optimum | CP-SAT "
+              "bound | k8s vs LP | proven bound vs LP (the LP's looseness) | "
+              "k8s vs optimum | local vs optimum |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         proof_rows(n, p, a.util, [int(x) for x in a.proof_seeds.split(",")], a.proof_limit)
+    if a.family:
+        p, n = (int(x) for x in a.family.split("x"))
+        lo, _, hi = a.family_seeds.partition("-")
+        seeds = list(range(int(lo), int(hi or lo) + 1))
+        print()
+        print("| family instance | CP-SAT placed | k8s placed | k8s $/h | k8s vs CP-SAT | "
+              "k8s CPU s | local placed | local $/h | local vs CP-SAT | local CPU s | "
+              f"CP-SAT best in {a.family_seconds:.0f} s | CP-SAT bound |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        gaps = family_rows(n, p, seeds, a.family_seconds)
+        print(f"* second family, Kubernetes path vs CP-SAT: median {np.median(gaps):+.2f} %, "
+              f"max {max(gaps):+.2f} % over {len(gaps)} seeds")
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0
 
