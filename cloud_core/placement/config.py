@@ -52,10 +52,9 @@ class EngineConfig:
     # Solver: CP-SAT runs on coupled batches with at most this many (class, node) arcs.
     use_cpsat: bool = True
     cpsat_max_arcs: int = 4000
-    # Of those CP-SAT runs, the ones that only lower cost or prove a batch optimal (the
-    # whole-batch polish, cost neighbourhoods); the Kubernetes schedulers turn them off unless
-    # --exact-packing (seconds per 500-pod batch, for an answer the flow route already gives),
-    # keeping the count-first neighbourhoods that place pods left out.
+    # The whole-batch CP-SAT polish (it proves small coupled batches optimal): the Kubernetes
+    # schedulers turn it off unless --exact-packing (seconds per 500-pod batch). The cost
+    # neighbourhoods (bounded, small CP-SAT models) and the count-first ones run either way.
     cpsat_polish: bool = True
     # CP-SAT is bounded by work (its deterministic time, one worker, a fixed seed), never by
     # the clock: the same snapshot and config give the same placement on any machine load.
