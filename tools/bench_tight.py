@@ -219,6 +219,118 @@ def make_tight(n_nodes: int, n_pods: int, seed: int = 1,
     return TightInstance(ClusterSnapshot(tuple(nodes), links, now=1e9), pods, hidden)
 
 
+def make_overfull(n_nodes: int, n_pods: int, seed: int = 1, drop: float = 0.12
+                  ) -> TightInstance:
+    """A tight instance with about ``drop`` of its nodes taken away (links to them too):
+    the pods of those nodes are extra demand, so some pods cannot be placed and the count
+    is decided by packing. ``hidden`` is empty (no placement of every pod exists)."""
+    inst = make_tight(n_nodes, n_pods, seed)
+    rnd = random.Random(seed)
+    nodes = tuple(nd for nd in inst.snapshot.nodes if rnd.random() >= drop)
+    names = {nd.name for nd in nodes}
+    links = {k: v for k, v in inst.snapshot.links.items() if k[0] in names and k[1] in names}
+    return TightInstance(ClusterSnapshot(nodes, links, now=inst.snapshot.now), inst.pods, {})
+
+
+GATEWAYS = 8
+
+
+def make_sla(n_nodes: int, n_pods: int, seed: int = 1, load: float = 0.65) -> TightInstance:
+    """The second family: latency SLAs to user gateways (named peers) and to regions, pod
+    anti-affinity (hostname and zone, within a deployment), GPUs at moderate load.
+
+    4 regions of 3 zones on a line, 20 % GPU nodes (1/2/4 GPUs, tainted), prices by region
+    +-10 %. Pods come as deployments of 1-8 replicas; their requests are drawn until the
+    batch asks for ``load`` of the cpu (GPU deployments until about ``load`` of the GPUs).
+    Constraints: 45 % an SLA to a gateway, 15 % to a region (20-60 % of the nodes in range),
+    30 % hostname anti-affinity, 10 % zone anti-affinity, 25 % residency to one or two
+    regions. The maximum count is not known by construction here: the reference (CP-SAT
+    from the engine's answer, count first) says whether a placement of more pods exists.
+    ``hidden`` is empty."""
+    rnd = random.Random(seed * 7919 + 17)
+    regions = [f"g{i}" for i in range(4)]
+    nodes: list[NodeInfo] = []
+    pos: list[float] = []
+    for i in range(n_nodes):
+        ri = i % len(regions)
+        gpus = rnd.choice((1, 2, 4)) if rnd.random() < 0.2 else 0
+        cpu, mem = ((max(16000, 8000 * gpus), max(64, 32 * gpus)) if gpus
+                    else rnd.choice(CPU_NODES[:4]))
+        price = (0.5 * cpu / 16000 + 2.5 * gpus) * (1.0 + 0.15 * ((ri * 3) % 4))
+        nodes.append(NodeInfo(
+            name=f"s{i:05d}", region=regions[ri], zone=f"{regions[ri]}-z{(i // 4) % 3}",
+            taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),) if gpus else (),
+            capacity=Resources(cpu, mem * GIB, gpus),
+            price_per_hour=round(price * rnd.uniform(0.9, 1.1), 4),
+            energy_price_per_kwh=0.1 + 0.02 * ri, carbon_g_per_kwh=100 + 60 * ri,
+            idle_watts=300 if gpus else 100, max_watts=1500 if gpus else 350))
+        pos.append(ri * 10.0 + rnd.uniform(0, 8))
+    links: dict[tuple[str, str], LinkInfo] = {}
+    gw_pos = [rnd.uniform(0, 10.0 * len(regions)) for _ in range(GATEWAYS)]
+    lat_gw = np.zeros((n_nodes, GATEWAYS))
+    for i in range(n_nodes):
+        for g in range(GATEWAYS):
+            p95 = round(abs(pos[i] - gw_pos[g]) * 1.2 + rnd.uniform(2, 8), 1)
+            lat_gw[i, g] = p95
+            links[(nodes[i].name, f"gw{g}")] = LinkInfo(p95 / 1.4, p95, 0.0, 1e8, 1.0)
+    first = {r: r for r in range(len(regions))}  # node r is in region r
+    lat_rg = np.zeros((n_nodes, len(regions)))
+    for i in range(n_nodes):
+        for r in range(len(regions)):
+            if r == i % len(regions):
+                continue
+            p95 = round(abs(pos[i] - r * 10.0) * 1.5 + rnd.uniform(1, 6), 1)
+            lat_rg[i, r] = p95
+            links[(nodes[i].name, nodes[first[r]].name)] = LinkInfo(p95 / 1.4, p95, 0.0,
+                                                                    1e8, 1.0)
+    cpu_total = sum(nd.capacity.cpu_milli for nd in nodes)
+    gpu_total = sum(nd.capacity.gpus for nd in nodes)
+    pods: list[Workload] = []
+    cpu_asked = gpu_asked = 0
+    d = 0
+    while len(pods) < n_pods:
+        d += 1
+        reps = min(rnd.randint(1, 8), n_pods - len(pods))
+        gpu = 0
+        if gpu_total and gpu_asked + reps <= load * gpu_total and rnd.random() < 0.25:
+            gpu = rnd.choice((1, 1, 2))
+        c = rnd.choice(POD_CPU[:8]) if not gpu else 2000 * gpu
+        if not gpu and cpu_asked + reps * c > load * cpu_total:
+            c = 250
+        m = int(c * rnd.choice((2, 4, 4, 8)) * MI * 1024 / 1000) // (256 * MI) * (256 * MI)
+        sla: float | None = None
+        target: str | None = None
+        x = rnd.random()
+        if x < 0.6:
+            if x < 0.45:
+                g = rnd.randrange(GATEWAYS)
+                col, target = lat_gw[:, g], f"gw{g}"
+            else:
+                r = rnd.randrange(len(regions))
+                col, target = lat_rg[:, r], regions[r]
+            sla = float(np.ceil(np.quantile(col, rnd.uniform(0.2, 0.6)) / 5.0) * 5.0)
+        residency: frozenset[str] = frozenset()
+        if rnd.random() < 0.25:
+            residency = frozenset(rnd.sample(regions, rnd.choice((1, 2))))
+        app = f"d{d}"
+        y = rnd.random()
+        key = HOSTNAME if y < 0.3 else "topology.kubernetes.io/zone" if y < 0.4 else None
+        anti = (PodAffinityTerm(LabelSelector({"app": app}), key),) if key else ()
+        data_gb = rnd.choice((0.0, 0.0, 20.0, 200.0))
+        for k in range(reps):
+            uid = f"{app}-{k}"
+            pods.append(Workload(
+                uid=uid, name=uid, requests=Resources(c, m, gpu),
+                tolerations=GPU_TOL if gpu or rnd.random() < 0.0 else (),
+                pod_anti_affinity=anti, max_latency_ms=sla, latency_to=target,
+                residency=residency, data_name=f"x{d}" if data_gb else None,
+                data_gb=data_gb, data_location=regions[d % len(regions)] if data_gb else None,
+                labels={"app": app}))
+        cpu_asked += reps * c
+        gpu_asked += reps * gpu
+    return TightInstance(ClusterSnapshot(tuple(nodes), links, now=1e9), pods, {})
+
+
 def placed_bound(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[str, str],
                  cfg: EngineConfig, time_limit_s: float = 120.0) -> tuple[float, float]:
     """(LP least $/hour of placing exactly the placed pods, LP most pods placeable)."""
@@ -231,7 +343,8 @@ def placed_bound(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[s
 
 
 def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
-             configs: dict[str, EngineConfig]) -> list[str]:
+             configs: dict[str, EngineConfig]
+             ) -> tuple[list[str], TightInstance, dict[str, Any]]:
     inst = make_tight(n_nodes, n_pods, seed, (util - 0.03, util + 0.03))
     snap, pods = inst.snapshot, inst.pods
     known = len(pods)
@@ -240,6 +353,7 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
 
     hidden_cost = cost_of(snap, pods, inst.hidden, EngineConfig())
     lines = []
+    results: dict[str, Any] = {}
     for name, cfg in configs.items():
         walls, cpus, placed, costs, sigs = [], [], [], [], set()
         res = None
@@ -252,6 +366,7 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
             costs.append(res.total_cost)
             sigs.add(tuple(sorted(res.assignments.items())))
         assert res is not None
+        results[name] = res
         viol = len(validate(snap, pods, res.assignments, cfg))
         lb, most = placed_bound(snap, pods, dict(res.assignments), cfg)
         gap = (float(np.median(costs)) - lb) / lb * 100 if lb > 0 else float("nan")
@@ -263,7 +378,7 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
             f"{np.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f}) | "
             f"{np.median(cpus):.2f} | {len(sigs)} | {viol} |")
         print(lines[-1], f"  [{res.solver}; {dict(res.stats)}]", flush=True)
-    return lines
+    return lines, inst, results
 
 
 def engine_classes(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineConfig,
@@ -297,33 +412,130 @@ def engine_classes(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineC
 
 
 def proof_rows(n_nodes: int, n_pods: int, util: float, seeds: Sequence[int],
-               time_limit_s: float) -> list[str]:
+               cpu_s: float) -> list[str]:
     """Small tight instances where CP-SAT can prove the optimum: how far the *proven*
     optimum itself sits above the LP bound (the bound's looseness, which no placement can
-    beat) and how far the engine sits above the optimum."""
+    beat) and how far each path sits above the optimum."""
     from cloud_core.placement.solver import cpsat_cost_reference, lp_lower_bound
 
     cfg = EngineConfig()
     lines = []
     for seed in seeds:
         inst = make_tight(n_nodes, n_pods, seed, (util - 0.03, util + 0.03))
-        res = place(inst.snapshot, inst.pods, cfg)
+        res = place(inst.snapshot, inst.pods, EngineConfig(cpsat_polish=False))
+        loc = place(inst.snapshot, inst.pods, cfg)
         specs, free, domains, hint = engine_classes(inst.snapshot, inst.pods, cfg,
                                                     dict(res.assignments))
+        _, _, _, hint_l = engine_classes(inst.snapshot, inst.pods, cfg, dict(loc.assignments))
         placed = len(res.assignments)
         lp, _ = lp_lower_bound(specs, free, placed)
-        ref = cpsat_cost_reference(specs, free, domains, hint, cfg, time_limit_s)
+        ref = cpsat_cost_reference(specs, free, domains, hint, cfg, 0.0,
+                                   cpu_checkpoints=(cpu_s,))
+        k8s, local = _int_cost(specs, cfg, hint), _int_cost(specs, cfg, hint_l)
         # CP-SAT stopped early may hold no useful bound (0 when below the penalty)
         bd, bd_lp = ((f"{ref.bound:.2f}", f"{(ref.bound - lp) / lp * 100:+.2f} %")
                      if ref.bound > 0 else ("-", "-"))
         lines.append(
             f"| {n_pods}x{n_nodes} seed {seed} | {placed}/{len(inst.pods)} | "
-            f"{res.total_cost:.2f} | {lp:.2f} | "
+            f"{k8s:.2f} | {lp:.2f} | "
             f"{ref.cost:.2f} ({'proven' if ref.optimal else 'best found'}) | {bd} | "
-            f"{(res.total_cost - lp) / lp * 100:+.2f} % | {bd_lp} | "
-            f"{round((res.total_cost - ref.cost) / ref.cost * 100, 2) + 0.0:+.2f} % |")
+            f"{(k8s - lp) / lp * 100:+.2f} % | {bd_lp} | "
+            f"{round((k8s - ref.cost) / ref.cost * 100, 2) + 0.0:+.2f} % | "
+            f"{round((local - ref.cost) / ref.cost * 100, 2) + 0.0:+.2f} % |")
         print(lines[-1], flush=True)
     return lines
+
+
+K8S = "cfnet, Kubernetes default (cpsat_polish=False)"
+LOCAL = "cfnet, local (cpsat_polish=True)"
+
+
+def engine_configs(baseline: bool) -> dict[str, EngineConfig]:
+    """The paths measured: the Kubernetes schedulers' default, the local mode's, and the
+    flow route alone (the engine before count-first packing) as the baseline."""
+    out = {K8S: EngineConfig(cpsat_polish=False), LOCAL: EngineConfig()}
+    if baseline:
+        out["flow route only (pack=False)"] = EngineConfig(pack=False)
+    return out
+
+
+def _int_cost(specs: Sequence[Any], cfg: EngineConfig, got: list[list[int]]) -> float:
+    """$/hour of ``got`` in the solver's integer units (as CP-SAT counts it)."""
+    from cloud_core.placement.solver import _objective, _penalty
+
+    icost, _ = _penalty(specs, cfg.cost_scale)
+    return _objective(specs, icost, 0, got) / cfg.cost_scale
+
+
+def reference_row(name: str, snap: ClusterSnapshot, pods: Sequence[Workload],
+                  results: dict[str, Any], seconds: Sequence[float]) -> str:
+    """CP-SAT (the engine's exact class model, one worker) from the Kubernetes path's answer
+    as the hint, for ``seconds`` of CPU: its best cost at each checkpoint, with the count
+    it reached, its proven bound, and each path's gap to the best at each checkpoint."""
+    from cloud_core.placement.solver import cpsat_cost_reference, lp_lower_bound
+
+    cfg = EngineConfig()
+    k8s = results[K8S]
+    specs, free, domains, hint = engine_classes(snap, pods, cfg, dict(k8s.assignments))
+    placed = len(k8s.assignments)
+    lp, _ = lp_lower_bound(specs, free, placed)
+    t0 = time.process_time()
+    ref = cpsat_cost_reference(specs, free, domains, hint, cfg, 0.0, cpu_checkpoints=seconds)
+    cpu = time.process_time() - t0
+    cells = [name, f"{ref.placed}/{len(pods)} ({placed})"]
+    for t in seconds:
+        cells.append(f"{ref.at_cpu[t]:.2f}")
+    cells.append(f"{ref.bound:.2f}" if ref.bound > 0 else "-")
+    cells.append(f"{lp:.2f}")
+    for path in (K8S, LOCAL):
+        res = results[path]
+        _, _, _, got = engine_classes(snap, pods, cfg, dict(res.assignments))
+        c = _int_cost(specs, cfg, got)
+        same = len(res.assignments) == ref.placed
+        for t in seconds:
+            g = (c - ref.at_cpu[t]) / ref.at_cpu[t] * 100
+            cells.append(f"{g:+.2f} %" + ("" if same else " (count differs)"))
+    cells.append(f"{cpu:.0f}")
+    return "| " + " | ".join(cells) + " |"
+
+
+def family_rows(n_nodes: int, n_pods: int, seeds: Sequence[int], seconds: float
+                ) -> list[float]:
+    """The second family (``make_sla``): per seed, both paths' count and cost against
+    CP-SAT's best for ``seconds`` of CPU from the Kubernetes path's answer. Returns the
+    Kubernetes path's gaps."""
+    from cloud_core.placement.solver import cpsat_cost_reference
+
+    cfg = EngineConfig()
+    gaps = []
+    for seed in seeds:
+        inst = make_sla(n_nodes, n_pods, seed)
+        res = {}
+        cpu = {}
+        for path, c in engine_configs(False).items():
+            t0 = time.process_time()
+            res[path] = place(inst.snapshot, inst.pods, c)
+            cpu[path] = time.process_time() - t0
+            assert not validate(inst.snapshot, inst.pods, res[path].assignments, c)
+        specs, free, domains, hint = engine_classes(inst.snapshot, inst.pods, cfg,
+                                                    dict(res[K8S].assignments))
+        ref = cpsat_cost_reference(specs, free, domains, hint, cfg, 0.0,
+                                   cpu_checkpoints=(seconds,))
+        best = ref.at_cpu[seconds]
+        cells = [f"{n_pods}x{n_nodes} seed {seed}", f"{ref.placed}"]
+        for path in (K8S, LOCAL):
+            r = res[path]
+            _, _, _, got = engine_classes(inst.snapshot, inst.pods, cfg, dict(r.assignments))
+            cost = _int_cost(specs, cfg, got)
+            g = (cost - best) / best * 100
+            if path == K8S:
+                gaps.append(g)
+            cells += [f"{len(r.assignments)}", f"{cost:.3f}",
+                      f"{g:+.2f} %" + ("" if len(r.assignments) == ref.placed
+                                       else " (count differs)"), f"{cpu[path]:.2f}"]
+        cells += [f"{best:.3f}", f"{ref.bound:.3f}" if ref.bound > 0 else "-"]
+        print("| " + " | ".join(cells) + " |", flush=True)
+    return gaps
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -333,31 +545,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--reference-seconds", default="",
+                    help="CPU seconds of CP-SAT (one worker, hinted with the Kubernetes "
+                         "path's answer) as checkpoints of one run per size, e.g. '60,300' "
+                         "(the issue's reference; minutes per size: off by default)")
     ap.add_argument("--proof", default="50x10",
                     help="small size where CP-SAT proves the optimum ('' to skip)")
     ap.add_argument("--proof-seeds", default="1,2,3,4,5,6")
     ap.add_argument("--proof-limit", type=float, default=30.0,
-                    help="CP-SAT wall seconds per proof instance (a reference, not a path)")
+                    help="CP-SAT CPU seconds per proof instance (a reference, not a path)")
+    ap.add_argument("--family", default="200x40",
+                    help="second family (SLA to gateways/regions, anti-affinity, GPUs at "
+                         "moderate load), pods x nodes ('' to skip)")
+    ap.add_argument("--family-seeds", default="1-10")
+    ap.add_argument("--family-seconds", type=float, default=20.0,
+                    help="CPU seconds of the CP-SAT reference per family instance")
     a = ap.parse_args(argv)
-    configs = {"cfnet": EngineConfig()}
-    if not a.no_baseline:
-        configs["flow route only (pack=False)"] = EngineConfig(pack=False)
+    configs = engine_configs(not a.no_baseline)
+    seconds = [float(x) for x in a.reference_seconds.split(",") if x]
     header = ("| instance, engine | pods (all fit) | LP max | placed median (range) | "
               "placed / feasible | cost vs LP among placed | cost vs hidden packing | "
               "wall s median (range) | CPU s | distinct placements | violations |")
-    print(header)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for size in a.sizes.split(","):
+    if a.sizes:
+        print(header)
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    refs: list[tuple[str, TightInstance, dict[str, Any]]] = []
+    for size in [x for x in a.sizes.split(",") if x]:
         p, n = (int(x) for x in size.split("x"))
-        run_size(n, p, a.util, a.seed, a.reps, configs)
+        _, inst, results = run_size(n, p, a.util, a.seed, a.reps, configs)
+        refs.append((f"{p}x{n} seed {a.seed}", inst, results))
+    if seconds and refs:
+        print()
+        cols = " | ".join(f"CP-SAT best in {t:.0f} s" for t in seconds)
+        gcols = " | ".join(f"{w} vs {t:.0f} s" for w in ("k8s", "local") for t in seconds)
+        print(f"| reference instance | CP-SAT placed (engine) | {cols} | CP-SAT bound | "
+              f"LP bound | {gcols} | reference CPU s |")
+        print("|---|---:|" + "---:|" * (2 * len(seconds) + 3 + len(seconds)))
+        for name, inst, results in refs:
+            print(reference_row(name, inst.snapshot, inst.pods, results, seconds),
+                  flush=True)
     if a.proof:
         p, n = (int(x) for x in a.proof.split("x"))
         print()
-        print("| proof instance | placed | cfnet $/h | LP bound | CP-SAT optimum | CP-SAT "
-              "bound | cfnet vs LP | proven bound vs LP (the LP's looseness) | "
-              "cfnet vs optimum |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| proof instance | placed | cfnet k8s $/h | LP bound | CP-SAT optimum | CP-SAT "
+              "bound | k8s vs LP | proven bound vs LP (the LP's looseness) | "
+              "k8s vs optimum | local vs optimum |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         proof_rows(n, p, a.util, [int(x) for x in a.proof_seeds.split(",")], a.proof_limit)
+    if a.family:
+        p, n = (int(x) for x in a.family.split("x"))
+        lo, _, hi = a.family_seeds.partition("-")
+        seeds = list(range(int(lo), int(hi or lo) + 1))
+        print()
+        print("| family instance | CP-SAT placed | k8s placed | k8s $/h | k8s vs CP-SAT | "
+              "k8s CPU s | local placed | local $/h | local vs CP-SAT | local CPU s | "
+              f"CP-SAT best in {a.family_seconds:.0f} s | CP-SAT bound |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        gaps = family_rows(n, p, seeds, a.family_seconds)
+        print(f"* second family, Kubernetes path vs CP-SAT: median {np.median(gaps):+.2f} %, "
+              f"max {max(gaps):+.2f} % over {len(gaps)} seeds")
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0
 

@@ -21,8 +21,9 @@ def add_scheduler_args(p: argparse.ArgumentParser | Any) -> None:
                         "cfnet.io/placement-policy annotation")
     p.add_argument("--exact-packing", action="store_true",
                    help="let CP-SAT polish and prove each coupled batch optimal (seconds per "
-                        "batch; default: the min-cost-flow / packing answer, which is what "
-                        "gets bound; CP-SAT still looks for room for pods left out)")
+                        "batch; default: the min-cost-flow / packing answer improved by "
+                        "bounded CP-SAT neighbourhoods, which also look for room for pods "
+                        "left out)")
 
 
 def scheduler_engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -52,10 +52,9 @@ class EngineConfig:
     # Solver: CP-SAT runs on coupled batches with at most this many (class, node) arcs.
     use_cpsat: bool = True
     cpsat_max_arcs: int = 4000
-    # Of those CP-SAT runs, the ones that only lower cost or prove a batch optimal (the
-    # whole-batch polish, cost neighbourhoods); the Kubernetes schedulers turn them off unless
-    # --exact-packing (seconds per 500-pod batch, for an answer the flow route already gives),
-    # keeping the count-first neighbourhoods that place pods left out.
+    # The whole-batch CP-SAT polish (it proves small coupled batches optimal): the Kubernetes
+    # schedulers turn it off unless --exact-packing (seconds per 500-pod batch). The cost
+    # neighbourhoods (bounded, small CP-SAT models) and the count-first ones run either way.
     cpsat_polish: bool = True
     # CP-SAT is bounded by work (its deterministic time, one worker, a fixed seed), never by
     # the clock: the same snapshot and config give the same placement on any machine load.
@@ -76,6 +75,9 @@ class EngineConfig:
     pack_flow_max_pods: int = 1000
     pack_rescue_share: float = 0.01  # loose batch: re-pack if more than this share is out
     pack_lookahead: float = 10.0  # weight of the expected demand of the pods still to come
+    # The cost descent and slot flow also after the flow route, when the flow was not
+    # exact (rejections repaired) and the batch has at most pack_flow_max_pods pods.
+    flow_descent: bool = True
     slot_rounds: int = 3  # cost rounds after packing: pods exchange slots they fit in
     pack_cost: float = 0.0  # weight of a node's cost above the pod's cheapest, relative
     pack_big: float = 0.6  # second packing order: pods this large (share of a mean node) first
@@ -102,6 +104,7 @@ class EngineConfig:
     # 0.3-6 % cheaper, 2-3x the CPU time of those batches (0 nodes: the neighbourhood is the
     # pod's node and its cheapest allowed ones, as before).
     cost_lns_slack: int = 6
+    cost_lns_passes: int = 3  # passes over the regrets while one lowers the cost
     cost_lns_deterministic_time: float = 0.1
     # Cost descent after packing (count kept exactly): a pod paying more than
     # ``descent_regret`` of its cost above its cheapest allowed node tries a move to a cheaper

@@ -536,37 +536,47 @@ class _Pack:
         ``lns_near`` cheapest allowed nodes and the ``cost_lns_slack`` nodes with the most
         room for the pods on those (``_roomy``: on nearly full nodes a cheaper place opens
         only if its pods move on), re-placed by CP-SAT with the full objective (count
-        first, then cost), ``cost_lns_deterministic_time`` each -- never fewer pods."""
+        first, then cost), ``cost_lns_deterministic_time`` each -- never fewer pods. Up to
+        ``cost_lns_passes`` passes (regrets recomputed), while a pass lowers the cost;
+        ``cost_lns_iterations`` neighbourhoods in all."""
         classes = self.classes
-        regret: list[tuple[int, int, int]] = []
-        for ci, nodes in enumerate(self.got):
-            c = classes[ci]
-            if not nodes or c.gang is not None:
-                continue
-            ic = self.icost[ci]
-            lo = int(ic[c.mask].min())
-            for n in set(nodes):
-                if int(ic[n]) > lo:
-                    regret.append((lo - int(ic[n]), ci, n))
-        regret.sort()
         done = 0
-        seen: set[int] = set()
-        for _, ci, n in regret:
-            if done >= cfg.cost_lns_iterations:
+        for _pass in range(max(cfg.cost_lns_passes, 1)):
+            regret: list[tuple[int, int, int]] = []
+            total = 0
+            for ci, nodes in enumerate(self.got):
+                c = classes[ci]
+                if not nodes or c.gang is not None:
+                    continue
+                ic = self.icost[ci]
+                total += int(ic[np.asarray(nodes)].sum())
+                lo = int(ic[c.mask].min())
+                for n in set(nodes):
+                    if int(ic[n]) > lo:
+                        regret.append((lo - int(ic[n]), ci, n))
+            regret.sort()
+            seen: set[int] = set()
+            start = done
+            for _, ci, n in regret:
+                if done >= cfg.cost_lns_iterations:
+                    break
+                if n in seen or n not in self.got[ci]:
+                    continue
+                c = classes[ci]
+                cand = np.flatnonzero(c.mask)
+                cheap = cand[np.argsort(self.icost[ci][cand], kind="stable")[:cfg.lns_near]]
+                pick = {n, *cheap.tolist()}
+                if cfg.cost_lns_slack:
+                    pick.update(self._roomy(sorted(pick), cfg.cost_lns_slack))
+                seen.update(pick)
+                self._solve_sub(np.array(sorted(pick), dtype=np.int64), domains, penalty,
+                                cfg, wall_cap_hits, count_only=False,
+                                det_time=cfg.cost_lns_deterministic_time)
+                done += 1
+            after = sum(int(self.icost[ci][np.asarray(g)].sum())
+                        for ci, g in enumerate(self.got) if g and classes[ci].gang is None)
+            if done == start or after >= total or done >= cfg.cost_lns_iterations:
                 break
-            if n in seen or n not in self.got[ci]:
-                continue
-            c = classes[ci]
-            cand = np.flatnonzero(c.mask)
-            cheap = cand[np.argsort(self.icost[ci][cand], kind="stable")[:cfg.lns_near]]
-            pick = {n, *cheap.tolist()}
-            if cfg.cost_lns_slack:
-                pick.update(self._roomy(sorted(pick), cfg.cost_lns_slack))
-            seen.update(pick)
-            self._solve_sub(np.array(sorted(pick), dtype=np.int64), domains, penalty, cfg,
-                            wall_cap_hits, count_only=False,
-                            det_time=cfg.cost_lns_deterministic_time)
-            done += 1
         return done
 
     def _reach(self, nodes: list[int], dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -949,7 +959,7 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
     assert pa is not None
     if cfg.use_cpsat and _placeable(classes, free, pa.got):
         stats["lns_solved"] = float(pa.lns(free, domains, penalty, cfg, wall_cap_hits))
-    if cfg.use_cpsat and cfg.cpsat_polish and cfg.cost_lns_iterations and (
+    if cfg.use_cpsat and cfg.cost_lns_iterations and (
             sum(c.count for c in classes) <= cfg.pack_flow_max_pods):
         stats["cost_lns_solved"] = float(pa.cost_lns(domains, penalty, cfg, wall_cap_hits))
     got = _finish(classes, free, domains, [list(g) for g in pa.got])
@@ -1183,6 +1193,19 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
             got, best_obj, m = _pack_stage(classes, free, domains, icost, penalty, got,
                                            best_obj, cfg, stats)
             method = m or method
+        if cfg.flow_descent and total <= cfg.pack_flow_max_pods and method != "flow":
+            # the flow over-promised (shapes mixed, anti-affinity across classes): the
+            # exact packer's rejections went to the cheapest node with room, not the
+            # cheapest overall. The count-keeping cost steps of the pack route fix that.
+            if cfg.use_cpsat and cfg.cost_lns_iterations:
+                pa = _Pack(classes, free, domains, icost)
+                for ci, nodes in enumerate(got):
+                    for n in nodes:
+                        pa.put(ci, n)
+                stats["cost_lns_solved"] = float(pa.cost_lns(domains, penalty, cfg, hits))
+                got = [list(g) for g in pa.got]
+            got = _improve_cost(classes, free, domains, icost, penalty, got, cfg, stats)
+            best_obj = _objective(classes, icost, penalty, got)
     if (cfg.use_cpsat and cfg.cpsat_polish and _coupled(classes)
             and arcs_total <= cfg.cpsat_max_arcs):
         res = _cpsat(classes, free, domains, icost, penalty, got, cfg, wall_cap_hits=hits)
@@ -1195,6 +1218,17 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
                 _fill(pk2, got2, skip_gangs=True)
                 got, best_obj = got2, _objective(classes, icost, penalty, got2)
                 method = f"cpsat-{status}"
+    # The last step of every route: whatever a pod left out still fits goes in. The cost
+    # steps (descent, slot flow, CP-SAT neighbourhoods) move pods and may free room that
+    # none of them fills again (measured: 1,000-1,500-pod tight batches left pods out with
+    # nodes still fitting them); count first, so a fill that places one more always wins.
+    if _placeable(classes, free, got):
+        pk = _replay(classes, free, domains, got)
+        before = sum(map(len, got))
+        _fill(pk, got, skip_gangs=True)
+        if sum(map(len, got)) > before:
+            stats["refilled"] = float(sum(map(len, got)) - before)
+            best_obj = _objective(classes, icost, penalty, got)
     if hits[0]:
         stats["cpsat_wall_cap_hits"] = float(hits[0])
     stats["objective"] = float(best_obj)
@@ -1222,11 +1256,15 @@ def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str,
            icost: list[np.ndarray], penalty: int, hint: list[list[int]], cfg: EngineConfig,
            det_time: float | None = None, wall_cap_hits: list[int] | None = None,
            count_only: bool = False, presolve: bool = True,
-           bound: list[float] | None = None
+           bound: list[float] | None = None, cpu_limit_s: float | None = None,
+           trace: list[tuple[float, int]] | None = None
            ) -> tuple[list[list[int]], int, str] | None:
     """Class-level CP-SAT: integer counts per (class, node), resources per node,
     anti-affinity per domain, gangs; minimise cost + penalty x unplaced from ``hint``.
-    ``bound``, if given, receives CP-SAT's proven lower bound on that objective."""
+    ``bound``, if given, receives CP-SAT's proven lower bound on that objective.
+    ``cpu_limit_s`` (references only, never a scheduling path: it reads the clock) stops the
+    search after that much CPU time of this process, so a reference on a loaded machine
+    gets the work it is credited with; ``trace`` receives (CPU s, objective) per solution."""
     # imported here: cp_model pulls in pandas (~0.5 s), which a scheduler's start-up (time to
     # its first binding) should not pay before it needs CP-SAT
     from ortools.sat.python import cp_model
@@ -1295,7 +1333,12 @@ def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str,
     s = _cp_solver(cfg, det_time if det_time is not None else cfg.cpsat_deterministic_time)
     # small neighbourhoods: presolve costs more than it saves (measured: 10 ms vs 45 ms)
     s.parameters.cp_model_presolve = presolve
-    st = s.solve(m)
+    cb = None
+    if cpu_limit_s is not None or trace is not None:
+        cb = _Watch(s, cpu_limit_s, trace)
+    st = s.solve(m, cb.cb if cb is not None else None)
+    if cb is not None:
+        cb.done.set()
     if s.wall_time >= s.parameters.max_time_in_seconds * 0.98:
         wall_cap_hits[0] += 1
     if bound is not None:
@@ -1307,6 +1350,37 @@ def _cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str,
         got[ci].extend([n] * int(s.value(v)))
     value = _objective(classes, icost, penalty, got) if count_only else round(s.objective_value)
     return got, value, "optimal" if st == cp_model.OPTIMAL else "feasible"
+
+
+class _Watch:
+    """For references: stops a CP-SAT search after ``cpu_limit_s`` of process CPU time (a
+    watcher thread; the solve releases the GIL) and records each solution's CPU time and
+    objective. It reads the clock, so only the benchmark's references use it."""
+
+    def __init__(self, solver: Any, cpu_limit_s: float | None,
+                 trace: list[tuple[float, int]] | None) -> None:
+        import threading
+        import time
+
+        from ortools.sat.python import cp_model
+
+        self.t0 = time.process_time()
+        self.done = threading.Event()
+        trace_ = trace if trace is not None else []
+        t0 = self.t0
+
+        class _Cb(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:
+                trace_.append((time.process_time() - t0, round(self.objective_value)))
+
+        self.cb = _Cb()
+        if cpu_limit_s is not None:
+            def watch() -> None:
+                while not self.done.wait(0.25):
+                    if time.process_time() - t0 >= cpu_limit_s:
+                        solver.stop_search()
+                        return
+            threading.Thread(target=watch, daemon=True).start()
 
 
 # -- references for tests and the benchmark -------------------------------------------------
@@ -1375,21 +1449,33 @@ class CostReference:
     cost: float
     bound: float
     optimal: bool
+    # the best cost found by each CPU-time checkpoint (s -> $/hour), when asked for
+    at_cpu: dict[float, float] = field(default_factory=dict)
 
 
 def cpsat_cost_reference(classes: Sequence[ClassSpec], free: np.ndarray,
                          domains: Mapping[str, np.ndarray], hint: list[list[int]],
-                         cfg: EngineConfig, time_limit_s: float) -> CostReference:
+                         cfg: EngineConfig, time_limit_s: float,
+                         cpu_checkpoints: Sequence[float] = ()) -> CostReference:
     """The engine's own CP-SAT model (``_cpsat``: count first, then cost; every resource,
     all anti-affinity, gangs), solved from ``hint`` for up to ``time_limit_s`` of wall
     time -- a reference for the benchmark, not a scheduling path. When the hint places
     every pod, CP-SAT's bound on its objective is a lower bound on the cost of any
     placement of every pod, one that integrality makes tighter than the LP's."""
     icost, penalty = _penalty(classes, cfg.cost_scale)
-    ref = dataclasses.replace(cfg, cpsat_wall_cap_s=time_limit_s)
+    cpu = max(cpu_checkpoints) if cpu_checkpoints else None
+    # with CPU checkpoints the wall clock is only a safety net (a loaded machine)
+    ref = dataclasses.replace(cfg, cpsat_wall_cap_s=time_limit_s if cpu is None
+                              else max(time_limit_s, 20 * cpu))
     bound: list[float] = []
+    trace: list[tuple[float, int]] = []
     res = _cpsat(classes, free, domains, icost, penalty, hint, ref, det_time=1e9,
-                 bound=bound)
+                 bound=bound, cpu_limit_s=cpu, trace=trace)
+    hint_obj = _objective(classes, icost, penalty, hint)
+    at: dict[float, float] = {}
+    for t in cpu_checkpoints:
+        best = min([o for ts, o in trace if ts <= t] + [hint_obj])
+        at[t] = (best % penalty) / cfg.cost_scale  # cost < penalty: the rest is the count
     got = res[0] if res is not None else hint
     if _objective(classes, icost, penalty, got) > _objective(classes, icost, penalty, hint):
         got = hint
@@ -1398,7 +1484,7 @@ def cpsat_cost_reference(classes: Sequence[ClassSpec], free: np.ndarray,
     lo = (bound[0] - penalty * unplaced) if bound else 0.0
     return CostReference(placed, _objective(classes, icost, 0, got) / cfg.cost_scale,
                          max(lo, 0.0) / cfg.cost_scale,
-                         res is not None and res[2] == "optimal")
+                         res is not None and res[2] == "optimal", at)
 
 
 def lp_lower_bound(classes: Sequence[ClassSpec], free: np.ndarray, min_placed: int | None,
