@@ -12,17 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
+from cloud_core.placement.model import Health
 from cloud_core.state import StateSnapshot
 
-
-class Health(StrEnum):
-    ONLINE = "online"
-    SUSPECT = "suspect"
-    UNREACHABLE = "unreachable"
-    DOWN = "down"
-    UNKNOWN = "unknown"
+__all__ = ["Health", "HealthConfig", "all_health", "node_health", "peers_see"]
 
 
 @dataclass(frozen=True, slots=True)

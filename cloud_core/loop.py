@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cloud_core.events import EventLog
-from cloud_core.health import Health as LiveHealth
 from cloud_core.placement import (
     ClusterSnapshot,
     EngineConfig,
@@ -54,7 +53,7 @@ __all__ = [
 class Observation:
     """The world as one step sees it: taken once, handed to every stage."""
 
-    health: Mapping[str, LiveHealth]  # node -> health (the one health map of the step)
+    health: Mapping[str, Health]  # node -> health (the one health map of the step)
     snapshot: ClusterSnapshot  # the engine's view, built with ``health``
     pending: Sequence[Workload]  # to place now
     running: Sequence[tuple[Workload, str]]  # (workload, node) placed and counted in snapshot
@@ -119,9 +118,7 @@ def with_placements(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
         if w is None:
             continue
         extra[node] = extra.get(node, Resources()) + w.requests
-        pods.append(RunningPod(uid=w.uid, name=w.name, namespace=w.namespace, node=node,
-                               labels=w.labels, requests=w.requests,
-                               anti_affinity=w.pod_anti_affinity))
+        pods.append(RunningPod.of(w, node))
     nodes = tuple(dataclasses.replace(n, allocated=n.allocated + extra[n.name])
                   if n.name in extra else n for n in snapshot.nodes)
     return dataclasses.replace(snapshot, nodes=nodes, pods=tuple(pods))
@@ -160,15 +157,15 @@ class DecisionLoop:
         self._last_replan = -1e18
         self._health_changed = False
         self.replan_state = ReplanState()
-        self.health: dict[str, LiveHealth] = {}
+        self.health: dict[str, Health] = {}
         self._reported: dict[str, str] = {}  # uid -> last unplaceable reason reported
 
     # ------------------------------------------------------------------ stages
 
-    def note_health(self, now: Mapping[str, LiveHealth]) -> None:
+    def note_health(self, now: Mapping[str, Health]) -> None:
         for node, h in sorted(now.items()):
             old = self.health.get(node)
-            if old != h and not (old is None and h is LiveHealth.UNKNOWN):
+            if old != h and not (old is None and h is Health.UNKNOWN):
                 self._health_changed = True
                 self.events.emit("health", f"node {node}: {old or 'new'} -> {h}",
                                  severity=_SEVERITY.get(str(h), "info"), node=node)

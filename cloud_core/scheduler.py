@@ -22,8 +22,7 @@ from typing import Any
 from cloud_core.actuators import Actuator
 from cloud_core.errors import CoreError, SpecError
 from cloud_core.events import EventLog
-from cloud_core.health import Health as LiveHealth
-from cloud_core.health import HealthConfig, all_health
+from cloud_core.health import Health, HealthConfig, all_health
 from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome, StepReport
 from cloud_core.placement import (
     ClusterSnapshot,
@@ -141,13 +140,13 @@ class Scheduler:
                 out.append((self.workload(row), row.node))
         return out
 
-    def health(self) -> dict[str, LiveHealth]:
+    def health(self) -> dict[str, Health]:
         return all_health(self.state.snapshot(self._clock()), self.health_config)
 
     def snapshot(self) -> ClusterSnapshot:
         return self._observe_world()[1]
 
-    def _observe_world(self) -> tuple[dict[str, LiveHealth], ClusterSnapshot,
+    def _observe_world(self) -> tuple[dict[str, Health], ClusterSnapshot,
                                       list[tuple[Workload, str]]]:
         live = self.state.snapshot(self._clock())
         health = all_health(live, self.health_config)
@@ -220,23 +219,6 @@ class Scheduler:
         return n
 
     # ------------------------------------------------------------------ steps
-
-    def check_health(self) -> dict[str, LiveHealth]:
-        now = self.health()
-        self.loop.note_health(now)
-        return now
-
-    def place_pending(self) -> tuple[int, int, int]:
-        obs = self.observe()
-        if not obs.pending:
-            return 0, len(obs.invalid), 0
-        outcome = self.loop.place(obs)
-        self.loop.report(outcome, obs.pending)
-        n = self.commit_placements(obs, outcome)
-        return n, len(outcome.failures) + len(obs.invalid), len(outcome.rejected)
-
-    def replan(self, *, force: bool = False) -> int:
-        return self.loop.replan(self.observe(), PlaceOutcome({}, {}, {}, []), force=force)
 
     def step(self) -> StepReport:
         with self.lock:

@@ -45,7 +45,6 @@ from typing import Any, NamedTuple
 
 from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable, SpecError
 from cloud_core.events import EventLog
-from cloud_core.health import Health as LiveHealth
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.informer import Reflector, obj_key
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
@@ -59,10 +58,6 @@ SCHEDULER_NAME = "cfnet-scheduler"
 REPLACES = "cfnet.io/replaces"
 RESERVATION_TTL_S = 120.0  # how long a move's destination waits for the replacement pod
 
-# The registry's node health as the loop's health map (a cordon is not a health state).
-_LIVE = {Health.ONLINE: LiveHealth.ONLINE, Health.CORDONED: LiveHealth.ONLINE,
-         Health.SUSPECT: LiveHealth.SUSPECT, Health.UNREACHABLE: LiveHealth.UNREACHABLE,
-         Health.DOWN: LiveHealth.DOWN}
 
 
 def replacement_key(pod: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -218,9 +213,7 @@ def _assumed_pod(key: str, node: str, w: Workload | None) -> RunningPod | None:
     if w is None:
         return None
     ns, _, name = key.partition("/")
-    return RunningPod(uid=w.uid, name=name, namespace=ns, node=node, labels=w.labels,
-                      requests=w.requests, anti_affinity=w.pod_anti_affinity,
-                      host_ports=w.host_ports, extended=w.extended)
+    return RunningPod.of(w, node, name=name, namespace=ns)
 
 
 def _accumulate(a: list[int], r: Resources, sign: int) -> None:
@@ -228,10 +221,6 @@ def _accumulate(a: list[int], r: Resources, sign: int) -> None:
     a[0] += sign * r.cpu_milli
     a[1] += sign * r.mem_bytes
     a[2] += sign * r.gpus
-
-
-def _pod_requests(w: Workload | None) -> Resources:
-    return w.requests if w is not None else Resources()
 
 
 class Actuator:
@@ -496,12 +485,9 @@ class Actuator:
     @staticmethod
     def _running(pod: JSON, node: str, w: Workload | None) -> RunningPod:
         md = pod.get("metadata") or {}
-        return RunningPod(uid=str(md.get("uid")), name=str(md.get("name")),
-                          namespace=str(md.get("namespace", "default")), node=node,
-                          labels=dict(md.get("labels") or {}), requests=_pod_requests(w),
-                          anti_affinity=w.pod_anti_affinity if w else (),
-                          host_ports=w.host_ports if w else (),
-                          extended=w.extended if w else {})
+        return RunningPod.of(w, node, uid=str(md.get("uid")), name=str(md.get("name")),
+                             namespace=str(md.get("namespace", "default")),
+                             labels=dict(md.get("labels") or {}))
 
     def _waiting(self, key: str, now: float, gen: int) -> bool:
         """Pending pod ``key`` is to be placed now: not assumed bound, not backing off as
@@ -607,7 +593,9 @@ class Actuator:
             obs_pods[w.uid] = pod
             running.append((w, node))
         pinned = self._pinned(pending, obs_pods)
-        health = {n.name: _LIVE.get(n.health, LiveHealth.UNKNOWN) for n in snap.nodes}
+        # the loop's health map: a cordoned node is alive (its pods stay)
+        health = {n.name: Health.ONLINE if n.health is Health.CORDONED else n.health
+                  for n in snap.nodes}
         self._obs_pods = obs_pods
         self._obs_gen = gen
         return Observation(health=health, snapshot=snap, pending=pending, running=running,
