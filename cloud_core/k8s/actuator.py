@@ -841,7 +841,7 @@ class Actuator:
         msg = f"node {node} changed ({what}); pod no longer fits: {'; '.join(problems)}"
         self._count("alerts")
         alert = {"kind": "constraint-violation", "pod": key, "node": node, "problems": problems,
-                 "changes": [c.__dict__ for c in changes]}
+                 "changes": [c.__dict__ for c in changes], "message": msg}
         if self.on_alert is not None:
             self.on_alert(alert)
         try:

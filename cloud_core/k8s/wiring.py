@@ -55,6 +55,16 @@ class KubeRunner:
         self.actuator.stop()
 
 
+def alert_to_event(events: EventLog) -> Callable[[dict[str, Any]], None]:
+    """The actuator's alerts (``on_alert``) as the core's events, in the alert's own words."""
+
+    def alert(a: dict[str, Any]) -> None:
+        events.emit("alert", str(a["message"]), severity="warning", node=a.get("node"),
+                    workload=a.get("pod"))
+
+    return alert
+
+
 def start_kubernetes(
     client: KubeClient,
     state: ClusterState,
@@ -73,10 +83,6 @@ def start_kubernetes(
 
     def links() -> dict[tuple[str, str], Any]:
         return translated_links(state.snapshot(clock()), registry.node_for_agent)
-
-    def alert(a: dict[str, Any]) -> None:
-        events.emit("alert", str(a.get("message") or a), severity="warning",
-                    node=a.get("node"), workload=a.get("pod"))
 
     def leading() -> None:
         if on_lead is not None:
@@ -100,7 +106,8 @@ def start_kubernetes(
     actuator = Actuator(
         client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan,
                                          engine_config=settings.engine),
-        is_leader=elector.is_leader, on_alert=alert, links=links, on_bound=bound,
+        is_leader=elector.is_leader, on_alert=alert_to_event(events), links=links,
+        on_bound=bound,
         events=events,
     )
     if console is not None:

@@ -213,6 +213,7 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
                for c in alerts[0]["changes"])
     ev = wait_for(lambda: cluster.events("ConstraintViolated"), what="alert event")
     assert "residency" in ev[0]["message"] and ev[0]["type"] == "Warning"
+    assert alerts[0]["message"] == ev[0]["message"]  # what cfnet-core's events say
     other = "eu-2" if first == "eu-1" else "eu-1"
 
     def replacement() -> str | None:

@@ -48,6 +48,14 @@ def test_registry_parses_facts() -> None:
     ("nodes: [{name: a, price_per_hour: -1}]", "negative"),
     ("nodes: [{name: a, taints: [{value: x}]}]", "taints"),
     ("[1, 2]", "mapping"),
+    # a typo is refused and named, never ignored (it left a node at security level 0)
+    ("nodes: [{name: a, security-level: 2}]", r"unknown field `security-level`.*nodes\[0\]"),
+    ("defaults: {regoin: eu}", "unknown field `regoin`"),
+    ("node: [{name: a}]", "unknown field `node`"),
+    ("nodes: [{name: a, taints: [{key: k, efect: NoSchedule}]}]", "efect"),
+    ("nodes: [{name: a, price_per_hour: '0.1'}]", r"price_per_hour"),
+    ("nodes: [{name: a, security_level: true}]", r"security_level"),
+    ("defaults: {name: x}", "defaults"),
     ("nodes: [", "YAML"),
 ])
 def test_registry_errors_name_the_entry(text: str, needle: str) -> None:
