@@ -33,6 +33,7 @@ the loop then places like any pending pod.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import threading
@@ -45,11 +46,19 @@ from typing import Any, NamedTuple
 
 from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable, SpecError
 from cloud_core.events import EventLog
+from cloud_core.health import kubernetes_health
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.informer import Reflector, obj_key
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
 from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
-from cloud_core.placement.model import ClusterSnapshot, Health, Resources, RunningPod, Workload
+from cloud_core.placement.model import (
+    ClusterSnapshot,
+    Health,
+    NodeInfo,
+    Resources,
+    RunningPod,
+    Workload,
+)
 from cloud_core.placement.spec import PodParser
 
 log = logging.getLogger(__name__)
@@ -216,6 +225,13 @@ def _assumed_pod(key: str, node: str, w: Workload | None) -> RunningPod | None:
     return RunningPod.of(w, node, name=name, namespace=ns)
 
 
+def _with_agent(n: NodeInfo, agent: Health | None) -> NodeInfo:
+    """``n`` with its health as the Node's condition and its agent's verdict make it (the
+    same object when nothing changes: the engine's per-node caches keep)."""
+    h = kubernetes_health(n.health, agent)
+    return n if h is n.health else dataclasses.replace(n, health=h)
+
+
 def _accumulate(a: list[int], r: Resources, sign: int) -> None:
     """Add (``sign`` 1) or take away (-1) ``r`` from a node's [cpu, memory, GPUs] sums."""
     a[0] += sign * r.cpu_milli
@@ -232,7 +248,8 @@ class Actuator:
                  on_alert: Callable[[dict[str, Any]], None] | None = None,
                  on_bound: Callable[[str, str], None] | None = None,
                  links: Callable[[], Mapping[tuple[str, str], Any]] | None = None,
-                 events: EventLog | None = None) -> None:
+                 events: EventLog | None = None,
+                 agent_health: Callable[[], Mapping[str, Health]] | None = None) -> None:
         self.client = client
         self.registry = registry or NodeRegistry()
         self.config = config or ActuatorConfig()
@@ -240,6 +257,9 @@ class Actuator:
         self.on_alert = on_alert
         self.on_bound = on_bound
         self.links = links or (lambda: {})
+        # Node name -> its agent's verdict (heartbeats, will, peers' links: cloud_core.health),
+        # combined with the Node's Ready condition by health.kubernetes_health
+        self.agent_health = agent_health
         self.stats = ActuatorStats()
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -467,8 +487,12 @@ class Actuator:
                 running.append(rp)
                 _accumulate(usage.setdefault(node, [0, 0, 0]), rp.requests, 1)
         allocated = {n: Resources(*a) for n, a in usage.items()}
-        snap = ClusterSnapshot(nodes=self.registry.node_infos(allocated),
-                               links=dict(self.links()), now=time.time(), pods=tuple(running))
+        nodes = self.registry.node_infos(allocated)
+        agents = self.agent_health() if self.agent_health is not None else None
+        if agents:
+            nodes = tuple(_with_agent(n, agents.get(n.name)) for n in nodes)
+        snap = ClusterSnapshot(nodes=nodes, links=dict(self.links()), now=time.time(),
+                               pods=tuple(running))
         return snap, own
 
     def _bound_entry(self, pod: JSON, node: str, rv: Any) -> _Bound:

@@ -268,6 +268,11 @@ class NodeRegistry:
                     return r.name
         return None
 
+    def agent_names(self) -> dict[str, str]:
+        """Agent id -> Node name, for every Node (one pass, for per-step translations)."""
+        with self._lock:
+            return {r.agent_id: r.name for r in self._nodes.values()}
+
     def agent_for_node(self, name: str) -> str | None:
         r = self.get(name)
         return r.agent_id if r else None

@@ -69,3 +69,25 @@ def test_a_constraint_alert_reaches_the_core_events_in_words() -> None:
     assert ev.message == client.events[0]
     assert ev.message.startswith("node n1 changed (topology.kubernetes.io/region: us -> eu)")
     assert (ev.node, ev.workload, ev.severity) == ("n1", "ns/p", "warning")
+
+
+@pytest.mark.parametrize(("node", "agent", "want"), [
+    ("online", None, "online"),  # no agent there: the Node's condition alone
+    ("online", "unknown", "online"),
+    ("online", "online", "online"),
+    ("online", "suspect", "suspect"),  # a late report: no new pods meanwhile
+    ("online", "down", "down"),  # crashed, though the kubelet's last word was Ready
+    ("online", "unreachable", "unreachable"),  # partitioned: keep its pods
+    ("unreachable", "unreachable", "unreachable"),  # NotReady edge, peers hear it: partition
+    ("down", "unreachable", "unreachable"),  # NotReady, but alive behind a partition
+    ("unreachable", "down", "down"),  # NotReady and nobody hears it: crash
+    ("unreachable", "online", "unreachable"),  # the kubelet's NotReady still counts
+    ("cordoned", "online", "cordoned"),
+    ("cordoned", "down", "down"),
+])
+def test_kubernetes_health_combines_node_condition_and_agent(node: str, agent: str | None,
+                                                             want: str) -> None:
+    from cloud_core.health import Health, kubernetes_health
+
+    got = kubernetes_health(Health(node), Health(agent) if agent else None)
+    assert got is Health(want)
