@@ -23,7 +23,14 @@ from cloud_core.actuators import Actuator
 from cloud_core.errors import CoreError, SpecError
 from cloud_core.events import EventLog
 from cloud_core.health import Health, HealthConfig, all_health
-from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome, StepReport
+from cloud_core.loop import (
+    DecisionLoop,
+    Move,
+    Observation,
+    PlaceOutcome,
+    StepReport,
+    what_if,
+)
 from cloud_core.placement import (
     ClusterSnapshot,
     EngineConfig,
@@ -33,7 +40,6 @@ from cloud_core.placement import (
     explain,
     parse_pod,
     parse_workload_yaml,
-    place,
 )
 from cloud_core.registry import Registry
 from cloud_core.snapshot import build_snapshot
@@ -229,7 +235,7 @@ class Scheduler:
     def what_if(self, workloads: list[Workload]) -> PlacementResult:
         """The engine's answer for ``workloads`` now, without recording or applying anything."""
         with self.lock:
-            return place(self.snapshot(), workloads, self.engine_config)
+            return what_if(self.snapshot(), workloads, self.engine_config)
 
     def explain(self, uid: str) -> dict[str, Any]:
         with self.lock:

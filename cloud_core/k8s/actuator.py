@@ -50,7 +50,7 @@ from cloud_core.health import kubernetes_health
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.informer import Reflector, obj_key
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
-from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
+from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome, place_checked
 from cloud_core.placement.model import (
     ClusterSnapshot,
     Health,
@@ -97,20 +97,10 @@ class EngineOutcome:
 
 def run_engine(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
                config: Any = None) -> EngineOutcome:
-    """Place a batch and validate the result, outside the decision loop (pool planning)."""
-    from cloud_core.placement import place, validate
-
-    result = place(snapshot, workloads, config) if config is not None else \
-        place(snapshot, workloads)
-    problems: dict[str, list[str]] = {}
-    for v in validate(snapshot, workloads, result.assignments, config):
-        problems.setdefault(v.workload_uid, []).append(f"{v.constraint}: {v.detail}")
-    assignments = {u: n for u, n in result.assignments.items() if n and u not in problems}
-    failures = {d.workload_uid: d.summary for d in result.decisions
-                if not d.node and d.workload_uid not in assignments}
-    for u, p in problems.items():
-        failures[u] = "validator rejected the engine's choice: " + "; ".join(p)
-    return EngineOutcome(assignments, failures, problems)
+    """Place a batch and validate the result (pool planning), with the loop's own
+    engine + validator (``loop.place_checked``)."""
+    c = place_checked(snapshot, workloads, config)
+    return EngineOutcome(c.assignments, c.failures, c.violations)
 
 
 def parse_workload(pod: Mapping[str, Any]) -> Workload:
