@@ -68,6 +68,10 @@ class Observation:
     # placements of one are still being carried out: re-planning waits for it, up to
     # ``DecisionLoop.REPLAN_BACKLOG_DEFER_S`` past its due time.
     backlog: bool = False
+    # node -> what changed of its residency / security facts since the last observation
+    # (region, zone, security level): the running workloads there are checked again, and one
+    # that no longer fits is moved by the re-planner like any other move.
+    revalidate: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,20 @@ class StepActuator(Protocol):
     def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]: ...
 
     def requeue(self, stranded: Sequence[tuple[Workload, str]]) -> int: ...
+
+    def report_misfits(self, obs: Observation,
+                       misfits: Mapping[str, tuple[str, list[str]]]) -> None:
+        """Running workloads (uid -> (node, the validator's complaints)) that no longer fit
+        their node after its facts changed; said once per workload, before they move."""
+
+
+def without(snapshot: ClusterSnapshot, w: Workload, node: str) -> ClusterSnapshot:
+    """``snapshot`` without running workload ``w`` on ``node`` (its pod and its requests), so
+    that the validator can judge the binding afresh."""
+    pods = tuple(p for p in snapshot.pods if p.uid != w.uid)
+    nodes = tuple(dataclasses.replace(n, allocated=n.allocated - w.requests)
+                  if n.name == node else n for n in snapshot.nodes)
+    return dataclasses.replace(snapshot, nodes=nodes, pods=pods)
 
 
 def with_placements(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
@@ -196,6 +214,10 @@ class DecisionLoop:
         self.replan_state = ReplanState()
         self.health: dict[str, Health] = {}
         self._reported: dict[str, str] = {}  # uid -> last unplaceable reason reported
+        # node -> what changed: nodes whose running workloads are checked at each re-plan
+        # until none there is left that no longer fits (a move a budget refused is retried)
+        self._revalidate: dict[str, str] = {}
+        self._misfits_said: set[str] = set()
 
     # ------------------------------------------------------------------ stages
 
@@ -207,6 +229,26 @@ class DecisionLoop:
                 self.events.emit("health", f"node {node}: {old or 'new'} -> {h}",
                                  severity=_SEVERITY.get(str(h), "info"), node=node)
         self.health = dict(now)
+
+    def note_changes(self, revalidate: Mapping[str, str]) -> None:
+        """Nodes whose residency / security facts changed: re-plan now, checking their
+        running workloads."""
+        for node, what in revalidate.items():
+            old = self._revalidate.get(node)
+            self._revalidate[node] = f"{old}, {what}" if old else what
+            self._health_changed = True
+
+    def _misfits(self, snap: ClusterSnapshot, running: Sequence[tuple[Workload, str]]
+                 ) -> dict[str, tuple[str, list[str]]]:
+        """The running workloads on changed nodes that no longer fit there."""
+        out: dict[str, tuple[str, list[str]]] = {}
+        for w, node in running:
+            if node not in self._revalidate:
+                continue
+            bad = validate(without(snap, w, node), [w], {w.uid: node}, self.engine_config)
+            if bad:
+                out[w.uid] = (node, [f"{v.constraint}: {v.detail}" for v in bad])
+        return out
 
     def place(self, obs: Observation) -> PlaceOutcome:
         """Engine + validator for ``obs.pending``; pinned replacements go where planned."""
@@ -341,7 +383,19 @@ class DecisionLoop:
             return 0
         snap = with_placements(obs.snapshot, list(obs.pending), outcome.assignments)
         before = self.replan_state
-        moves, self.replan_state = plan_moves(snap, running, before, self.replan_config)
+        misfits = self._misfits(snap, running) if self._revalidate else {}
+        new = {u: m for u, m in misfits.items() if u not in self._misfits_said}
+        if new:
+            for u, (node, problems) in new.items():
+                self.events.emit("alert", f"{u} no longer fits {node} "
+                                 f"({self._revalidate[node]}): {'; '.join(problems)}",
+                                 severity="warning", workload=u, node=node)
+            self.actuator.report_misfits(obs, new)
+            self._misfits_said |= set(new)
+        reasons = {u: f"node {node} changed ({self._revalidate[node]}); no longer fits: "
+                   + "; ".join(problems) for u, (node, problems) in misfits.items()}
+        moves, self.replan_state = plan_moves(snap, running, before, self.replan_config,
+                                              misfits=reasons)
         done = self.actuator.commit_moves(obs, moves) if moves else []
         undone = {m.workload_uid for m in moves} - {m.workload_uid for m in done}
         if undone:
@@ -358,6 +412,14 @@ class DecisionLoop:
             self.events.emit("placement", f"move {m.workload_uid}: {m.src} -> {m.dst} "
                              f"({m.reason})", severity="warning", workload=m.workload_uid,
                              node=m.dst)
+        if self._revalidate:
+            # a changed node is checked again while a workload there still does not fit
+            # (its move refused by a budget, or held back by the cool-down)
+            keep = {node for u, (node, _) in misfits.items()
+                    if u not in {m.workload_uid for m in done}}
+            self._revalidate = {n: w for n, w in self._revalidate.items() if n in keep}
+            live = {w.uid for w, _ in running}
+            self._misfits_said &= live
         # A workload on a down node that the engine could not move anywhere goes back to
         # pending, so it is placed as soon as capacity appears.
         down = {n.name for n in snap.nodes if n.health == Health.DOWN}
@@ -374,6 +436,8 @@ class DecisionLoop:
         obs = self.source.observe()
         observed = time.perf_counter() - t0
         self.note_health(obs.health)
+        if obs.revalidate:
+            self.note_changes(obs.revalidate)
         outcome = self.place(obs)
         self.report(outcome, obs.pending)
         placed = self.actuator.commit_placements(obs, outcome)

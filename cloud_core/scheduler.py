@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -225,6 +225,11 @@ class Scheduler:
         return n
 
     # ------------------------------------------------------------------ steps
+
+    def report_misfits(self, obs: Observation,
+                       misfits: Mapping[str, tuple[str, list[str]]]) -> None:
+        """Local mode's registry is read once: no node's facts change under a running
+        workload (``Observation.revalidate`` stays empty)."""
 
     def step(self) -> StepReport:
         with self.lock:

@@ -25,10 +25,12 @@ An unreachable API server leaves pods pending and retries with backoff; the refl
 resume or relist (410) on their own. Unschedulable pods wait for a cluster change (node or pod
 event) or ``retry_unschedulable_s``.
 
-When a node's region / zone / security-level label changes, the running cfnet pods there are
-re-validated; a pod that no longer fits raises an alert (a Warning event and ``on_alert``) and
-is re-placed: evicted, and for a pod without a controller a replacement copy is created, which
-the loop then places like any pending pod.
+When a node's region / zone / security-level label changes, the change goes to the loop in the
+next ``Observation`` (``revalidate``); the loop checks the running pods there with the
+validator, and one that no longer fits raises an alert (``report_misfits``: a
+``ConstraintViolated`` Warning event and ``on_alert``) and is moved by the re-planner like any
+other move (cool-down, ``Rescheduling`` event, eviction, the replacement bound where it
+planned).
 """
 
 from __future__ import annotations
@@ -110,18 +112,6 @@ def parse_workload(pod: Mapping[str, Any]) -> Workload:
     return parse_pod(pod)
 
 
-def validate_binding(snapshot: ClusterSnapshot, workload: Workload, node: str,
-                     config: Any = None) -> list[str]:
-    """The validator's complaints about ``workload`` running on ``node`` (empty: fine).
-
-    ``snapshot`` must not count ``workload`` itself among the running pods.
-    """
-    from cloud_core.placement import validate
-
-    return [f"{v.constraint}: {v.detail}" for v in validate(snapshot, [workload], {
-        workload.uid: node}, config)]
-
-
 @dataclass
 class ActuatorConfig:
     """Knobs of the scheduling loop."""
@@ -137,7 +127,6 @@ class ActuatorConfig:
     unavailable_backoff_max_s: float = 5.0
     engine_config: Any = None
     identity: str = "cfnet-core"
-    replace_on_violation: bool = True
     replan_config: Any = None
     replan_interval_s: float = 1.0
     # re-planning (a snapshot and plan_moves over every running pod) takes at most this share
@@ -273,9 +262,9 @@ class Actuator:
         self._pending: dict[str, JSON] = {}
         self._batches = 0  # steps that had pending pods to place
         self._generation = 0  # bumped on every cluster change that may free room
-        self._pending_changes: list[LabelChange] = []
+        self._pending_changes: list[LabelChange] = []  # not yet handed to the loop
+        self._changes: dict[str, list[LabelChange]] = {}  # node -> its changes, for alerts
         self._alerted: set[str] = set()  # pod uids already reported as violating
-        self._to_replace: dict[str, JSON] = {}  # pod uid → pod whose re-placement must finish
         # A move's destination per replacement key: [(node, moved pod uid, expiry)].
         self._reserved: dict[tuple[str, ...], list[tuple[str, str, float]]] = {}
         self._obs_pods: dict[str, JSON] = {}  # uid -> pod, of the step being decided
@@ -334,6 +323,8 @@ class Actuator:
         name = str((obj.get("metadata") or {}).get("name"))
         if kind == "DELETED":
             self.registry.remove(name)
+            with self._lock:
+                self._changes.pop(name, None)
         else:
             changes = self.registry.upsert(obj)
             if changes:
@@ -552,7 +543,6 @@ class Actuator:
                 self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
             more = False
             try:
-                self._handle_label_changes()
                 if not self._work_waiting() and not self.loop.replan_due():
                     continue  # nothing to place, nothing changed, no re-plan due: no snapshot
                 more = self.schedule_once()
@@ -610,6 +600,16 @@ class Actuator:
         # the loop's health map: a cordoned node is alive (its pods stay)
         health = {n.name: Health.ONLINE if n.health is Health.CORDONED else n.health
                   for n in snap.nodes}
+        with self._lock:
+            changes, self._pending_changes = self._pending_changes, []
+            revalidate: dict[str, str] = {}
+            for c in changes:
+                kept = self._changes.setdefault(c.node, [])
+                kept.append(c)
+                del kept[:-8]  # what an alert names: the latest few changes of the node
+                what = f"{c.key}: {c.old} -> {c.new}"
+                revalidate[c.node] = f"{revalidate[c.node]}, {what}" \
+                    if c.node in revalidate else what
         self._obs_pods = obs_pods
         self._obs_gen = gen
         return Observation(health=health, snapshot=snap, pending=pending, running=running,
@@ -617,7 +617,8 @@ class Actuator:
                            # more than the binding workers take at once still queued:
                            # the end of a burst is still on its way out
                            backlog=(self._more or not self.pods.synced.is_set()
-                                    or self._binding > self.config.bind_workers))
+                                    or self._binding > self.config.bind_workers),
+                           revalidate=revalidate)
 
     def _pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
                 ) -> dict[str, tuple[str, str]]:
@@ -815,37 +816,17 @@ class Actuator:
                                       _assumed_pod(key, str(node), w))
 
     # -- residency / security re-validation ----------------------------------------------------
-    def _handle_label_changes(self) -> None:
-        with self._lock:
-            changes, self._pending_changes = self._pending_changes, []
-        nodes = {c.node for c in changes}
-        for pod in self.pods.items() if nodes else []:
-            spec = pod.get("spec") or {}
-            node = spec.get("nodeName")
-            md = pod.get("metadata") or {}
-            if node not in nodes or spec.get("schedulerName") != self.config.scheduler_name:
-                continue
-            if md.get("deletionTimestamp") or str(md.get("uid")) in self._alerted:
-                continue
-            w = self._workload(pod)
-            if w is None:
-                continue
-            snap = self.snapshot(exclude=frozenset({w.uid}))
-            problems = validate_binding(snap, w, str(node), self.config.engine_config)
-            if problems:
-                self._alert(pod, str(node), problems, [c for c in changes if c.node == node])
-                if self.config.replace_on_violation:
-                    self._to_replace[str(md.get("uid"))] = pod
-        for uid, pod in list(self._to_replace.items()):
-            try:
-                if not self._replace(pod):
-                    continue  # a disruption budget said no: retried on the next round
-            except KubeNotFound:
-                pass
-            except KubeError as err:  # retried on the next round (server down)
-                log.info("re-placing %s failed, will retry: %s", obj_key(pod), err)
-                continue
-            del self._to_replace[uid]
+    def report_misfits(self, obs: Observation,
+                       misfits: Mapping[str, tuple[str, list[str]]]) -> None:
+        """The loop found running pods that no longer fit their changed node: an alert each
+        (``on_alert`` and a ``ConstraintViolated`` Warning event) before the re-planner moves
+        them (its ``Rescheduling`` event, eviction, the replacement bound where it planned)."""
+        for uid, (node, problems) in misfits.items():
+            pod = self._obs_pods.get(uid)
+            if pod is not None and uid not in self._alerted:
+                with self._lock:
+                    changes = list(self._changes.get(node, ()))
+                self._alert(pod, node, problems, changes)
 
     def _alert(self, pod: JSON, node: str, problems: list[str],
                changes: list[LabelChange]) -> None:

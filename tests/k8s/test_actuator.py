@@ -224,6 +224,9 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
         return None
 
     assert wait_for(replacement, what="replacement bound") == other
+    # moved by the loop's re-planner, in its words (same events and validator as any move)
+    (ev,) = cluster.events("Rescheduling")
+    assert f"from {first} to {other}" in ev["message"] and "no longer fits" in ev["message"]
     old = [p for p in cluster.pods() if p["metadata"]["name"] == "resident"]
     assert not old or old[0]["metadata"].get("deletionTimestamp")  # evicted
 
