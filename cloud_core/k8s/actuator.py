@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "cfnet-scheduler"
 REPLACES = "cfnet.io/replaces"
+PLANNED_NODE = "cfnet.io/planned-node"  # on a copy: where the move that made it planned it
+PLANNED_FROM = "cfnet.io/planned-from"  # on a copy: the moved pod's uid (its cool-down)
 RESERVATION_TTL_S = 120.0  # how long a move's destination waits for the replacement pod
 
 
@@ -635,6 +637,13 @@ class Actuator:
                 if key and i < len(slots):
                     out[w.uid] = (slots[i][0], slots[i][1])
                     taken[key] = i + 1
+                    continue
+                # A copy a leader made for a move it did not live to finish: the plan is in
+                # the copy itself (a new leader has no reservation in memory)
+                ann = (pods[w.uid].get("metadata") or {}).get("annotations") or {}
+                planned = ann.get(PLANNED_NODE)
+                if planned and ann.get(REPLACES):
+                    out[w.uid] = (str(planned), str(ann.get(PLANNED_FROM, "")))
         return out
 
     # -- StepActuator --------------------------------------------------------------------------
@@ -711,7 +720,7 @@ class Actuator:
         assert rkey is not None
         with self._lock:  # before evicting: the replacement may appear at once
             self._reserved.setdefault(rkey, []).append(slot)
-        if not self._replace(pod):
+        if not self._replace(pod, m):
             with self._lock:
                 left = [r for r in self._reserved.get(rkey, []) if r != slot]
                 if left:
@@ -845,7 +854,7 @@ class Actuator:
         except KubeError as err:
             log.warning("alert event for %s lost: %s", key, err)
 
-    def _replace(self, pod: JSON) -> bool:
+    def _replace(self, pod: JSON, m: Move) -> bool:
         """Evict ``pod`` (False: a disruption budget refused); for a bare pod, create its
         unbound replacement (idempotent)."""
         md = pod.get("metadata") or {}
@@ -863,7 +872,10 @@ class Actuator:
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": f"{name.split('--')[0]}--", "namespace": ns,
                          "labels": dict(md.get("labels") or {}),
-                         "annotations": {**(md.get("annotations") or {}), REPLACES: key}},
+                         # the move's plan travels with the copy: a new leader reads it
+                         "annotations": {**(md.get("annotations") or {}), REPLACES: key,
+                                         PLANNED_NODE: m.dst,
+                                         PLANNED_FROM: str(md.get("uid") or "")}},
             "spec": {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"},
         }
         self.client.create(f"/api/v1/namespaces/{ns}/pods", clone)

@@ -231,6 +231,23 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
     assert not old or old[0]["metadata"].get("deletionTimestamp")  # evicted
 
 
+def test_a_move_a_dead_leader_left_unfinished_is_finished(cluster: Cluster,
+                                                         actuator: Actuator) -> None:
+    """A leader evicted a bare pod and created its copy, then died before binding it: the copy
+    carries the move's plan (``cfnet.io/planned-node``, as ``Actuator._replace`` writes it),
+    so the next leader (this actuator, which never saw the move) binds it there."""
+    for n in ("pl-1", "pl-2", "pl-3"):
+        cluster.node(n, region="eu-west")
+    for target in ("pl-1", "pl-3"):
+        cluster.pod(f"copy-{target}", annotations={
+            "cfnet.io/replaces": f"{cluster.namespace}/orig-{target}",
+            "cfnet.io/planned-node": target, "cfnet.io/planned-from": f"uid-{target}"})
+    wait_for(lambda: len(bound(cluster)) == 2, what="both copies bound")
+    assert bound(cluster) == {"copy-pl-1": "pl-1", "copy-pl-3": "pl-3"}
+    msgs = [e["message"] for e in cluster.events("Scheduled")]
+    assert len(msgs) == 2 and all("where the move planned" in m for m in msgs), msgs
+
+
 def test_primed_reflector_real_apiserver(cluster: Cluster, admin: KubeClient,
                                          core_client: KubeClient) -> None:
     """The primed start-up against the real API server: the bound pods (field selector
