@@ -131,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         from cloud_core.k8s.client import KubeClient
         from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
 
-
         try:
             client = (KubeClient.from_kubeconfig(a.kubeconfig) if a.kubeconfig
                       else KubeClient.in_cluster())
@@ -160,12 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("broker %s:%s not reachable yet (%s); retrying in the background",
                     a.broker_host, a.broker_port, core.mqtt.last_refusal or "no answer")
     every = [x for x in (a.table_every, a.stats_every if kube is not None else 0) if x > 0]
+    next_table = time.monotonic() + a.table_every
     while not stop.wait(min(every) if every else 3600):
         if kube is not None and a.json_lines and a.stats_every > 0:
             st = kube.actuator.stats
             say("stats", bound=st.bound, conflicts=st.conflicts, failed=st.failed_scheduling)
-        if a.table_every <= 0:
+        if a.table_every <= 0 or time.monotonic() < next_table - 0.01:
             continue
+        next_table = time.monotonic() + a.table_every
         snap = core.state.snapshot(time.time())
         c = core.ingest.counters()
         log.info("ingest: %d accepted, %d duplicate, %d rejected %s\n%s\n\n%s",
