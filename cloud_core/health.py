@@ -12,17 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
+from cloud_core.placement.model import Health
 from cloud_core.state import StateSnapshot
 
-
-class Health(StrEnum):
-    ONLINE = "online"
-    SUSPECT = "suspect"
-    UNREACHABLE = "unreachable"
-    DOWN = "down"
-    UNKNOWN = "unknown"
+__all__ = ["Health", "HealthConfig", "all_health", "node_health", "peers_see"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +100,35 @@ def peers_see(
             ):
                 return True
     return False
+
+
+def kubernetes_health(node: Health, agent: Health | None) -> Health:
+    """A Node's health on Kubernetes: its ``Ready`` condition (``node``, as the Node registry
+    reads it) combined with its agent's verdict (``agent``, :func:`node_health` over the
+    agents' heartbeats, last will and the links their peers measure; None: no agent reports
+    for it).
+
+    - the agent is ``down`` (silent or its will fired, and no peer hears it any more): the
+      node crashed, whatever the kubelet's last word: ``down``, its pods are re-placed within
+      seconds instead of Kubernetes' 40-50 s (the Node NotReady with the will fired and no
+      peer hearing it is the same verdict);
+    - the agent is ``unreachable`` (silent, but peers on its site still hear it): a
+      partition; its pods stay, even once the Node turns NotReady (edge autonomy: no eviction
+      storm when a site's uplink drops);
+    - otherwise the Node's condition, made ``suspect`` (no new pods) while the agent is.
+    A cordon stays a cordon unless the node is down.
+    """
+    if agent is None or agent is Health.UNKNOWN:
+        return node
+    if agent is Health.DOWN:
+        return Health.DOWN
+    if node is Health.CORDONED:
+        return node
+    if agent is Health.UNREACHABLE:
+        return Health.UNREACHABLE
+    if node is not Health.ONLINE:
+        return node
+    return agent
 
 
 def all_health(snap: StateSnapshot, cfg: HealthConfig = HealthConfig()) -> dict[str, Health]:

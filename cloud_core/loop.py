@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cloud_core.events import EventLog
-from cloud_core.health import Health as LiveHealth
 from cloud_core.placement import (
     ClusterSnapshot,
     EngineConfig,
+    PlacementResult,
     ReplanConfig,
     ReplanState,
     Workload,
@@ -46,6 +46,8 @@ __all__ = [
     "SourceOfTruth",
     "StepActuator",
     "StepReport",
+    "place_checked",
+    "what_if",
     "with_placements",
 ]
 
@@ -54,7 +56,7 @@ __all__ = [
 class Observation:
     """The world as one step sees it: taken once, handed to every stage."""
 
-    health: Mapping[str, LiveHealth]  # node -> health (the one health map of the step)
+    health: Mapping[str, Health]  # node -> health (the one health map of the step)
     snapshot: ClusterSnapshot  # the engine's view, built with ``health``
     pending: Sequence[Workload]  # to place now
     running: Sequence[tuple[Workload, str]]  # (workload, node) placed and counted in snapshot
@@ -66,6 +68,10 @@ class Observation:
     # placements of one are still being carried out: re-planning waits for it, up to
     # ``DecisionLoop.REPLAN_BACKLOG_DEFER_S`` past its due time.
     backlog: bool = False
+    # node -> what changed of its residency / security facts since the last observation
+    # (region, zone, security level): the running workloads there are checked again, and one
+    # that no longer fits is moved by the re-planner like any other move.
+    revalidate: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,20 @@ class StepActuator(Protocol):
 
     def requeue(self, stranded: Sequence[tuple[Workload, str]]) -> int: ...
 
+    def report_misfits(self, obs: Observation,
+                       misfits: Mapping[str, tuple[str, list[str]]]) -> None:
+        """Running workloads (uid -> (node, the validator's complaints)) that no longer fit
+        their node after its facts changed; said once per workload, before they move."""
+
+
+def without(snapshot: ClusterSnapshot, w: Workload, node: str) -> ClusterSnapshot:
+    """``snapshot`` without running workload ``w`` on ``node`` (its pod and its requests), so
+    that the validator can judge the binding afresh."""
+    pods = tuple(p for p in snapshot.pods if p.uid != w.uid)
+    nodes = tuple(dataclasses.replace(n, allocated=n.allocated - w.requests)
+                  if n.name == node else n for n in snapshot.nodes)
+    return dataclasses.replace(snapshot, nodes=nodes, pods=pods)
+
 
 def with_placements(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
                     assignments: Mapping[str, str]) -> ClusterSnapshot:
@@ -119,15 +139,47 @@ def with_placements(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
         if w is None:
             continue
         extra[node] = extra.get(node, Resources()) + w.requests
-        pods.append(RunningPod(uid=w.uid, name=w.name, namespace=w.namespace, node=node,
-                               labels=w.labels, requests=w.requests,
-                               anti_affinity=w.pod_anti_affinity))
+        pods.append(RunningPod.of(w, node))
     nodes = tuple(dataclasses.replace(n, allocated=n.allocated + extra[n.name])
                   if n.name in extra else n for n in snapshot.nodes)
     return dataclasses.replace(snapshot, nodes=nodes, pods=tuple(pods))
 
 
 _SEVERITY = {"down": "critical", "unreachable": "warning", "suspect": "warning"}
+
+
+def what_if(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
+            config: EngineConfig | None = None) -> PlacementResult:
+    """The engine's answer for ``workloads`` on ``snapshot``, decided nothing and acted on
+    nothing (the consoles' ``what-if``). Here so that this module is the only caller of the
+    engine's ``place`` and ``plan_moves`` in the core (grep-able)."""
+    return place(snapshot, list(workloads), config or EngineConfig())
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A batch placed and validated outside a step (pool planning): validated assignments,
+    the reasons for the rest, the validator's complaints."""
+
+    assignments: dict[str, str]  # workload uid -> node
+    failures: dict[str, str]  # workload uid -> why it was not placed
+    violations: dict[str, list[str]]  # workload uid -> validator complaints about a choice
+
+
+def place_checked(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
+                  config: EngineConfig | None = None) -> Checked:
+    """Engine + validator for a batch, as a step places one (the validator is the last line
+    of defence: a choice it rejects is a failure), without events or effects."""
+    result = place(snapshot, list(workloads), config or EngineConfig())
+    problems: dict[str, list[str]] = {}
+    for v in validate(snapshot, list(workloads), result.assignments, config):
+        problems.setdefault(v.workload_uid, []).append(f"{v.constraint}: {v.detail}")
+    assignments = {u: n for u, n in result.assignments.items() if n and u not in problems}
+    failures = {d.workload_uid: d.summary for d in result.decisions
+                if not d.node and d.workload_uid not in assignments}
+    for u, p in problems.items():
+        failures[u] = "validator rejected the engine's choice: " + "; ".join(p)
+    return Checked(assignments, failures, problems)
 
 
 class DecisionLoop:
@@ -160,19 +212,43 @@ class DecisionLoop:
         self._last_replan = -1e18
         self._health_changed = False
         self.replan_state = ReplanState()
-        self.health: dict[str, LiveHealth] = {}
+        self.health: dict[str, Health] = {}
         self._reported: dict[str, str] = {}  # uid -> last unplaceable reason reported
+        # node -> what changed: nodes whose running workloads are checked at each re-plan
+        # until none there is left that no longer fits (a move a budget refused is retried)
+        self._revalidate: dict[str, str] = {}
+        self._misfits_said: set[str] = set()
 
     # ------------------------------------------------------------------ stages
 
-    def note_health(self, now: Mapping[str, LiveHealth]) -> None:
+    def note_health(self, now: Mapping[str, Health]) -> None:
         for node, h in sorted(now.items()):
             old = self.health.get(node)
-            if old != h and not (old is None and h is LiveHealth.UNKNOWN):
+            if old != h and not (old is None and h is Health.UNKNOWN):
                 self._health_changed = True
                 self.events.emit("health", f"node {node}: {old or 'new'} -> {h}",
                                  severity=_SEVERITY.get(str(h), "info"), node=node)
         self.health = dict(now)
+
+    def note_changes(self, revalidate: Mapping[str, str]) -> None:
+        """Nodes whose residency / security facts changed: re-plan now, checking their
+        running workloads."""
+        for node, what in revalidate.items():
+            old = self._revalidate.get(node)
+            self._revalidate[node] = f"{old}, {what}" if old else what
+            self._health_changed = True
+
+    def _misfits(self, snap: ClusterSnapshot, running: Sequence[tuple[Workload, str]]
+                 ) -> dict[str, tuple[str, list[str]]]:
+        """The running workloads on changed nodes that no longer fit there."""
+        out: dict[str, tuple[str, list[str]]] = {}
+        for w, node in running:
+            if node not in self._revalidate:
+                continue
+            bad = validate(without(snap, w, node), [w], {w.uid: node}, self.engine_config)
+            if bad:
+                out[w.uid] = (node, [f"{v.constraint}: {v.detail}" for v in bad])
+        return out
 
     def place(self, obs: Observation) -> PlaceOutcome:
         """Engine + validator for ``obs.pending``; pinned replacements go where planned."""
@@ -307,7 +383,19 @@ class DecisionLoop:
             return 0
         snap = with_placements(obs.snapshot, list(obs.pending), outcome.assignments)
         before = self.replan_state
-        moves, self.replan_state = plan_moves(snap, running, before, self.replan_config)
+        misfits = self._misfits(snap, running) if self._revalidate else {}
+        new = {u: m for u, m in misfits.items() if u not in self._misfits_said}
+        if new:
+            for u, (node, problems) in new.items():
+                self.events.emit("alert", f"{u} no longer fits {node} "
+                                 f"({self._revalidate[node]}): {'; '.join(problems)}",
+                                 severity="warning", workload=u, node=node)
+            self.actuator.report_misfits(obs, new)
+            self._misfits_said |= set(new)
+        reasons = {u: f"node {node} changed ({self._revalidate[node]}); no longer fits: "
+                   + "; ".join(problems) for u, (node, problems) in misfits.items()}
+        moves, self.replan_state = plan_moves(snap, running, before, self.replan_config,
+                                              misfits=reasons)
         done = self.actuator.commit_moves(obs, moves) if moves else []
         undone = {m.workload_uid for m in moves} - {m.workload_uid for m in done}
         if undone:
@@ -324,6 +412,14 @@ class DecisionLoop:
             self.events.emit("placement", f"move {m.workload_uid}: {m.src} -> {m.dst} "
                              f"({m.reason})", severity="warning", workload=m.workload_uid,
                              node=m.dst)
+        if self._revalidate:
+            # a changed node is checked again while a workload there still does not fit
+            # (its move refused by a budget, or held back by the cool-down)
+            keep = {node for u, (node, _) in misfits.items()
+                    if u not in {m.workload_uid for m in done}}
+            self._revalidate = {n: w for n, w in self._revalidate.items() if n in keep}
+            live = {w.uid for w, _ in running}
+            self._misfits_said &= live
         # A workload on a down node that the engine could not move anywhere goes back to
         # pending, so it is placed as soon as capacity appears.
         down = {n.name for n in snap.nodes if n.health == Health.DOWN}
@@ -340,6 +436,8 @@ class DecisionLoop:
         obs = self.source.observe()
         observed = time.perf_counter() - t0
         self.note_health(obs.health)
+        if obs.revalidate:
+            self.note_changes(obs.revalidate)
         outcome = self.place(obs)
         self.report(outcome, obs.pending)
         placed = self.actuator.commit_placements(obs, outcome)

@@ -19,6 +19,7 @@ import yaml
 from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.errors import CoreError
 from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
+from cloud_core.k8s.lines import no_line, say_line
 from cloud_core.metrics import int_fields
 from cloud_core.readiness import Check
 from cloud_core.registry import load_registry
@@ -68,8 +69,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="this replica's name in the leader Lease")
     k.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "cfnet-system"))
     k.add_argument("--lease-name", default=env("CFNET_LEASE_NAME", "cfnet-core"),
-                   help="the leader Lease (the chart's Role grants get/update on this name)")
+                   help="the leader Lease's name (the chart's core.lease.name)")
     k.add_argument("--lease-duration", type=float, default=15.0)
+    k.add_argument("--renew-deadline", type=float, default=None,
+                   help="seconds (default: 2/3 of the lease duration)")
+    k.add_argument("--retry-period", type=float, default=None,
+                   help="seconds (default: the lease duration / 7.5, at least 1)")
+    k.add_argument("--json-lines", action="store_true",
+                   help="one JSON line per lifecycle event on stdout (started, leading, ready, "
+                        "synced, following, stats, stopped), for supervisors and tests")
+    k.add_argument("--log-bindings", action="store_true",
+                   help="with --json-lines: also a line per binding")
+    k.add_argument("--stats-every", type=float, default=0.0,
+                   help="with --json-lines: a stats line every N seconds (0: never)")
     k.add_argument("--edge-taint", choices=("respect", "ignore"), default="respect",
                    help="KubeEdge's edge taint: respect it (pods need a toleration) or ignore it")
     add_scheduler_args(k)
@@ -150,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     # Lease holder connects (see CoreService.connect).
     core.start(connect=not a.kubernetes)
     kube = None
+    say = say_line if a.json_lines else no_line
     if a.kubernetes:
         # Imported here: the kubernetes client is only needed in this mode.
         from cloud_core.k8s.client import KubeClient
@@ -164,10 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         kube = start_kubernetes(client, core.state, core.events, KubeSettings(
             identity=a.identity, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
-            lease_duration_s=a.lease_duration, renew_deadline_s=a.lease_duration * 2 / 3,
-            retry_period_s=max(1.0, a.lease_duration / 7.5), edge_taint=a.edge_taint,
-            engine=scheduler_engine_config(a)),
-            on_lead=core.connect, on_follow=core.disconnect, console=core.console)
+            lease_duration_s=a.lease_duration,
+            renew_deadline_s=a.renew_deadline or a.lease_duration * 2 / 3,
+            retry_period_s=a.retry_period or max(1.0, a.lease_duration / 7.5),
+            edge_taint=a.edge_taint, engine=scheduler_engine_config(a)),
+            on_lead=core.connect, on_follow=core.disconnect, console=core.console,
+            say=say if a.json_lines else None, say_bindings=a.log_bindings)
+        say("started", identity=a.identity)
         # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
         core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
                                   "event", int_fields(kube.actuator.stats))
@@ -189,9 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     if not a.kubernetes and not core.mqtt.wait_connected(10):
         log.warning("broker %s:%s not reachable yet (%s); retrying in the background",
                     a.broker_host, a.broker_port, core.mqtt.last_refusal or "no answer")
-    while not stop.wait(a.table_every if a.table_every > 0 else 3600):
-        if a.table_every <= 0:
+    every = [x for x in (a.table_every, a.stats_every if kube is not None else 0) if x > 0]
+    next_table = time.monotonic() + a.table_every
+    while not stop.wait(min(every) if every else 3600):
+        if kube is not None and a.json_lines and a.stats_every > 0:
+            st = kube.actuator.stats
+            say("stats", bound=st.bound, conflicts=st.conflicts, failed=st.failed_scheduling)
+        if a.table_every <= 0 or time.monotonic() < next_table - 0.01:
             continue
+        next_table = time.monotonic() + a.table_every
         snap = core.state.snapshot(time.time())
         c = core.ingest.counters()
         log.info("ingest: %d accepted, %d duplicate, %d rejected %s\n%s\n\n%s",
@@ -199,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                  render_nodes(snap), render_links(snap))
     if kube is not None:
         kube.stop()
+        say("stopped", identity=a.identity, bound=kube.actuator.stats.bound)
     core.stop()
     return 0
 

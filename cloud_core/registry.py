@@ -22,6 +22,10 @@ File format::
         carbon_g_per_kwh: 60
         idle_watts: 8
         max_watts: 45
+
+The file is checked with msgspec before anything is read from it: an unknown key (a typo such
+as ``security-level``) or a value of the wrong type is a ``RegistryError`` naming the entry and
+the key (``... unknown field `security-level` - at `$.nodes[0]```).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
+from msgspec import UNSET, UnsetType
 
 from cloud_core.errors import CoreError, SpecError
 from cloud_core.placement.model import NodeInfo, Taint, frozen_map
@@ -45,14 +51,6 @@ class RegistryError(CoreError):
 _NUM_FIELDS = (
     "price_per_hour", "energy_price_per_kwh", "carbon_g_per_kwh", "idle_watts", "max_watts",
 )
-def _number(v: Any, where: str) -> float:
-    if isinstance(v, bool):
-        raise RegistryError(f"{where}: {v!r} is not a number")
-    try:
-        return float(v)
-    except (TypeError, ValueError) as exc:
-        raise RegistryError(f"{where}: {v!r} is not a number") from exc
-
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
@@ -76,46 +74,58 @@ class Registry:
         return sorted(self.nodes)
 
 
-def _node_info(d: dict[str, Any], where: str, base: NodeInfo) -> NodeFacts:
-    if not isinstance(d, dict):
-        raise RegistryError(f"{where}: must be a mapping")
-    name = str(d.get("name", base.name))
+Scalar = str | int | float
+
+
+class _TaintEntry(msgspec.Struct, forbid_unknown_fields=True):
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+class _NodeEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One ``nodes`` entry (or ``defaults``) as msgspec checks it: a key not listed here
+    (``security-level`` for ``security_level``) is refused and named, never ignored."""
+
+    name: str | UnsetType = UNSET
+    region: str | UnsetType = UNSET
+    zone: str | UnsetType = UNSET
+    security_level: int | UnsetType = UNSET
+    labels: dict[str, Scalar] | UnsetType = UNSET
+    taints: list[_TaintEntry] | UnsetType = UNSET
+    capacity: dict[str, Scalar] | UnsetType | None = UNSET
+    price_per_hour: float | UnsetType = UNSET
+    energy_price_per_kwh: float | UnsetType = UNSET
+    carbon_g_per_kwh: float | UnsetType = UNSET
+    idle_watts: float | UnsetType = UNSET
+    max_watts: float | UnsetType = UNSET
+
+
+class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
+    defaults: _NodeEntry | None = None
+    nodes: list[_NodeEntry] | None = None
+
+
+def _node_info(d: _NodeEntry, where: str, base: NodeInfo) -> NodeFacts:
+    name = base.name if d.name is UNSET else d.name
     if name and not valid_id(name):
         raise RegistryError(f"{where}: name {name!r} is not a valid node id")
     kw: dict[str, Any] = {"name": name}
-    for k in ("region", "zone"):
-        if k in d:
-            kw[k] = str(d[k])
-    if "security_level" in d:
+    for k in ("region", "zone", "security_level", *_NUM_FIELDS):
+        v = getattr(d, k)
+        if v is UNSET:
+            continue
+        if k in _NUM_FIELDS and v < 0:
+            raise RegistryError(f"{where}.{k}: must not be negative")
+        kw[k] = float(v) if k in _NUM_FIELDS else v
+    if d.labels is not UNSET:
+        kw["labels"] = frozen_map({k: str(v) for k, v in d.labels.items()})
+    if d.taints is not UNSET:
+        kw["taints"] = tuple(Taint(t.key, t.value, t.effect) for t in d.taints)
+    cap_set = d.capacity is not UNSET
+    if d.capacity is not UNSET:
         try:
-            kw["security_level"] = int(d["security_level"])
-        except (TypeError, ValueError) as exc:
-            raise RegistryError(f"{where}.security_level: must be an integer") from exc
-    for k in _NUM_FIELDS:
-        if k in d:
-            val = _number(d[k], f"{where}.{k}")
-            if val < 0:
-                raise RegistryError(f"{where}.{k}: must not be negative")
-            kw[k] = val
-    if "labels" in d:
-        if not isinstance(d["labels"], dict):
-            raise RegistryError(f"{where}.labels: must be a mapping")
-        kw["labels"] = frozen_map({str(k): str(v) for k, v in d["labels"].items()})
-    if "taints" in d:
-        try:
-            kw["taints"] = tuple(
-                Taint(str(t["key"]), str(t.get("value", "")), str(t.get("effect", "NoSchedule")))
-                for t in d["taints"]
-            )
-        except (TypeError, KeyError) as exc:
-            raise RegistryError(f"{where}.taints: each needs a key") from exc
-    cap_set = "capacity" in d
-    if cap_set:
-        c = d["capacity"] or {}
-        if not isinstance(c, dict):
-            raise RegistryError(f"{where}.capacity: must be a mapping")
-        try:
-            kw["capacity"] = parse_resources(c, f"{where}.capacity")
+            kw["capacity"] = parse_resources(d.capacity or {}, f"{where}.capacity")
         except SpecError as exc:
             raise RegistryError(str(exc)) from exc
     return NodeFacts(replace(base, **kw), capacity_set=cap_set)
@@ -128,11 +138,19 @@ def parse_registry(text: str) -> Registry:
         raise RegistryError(f"registry is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise RegistryError("registry: top level must be a mapping")
+    try:
+        # strict: a YAML string is not a number, a number not a name
+        doc = msgspec.convert(raw, _RegistryFile, strict=True)
+    except msgspec.ValidationError as exc:
+        # "Object contains unknown field `security-level` - at `$.nodes[0]`"
+        raise RegistryError(f"registry: {exc}") from exc
     defaults = Registry().defaults
-    if "defaults" in raw:
-        defaults = _node_info({**raw["defaults"], "name": ""}, "defaults", defaults).info
+    if doc.defaults is not None:
+        if doc.defaults.name is not UNSET:
+            raise RegistryError("defaults: a name belongs to a nodes entry")
+        defaults = _node_info(doc.defaults, "defaults", defaults).info
     nodes: dict[str, NodeFacts] = {}
-    for i, d in enumerate(raw.get("nodes") or []):
+    for i, d in enumerate(doc.nodes or []):
         f = _node_info(d, f"nodes[{i}]", replace(defaults, name=""))
         if not f.info.name:
             raise RegistryError(f"nodes[{i}]: name is required")

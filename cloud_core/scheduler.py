@@ -15,16 +15,22 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from cloud_core.actuators import Actuator
 from cloud_core.errors import CoreError, SpecError
 from cloud_core.events import EventLog
-from cloud_core.health import Health as LiveHealth
-from cloud_core.health import HealthConfig, all_health
-from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome, StepReport
+from cloud_core.health import Health, HealthConfig, all_health
+from cloud_core.loop import (
+    DecisionLoop,
+    Move,
+    Observation,
+    PlaceOutcome,
+    StepReport,
+    what_if,
+)
 from cloud_core.placement import (
     ClusterSnapshot,
     EngineConfig,
@@ -34,7 +40,6 @@ from cloud_core.placement import (
     explain,
     parse_pod,
     parse_workload_yaml,
-    place,
 )
 from cloud_core.registry import Registry
 from cloud_core.snapshot import build_snapshot
@@ -141,13 +146,13 @@ class Scheduler:
                 out.append((self.workload(row), row.node))
         return out
 
-    def health(self) -> dict[str, LiveHealth]:
+    def health(self) -> dict[str, Health]:
         return all_health(self.state.snapshot(self._clock()), self.health_config)
 
     def snapshot(self) -> ClusterSnapshot:
         return self._observe_world()[1]
 
-    def _observe_world(self) -> tuple[dict[str, LiveHealth], ClusterSnapshot,
+    def _observe_world(self) -> tuple[dict[str, Health], ClusterSnapshot,
                                       list[tuple[Workload, str]]]:
         live = self.state.snapshot(self._clock())
         health = all_health(live, self.health_config)
@@ -221,22 +226,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ steps
 
-    def check_health(self) -> dict[str, LiveHealth]:
-        now = self.health()
-        self.loop.note_health(now)
-        return now
-
-    def place_pending(self) -> tuple[int, int, int]:
-        obs = self.observe()
-        if not obs.pending:
-            return 0, len(obs.invalid), 0
-        outcome = self.loop.place(obs)
-        self.loop.report(outcome, obs.pending)
-        n = self.commit_placements(obs, outcome)
-        return n, len(outcome.failures) + len(obs.invalid), len(outcome.rejected)
-
-    def replan(self, *, force: bool = False) -> int:
-        return self.loop.replan(self.observe(), PlaceOutcome({}, {}, {}, []), force=force)
+    def report_misfits(self, obs: Observation,
+                       misfits: Mapping[str, tuple[str, list[str]]]) -> None:
+        """Local mode's registry is read once: no node's facts change under a running
+        workload (``Observation.revalidate`` stays empty)."""
 
     def step(self) -> StepReport:
         with self.lock:
@@ -247,7 +240,7 @@ class Scheduler:
     def what_if(self, workloads: list[Workload]) -> PlacementResult:
         """The engine's answer for ``workloads`` now, without recording or applying anything."""
         with self.lock:
-            return place(self.snapshot(), workloads, self.engine_config)
+            return what_if(self.snapshot(), workloads, self.engine_config)
 
     def explain(self, uid: str) -> dict[str, Any]:
         with self.lock:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from cloud_core.health import Health as LiveHealth
 from cloud_core.placement.model import (
     ClusterSnapshot,
     Health,
@@ -23,15 +22,6 @@ from cloud_core.placement.model import (
 )
 from cloud_core.registry import Registry
 from cloud_core.state import LinkView, StateSnapshot
-
-_HEALTH = {
-    LiveHealth.ONLINE: Health.ONLINE,
-    LiveHealth.SUSPECT: Health.SUSPECT,
-    LiveHealth.UNREACHABLE: Health.UNREACHABLE,
-    LiveHealth.DOWN: Health.DOWN,
-    LiveHealth.UNKNOWN: Health.DOWN,
-}
-
 
 # A latency SLA is about requests, not segments. Once at least this share of
 # segments is lost, the 95th-percentile request waits for a retransmission:
@@ -78,7 +68,7 @@ def translated_links(
 def build_snapshot(
     state: StateSnapshot,
     registry: Registry,
-    health: dict[str, LiveHealth],
+    health: dict[str, Health],
     cordoned: set[str],
     running: Iterable[tuple[Workload, str]],
 ) -> ClusterSnapshot:
@@ -98,17 +88,13 @@ def build_snapshot(
                 Resources(r.cpu_cores * 1000, r.mem_total_bytes, len(r.gpus)) if r else Resources()
             )
             info = replace(info, capacity=cap)
-        h = _HEALTH[health.get(name, LiveHealth.UNKNOWN)]
+        h = health.get(name, Health.UNKNOWN)
+        if h is Health.UNKNOWN:
+            h = Health.DOWN  # never reported: nothing runs there as far as we know
         if name in cordoned:
             h = Health.CORDONED
         nodes.append(replace(info, allocated=used.get(name, Resources()), health=h))
     known = set(names)
     links = translated_links(state, lambda n: n if n in known else None)
-    pods = tuple(
-        RunningPod(
-            uid=w.uid, name=w.name, namespace=w.namespace, node=node, labels=w.labels,
-            requests=w.requests, anti_affinity=w.pod_anti_affinity,
-        )
-        for w, node in running
-    )
+    pods = tuple(RunningPod.of(w, node) for w, node in running)
     return ClusterSnapshot(nodes=tuple(nodes), links=links, now=state.now, pods=pods)

@@ -1,5 +1,9 @@
 """Agent configuration: one frozen dataclass, read from a YAML file, then the
-environment (``CFNET_*``), then the command line — later sources win."""
+environment (``CFNET_*``), then the command line — later sources win.
+
+Every source is checked with msgspec before anything is built from it: an unknown key, or a
+value of the wrong type (``CFNET_TLS=enabled``, ``tls: "yes"``), is refused with a
+``ConfigError`` that names the source and the key, never read as some default."""
 
 from __future__ import annotations
 
@@ -10,7 +14,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
+from msgspec import UNSET, UnsetType
 
 from edge_agent.errors import ConfigError
 from edge_agent.logsetup import LOG_FORMATS, add_version_flag
@@ -55,35 +61,79 @@ class AgentConfig:
         return None
 
 
+class _Source(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What one source (the file, the environment, the command line) may say: the fields of
+    ``AgentConfig`` as msgspec checks them. A key not listed is refused and named; the file is
+    read strictly (``tls: "yes"`` is not a boolean), the environment and the command line
+    leniently only as far as text must be (``"8883"`` is a port; a boolean is ``true``,
+    ``false``, ``1`` or ``0``, nothing else: ``CFNET_TLS=enabled`` is refused, never read as
+    false)."""
+
+    node: str | UnsetType = UNSET
+    broker_host: str | UnsetType = UNSET
+    broker_port: int | UnsetType = UNSET
+    username: str | UnsetType | None = UNSET
+    password: str | UnsetType | None = UNSET
+    password_file: str | UnsetType | None = UNSET
+    tls: bool | UnsetType = UNSET
+    ca_file: str | UnsetType | None = UNSET
+    certfile: str | UnsetType | None = UNSET
+    keyfile: str | UnsetType | None = UNSET
+    interval_s: float | UnsetType = UNSET
+    keepalive_s: int | UnsetType = UNSET
+    ebpf: bool | UnsetType = UNSET
+    include_loopback: bool | UnsetType = UNSET
+    probe_port: int | UnsetType = UNSET
+    probe_bind: str | UnsetType = UNSET
+    active_probing: bool | UnsetType = UNSET
+    peers: list[str] | UnsetType = UNSET
+    labels: dict[str, str] | UnsetType = UNSET
+    buffer_path: str | UnsetType = UNSET
+    buffer_max_bytes: int | UnsetType = UNSET
+    buffer_max_age_s: float | UnsetType = UNSET
+    metrics_port: int | UnsetType = UNSET
+
+
 _PATHS = {"password_file", "ca_file", "certfile", "keyfile", "buffer_path"}
 _BOOLS = {"tls", "ebpf", "include_loopback", "active_probing"}
-_INTS = {"broker_port", "keepalive_s", "probe_port", "buffer_max_bytes", "metrics_port"}
-_FLOATS = {"interval_s", "buffer_max_age_s"}
+_BOOL_HINT = " (a boolean is true, false, 1 or 0)"
 
 
-def _coerce(name: str, value: Any) -> Any:
+def _convert(raw: dict[str, Any], where: str, strict: bool) -> dict[str, Any]:
+    """``raw`` checked against :class:`_Source`; the set fields. ``where`` names the source
+    (and the key) in the error."""
     try:
-        if value is None:
-            return None
-        if name in _PATHS:
-            return Path(value)
-        if name in _BOOLS:
-            if isinstance(value, str):
-                return value.strip().lower() in ("1", "true", "yes", "on")
-            return bool(value)
-        if name in _INTS:
-            return int(value)
-        if name in _FLOATS:
-            return float(value)
-        if name == "peers":
-            return tuple(value.split(",") if isinstance(value, str) else value)
-        if name == "labels":
-            if isinstance(value, str):
-                value = dict(kv.split("=", 1) for kv in value.split(",") if kv)
-            return tuple(sorted((str(k), str(v)) for k, v in dict(value).items()))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"config field {name}: bad value {value!r}") from exc
+        src = msgspec.convert(raw, _Source, strict=strict)
+    except msgspec.ValidationError as exc:
+        hint = _BOOL_HINT if any(f"$.{b}`" in str(exc) or str(exc).endswith(f"$.{b}")
+                                 for b in _BOOLS) else ""
+        raise ConfigError(f"{where}: {exc}{hint}") from exc
+    return {k: v for k, v in msgspec.structs.asdict(src).items() if v is not UNSET}
+
+
+def _text(name: str, value: str) -> Any:
+    """A value given as text (environment, command line) in the shape the file would use."""
+    if name == "peers":
+        return [p for p in value.split(",") if p]
+    if name == "labels":
+        try:
+            return dict(kv.split("=", 1) for kv in value.split(",") if kv)
+        except ValueError as exc:
+            raise ConfigError(f"labels {value!r}: expected key=value[,key=value...]") from exc
     return value
+
+
+def _final(values: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in values.items():
+        if k in _PATHS and v is not None:
+            v = Path(v)
+        elif k == "peers":
+            v = tuple(v)
+        elif k == "labels":
+            v = tuple(sorted(v.items()))
+        out[k] = v
+    return out
 
 
 def load_config(argv: list[str] | None = None) -> AgentConfig:
@@ -106,19 +156,19 @@ def load_config(argv: list[str] | None = None) -> AgentConfig:
             raise ConfigError(f"cannot read config {args.config}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{args.config}: top level must be a mapping")
-        known = {f.name for f in fields(AgentConfig)}
-        unknown = set(loaded) - known
-        if unknown:
-            raise ConfigError(f"{args.config}: unknown keys {sorted(unknown)}")
-        values.update(loaded)
+        values.update(_convert(loaded, str(args.config), strict=True))
     for f in fields(AgentConfig):
-        env = os.environ.get("CFNET_" + f.name.upper())
-        if env is not None:
-            values[f.name] = env
+        env = "CFNET_" + f.name.upper()
+        text = os.environ.get(env)
+        if text is not None:
+            values.update(_convert({f.name: _text(f.name, text)}, f"environment {env}",
+                                   strict=False))
         cli = getattr(args, f.name, None)
         if cli is not None:
-            values[f.name] = cli
-    values = {k: _coerce(k, v) for k, v in values.items()}
+            flag = "--" + f.name.replace("_", "-")
+            given = cli if isinstance(cli, bool) else _text(f.name, cli)
+            values.update(_convert({f.name: given}, f"command line {flag}", strict=False))
+    values = _final(values)
     values.setdefault("node", socket.gethostname().lower())
     cfg = AgentConfig(**values)
     if cfg.username is None:

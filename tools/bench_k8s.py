@@ -9,8 +9,11 @@ Node objects for everyone (regions, zones, security levels, KubeEdge edge nodes 
   server (``tools/envtest/build.sh``), with its defaults (client QPS 50 / burst 100);
 * **kube-scheduler, QPS 5000**: the same with ``clientConnection`` QPS and burst raised to
   5000 through a ``KubeSchedulerConfiguration``;
-* **cfnet**: ``python -m cloud_core.k8s`` (Lease election, reflectors, batches, engine,
-  validator, ``pods/binding``, ``events.k8s.io`` events);
+* **cfnet**: ``cfnet-core --kubernetes`` with the chart's arguments (deploy/k8s/core.yaml:
+  its Mosquitto broker over TLS with the core's account, the MQTT child process, metrics,
+  the SQLite store, Lease election, reflectors, batches, engine, validator, pool controller,
+  ``pods/binding``, ``events.k8s.io`` events), plus ``--json-lines`` for the start-up marks;
+  its CPU counts the MQTT child process too;
 * **ceiling**: a minimal binder that replays a validated assignment of the same pods (taken
   from an earlier run of the same repetition) as fast as the API server takes bindings and
   one ``events.k8s.io`` event per pod, with the lean HTTP path of ``cloud_core/k8s/client.py``
@@ -50,6 +53,7 @@ from typing import Any
 
 from cloud_core.errors import KubeError
 from cloud_core.k8s.client import KubeClient
+from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane, all_binary_paths
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,14 +66,27 @@ TICK = os.sysconf("SC_CLK_TCK")
 N_REGIONS, ZONES_PER_REGION = 4, 3
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process (all its threads), from /proc."""
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """utime + stime of a live process (all its threads), from /proc; with ``children``,
+    plus its live child processes' (cfnet-core's MQTT process)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             rest = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
-    return (int(rest[11]) + int(rest[12])) / TICK
+    total = (int(rest[11]) + int(rest[12])) / TICK
+    if children:
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == pid:
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    c = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(c[1]) == pid:
+                total += (int(c[11]) + int(c[12])) / TICK
+    return total
 
 
 # -- the cluster -------------------------------------------------------------------------------
@@ -303,6 +320,11 @@ class Bench:
         assert cp.api_proc is not None
         self.api_pid = cp.api_proc.pid
         self.nodes: list[dict[str, Any]] = []
+        # cfnet-core's broker, as the chart deploys one beside it (TLS, passwords, ACL)
+        self.broker = Broker(self.dir / "broker")
+        self.broker.start()
+        self.core_creds = self.broker.add_account("core-k8s", "core")
+        (self.dir / "core.pw").write_text(self.core_creds.password)
 
     def py_env(self, tree: str) -> dict[str, str]:
         """A deployed scheduler starts from compiled bytecode: keep it (outside the source
@@ -312,7 +334,7 @@ class Bench:
 
     def setup(self) -> None:
         for tree in {str(REPO), self.args.baseline_tree} - {""}:  # compile once, not timed
-            mods = "cloud_core.k8s.__main__, cloud_core.placement.solver" + (
+            mods = "cloud_core.main, cloud_core.k8s.wiring, cloud_core.placement.solver" + (
                 ", tools.bench_k8s" if tree == str(REPO) else "")
             subprocess.run([sys.executable, "-c", f"import {mods}"], check=True,
                            env=self.py_env(tree), cwd=tree)
@@ -348,11 +370,17 @@ class Bench:
             argv = [self.kube_scheduler, f"--config={cfg}", "--secure-port=0", "--v=1"]
         elif name.startswith("cfnet"):
             prof = ["-m", "tools.bench_k8s", "--sample-to", str(self.dir / f"{tag}.prof.txt"),
-                    "--"] if self.args.profile else ["-m", "cloud_core.k8s"]
-            argv = [sys.executable, *prof, "--kubeconfig", kc,
+                    "--"] if self.args.profile else ["-m", "cloud_core.main"]
+            # deploy/k8s/core.yaml's arguments, with this run's broker, files and lease
+            argv = [sys.executable, *prof, "--kubernetes", "--json-lines", "--kubeconfig", kc,
+                    "--lease-duration=15", "--edge-taint=respect",
+                    "--broker-host=127.0.0.1", f"--broker-port={self.broker.port}",
+                    f"--username={self.core_creds.username}",
+                    f"--password-file={self.dir / 'core.pw'}",
+                    f"--ca-file={self.core_creds.ca_file}", f"--db={self.dir / tag}.db",
+                    f"--metrics-port={free_port()}", "--table-every=0",
                     "--identity", f"bench-{tag}", "--lease-namespace", "cfnet-bench",
-                    "--lease-name", f"lease-{tag}", "--retry-period", "0.5",
-                    *self.args.cfnet_arg]
+                    "--lease-name", f"lease-{tag}", *self.args.cfnet_arg]
         else:
             raise ValueError(name)
         tree = self.args.baseline_tree if name == BASELINE else str(REPO)
@@ -422,7 +450,7 @@ class Bench:
                         or time.monotonic() - t0 > self.args.timeout_s:
                     break
             t_end = time.monotonic()
-            r.sched_cpu_s = cpu_seconds(proc.pid)
+            r.sched_cpu_s = cpu_seconds(proc.pid, children=name.startswith("cfnet"))
             r.api_cpu_s = cpu_seconds(self.api_pid) - api0
         finally:
             # also when the bench itself is interrupted: the scheduler runs in a session of
@@ -506,9 +534,9 @@ def binder(plan_file: str, kubeconfig: str, threads: int = 32) -> int:
 
 
 def sampled(out: str, argv: list[str]) -> int:
-    """Run ``python -m cloud_core.k8s argv`` with a sampling profiler over all its threads
-    (cProfile sees only the main thread): every 2 ms, the innermost cfnet/library frame of
-    each busy thread is counted; the table is written at exit."""
+    """Run ``cfnet-core argv`` (as ``python -m cloud_core.k8s``) with a sampling profiler
+    over all its threads (cProfile sees only the main thread): every 2 ms, the innermost
+    cfnet/library frame of each busy thread is counted; the table is written at exit."""
     import collections
     import runpy
     import traceback
@@ -602,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="give up a run after this long without a new binding")
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--cfnet-arg", action="append", default=[],
-                    help="extra argument for python -m cloud_core.k8s (repeatable)")
+                    help="extra argument for cfnet-core --kubernetes (repeatable)")
     ap.add_argument("--baseline-tree", default="",
                     help="also run cfnet from this source tree (e.g. /work/main: before/after)")
     ap.add_argument("--profile", action="store_true",
@@ -630,20 +658,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with ControlPlane() as cp:
         b = Bench(cp, a)
-        b.setup()
-        for rep in range(a.reps):
-            order = [s for s in (*SCHEDULERS, BASELINE) if s in want]
-            if rep % 2:
-                order.reverse()
-            rep_runs = [b.run(s, rep) for s in order]
-            runs.extend(rep_runs)
-            if "ceiling" in want:
-                good = [r for r in rep_runs if not r.violations and r.bound == a.pods]
-                if good:
-                    runs.append(b.run("ceiling", rep, good[-1].assignment))
-                else:
-                    print("# ceiling: no complete, valid assignment to replay",
-                          file=sys.stderr)
+        try:
+            b.setup()
+            for rep in range(a.reps):
+                order = [s for s in (*SCHEDULERS, BASELINE) if s in want]
+                if rep % 2:
+                    order.reverse()
+                rep_runs = [b.run(s, rep) for s in order]
+                runs.extend(rep_runs)
+                if "ceiling" in want:
+                    good = [r for r in rep_runs if not r.violations and r.bound == a.pods]
+                    if good:
+                        runs.append(b.run("ceiling", rep, good[-1].assignment))
+                    else:
+                        print("# ceiling: no complete, valid assignment to replay",
+                              file=sys.stderr)
+        finally:
+            b.broker.stop()
     print(table(runs, [*SCHEDULERS, BASELINE, "ceiling"], a.nodes, a.pods))
     print(f"# logs and profiles: {b.dir}", file=sys.stderr)
     print()

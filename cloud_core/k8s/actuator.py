@@ -25,14 +25,17 @@ An unreachable API server leaves pods pending and retries with backoff; the refl
 resume or relist (410) on their own. Pending pods wait in a scheduling queue like
 kube-scheduler's (``queue.py``: per-pod backoff, queueing hints, fair across namespaces).
 
-When a node's region / zone / security-level label changes, the running cfnet pods there are
-re-validated; a pod that no longer fits raises an alert (a Warning event and ``on_alert``) and
-is re-placed: evicted, and for a pod without a controller a replacement copy is created, which
-the loop then places like any pending pod.
+When a node's region / zone / security-level label changes, the change goes to the loop in the
+next ``Observation`` (``revalidate``); the loop checks the running pods there with the
+validator, and one that no longer fits raises an alert (``report_misfits``: a
+``ConstraintViolated`` Warning event and ``on_alert``) and is moved by the re-planner like any
+other move (cool-down, ``Rescheduling`` event, eviction, the replacement bound where it
+planned).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import threading
@@ -45,17 +48,18 @@ from typing import Any, NamedTuple
 
 from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable, SpecError
 from cloud_core.events import EventLog
-from cloud_core.health import Health as LiveHealth
+from cloud_core.health import kubernetes_health
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.evict import exclusion
 from cloud_core.k8s.informer import Reflector, obj_key
 from cloud_core.k8s.queue import ClusterEvent, Event, SchedulingQueue, rejections
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
-from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
+from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome, place_checked
 from cloud_core.placement.model import (
     COUNT_MAX,
     ClusterSnapshot,
     Health,
+    NodeInfo,
     Resources,
     RunningPod,
     Workload,
@@ -67,12 +71,10 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "cfnet-scheduler"
 REPLACES = "cfnet.io/replaces"
+PLANNED_NODE = "cfnet.io/planned-node"  # on a copy: where the move that made it planned it
+PLANNED_FROM = "cfnet.io/planned-from"  # on a copy: the moved pod's uid (its cool-down)
 RESERVATION_TTL_S = 120.0  # how long a move's destination waits for the replacement pod
 
-# The registry's node health as the loop's health map (a cordon is not a health state).
-_LIVE = {Health.ONLINE: LiveHealth.ONLINE, Health.CORDONED: LiveHealth.ONLINE,
-         Health.SUSPECT: LiveHealth.SUSPECT, Health.UNREACHABLE: LiveHealth.UNREACHABLE,
-         Health.DOWN: LiveHealth.DOWN}
 
 
 def replacement_key(pod: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -103,20 +105,10 @@ class EngineOutcome:
 
 def run_engine(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
                config: Any = None) -> EngineOutcome:
-    """Place a batch and validate the result, outside the decision loop (pool planning)."""
-    from cloud_core.placement import place, validate
-
-    result = place(snapshot, workloads, config) if config is not None else \
-        place(snapshot, workloads)
-    problems: dict[str, list[str]] = {}
-    for v in validate(snapshot, workloads, result.assignments, config):
-        problems.setdefault(v.workload_uid, []).append(f"{v.constraint}: {v.detail}")
-    assignments = {u: n for u, n in result.assignments.items() if n and u not in problems}
-    failures = {d.workload_uid: d.summary for d in result.decisions
-                if not d.node and d.workload_uid not in assignments}
-    for u, p in problems.items():
-        failures[u] = "validator rejected the engine's choice: " + "; ".join(p)
-    return EngineOutcome(assignments, failures, problems)
+    """Place a batch and validate the result (pool planning), with the loop's own
+    engine + validator (``loop.place_checked``)."""
+    c = place_checked(snapshot, workloads, config)
+    return EngineOutcome(c.assignments, c.failures, c.violations)
 
 
 def parse_workload(pod: Mapping[str, Any]) -> Workload:
@@ -124,18 +116,6 @@ def parse_workload(pod: Mapping[str, Any]) -> Workload:
     from cloud_core.placement import parse_pod
 
     return parse_pod(pod)
-
-
-def validate_binding(snapshot: ClusterSnapshot, workload: Workload, node: str,
-                     config: Any = None) -> list[str]:
-    """The validator's complaints about ``workload`` running on ``node`` (empty: fine).
-
-    ``snapshot`` must not count ``workload`` itself among the running pods.
-    """
-    from cloud_core.placement import validate
-
-    return [f"{v.constraint}: {v.detail}" for v in validate(snapshot, [workload], {
-        workload.uid: node}, config)]
 
 
 @dataclass
@@ -156,7 +136,6 @@ class ActuatorConfig:
     unavailable_backoff_max_s: float = 5.0
     engine_config: Any = None
     identity: str = "cfnet-core"
-    replace_on_violation: bool = True
     replan_config: Any = None
     replan_interval_s: float = 1.0
     # re-planning (a snapshot and plan_moves over every running pod) takes at most this share
@@ -232,9 +211,14 @@ def _assumed_pod(key: str, node: str, w: Workload | None) -> RunningPod | None:
     if w is None:
         return None
     ns, _, name = key.partition("/")
-    return RunningPod(uid=w.uid, name=name, namespace=ns, node=node, labels=w.labels,
-                      requests=w.requests, anti_affinity=w.pod_anti_affinity,
-                      host_ports=w.host_ports, extended=w.extended)
+    return RunningPod.of(w, node, name=name, namespace=ns)
+
+
+def _with_agent(n: NodeInfo, agent: Health | None) -> NodeInfo:
+    """``n`` with its health as the Node's condition and its agent's verdict make it (the
+    same object when nothing changes: the engine's per-node caches keep)."""
+    h = kubernetes_health(n.health, agent)
+    return n if h is n.health else dataclasses.replace(n, health=h)
 
 
 def _accumulate(a: list[int], r: Resources, sign: int) -> None:
@@ -297,10 +281,6 @@ def _uncountable(w: Workload) -> bool:
             or any(abs(v) >= COUNT_MAX for v in w.extended.values()))
 
 
-def _pod_requests(w: Workload | None) -> Resources:
-    return w.requests if w is not None else Resources()
-
-
 class Actuator:
     """Watches pods and nodes, and (while ``is_leader()``) binds pending cfnet pods."""
 
@@ -310,7 +290,8 @@ class Actuator:
                  on_alert: Callable[[dict[str, Any]], None] | None = None,
                  on_bound: Callable[[str, str], None] | None = None,
                  links: Callable[[], Mapping[tuple[str, str], Any]] | None = None,
-                 events: EventLog | None = None) -> None:
+                 events: EventLog | None = None,
+                 agent_health: Callable[[], Mapping[str, Health]] | None = None) -> None:
         self.client = client
         self.registry = registry or NodeRegistry()
         self.config = config or ActuatorConfig()
@@ -318,6 +299,9 @@ class Actuator:
         self.on_alert = on_alert
         self.on_bound = on_bound
         self.links = links or (lambda: {})
+        # Node name -> its agent's verdict (heartbeats, will, peers' links: cloud_core.health),
+        # combined with the Node's Ready condition by health.kubernetes_health
+        self.agent_health = agent_health
         self.stats = ActuatorStats()
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -343,10 +327,10 @@ class Actuator:
         self._pending: dict[str, JSON] = {}
         self._batches = 0  # steps that had pending pods to place
         self._generation = 0  # bumped on every cluster change that may free room
-        self._pending_changes: list[LabelChange] = []
+        self._pending_changes: list[LabelChange] = []  # not yet handed to the loop
+        self._changes: dict[str, list[LabelChange]] = {}  # node -> its changes, for alerts
         self._alerted: set[str] = set()  # pod uids already reported as violating
         self._uncountable_warned: set[str] = set()  # pod uids told RequestsUncountable
-        self._to_replace: dict[str, JSON] = {}  # pod uid → pod whose re-placement must finish
         # A move's destination per replacement key: [(node, moved pod uid, expiry)].
         self._reserved: dict[tuple[str, ...], list[tuple[str, str, float]]] = {}
         self._obs_pods: dict[str, JSON] = {}  # uid -> pod, of the step being decided
@@ -405,6 +389,8 @@ class Actuator:
         name = str((obj.get("metadata") or {}).get("name"))
         if kind == "DELETED":
             self.registry.remove(name)
+            with self._lock:
+                self._changes.pop(name, None)
         else:
             changes = self.registry.upsert(obj)
             if changes:
@@ -584,8 +570,12 @@ class Actuator:
         # a node's sum past what cfnet counts (pods of other schedulers asking for more than
         # any node has) is that much: the node is full, and no int64 sum overflows
         allocated = {n: bounded_resources(Resources(*a)) for n, a in usage.items()}
-        snap = ClusterSnapshot(nodes=self.registry.node_infos(allocated),
-                               links=dict(self.links()), now=time.time(), pods=tuple(running))
+        nodes = self.registry.node_infos(allocated)
+        agents = self.agent_health() if self.agent_health is not None else None
+        if agents:
+            nodes = tuple(_with_agent(n, agents.get(n.name)) for n in nodes)
+        snap = ClusterSnapshot(nodes=nodes, links=dict(self.links()), now=time.time(),
+                               pods=tuple(running))
         return snap, own
 
     def _bound_entry(self, pod: JSON, node: str, rv: Any) -> _Bound:
@@ -626,13 +616,10 @@ class Actuator:
     @staticmethod
     def _running(pod: JSON, node: str, w: Workload | None) -> RunningPod:
         md = pod.get("metadata") or {}
-        return RunningPod(uid=str(md.get("uid")), name=str(md.get("name")),
-                          namespace=str(md.get("namespace", "default")), node=node,
-                          labels=dict(md.get("labels") or {}), requests=_pod_requests(w),
-                          anti_affinity=w.pod_anti_affinity if w else (),
-                          host_ports=w.host_ports if w else (),
-                          extended=w.extended if w else {},
-                          terminating=bool(md.get("deletionTimestamp")))
+        return RunningPod.of(w, node, uid=str(md.get("uid")), name=str(md.get("name")),
+                             namespace=str(md.get("namespace", "default")),
+                             labels=dict(md.get("labels") or {}),
+                             terminating=bool(md.get("deletionTimestamp")))
 
     def _work_waiting(self) -> bool:
         """Whether a step has anything to do besides re-planning: pods to place, a cluster
@@ -683,7 +670,6 @@ class Actuator:
                 self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
             more = False
             try:
-                self._handle_label_changes()
                 if not self._work_waiting() and not self.loop.replan_due():
                     continue  # nothing to place, nothing changed, no re-plan due: no snapshot
                 more = self.schedule_once()
@@ -738,7 +724,19 @@ class Actuator:
             obs_pods[w.uid] = pod
             running.append((w, node))
         pinned = self._pinned(pending, obs_pods)
-        health = {n.name: _LIVE.get(n.health, LiveHealth.UNKNOWN) for n in snap.nodes}
+        # the loop's health map: a cordoned node is alive (its pods stay)
+        health = {n.name: Health.ONLINE if n.health is Health.CORDONED else n.health
+                  for n in snap.nodes}
+        with self._lock:
+            changes, self._pending_changes = self._pending_changes, []
+            revalidate: dict[str, str] = {}
+            for c in changes:
+                kept = self._changes.setdefault(c.node, [])
+                kept.append(c)
+                del kept[:-8]  # what an alert names: the latest few changes of the node
+                what = f"{c.key}: {c.old} -> {c.new}"
+                revalidate[c.node] = f"{revalidate[c.node]}, {what}" \
+                    if c.node in revalidate else what
         self._obs_pods = obs_pods
         self._obs_gen = gen
         return Observation(health=health, snapshot=snap, pending=pending, running=running,
@@ -746,7 +744,8 @@ class Actuator:
                            # more than the binding workers take at once still queued:
                            # the end of a burst is still on its way out
                            backlog=(self._more or not self.pods.synced.is_set()
-                                    or self._binding > self.config.bind_workers))
+                                    or self._binding > self.config.bind_workers),
+                           revalidate=revalidate)
 
     def _pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
                 ) -> dict[str, tuple[str, str]]:
@@ -763,6 +762,13 @@ class Actuator:
                 if key and i < len(slots):
                     out[w.uid] = (slots[i][0], slots[i][1])
                     taken[key] = i + 1
+                    continue
+                # A copy a leader made for a move it did not live to finish: the plan is in
+                # the copy itself (a new leader has no reservation in memory)
+                ann = (pods[w.uid].get("metadata") or {}).get("annotations") or {}
+                planned = ann.get(PLANNED_NODE)
+                if planned and ann.get(REPLACES):
+                    out[w.uid] = (str(planned), str(ann.get(PLANNED_FROM, "")))
         return out
 
     # -- StepActuator --------------------------------------------------------------------------
@@ -843,7 +849,7 @@ class Actuator:
         assert rkey is not None
         with self._lock:  # before evicting: the replacement may appear at once
             self._reserved.setdefault(rkey, []).append(slot)
-        if not self._replace(pod):
+        if not self._replace(pod, m):
             with self._lock:
                 left = [r for r in self._reserved.get(rkey, []) if r != slot]
                 if left:
@@ -950,40 +956,17 @@ class Actuator:
                                       _assumed_pod(key, str(node), w))
 
     # -- residency / security re-validation ----------------------------------------------------
-    def _handle_label_changes(self) -> None:
-        with self._lock:
-            changes, self._pending_changes = self._pending_changes, []
-        nodes = {c.node for c in changes}
-        for pod in self.pods.items() if nodes else []:
-            spec = pod.get("spec") or {}
-            node = spec.get("nodeName")
-            md = pod.get("metadata") or {}
-            if node not in nodes or spec.get("schedulerName") != self.config.scheduler_name:
-                continue
-            if md.get("deletionTimestamp") or str(md.get("uid")) in self._alerted:
-                continue
-            w = self._workload(pod)
-            if w is None:
-                continue
-            snap = self.snapshot(exclude=frozenset({w.uid}))
-            problems = validate_binding(snap, w, str(node), self.config.engine_config)
-            if problems:
-                kept = exclusion(pod)
-                if kept is not None:
-                    problems = [*problems, f"not evicted: {kept}"]
-                self._alert(pod, str(node), problems, [c for c in changes if c.node == node])
-                if self.config.replace_on_violation and kept is None:
-                    self._to_replace[str(md.get("uid"))] = pod
-        for uid, pod in list(self._to_replace.items()):
-            try:
-                if not self._replace(pod):
-                    continue  # a disruption budget said no: retried on the next round
-            except KubeNotFound:
-                pass
-            except KubeError as err:  # retried on the next round (server down)
-                log.info("re-placing %s failed, will retry: %s", obj_key(pod), err)
-                continue
-            del self._to_replace[uid]
+    def report_misfits(self, obs: Observation,
+                       misfits: Mapping[str, tuple[str, list[str]]]) -> None:
+        """The loop found running pods that no longer fit their changed node: an alert each
+        (``on_alert`` and a ``ConstraintViolated`` Warning event) before the re-planner moves
+        them (its ``Rescheduling`` event, eviction, the replacement bound where it planned)."""
+        for uid, (node, problems) in misfits.items():
+            pod = self._obs_pods.get(uid)
+            if pod is not None and uid not in self._alerted:
+                with self._lock:
+                    changes = list(self._changes.get(node, ()))
+                self._alert(pod, node, problems, changes)
 
     def _alert(self, pod: JSON, node: str, problems: list[str],
                changes: list[LabelChange]) -> None:
@@ -993,7 +976,7 @@ class Actuator:
         msg = f"node {node} changed ({what}); pod no longer fits: {'; '.join(problems)}"
         self._count("alerts")
         alert = {"kind": "constraint-violation", "pod": key, "node": node, "problems": problems,
-                 "changes": [c.__dict__ for c in changes]}
+                 "changes": [c.__dict__ for c in changes], "message": msg}
         if self.on_alert is not None:
             self.on_alert(alert)
         try:
@@ -1002,7 +985,7 @@ class Actuator:
         except KubeError as err:
             log.warning("alert event for %s lost: %s", key, err)
 
-    def _replace(self, pod: JSON) -> bool:
+    def _replace(self, pod: JSON, m: Move) -> bool:
         """Evict ``pod`` (False: a disruption budget refused); for a bare pod, create its
         unbound replacement (idempotent)."""
         md = pod.get("metadata") or {}
@@ -1020,7 +1003,10 @@ class Actuator:
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": f"{name.split('--')[0]}--", "namespace": ns,
                          "labels": dict(md.get("labels") or {}),
-                         "annotations": {**(md.get("annotations") or {}), REPLACES: key}},
+                         # the move's plan travels with the copy: a new leader reads it
+                         "annotations": {**(md.get("annotations") or {}), REPLACES: key,
+                                         PLANNED_NODE: m.dst,
+                                         PLANNED_FROM: str(md.get("uid") or "")}},
             "spec": {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"},
         }
         self.client.create(f"/api/v1/namespaces/{ns}/pods", clone)

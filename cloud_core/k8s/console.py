@@ -33,7 +33,8 @@ from cloud_core.k8s.actuator import Actuator
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.evict import exclusion
 from cloud_core.k8s.informer import obj_key
-from cloud_core.placement import explain, parse_workload_yaml, place
+from cloud_core.loop import what_if as engine_answer
+from cloud_core.placement import explain, parse_workload_yaml
 from cloud_core.placement.model import Health
 
 MAX_WHAT_IF = 1000
@@ -138,7 +139,7 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
                 raise CommandError(f"document {i + 1}: {exc}") from exc
             if len(ws) > MAX_WHAT_IF:
                 raise CommandError(f"at most {MAX_WHAT_IF} workloads per request")
-        result = place(actuator.snapshot(), ws, actuator.config.engine_config)
+        result = engine_answer(actuator.snapshot(), ws, actuator.config.engine_config)
         return {"decisions": [jsonable(d) for d in result.decisions],
                 "total_cost": result.total_cost, "solver": result.solver}
 

@@ -14,12 +14,13 @@ can check the pods already running there.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloud_core.errors import SpecError
+from cloud_core.errors import CoreError, SpecError
 from cloud_core.placement.model import (
     Health,
     NodeInfo,
@@ -40,6 +41,8 @@ OPENYURT_POOL = "apps.openyurt.io/nodepool"
 KUBEEDGE_GROUP = "apps.kubeedge.io/belonging-to"
 AGENT_ID = "cfnet.io/agent-id"
 WATCHED_FACTS = (REGION, ZONE, SECURITY)
+CFNET_PREFIX = "cfnet.io/"
+log = logging.getLogger(__name__)
 
 def resources_of(d: Mapping[str, Any] | None) -> Resources:
     """``status.allocatable``-style map → ``Resources``, with the engine's own quantity
@@ -59,6 +62,23 @@ class RegistryConfig:
     agent_id_label: str = AGENT_ID
     kubeedge_group_label: str = KUBEEDGE_GROUP
     openyurt_pool_label: str = OPENYURT_POOL
+
+    def __post_init__(self) -> None:
+        if self.edge_taint not in ("respect", "ignore"):
+            raise CoreError(f"edge_taint {self.edge_taint!r}: must be 'respect' or 'ignore'")
+
+
+def label_problems(labels: Mapping[str, str], cfg: RegistryConfig) -> list[str]:
+    """What is wrong with a Node's cfnet labels, each naming the label: a ``cfnet.io/`` key
+    cfnet does not read (a typo such as ``cfnet.io/security_level`` would leave the node at
+    level 0 without a word), a security level that is not a number."""
+    known = {SECURITY, cfg.agent_id_label, cfg.kubeedge_group_label, cfg.openyurt_pool_label}
+    out = [f"unknown label {k!r} (cfnet reads {SECURITY!r}, {cfg.agent_id_label!r})"
+           for k in sorted(labels) if k.startswith(CFNET_PREFIX) and k not in known]
+    lvl = labels.get(SECURITY)
+    if lvl is not None and not lvl.strip().lstrip("-").isdigit():
+        out.append(f"label {SECURITY!r}: {lvl!r} is not a number (counted as 0)")
+    return out
 
 
 @dataclass(frozen=True)
@@ -172,6 +192,8 @@ class NodeRegistry:
         # allocation did not change since the last step keeps its NodeInfo (building 5,000 of
         # them per step was a tenth of the scheduler's CPU at 5,000 nodes).
         self._infos: dict[str, tuple[NodeRecord, Resources, NodeInfo]] = {}
+        # node -> the label problems last reported for it (logged when they change)
+        self.label_problems: dict[str, tuple[str, ...]] = {}
         self._order: list[str] | None = None  # node names, sorted; None: rebuild
 
     def set_pool_object(self, flavour: str, pool: str, nodes: list[str] | None,
@@ -208,11 +230,19 @@ class NodeRegistry:
     def upsert(self, node: Mapping[str, Any]) -> list[LabelChange]:
         """Add or update a Node; return changes of region/zone/security-level labels."""
         rec = record_of(node, self.config)
+        problems = tuple(label_problems(rec.labels, self.config)) if rec.labels else ()
         with self._lock:
             old = self._nodes.get(rec.name)
             self._nodes[rec.name] = rec
             if old is None:
                 self._order = None
+            seen = self.label_problems.get(rec.name, ())
+            if problems:
+                self.label_problems[rec.name] = problems
+            else:
+                self.label_problems.pop(rec.name, None)
+        if problems and problems != seen:
+            log.warning("node %s: %s", rec.name, "; ".join(problems))
         if old is None:
             return []
         return [LabelChange(rec.name, k, old.labels.get(k), rec.labels.get(k))
@@ -221,6 +251,7 @@ class NodeRegistry:
     def remove(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
+            self.label_problems.pop(name, None)
             self._infos.pop(name, None)
             self._order = None
 
@@ -239,6 +270,11 @@ class NodeRegistry:
                 if r.agent_id == agent_id:
                     return r.name
         return None
+
+    def agent_names(self) -> dict[str, str]:
+        """Agent id -> Node name, for every Node (one pass, for per-step translations)."""
+        with self._lock:
+            return {r.agent_id: r.name for r in self._nodes.values()}
 
     def agent_for_node(self, name: str) -> str | None:
         r = self.get(name)

@@ -10,20 +10,24 @@ through the registry's ``cfnet.io/agent-id`` labels.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_core.console.service import ConsoleService
 from cloud_core.events import EventLog
+from cloud_core.health import HealthConfig, all_health
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig, tune_gc
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.leader import LeaderElector
+from cloud_core.k8s.lines import no_line
 from cloud_core.k8s.pools import PoolController
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
 from cloud_core.placement import EngineConfig, ReplanConfig
+from cloud_core.placement.model import Health
 from cloud_core.snapshot import translated_links
 from cloud_core.state import ClusterState
 
@@ -41,6 +45,8 @@ class KubeSettings:
     # None: EngineConfig's defaults; cfnet-core passes what --placement-policy and
     # --exact-packing select (k8s/flags.py), as python -m cloud_core.k8s does
     engine: EngineConfig | None = None
+    # how agents' silence, will and peers' links are judged (as in local mode)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 @dataclass
@@ -55,6 +61,18 @@ class KubeRunner:
         self.actuator.stop()
 
 
+def alert_to_event(events: EventLog, say: Callable[..., None] = no_line
+                   ) -> Callable[[dict[str, Any]], None]:
+    """The actuator's alerts (``on_alert``) as the core's events, in the alert's own words."""
+
+    def alert(a: dict[str, Any]) -> None:
+        events.emit("alert", str(a["message"]), severity="warning", node=a.get("node"),
+                    workload=a.get("pod"))
+        say("alert", **a)
+
+    return alert
+
+
 def start_kubernetes(
     client: KubeClient,
     state: ClusterState,
@@ -64,33 +82,48 @@ def start_kubernetes(
     on_lead: Callable[[], None] | None = None,
     on_follow: Callable[[], None] | None = None,
     console: ConsoleService | None = None,
+    say: Callable[..., None] | None = None,
+    say_bindings: bool = False,
 ) -> KubeRunner:
     """Start the actuator and the election. ``on_lead``/``on_follow`` run when this
     replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading).
     With ``console``, its commands answer from and act on the cluster (``k8s.console``),
-    registered before this replica can lead, so before any request can arrive."""
+    registered before this replica can lead, so before any request can arrive. With ``say``
+    (``k8s.lines.say_line``), lifecycle lines: leading, following, ready, synced, alerts and,
+    with ``say_bindings``, one per binding."""
+    line = say or no_line
     registry = NodeRegistry(RegistryConfig(edge_taint=settings.edge_taint))
 
     def links() -> dict[tuple[str, str], Any]:
-        return translated_links(state.snapshot(clock()), registry.node_for_agent)
+        names = registry.agent_names()
+        return translated_links(state.snapshot(clock()), names.get)
 
-    def alert(a: dict[str, Any]) -> None:
-        events.emit("alert", str(a.get("message") or a), severity="warning",
-                    node=a.get("node"), workload=a.get("pod"))
+    def agent_health() -> dict[str, Health]:
+        """Node name -> its agent's verdict, as local mode judges it (cloud_core.health)."""
+        snap = state.snapshot(clock())
+        if not snap.nodes:
+            return {}
+        names = registry.agent_names()
+        return {names[a]: h for a, h in all_health(snap, settings.health).items()
+                if a in names}
 
     def leading() -> None:
         if on_lead is not None:
             on_lead()
         events.emit("health", f"{settings.identity} is the leader")
+        line("leading", identity=settings.identity)
         actuator.wake()  # pods that arrived while following are waiting: don't sleep on them
 
     def following() -> None:
         events.emit("health", f"{settings.identity} stopped leading")
+        line("following", identity=settings.identity)
         if on_follow is not None:
             on_follow()
 
     def bound(pod: str, node: str) -> None:
         events.emit("placement", f"{pod} bound to {node}", node=node, workload=pod)
+        if say_bindings:
+            line("bound", pod=pod, node=node)
 
     elector = LeaderElector(
         client, settings.lease_namespace, settings.lease_name, settings.identity,
@@ -100,8 +133,9 @@ def start_kubernetes(
     actuator = Actuator(
         client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan,
                                          engine_config=settings.engine),
-        is_leader=elector.is_leader, on_alert=alert, links=links, on_bound=bound,
-        events=events,
+        is_leader=elector.is_leader, on_alert=alert_to_event(events, line), links=links,
+        on_bound=bound,
+        events=events, agent_health=agent_health,
     )
     if console is not None:
         register_kubernetes_commands(console, actuator, client, events, clock)
@@ -110,4 +144,12 @@ def start_kubernetes(
     actuator.start()
     pools.start()
     elector.start()
+    if say is not None:
+        def synced() -> None:
+            if actuator.wait_ready(600):
+                line("ready")  # nodes and bound pods listed: deciding starts
+            if actuator.wait_synced(600):
+                line("synced")
+
+        threading.Thread(target=synced, daemon=True, name="synced").start()
     return KubeRunner(actuator, elector, pools)

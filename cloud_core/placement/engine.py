@@ -97,8 +97,7 @@ class PlacementResult:
 
 
 def _as_running(w: Workload, node: str) -> RunningPod:
-    return RunningPod(w.uid, w.name, w.namespace, node, w.labels, w.requests,
-                      w.pod_anti_affinity, w.host_ports, w.extended)
+    return RunningPod.of(w, node)
 
 
 class PodIndex:

@@ -36,13 +36,15 @@ def bounded_resources(r: Resources) -> Resources:
 
 
 class Health(StrEnum):
-    """A node's health as the core's health tracker sees it."""
+    """A node's health: the one enum of the core (the health tracker, the Node registry, the
+    decision loop and the engine). Only ``ONLINE`` nodes take new work."""
 
     ONLINE = "online"
     SUSPECT = "suspect"
     UNREACHABLE = "unreachable"  # partitioned: peers still see it, the core does not
     DOWN = "down"  # crashed: nobody sees it
-    CORDONED = "cordoned"
+    CORDONED = "cordoned"  # an operator's cordon: alive, takes no new work
+    UNKNOWN = "unknown"  # never reported (the tracker's answer; the engine counts it as down)
 
 
 def frozen_map(m: Mapping[str, str] | None = None) -> Mapping[str, str]:
@@ -284,6 +286,25 @@ class RunningPod:
     def __post_init__(self) -> None:
         _freeze(self, "labels")
         _freeze_counts(self, "extended")
+
+    @classmethod
+    def of(cls, w: Workload | None, node: str, *, uid: str | None = None,
+           name: str | None = None, namespace: str | None = None,
+           labels: Mapping[str, str] | None = None, terminating: bool = False) -> RunningPod:
+        """Workload ``w`` running on ``node``: the one constructor the core uses, so every
+        running pod carries all that the engine checks against a node (requests,
+        anti-affinity, host ports, extended resources). ``uid``/``name``/``namespace``/
+        ``labels`` override ``w``'s (a Kubernetes pod's own metadata); ``w`` None is a pod
+        whose spec could not be read, counted as taking nothing. ``terminating``: the pod has
+        a deletionTimestamp (it holds its room, but topology spread does not count it)."""
+        if w is None:
+            return cls(uid=uid or "", name=name or "", namespace=namespace or "default",
+                       node=node, labels=labels or {}, terminating=terminating)
+        return cls(uid=w.uid if uid is None else uid, name=w.name if name is None else name,
+                   namespace=w.namespace if namespace is None else namespace, node=node,
+                   labels=w.labels if labels is None else labels, requests=w.requests,
+                   anti_affinity=w.pod_anti_affinity, host_ports=w.host_ports,
+                   extended=w.extended, terminating=terminating)
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,9 +125,15 @@ def _avoiding(w: Workload, nodes: Sequence[str], sla: float | None) -> Workload:
 
 
 def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]],
-               state: ReplanState, config: ReplanConfig | None = None
+               state: ReplanState, config: ReplanConfig | None = None, *,
+               misfits: Mapping[str, str] | None = None
                ) -> tuple[list[Move], ReplanState]:
-    """One interval of the re-placement loop: update forecasts, count strikes, plan moves."""
+    """One interval of the re-placement loop: update forecasts, count strikes, plan moves.
+
+    ``misfits``: uid -> why, running workloads that no longer fit their node (its residency
+    or security facts changed): moved like an SLA breach that struck out, cool-down
+    included."""
+    misfits = misfits or {}
     cfg = config or ReplanConfig()
     pc = PreparedCluster(snapshot, cfg.engine)
     ix = pc.ix
@@ -148,6 +154,10 @@ def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]
         at = ix.pos.get(node)
         if at is None or ix.nodes[at].health == Health.DOWN:
             need.append((w, node, "node down"))
+            continue
+        if w.uid in misfits:
+            if now - last_move.get(w.uid, -math.inf) >= cfg.cooldown_s:
+                need.append((w, node, misfits[w.uid]))
             continue
         if w.max_latency_ms is None or w.latency_to is None:
             strikes.pop(w.uid, None)

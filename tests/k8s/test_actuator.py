@@ -213,6 +213,7 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
                for c in alerts[0]["changes"])
     ev = wait_for(lambda: cluster.events("ConstraintViolated"), what="alert event")
     assert "residency" in ev[0]["message"] and ev[0]["type"] == "Warning"
+    assert alerts[0]["message"] == ev[0]["message"]  # what cfnet-core's events say
     other = "eu-2" if first == "eu-1" else "eu-1"
 
     def replacement() -> str | None:
@@ -223,8 +224,28 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
         return None
 
     assert wait_for(replacement, what="replacement bound") == other
+    # moved by the loop's re-planner, in its words (same events and validator as any move)
+    (ev,) = cluster.events("Rescheduling")
+    assert f"from {first} to {other}" in ev["message"] and "no longer fits" in ev["message"]
     old = [p for p in cluster.pods() if p["metadata"]["name"] == "resident"]
     assert not old or old[0]["metadata"].get("deletionTimestamp")  # evicted
+
+
+def test_a_move_a_dead_leader_left_unfinished_is_finished(cluster: Cluster,
+                                                         actuator: Actuator) -> None:
+    """A leader evicted a bare pod and created its copy, then died before binding it: the copy
+    carries the move's plan (``cfnet.io/planned-node``, as ``Actuator._replace`` writes it),
+    so the next leader (this actuator, which never saw the move) binds it there."""
+    for n in ("pl-1", "pl-2", "pl-3"):
+        cluster.node(n, region="eu-west")
+    for target in ("pl-1", "pl-3"):
+        cluster.pod(f"copy-{target}", annotations={
+            "cfnet.io/replaces": f"{cluster.namespace}/orig-{target}",
+            "cfnet.io/planned-node": target, "cfnet.io/planned-from": f"uid-{target}"})
+    wait_for(lambda: len(bound(cluster)) == 2, what="both copies bound")
+    assert bound(cluster) == {"copy-pl-1": "pl-1", "copy-pl-3": "pl-3"}
+    msgs = [e["message"] for e in cluster.events("Scheduled")]
+    assert len(msgs) == 2 and all("where the move planned" in m for m in msgs), msgs
 
 
 def test_primed_reflector_real_apiserver(cluster: Cluster, admin: KubeClient,

@@ -20,6 +20,7 @@ import pytest
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.leader import LeaderElector, _parse_micro
 from tests.k8s.conftest import ROOT, Cluster, wait_for
+from tools.broker import Broker, Credentials
 from tools.envtest import ControlPlane
 
 pytestmark = pytest.mark.slow
@@ -28,9 +29,12 @@ LEASE_S, RENEW_S, RETRY_S = 4.0, 3.0, 1.0
 
 
 class Replica:
-    """``python -m cloud_core.k8s`` in a subprocess, its JSON lines collected by a thread."""
+    """``cfnet-core --kubernetes`` as the chart runs it (``python -m cloud_core.k8s`` is that
+    with ``--json-lines``), on the test broker with the replicas' one MQTT account, in a
+    subprocess, its JSON lines collected by a thread."""
 
-    def __init__(self, identity: str, kubeconfig: Path, log_dir: Path) -> None:
+    def __init__(self, identity: str, kubeconfig: Path, log_dir: Path, broker: Broker,
+                 creds: Credentials) -> None:
         self.identity = identity
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.events: list[dict[str, Any]] = []
@@ -40,7 +44,11 @@ class Replica:
             [sys.executable, "-m", "cloud_core.k8s", "--kubeconfig", str(kubeconfig),
              "--identity", identity, "--lease-namespace", "cfnet-system",
              "--lease-duration", str(LEASE_S), "--renew-deadline", str(RENEW_S),
-             "--retry-period", str(RETRY_S), "--log-bindings", "--edge-taint", "ignore"],
+             "--retry-period", str(RETRY_S), "--log-bindings", "--edge-taint", "ignore",
+             "--broker-host", "127.0.0.1", "--broker-port", str(broker.port),
+             "--username", creds.username, "--password", creds.password,
+             "--ca-file", str(creds.ca_file), "--db", str(log_dir / f"{identity}.db"),
+             "--table-every", "0"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self.err,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert self.proc.stdout is not None
@@ -76,18 +84,19 @@ class Replica:
 
 def test_leader_killed_mid_burst_hands_over(control_plane: ControlPlane, cluster: Cluster,
                                             service_account_client: KubeClient,
-                                            tmp_path: Path) -> None:
+                                            broker: Broker, tmp_path: Path) -> None:
     # Both replicas run under deploy/k8s's ServiceAccount, as the Deployment would.
     token = control_plane.service_account_token("cfnet-system", "cfnet-core", create=False)
     kubeconfig = control_plane.token_credentials(token).write_kubeconfig(
         tmp_path / "core.kubeconfig", user="cfnet-core")
     for i in range(8):
         cluster.node(f"le-{i}", region="eu-west", cpu="16", memory="32Gi")
-    a = Replica("core-a", kubeconfig, tmp_path)
+    creds = broker.add_account("core-k8s", "core")
+    a = Replica("core-a", kubeconfig, tmp_path, broker, creds)
     replicas = [a]
     try:
         wait_for(lambda: a.first("leading"), timeout=30, what="core-a leading")
-        b = Replica("core-b", kubeconfig, tmp_path)
+        b = Replica("core-b", kubeconfig, tmp_path, broker, creds)
         replicas.append(b)
         wait_for(lambda: b.first("started"), timeout=30, what="core-b started")
         time.sleep(2 * RETRY_S)  # b has read the lease and follows

@@ -51,3 +51,35 @@ def test_formatters(fn: object, value: object, text: str) -> None:
 def test_table_aligns_columns() -> None:
     out = table([("a", 1), ("bbb", 22)], ("X", "Y"))
     assert out.splitlines() == ["X    Y", "a    1", "bbb  22"]
+
+
+@pytest.mark.parametrize("word", ["enabled", "yes", "on", "off", "no", ""])
+def test_a_boolean_that_is_not_one_is_refused_naming_the_key(
+        word: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CFNET_TLS=enabled was read as false: TLS off. Now it is an error naming the key."""
+    monkeypatch.setenv("CFNET_TLS", word)
+    with pytest.raises(ConfigError, match=r"CFNET_TLS.*true, false, 1 or 0"):
+        load_config(["--node", "a"])
+
+
+@pytest.mark.parametrize(("word", "want"), [("true", True), ("FALSE", False), ("1", True),
+                                            ("0", False)])
+def test_booleans_from_the_environment(word: str, want: bool,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CFNET_TLS", word)
+    monkeypatch.setenv("CFNET_EBPF", word)
+    cfg = load_config(["--node", "a"])
+    assert (cfg.tls, cfg.ebpf) == (want, want)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("node: a\ntls: 'yes'\n", r"\$\.tls"),  # a string is not a boolean in the file
+    ("node: a\nbroker_port: '8883'\n", r"\$\.broker_port"),
+    ("node: a\nlabels: [a, b]\n", r"\$\.labels"),
+    ("node: a\nbroker-port: 1883\n", "broker-port"),
+])
+def test_the_file_is_read_strictly(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "agent.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_config(["-c", str(f)])

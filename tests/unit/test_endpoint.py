@@ -127,7 +127,7 @@ def test_unreadable_certificate_is_a_kube_error(tmp_path: Path) -> None:
 def test_importing_the_scheduler_does_not_import_the_kubernetes_client() -> None:
     """0.2 s of start-up a scheduler does not need (its kubeconfig is static here)."""
     import subprocess
-    out = subprocess.run([sys.executable, "-c", "import sys, cloud_core.k8s.__main__; "
+    out = subprocess.run([sys.executable, "-c", "import sys, cloud_core.main; "
                           "print('kubernetes' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

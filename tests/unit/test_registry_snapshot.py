@@ -48,6 +48,14 @@ def test_registry_parses_facts() -> None:
     ("nodes: [{name: a, price_per_hour: -1}]", "negative"),
     ("nodes: [{name: a, taints: [{value: x}]}]", "taints"),
     ("[1, 2]", "mapping"),
+    # a typo is refused and named, never ignored (it left a node at security level 0)
+    ("nodes: [{name: a, security-level: 2}]", r"unknown field `security-level`.*nodes\[0\]"),
+    ("defaults: {regoin: eu}", "unknown field `regoin`"),
+    ("node: [{name: a}]", "unknown field `node`"),
+    ("nodes: [{name: a, taints: [{key: k, efect: NoSchedule}]}]", "efect"),
+    ("nodes: [{name: a, price_per_hour: '0.1'}]", r"price_per_hour"),
+    ("nodes: [{name: a, security_level: true}]", r"security_level"),
+    ("defaults: {name: x}", "defaults"),
     ("nodes: [", "YAML"),
 ])
 def test_registry_errors_name_the_entry(text: str, needle: str) -> None:
@@ -99,3 +107,34 @@ def test_link_without_rtt_is_not_a_measurement() -> None:
                   rtt_min_us=None, loss=0.0, tx_bps=0.0, rx_bps=0.0, samples=0, updated=1.0,
                   connect_us=None, probe="sockdiag")
     assert link_info(lv, now=2.0) is None
+
+
+def test_local_snapshot_keeps_running_pods_host_ports_and_extended_resources() -> None:
+    """Local mode: a running pod's hostPort and extended resources reach the engine (the
+    snapshot dropped them, so a second pod asking the same hostPort landed beside it)."""
+    from cloud_core.loop import with_placements
+    from cloud_core.placement import place
+    from cloud_core.placement.model import HostPort
+
+    reg = parse_registry("""
+nodes:
+  - {name: edge-a, capacity: {cpu: "4", memory: 8Gi}}
+  - {name: edge-b, capacity: {cpu: "4", memory: 8Gi}}
+""")
+    state = ClusterState()
+    live = state.snapshot(time.time())
+    web = Workload(uid="web-1", name="web-1", requests=Resources(100, 1 << 20, 0),
+                   host_ports=(HostPort(8080),), extended={"example.com/dongle": 1})
+    health = {"edge-a": LiveHealth.ONLINE, "edge-b": LiveHealth.ONLINE}
+    snap = build_snapshot(live, reg, health, set(), [(web, "edge-a")])
+    (running,) = snap.pods
+    assert running.host_ports == (HostPort(8080),)
+    assert dict(running.extended) == {"example.com/dongle": 1}
+    again = Workload(uid="web-2", name="web-2", requests=Resources(100, 1 << 20, 0),
+                     host_ports=(HostPort(8080),))
+    assert place(snap, [again]).assignments["web-2"] == "edge-b"
+    # The same for a pod placed earlier in the same step (the loop's with_placements).
+    fresh = build_snapshot(live, reg, health, set(), [])
+    seen = with_placements(fresh, [web], {"web-1": "edge-b"})
+    assert seen.pods[0].host_ports == (HostPort(8080),)
+    assert place(seen, [again]).assignments["web-2"] == "edge-a"

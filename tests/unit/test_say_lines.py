@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from cloud_core.k8s.__main__ import _say
+from cloud_core.k8s.lines import say_line as _say
 
 
 def test_lines_from_many_threads_stay_whole(capsys: pytest.CaptureFixture[str]) -> None:
