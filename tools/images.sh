@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build cfnet's two OCI images (Containerfile targets `core` and `agent`) here, without Docker
+# Build cfnet's OCI images (Containerfile targets `core`, `agent` (CO-RE) and `agent-bcc`) here, without Docker
 # and without a registry: the base the Containerfile's FROM names is made by mmdebstrap (a
 # Debian 12 rootfs), imported into podman's store under that same name, and the images are
 # then built from the unchanged Containerfile by `podman build` (buildah).
 #
 #   tools/images.sh base            the base image (cached; a no-op when present)
-#   tools/images.sh build [core|agent|all]   base, then the image(s); prints their names
-#   tools/images.sh sizes           uncompressed and gzip-compressed sizes of both images
+#   tools/images.sh build [core|agent|agent-bcc|all]   base, then the image(s); prints names
+#   tools/images.sh sizes           uncompressed and gzip-compressed sizes of the images
+# The agents' CO-RE object is built first on this host (python -m tools.build_bpf).
 #
 # Caches, all outside the repository and keyed by content:
 #   ${CFNET_CACHE:-/var/cache/cfnet}/images/base-<key>.tar   the mmdebstrap rootfs; <key> is a
@@ -67,6 +68,12 @@ ensure_base() {
   log "imported $tar as $BASE"
 }
 
+bpf_object() {
+  local py=python3
+  [[ -x .venv/bin/python ]] && py=.venv/bin/python
+  "$py" -m tools.build_bpf >&2
+}
+
 build() {
   local target="$1" t0=$SECONDS secret=() old new
   old=$(podman image inspect --format '{{.Id}}' "localhost/cfnet-$target:$TAG" 2>/dev/null || true)
@@ -87,7 +94,7 @@ build() {
 
 sizes() {
   local t
-  for t in core agent; do
+  for t in core agent agent-bcc; do
     local img="localhost/cfnet-$t:$TAG" raw gz
     raw=$(podman image inspect --format '{{.Size}}' "$img")
     gz=$(podman save --format oci-archive "$img" 2>/dev/null | wc -c)
@@ -101,10 +108,11 @@ case "${1:-build}" in
   build)
     ensure_base
     case "${2:-all}" in
-      all) build core; build agent ;;
-      core|agent) build "$2" ;;
+      all) bpf_object; build core; build agent; build agent-bcc ;;
+      agent|agent-bcc) bpf_object; build "$2" ;;
+      core) build "$2" ;;
       *) log "unknown target ${2}"; exit 2 ;;
     esac ;;
   sizes) sizes ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  *) sed -n '2,21p' "$0"; exit 2 ;;
 esac
