@@ -20,7 +20,7 @@ APT_PKGS=(mosquitto mosquitto-clients python3-bpfcc bpfcc-tools libbpfcc nftable
           # vmlinux.h that bpftool generates from BTF; libbpf1 loads it (the agent, via ctypes)
           clang llvm bpftool libbpf-dev libbpf1
           # arm64 images (tools/images.sh): mmdebstrap --arch arm64 runs the arm64 dpkg under qemu
-          qemu-user-static binfmt-support)
+          qemu-user-static binfmt-support arch-test)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -105,6 +105,20 @@ else
 fi
 "$VENV/bin/python" -c 'import bcc, paho.mqtt, ortools, kubernetes, pyroute2, psutil' \
   && say "venv: bcc, paho-mqtt, ortools, kubernetes, pyroute2, psutil import fine"
+# --- arm64 emulation (the arm64 images: mmdebstrap's dpkg, and running their entrypoint) ---
+# qemu-user-static's binfmt entry, with the F flag (the interpreter is opened now, so it works
+# inside chroots and containers). No systemd here to do it at boot.
+if [[ ! -e /proc/sys/fs/binfmt_misc/status ]]; then
+  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true
+fi
+if [[ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]]; then
+  say "binfmt: qemu-aarch64 registered"
+elif update-binfmts --enable qemu-aarch64 2>/dev/null; then
+  say "binfmt: registered qemu-aarch64 (arm64 images run under emulation)"
+else
+  say "binfmt: could not register qemu-aarch64; the arm64 image tests will say so"
+fi
+
 # --- the CO-RE BPF object ----------------------------------------------------
 # bpf/obj/tcp_links.bpf.o: clang -target bpf against a vmlinux.h generated from this
 # kernel's BTF (tools/build_bpf.py; a no-op while it is newer than its sources; ~5-20 s cold).
