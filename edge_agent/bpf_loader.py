@@ -373,6 +373,7 @@ def load_core(req: LoadRequest, reason: str = "") -> Handoff:
     core, maps, progs, links = libbpf_loader.load(
         libbpf_loader.object_path(bpf_dir()), config=bytes(cfg),
         max_entries={"peers": peers, "rtt_hist": peers * 16}, maps=list(req.maps))
+    libbpf_loader.trim_heap()
     return Handoff(maps=maps, progs=progs, links=links, cflags=[], loader_pid=os.getpid(),
                    loader="core", reason=reason, kernel_counters=True, owner=core)
 

@@ -27,6 +27,7 @@ has BTF.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -239,3 +240,13 @@ def available() -> str:
         return str(exc)
     return ""
 
+
+
+def trim_heap() -> None:
+    """Give the heap libbpf used back to the system (glibc's malloc_trim; else nothing).
+
+    Relocation parses the kernel's whole BTF (~10 MiB of heap at its peak) and frees it;
+    glibc keeps freed heap mapped unless asked, which a long-lived agent would carry.
+    """
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).malloc_trim(0)

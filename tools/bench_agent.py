@@ -24,7 +24,8 @@ Modes ``ebpf-core`` (the prebuilt CO-RE object loaded by libbpf, the default),
 (``--no-ebpf``, the baseline) alternate, so all see the same machine load; each eBPF run
 checks from the agent's log that it got the loader it asked for. Prints median and
 spread (min..max) per mode.
-Run as root: ``python -m tools.bench_agent [--reps 5] [--phase-seconds 10]``.
+Run as root: ``python -m tools.bench_agent [--reps 5] [--phase-seconds 10]`` (3 starts per
+mode by default, which `make bench` runs in its time budget).
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_agent", description=__doc__)
-    ap.add_argument("--reps", type=int, default=5, help="agent starts per mode")
+    ap.add_argument("--reps", type=int, default=3, help="agent starts per mode")
     ap.add_argument("--phase-seconds", type=float, default=10.0, help="measured window per start")
     ap.add_argument("--segs-per-s", type=float, default=10_000)
     ap.add_argument("--json", action="store_true", help="also print the raw results")
