@@ -153,8 +153,22 @@ print(''.join(n + ' ' + t.replace(':', ' ') + '\n' for n, t in s.items()))" |
   cp bpf/obj/*.bpf.o "$ctx/opt/cfnet-app/bpf/obj/"
 }
 
+# What an arm64 image is made from: a rebuild is skipped while this is the image's label.
+src_key() {
+  { cat pyproject.toml Containerfile tools/images.sh
+    find edge_agent cloud_core bpf \( -name __pycache__ -prune \) -o -type f \( -name '*.py' \
+      -o -name '*.c' -o -name '*.h' -o -name '*.bpf.o' -o -name py.typed \) -print \
+      | LC_ALL=C sort | xargs cat; } | sha256sum | cut -c1-16
+}
+
 build_arm64() {
-  local flavour="$1" t0=$SECONDS ctx img="localhost/cfnet-$1-arm64:$TAG"
+  local flavour="$1" t0=$SECONDS ctx img="localhost/cfnet-$1-arm64:$TAG" key
+  key="$(src_key)-$(arm_key)"
+  if [[ $(podman image inspect --format '{{.Labels.srckey}}' "$img" 2>/dev/null) == "$key" ]]; then
+    log "$img up to date (sources and arm64 base unchanged)"; echo "$img"; return 0
+  fi
+  local old new
+  old=$(podman image inspect --format '{{.Id}}' "$img" 2>/dev/null || true)
   ctx=$(mktemp -d "${TMPDIR:-/tmp}/cfnet-arm64-$flavour.XXXXXX")
   trap 'rm -rf "$ctx"' RETURN
   log "arm64 $flavour: Python layer on this host (aarch64 wheels, no emulation)"
@@ -162,7 +176,10 @@ build_arm64() {
   cp Containerfile "$ctx/Containerfile"
   log "building $img (Containerfile target $flavour-prebuilt, --arch arm64, COPY only)"
   podman build --quiet --layers --isolation chroot --arch arm64 --target "$flavour-prebuilt" \
-    --build-arg "BASE=$ARM_BASE" -f "$ctx/Containerfile" -t "$img" "$ctx" >/dev/null
+    --label "srckey=$key" --build-arg "BASE=$ARM_BASE" -f "$ctx/Containerfile" -t "$img" \
+    "$ctx" >/dev/null
+  new=$(podman image inspect --format '{{.Id}}' "$img")
+  if [[ -n "$old" && "$old" != "$new" ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
   log "cfnet-$flavour-arm64:$TAG built in $((SECONDS - t0)) s"
   echo "$img"
 }
