@@ -73,7 +73,7 @@ def vmlinux_h(btf: Path, out_dir: Path) -> Path:
     if header.exists() and header.stat().st_size > 0:
         return header
     bpftool = _tool("bpftool")
-    tmp = header.with_suffix(".h.tmp")
+    tmp = header.with_suffix(f".h.{os.getpid()}.tmp")  # two builds may run at once
     with tmp.open("w") as f:
         r = subprocess.run([bpftool, "btf", "dump", "file", str(btf), "format", "c"],
                            stdout=f, stderr=subprocess.PIPE, text=True, timeout=120)
@@ -107,7 +107,7 @@ def build(out_dir: Path, btf: Path = DEFAULT_BTF, force: bool = False) -> Path:
     if not force and up_to_date(obj):
         return obj
     include = vmlinux_h(btf, out_dir).parent
-    tmp = obj.with_suffix(".tmp.o")
+    tmp = obj.with_suffix(f".{os.getpid()}.tmp.o")  # two builds may run at once
     compile_object(tmp, include)
     os.replace(tmp, obj)
     return obj

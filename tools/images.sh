@@ -88,7 +88,7 @@ ensure_base_arm64() {
   local tar t0=$SECONDS
   tar="$CACHE/base-$SUITE-arm64-$(arm_key).tar"
   mkdir -p "$CACHE"
-  exec 8>"$CACHE/.base.lock"
+  exec 8>"$CACHE/.base-arm64.lock"  # its own: the amd64 build may run beside it
   flock 8
   if podman image exists "$ARM_BASE" && [[ -s "$tar" ]] && \
      [[ $(podman image inspect --format '{{.Labels.key}}' "$ARM_BASE" 2>/dev/null) == "$(arm_key)" ]]; then

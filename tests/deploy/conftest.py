@@ -63,15 +63,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         helm_build = threading.Thread(target=build_helm, name="helm-build")
         helm_build.start()
     if _selected(items, "tests/deploy/test_images.py"):
+        # The arm64 images are a separate cached step (cold: the arm64 base's dpkg under qemu,
+        # mostly CPU, and the aarch64 wheels; warm: a no-op check), run beside the amd64 build,
+        # which mostly downloads and writes layers.
+        arm_err: list[str] = []
+
+        def build_arm64() -> None:
+            _n, e = build_images(what="build-arm64")
+            arm_err.append(e)
+
+        arm = threading.Thread(target=build_arm64, name="images-arm64")
+        arm.start()
         _names, err = build_images()
+        arm.join()
+        err = "\n".join(e for e in (err, *arm_err) if e)
         if err:
             config.stash[IMAGE_ERROR] = err
-        else:
-            # A separate cached step (its own cold time: the arm64 base's dpkg under qemu and
-            # the aarch64 wheels, a few minutes; warm, a no-op check).
-            _names, err = build_images(what="build-arm64")
-            if err:
-                config.stash[IMAGE_ERROR] = err
     if helm_build is not None:
         helm_build.join()
 
