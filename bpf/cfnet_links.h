@@ -5,8 +5,8 @@
  * the kernel's), so this header is the single source of truth.  Keep to
  * what that small parser reads: __u8..__u64 fields, arrays sized by a number
  * or a #define, members of structs declared above.
- * Only our own structs live here -- no kernel struct is ever dereferenced
- * (the kernel headers on the build host may not match the running kernel).
+ * Only our own structs live here; kernel structs come from vmlinux.h (CO-RE
+ * build) or are read at offsets taken from the running kernel's BTF (BCC).
  */
 #ifndef CFNET_LINKS_H
 #define CFNET_LINKS_H
@@ -68,6 +68,16 @@ struct cf_sock {
     __u32 k_valid;        /* k_segs_out/k_retrans hold a previous reading */
     __u32 k_segs_out;     /* tcp_sock.segs_out at the last reading */
     __u32 k_retrans;      /* tcp_sock.total_retrans at the last reading */
+};
+
+/* Load-time parameters of the CO-RE build: one `const volatile` global in .rodata
+ * (cf_cfg, the only thing there), written by edge_agent/libbpf_loader.py before load.
+ * The BCC build takes the same parameters as -D flags. */
+struct cf_config {
+    __u32 filter_local;     /* count an event only if its local address is in local_addrs */
+    __u32 include_loopback; /* also count loopback peers */
+    __u32 probe_port;       /* port of the active prober's echo server */
+    __u32 pad;
 };
 
 #endif

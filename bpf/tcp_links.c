@@ -1,43 +1,38 @@
-/* Per-peer TCP link telemetry from tracepoints only (loaded by BCC).
+/* Per-peer TCP link telemetry from tracepoints.
  *
  *  tcp:tcp_probe            smoothed RTT, bytes sent/acked/received (per incoming segment,
- *                           ESTABLISHED sockets only)
+ *                           ESTABLISHED sockets only), and the socket's own segs_out and
+ *                           total_retrans (what tcp_info reports; loss is their ratio)
  *  tcp:tcp_retransmit_skb   retransmitted segments (ESTABLISHED only, to match); the
- *                           segment count of the skb is the one kernel field read
- *                           (offsets from the running kernel's BTF, see below)
+ *                           segment count of the skb is read from its tcp_skb_cb
  *  sock:inet_sock_set_state connect latency, connections opened/closed, lifetime
  *
  * Aggregates live in `peers` and `rtt_hist`; edge_agent/probes/ebpf.py reads
- * and deletes them once per interval.  Only tracepoint arguments (layout from
- * tracefs at load time) and our own structs are read: the kernel headers on
- * the host may belong to another kernel, so kernel structs are off limits.
+ * and deletes them once per interval.
  *
- * Build-time parameters (-D):
- *   CFNET_FILTER_LOCAL      count an event only if its local address is in local_addrs
- *   CFNET_INCLUDE_LOOPBACK  also count loopback peers (excluded by default)
- *   CFNET_PROBE_PORT        port of the active prober's echo server (default 7946)
- *   CFNET_RETRANS_HAS_ERR   tcp_retransmit_skb has an `err` field (set by the loader
- *                           from the tracepoint's format, not from the kernel version)
- *   CFNET_MAX_PEERS / CFNET_MAX_SOCKS   map sizes
- *   CFNET_SKB_CB_OFF, CFNET_TCB_GSO_SEGS_OFF   offsetof(struct sk_buff, cb) and
- *                           offsetof(struct tcp_skb_cb, tcp_gso_segs);
- *   CFNET_TP_SEGS_OUT_OFF, CFNET_TP_TOTAL_RETRANS_OFF   offsetof(struct tcp_sock, ...).
- *                           All taken by the loader from /sys/kernel/btf/vmlinux
- *                           (never from the headers BCC compiles against, which may
- *                           be another kernel's).  Unset: one retransmitted segment
- *                           per skb, and no kernel counters (Python estimates segs_out).
+ * One source, two builds (cfnet_compat.h says what differs):
+ *  - CO-RE (default): `clang -target bpf -g -O2 -DCFNET_CORE` against vmlinux.h, once, at
+ *    build time (tools/build_bpf.py); loaded by libbpf (edge_agent/libbpf_loader.py), which
+ *    relocates the tracepoint records and the three kernel struct reads against the running
+ *    kernel's BTF.  Parameters: struct cf_config in .rodata, set before load; map sizes by
+ *    bpf_map__set_max_entries.
+ *  - BCC (fallback for kernels without BTF): compiled on the device; -D parameters:
+ *      CFNET_FILTER_LOCAL, CFNET_INCLUDE_LOOPBACK, CFNET_PROBE_PORT (as struct cf_config),
+ *      CFNET_RETRANS_HAS_ERR   tcp_retransmit_skb has an `err` field (from its tracefs format)
+ *      CFNET_MAX_PEERS / CFNET_MAX_SOCKS   map sizes
+ *      CFNET_SKB_CB_OFF, CFNET_TCB_GSO_SEGS_OFF, CFNET_TP_SEGS_OUT_OFF,
+ *      CFNET_TP_TOTAL_RETRANS_OFF   kernel struct offsets, from /sys/kernel/btf/vmlinux when
+ *                           there is one (never from the headers BCC compiles against, which
+ *                           may be another kernel's).  Unset: one retransmitted segment per
+ *                           skb, and no kernel counters (Python estimates segs_out).
  */
-/* no kernel header needed: tracepoint args come from tracefs, our structs from cfnet_links.h */
-#include "cfnet_links.h"
+#include "cfnet_compat.h"
 
 #ifndef CFNET_MAX_PEERS
 #define CFNET_MAX_PEERS 4096
 #endif
 #ifndef CFNET_MAX_SOCKS
 #define CFNET_MAX_SOCKS 65536
-#endif
-#ifndef CFNET_PROBE_PORT
-#define CFNET_PROBE_PORT 7946
 #endif
 
 #define CF_AF_INET 2
@@ -47,11 +42,34 @@
 #define CF_TCP_SYN_SENT 2
 #define CF_TCP_CLOSE 7
 
-BPF_HASH(peers, struct cf_addr, struct cf_peer_stats, CFNET_MAX_PEERS);
-BPF_HASH(rtt_hist, struct cf_hist_key, u64, CFNET_MAX_PEERS * 16);
+CF_HASH(peers, struct cf_addr, struct cf_peer_stats, CFNET_MAX_PEERS);
+CF_HASH(rtt_hist, struct cf_hist_key, u64, CFNET_MAX_PEERS * 16);
 /* LRU: a socket whose close we missed (opened before load) ages out. */
-BPF_TABLE("lru_hash", u64, struct cf_sock, socks, CFNET_MAX_SOCKS);
-BPF_HASH(local_addrs, struct cf_addr, u8, 1024);
+CF_LRU_HASH(socks, u64, struct cf_sock, CFNET_MAX_SOCKS);
+CF_HASH(local_addrs, struct cf_addr, u8, 1024);
+
+#ifndef CFNET_CORE
+/* The BCC build's map operations (see CF_LOOKUP in cfnet_compat.h). */
+static __always_inline struct cf_sock *cf_bcc_socks_lookup(u64 *k) { return socks.lookup(k); }
+static __always_inline int cf_bcc_socks_update(u64 *k, struct cf_sock *v)
+{
+    return socks.update(k, v);
+}
+static __always_inline int cf_bcc_socks_delete(u64 *k) { return socks.delete(k); }
+static __always_inline u8 *cf_bcc_local_addrs_lookup(struct cf_addr *k)
+{
+    return local_addrs.lookup(k);
+}
+static __always_inline struct cf_peer_stats *
+cf_bcc_peers_lookup_or_init(const struct cf_addr *k, struct cf_peer_stats *zero)
+{
+    return peers.lookup_or_try_init((struct cf_addr *)k, zero);
+}
+static __always_inline u64 *cf_bcc_rtt_hist_lookup_or_init(struct cf_hist_key *k, u64 *zero)
+{
+    return rtt_hist.lookup_or_try_init(k, zero);
+}
+#endif
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define CF_BE32(x) __builtin_bswap32(x)
@@ -83,18 +101,36 @@ static __always_inline int cf_is_loopback(const struct cf_addr *a)
     return !(w[0] | w[1] | w[2] | (w[3] ^ CF_BE32(1)));
 }
 
-static __always_inline int cf_wanted(const struct cf_addr *local, const struct cf_addr *peer)
+static __always_inline int cf_wanted(struct cf_addr *local, const struct cf_addr *peer)
 {
-#ifndef CFNET_INCLUDE_LOOPBACK
-    if (cf_is_loopback(peer))
+    if (!CF_INCLUDE_LOOPBACK && cf_is_loopback(peer))
         return 0;
-#endif
-#ifdef CFNET_FILTER_LOCAL
     /* Tracepoints fire for every network namespace: the local address set
      * is how an agent in one namespace counts only its own sockets. */
-    if (!local_addrs.lookup((struct cf_addr *)local))
+    if (CF_FILTER_LOCAL && !CF_LOOKUP(local_addrs, local))
         return 0;
-#endif
+    return 1;
+}
+
+/* The local and peer address of a sock:inet_sock_set_state or tcp:tcp_retransmit_skb
+ * record: both carry saddr/daddr (IPv4) and saddr_v6/daddr_v6.  0: not an inet family. */
+static __always_inline int cf_addrs_from_tp(struct cf_addr *local, struct cf_addr *peer,
+                                            u16 family, const void *saddr, const void *daddr,
+                                            const void *saddr_v6, const void *daddr_v6)
+{
+    if (family == CF_AF_INET) {
+        bpf_probe_read_kernel(local->addr, 4, saddr);
+        bpf_probe_read_kernel(peer->addr, 4, daddr);
+    } else if (family == CF_AF_INET6) {
+        bpf_probe_read_kernel(local->addr, 16, saddr_v6);
+        bpf_probe_read_kernel(peer->addr, 16, daddr_v6);
+    } else {
+        return 0;
+    }
+    local->family = family;
+    peer->family = family;
+    cf_fold_mapped(local);
+    cf_fold_mapped(peer);
     return 1;
 }
 
@@ -143,13 +179,13 @@ static __always_inline u32 cf_bucket(u64 v)
 
 static __always_inline void cf_mark(struct cf_peer_stats *st, u16 sport, u16 dport)
 {
-    if (sport == CFNET_PROBE_PORT || dport == CFNET_PROBE_PORT)
+    if (sport == CF_PROBE_PORT || dport == CF_PROBE_PORT)
         __sync_fetch_and_add(&st->active_events, 1);
     else
         __sync_fetch_and_add(&st->passive_events, 1);
 }
 
-TRACEPOINT_PROBE(tcp, tcp_probe)
+CF_TRACEPOINT(tcp, tcp_probe, struct trace_event_raw_tcp_probe)
 {
     u8 sa[28] = {}, da[28] = {};
     struct cf_addr local = {}, peer = {};
@@ -161,33 +197,31 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     bpf_probe_read_kernel(sa, sizeof(sa), args->saddr);
     if (!cf_from_sockaddr(&local, sa, family))
         return 0;
-#ifdef CFNET_FILTER_LOCAL
-    if (!local_addrs.lookup(&local))
+    if (CF_FILTER_LOCAL && !CF_LOOKUP(local_addrs, &local))
         return 0;
-#endif
     bpf_probe_read_kernel(da, sizeof(da), args->daddr);
     cf_from_sockaddr(&peer, da, family);
-#ifndef CFNET_INCLUDE_LOOPBACK
-    if (cf_is_loopback(&peer))
+    if (!CF_INCLUDE_LOOPBACK && cf_is_loopback(&peer))
         return 0;
-#endif
 
     u64 sk = (u64)args->skaddr;
     u32 una = args->snd_una, nxt = args->snd_nxt;
     u64 acked = 0, sent = 0, ksegs_d = 0, kret_d = 0;
     u32 ksegs = 0, kret = 0;
-#if defined(CFNET_TP_SEGS_OUT_OFF) && defined(CFNET_TP_TOTAL_RETRANS_OFF)
     /* The kernel's own per-socket counters (what tcp_info reports as segs_out
-     * and total_retrans), read at offsets from the running kernel's BTF: the
-     * loss ratio is then the kernel's, whatever GSO, RTO or SACK recovery did. */
+     * and total_retrans), so the loss ratio is the kernel's, whatever GSO, RTO or
+     * SACK recovery did.  CO-RE: relocated field reads; BCC: offsets from BTF. */
+#ifdef CFNET_CORE
+    const struct tcp_sock *tp = (const struct tcp_sock *)args->skaddr;
+    ksegs = BPF_CORE_READ(tp, segs_out);
+    kret = BPF_CORE_READ(tp, total_retrans);
+#elif CF_KERNEL_COUNTERS
     bpf_probe_read_kernel(&ksegs, sizeof(ksegs), (const u8 *)args->skaddr + CFNET_TP_SEGS_OUT_OFF);
     bpf_probe_read_kernel(&kret, sizeof(kret),
                           (const u8 *)args->skaddr + CFNET_TP_TOTAL_RETRANS_OFF);
-    int have_k = 1;
-#else
-    int have_k = 0;
 #endif
-    struct cf_sock *s = socks.lookup(&sk);
+    int have_k = CF_KERNEL_COUNTERS;
+    struct cf_sock *s = CF_LOOKUP(socks, &sk);
     if (s) {
         if (s->valid) {
             acked = cf_delta(una, s->snd_una);
@@ -212,11 +246,11 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
         fresh.k_segs_out = ksegs;
         fresh.k_retrans = kret;
         fresh.k_valid = have_k;
-        socks.update(&sk, &fresh);
+        CF_UPDATE(socks, &sk, &fresh);
     }
 
     struct cf_peer_stats zero = {};
-    struct cf_peer_stats *st = peers.lookup_or_try_init(&peer, &zero);
+    struct cf_peer_stats *st = CF_LOOKUP_OR_INIT(peers, &peer, &zero);
     if (!st)
         return 0;
     cf_mark(st, args->sport, args->dport);
@@ -254,68 +288,104 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     hk.peer = peer;
     hk.bucket = cf_bucket(rtt);
     u64 one = 0;
-    u64 *c = rtt_hist.lookup_or_try_init(&hk, &one);
+    u64 *c = CF_LOOKUP_OR_INIT(rtt_hist, &hk, &one);
     if (c)
         __sync_fetch_and_add(c, 1);
     return 0;
 }
 
-TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
-{
-    struct cf_addr local = {}, peer = {};
-    u16 family = args->family;
-
-    /* tcp_probe (our bytes-sent count) fires only in ESTABLISHED; retransmits
-     * after close() (FIN_WAIT1 draining the send buffer) would have no
-     * denominator and inflate the loss ratio, so they are left out too. */
-    if (args->state != CF_TCP_ESTABLISHED)
-        return 0;
-#ifdef CFNET_RETRANS_HAS_ERR
-    /* Kernels >= 6.x also trace failed attempts (e.g. -EBUSY while the
-     * original is still in a local queue); tcp_info counts only real ones. */
-    if (args->err != 0)
-        return 0;
+#ifdef CFNET_CORE
+/* Kernels before 6.10 record tcp_retransmit_skb in the shared tcp_event_sk_skb class (no
+ * `err` field); the ___old flavour names that layout for CO-RE, and whichever of the two
+ * the running kernel has is used (libbpf resolves bpf_core_type_exists at load). */
+struct trace_event_raw_tcp_event_sk_skb___old {
+    const void *skbaddr;
+    const void *skaddr;
+    int state;
+    __u16 sport;
+    __u16 dport;
+    __u16 family;
+    __u8 saddr[4];
+    __u8 daddr[4];
+    __u8 saddr_v6[16];
+    __u8 daddr_v6[16];
+} __attribute__((preserve_access_index));
 #endif
-    if (family == CF_AF_INET) {
-        bpf_probe_read_kernel(local.addr, 4, args->saddr);
-        bpf_probe_read_kernel(peer.addr, 4, args->daddr);
-    } else if (family == CF_AF_INET6) {
-        bpf_probe_read_kernel(local.addr, 16, args->saddr_v6);
-        bpf_probe_read_kernel(peer.addr, 16, args->daddr_v6);
-    } else {
-        return 0;
-    }
-    local.family = family;
-    peer.family = family;
-    cf_fold_mapped(&local);
-    cf_fold_mapped(&peer);
-    if (!cf_wanted(&local, &peer))
-        return 0;
 
+/* The body of tcp:tcp_retransmit_skb, for either record layout. */
+#define CF_RETRANSMIT_BODY(args, has_err)                                                    \
+    struct cf_addr local = {}, peer = {};                                                    \
+    /* tcp_probe (our bytes-sent count) fires only in ESTABLISHED; retransmits after      \
+     * close() (FIN_WAIT1 draining the send buffer) would have no denominator and inflate \
+     * the loss ratio, so they are left out too. */                                         \
+    if (args->state != CF_TCP_ESTABLISHED)                                                   \
+        return 0;                                                                            \
+    /* Kernels >= 6.x also trace failed attempts (e.g. -EBUSY while the original is     \
+     * still in a local queue); tcp_info counts only real ones. */                          \
+    if (has_err)                                                                             \
+        return 0;                                                                            \
+    if (!cf_addrs_from_tp(&local, &peer, args->family, args->saddr, args->daddr,            \
+                          args->saddr_v6, args->daddr_v6))                                   \
+        return 0;                                                                            \
+    if (!cf_wanted(&local, &peer))                                                           \
+        return 0;                                                                            \
+    return cf_count_retransmit(&peer, args->sport, args->dport, (const void *)args->skbaddr)
+
+static __always_inline int cf_count_retransmit(const struct cf_addr *peer, u16 sport,
+                                               u16 dport, const void *skbaddr)
+{
     struct cf_peer_stats zero = {};
-    struct cf_peer_stats *st = peers.lookup_or_try_init(&peer, &zero);
+    struct cf_peer_stats *st = CF_LOOKUP_OR_INIT(peers, peer, &zero);
     if (!st)
         return 0;
-    cf_mark(st, args->sport, args->dport);
+    cf_mark(st, sport, dport);
     /* With GSO/TSO an skb in the retransmit queue carries several segments,
      * and tcp_info's total_retrans (the figure loss is judged against) adds
      * tcp_skb_pcount(skb) per retransmit.  Counting events undercounts loss by
      * the mean segments per retransmitted skb (2-7x seen on veth with TSO). */
     u64 segs = 1;
-#if defined(CFNET_SKB_CB_OFF) && defined(CFNET_TCB_GSO_SEGS_OFF)
     u16 pcount = 0;
+#ifdef CFNET_CORE
+    const struct sk_buff *skb = (const struct sk_buff *)skbaddr;
+    const struct tcp_skb_cb *tcb =
+        (const struct tcp_skb_cb *)((const u8 *)skb + bpf_core_field_offset(skb->cb));
+    pcount = BPF_CORE_READ(tcb, tcp_gso_segs);
+#elif defined(CFNET_SKB_CB_OFF) && defined(CFNET_TCB_GSO_SEGS_OFF)
     bpf_probe_read_kernel(&pcount, sizeof(pcount),
-                          (const u8 *)args->skbaddr + CFNET_SKB_CB_OFF + CFNET_TCB_GSO_SEGS_OFF);
+                          (const u8 *)skbaddr + CFNET_SKB_CB_OFF + CFNET_TCB_GSO_SEGS_OFF);
+#endif
     /* tcp_gso_segs is 0 only for an skb never sized (not in a retransmit queue). */
     if (pcount > 1)
         segs = pcount;
-#endif
     __sync_fetch_and_add(&st->retrans, segs);
     __sync_fetch_and_add(&st->retrans_skbs, 1);
     return 0;
 }
 
-TRACEPOINT_PROBE(sock, inet_sock_set_state)
+#ifdef CFNET_CORE
+SEC("tp/tcp/tcp_retransmit_skb")
+int cf_tcp_retransmit_skb(void *ctx)
+{
+    if (bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb)) {
+        struct trace_event_raw_tcp_retransmit_skb *args = ctx;
+        CF_RETRANSMIT_BODY(args, bpf_core_field_exists(args->err) && args->err != 0);
+    } else {
+        struct trace_event_raw_tcp_event_sk_skb___old *args = ctx;
+        CF_RETRANSMIT_BODY(args, 0);
+    }
+}
+#else
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
+{
+#ifdef CFNET_RETRANS_HAS_ERR
+    CF_RETRANSMIT_BODY(args, args->err != 0);
+#else
+    CF_RETRANSMIT_BODY(args, 0);
+#endif
+}
+#endif
+
+CF_TRACEPOINT(sock, inet_sock_set_state, struct trace_event_raw_inet_sock_set_state)
 {
     if (args->protocol != CF_IPPROTO_TCP)
         return 0;
@@ -326,54 +396,43 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (newstate == CF_TCP_SYN_SENT) {
         struct cf_sock fresh = {};
         fresh.t_syn_ns = now;
-        socks.update(&sk, &fresh);
+        CF_UPDATE(socks, &sk, &fresh);
         return 0;
     }
     if (newstate != CF_TCP_ESTABLISHED && newstate != CF_TCP_CLOSE)
         return 0;
 
-    struct cf_sock *s = socks.lookup(&sk);
+    struct cf_sock *s = CF_LOOKUP(socks, &sk);
     if (newstate == CF_TCP_CLOSE && !s)
         return 0;
 
     struct cf_addr local = {}, peer = {};
-    u16 family = args->family;
-    if (family == CF_AF_INET) {
-        bpf_probe_read_kernel(local.addr, 4, args->saddr);
-        bpf_probe_read_kernel(peer.addr, 4, args->daddr);
-    } else if (family == CF_AF_INET6) {
-        bpf_probe_read_kernel(local.addr, 16, args->saddr_v6);
-        bpf_probe_read_kernel(peer.addr, 16, args->daddr_v6);
-    } else {
+    if (!cf_addrs_from_tp(&local, &peer, args->family, args->saddr, args->daddr,
+                          args->saddr_v6, args->daddr_v6))
         return 0;
-    }
-    local.family = family;
-    peer.family = family;
-    cf_fold_mapped(&local);
-    cf_fold_mapped(&peer);
     int wanted = cf_wanted(&local, &peer);
 
     if (newstate == CF_TCP_CLOSE) {
         if (wanted && s && s->t_est_ns) {
             struct cf_peer_stats zero = {};
-            struct cf_peer_stats *st = peers.lookup_or_try_init(&peer, &zero);
+            struct cf_peer_stats *st = CF_LOOKUP_OR_INIT(peers, &peer, &zero);
             if (st) {
                 __sync_fetch_and_add(&st->closed, 1);
                 __sync_fetch_and_add(&st->life_ns_sum, now - s->t_est_ns);
             }
         }
-        socks.delete(&sk);
+        CF_DELETE(socks, &sk);
         return 0;
     }
 
     /* ESTABLISHED */
     if (!wanted) {
         if (s)
-            socks.delete(&sk);
+            CF_DELETE(socks, &sk);
         return 0;
     }
     struct cf_peer_stats zero = {};
-    struct cf_peer_stats *st = peers.lookup_or_try_init(&peer, &zero);
+    struct cf_peer_stats *st = CF_LOOKUP_OR_INIT(peers, &peer, &zero);
     if (!st)
         return 0;
     cf_mark(st, args->sport, args->dport);
@@ -393,7 +452,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         struct cf_sock fresh = {};
         fresh.t_est_ns = now;
         fresh.k_valid = 1;
-        socks.update(&sk, &fresh);
+        CF_UPDATE(socks, &sk, &fresh);
     }
     return 0;
 }

@@ -1,6 +1,13 @@
-"""BCC loader: finds the BPF sources, checks capabilities, compiles with -D parameters.
+"""BPF loaders: which one to use (CO-RE with libbpf, or BCC), and the BCC one itself.
 
-It runs in a **short-lived process of its own** (``python -m edge_agent.bpf_loader``,
+:func:`choose` picks the loader: **CO-RE** (:mod:`edge_agent.libbpf_loader`, the prebuilt
+object loaded by libbpf in the agent's process) wherever the kernel has BTF and libbpf is
+installed, else **BCC**, which compiles the same C source on the device. The choice and
+its reason travel in the :class:`Handoff` and the agent logs them. ``CFNET_BPF_LOADER``
+(``auto``, the default; ``core``; ``bcc``) forces one, for the tests that run both and
+for an operator working around a kernel.
+
+The BCC loader runs in a **short-lived process of its own** (``python -m edge_agent.bpf_loader``,
 started by :func:`start_loader`, which the agent calls first thing so the
 compile runs beside its own start-up): that process imports BCC (and with it
 libLLVM/clang, ~120 MiB mapped), compiles, loads and attaches the programs,
@@ -34,6 +41,8 @@ from edge_agent.errors import ProbeError
 log = logging.getLogger(__name__)
 
 ENV_BPF_DIR = "CFNET_BPF_DIR"
+ENV_LOADER = "CFNET_BPF_LOADER"
+LOADERS = ("auto", "core", "bcc")
 
 
 def bpf_dir() -> Path:
@@ -120,8 +129,6 @@ def check_environment(tracepoints: Sequence[str]) -> None:
     if os.geteuid() != 0:
         raise ProbeError("not root: eBPF needs CAP_BPF/CAP_PERFMON")
     ensure_tracefs()
-    if not Path("/sys/kernel/btf/vmlinux").exists():
-        raise ProbeError("no BTF (/sys/kernel/btf/vmlinux)")
     missing = missing_tracepoints(tracepoints)
     if missing:
         raise ProbeError(f"missing tracepoints: {', '.join(missing)} (is tracefs mounted?)")
@@ -163,9 +170,10 @@ def kernel_offset_cflags() -> list[str]:
     back to one segment per retransmitted skb and an estimated segs_out.
     """
     from edge_agent.btf import Btf, BtfError
+    from edge_agent.libbpf_loader import btf_path
 
     try:
-        btf = Btf.vmlinux()
+        btf = Btf.vmlinux(btf_path())
         offs = {
             "CFNET_SKB_CB_OFF": btf.member_offset("sk_buff", "cb"),
             "CFNET_TCB_GSO_SEGS_OFF": btf.member_offset("tcp_skb_cb", "tcp_gso_segs"),
@@ -186,6 +194,9 @@ class LoadRequest:
     cflags: list[str] = field(default_factory=list)
     tracepoints: list[str] = field(default_factory=list)
     maps: list[str] = field(default_factory=list)
+    # The same parameters for the CO-RE object (struct cf_config, map sizes): the -D flags
+    # above are BCC's spelling of them.
+    params: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -197,11 +208,19 @@ class Handoff:
     links: list[int]
     cflags: list[str]
     loader_pid: int
+    loader: str = "bcc"
+    reason: str = ""  # why this loader (for BCC: why not CO-RE)
+    kernel_counters: bool = False  # the programs read tcp_sock's segs_out/total_retrans
+    owner: Any = None  # what owns the descriptors instead of us (libbpf's object)
 
     def close(self) -> None:
-        for fd in [*self.links, *self.progs.values(), *self.maps.values()]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        owner, self.owner = self.owner, None
+        if owner is not None:
+            owner.close()  # libbpf's: destroys the links (detach) and closes its descriptors
+        else:
+            for fd in [*self.links, *self.progs.values(), *self.maps.values()]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self.links, self.progs, self.maps = [], {}, {}
 
 
@@ -262,10 +281,13 @@ class PendingLoad:
                     raise ProbeError(f"loader named descriptor {i} of {n}")
                 return fds[int(i)]
 
+            cflags = list(reply.get("cflags", []))
             hand = Handoff(maps={k: pick(v) for k, v in reply["maps"].items()},
                            progs={k: pick(v) for k, v in reply["progs"].items()},
                            links=[pick(v) for v in reply["links"]],
-                           cflags=list(reply.get("cflags", [])), loader_pid=proc.pid)
+                           cflags=cflags, loader_pid=proc.pid, loader="bcc",
+                           kernel_counters=any(f.startswith("-DCFNET_TP_SEGS_OUT_OFF")
+                                               for f in cflags))
             ours.send(b"ok")  # the loader may exit now: the descriptors are ours
         except (OSError, ValueError, KeyError, TypeError) as exc:
             for fd in fds:
@@ -304,6 +326,56 @@ class PendingLoad:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def choose() -> tuple[str, str]:
+    """("core" or "bcc", why): CO-RE where it can work, BCC otherwise (or as forced).
+
+    CO-RE needs the kernel's BTF, libbpf and the prebuilt object; the reason given for
+    BCC is the first of those that is missing. Nothing is loaded here.
+    """
+    from edge_agent import libbpf_loader
+
+    forced = (os.environ.get(ENV_LOADER) or "auto").strip().lower()
+    if forced not in LOADERS:
+        raise ProbeError(f"{ENV_LOADER}={forced!r}: one of {', '.join(LOADERS)}")
+    if forced == "bcc":
+        return "bcc", f"forced by {ENV_LOADER}=bcc"
+    btf = libbpf_loader.btf_path()
+    obj = libbpf_loader.object_path(bpf_dir())
+    why = ""
+    if not btf.exists():
+        why = f"no kernel BTF at {btf}: CO-RE needs it"
+    elif not obj.is_file():
+        why = f"no CO-RE object at {obj} (tools/build_bpf.py builds it)"
+    else:
+        why = libbpf_loader.available()
+    if not why:
+        return "core", f"kernel BTF at {btf}"
+    if forced == "core":
+        raise ProbeError(f"CO-RE loader forced by {ENV_LOADER}=core but unusable: {why}")
+    return "bcc", why
+
+
+def load_core(req: LoadRequest, reason: str = "") -> Handoff:
+    """Load the prebuilt CO-RE object in this process (see :mod:`edge_agent.libbpf_loader`)."""
+    from edge_agent import libbpf_loader
+    from edge_agent.bpfsys import header_structs
+
+    ensure_tracefs()  # libbpf finds a tracepoint's id in tracefs, as BCC does
+    types = header_structs(bpf_dir() / "cfnet_links.h")
+    cfg = types["cf_config"]()
+    p = req.params
+    cfg.filter_local = int(bool(p.get("filter_local", 0)))
+    cfg.include_loopback = int(bool(p.get("include_loopback", 0)))
+    cfg.probe_port = int(p.get("probe_port", 7946))
+    peers = int(p.get("max_peers", 4096))
+    core, maps, progs, links = libbpf_loader.load(
+        libbpf_loader.object_path(bpf_dir()), config=bytes(cfg),
+        max_entries={"peers": peers, "rtt_hist": peers * 16}, maps=list(req.maps))
+    libbpf_loader.trim_heap()
+    return Handoff(maps=maps, progs=progs, links=links, cflags=[], loader_pid=os.getpid(),
+                   loader="core", reason=reason, kernel_counters=True, owner=core)
 
 
 def start_loader(req: LoadRequest) -> PendingLoad:

@@ -1,8 +1,9 @@
 """Member offsets of kernel structs, read from the running kernel's BTF.
 
-The BPF programs read nothing of the kernel's structs except one field the
-retransmit tracepoint can't give: how many segments the retransmitted skb
-carries (``tcp_skb_pcount``). Its offset must come from the *running*
+Used by the BCC loader only (the CO-RE object has libbpf relocate its reads).
+The BPF programs read three kernel fields no tracepoint gives: tcp_sock's
+segs_out and total_retrans, and how many segments a retransmitted skb carries
+(``tcp_skb_pcount``). Their offsets must come from the *running*
 kernel, never from the headers BCC compiles against (setup may link the
 nearest Debian headers, which belong to another kernel). ``/sys/kernel/btf/vmlinux``
 describes the running kernel's types; this is the small part of the format
@@ -55,11 +56,12 @@ class Btf:
             p += _EXTRA_FIXED.get(kind, 0) + _EXTRA_PER_VLEN.get(kind, 0) * vlen
 
     @classmethod
-    def vmlinux(cls) -> Btf:
+    def vmlinux(cls, path: Path = VMLINUX) -> Btf:
+        """The running kernel's BTF (``path``: another file, the loaders' test seam)."""
         try:
-            return cls(VMLINUX.read_bytes())
+            return cls(path.read_bytes())
         except OSError as exc:
-            raise BtfError(f"cannot read {VMLINUX}: {exc}") from exc
+            raise BtfError(f"cannot read {path}: {exc}") from exc
 
     def _name(self, off: int) -> str:
         start = self._strs + off

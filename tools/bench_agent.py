@@ -9,8 +9,8 @@ second, and measures:
 - start-up: from exec to the first report arriving at the broker (a
   subscriber in ``cloud`` sees it);
 - peak RSS during start-up: the agent's own high-water mark (VmHWM) and,
-  for eBPF, the one-shot loader process (BCC/LLVM compile; sampled every
-  20 ms while it lives);
+  for BCC, the one-shot loader process (BCC/LLVM compile; sampled every
+  20 ms while it lives; CO-RE loads in the agent's process, there is none);
 - steady RSS: the agent's RSS, median over the measured window;
 - CPU % of one core over the window: the process (user + system) plus, for
   eBPF, the in-kernel run time of its BPF programs (``kernel.bpf_stats_enabled``,
@@ -19,9 +19,13 @@ second, and measures:
   including those the local-address filter turns away: in this one-host lab
   about half are the sink's socket in ``b`` (a device's peers are remote).
 
-Modes ``ebpf`` and ``sockdiag`` (``--no-ebpf``, the baseline) alternate, so
-both see the same machine load. Prints median and spread (min..max) per mode.
-Run as root: ``python -m tools.bench_agent [--reps 3] [--phase-seconds 15]``.
+Modes ``ebpf-core`` (the prebuilt CO-RE object loaded by libbpf, the default),
+``ebpf-bcc`` (the BCC fallback, forced with ``CFNET_BPF_LOADER=bcc``) and ``sockdiag``
+(``--no-ebpf``, the baseline) alternate, so all see the same machine load; each eBPF run
+checks from the agent's log that it got the loader it asked for. Prints median and
+spread (min..max) per mode.
+Run as root: ``python -m tools.bench_agent [--reps 5] [--phase-seconds 10]`` (3 starts per
+mode by default, which `make bench` runs in its time budget).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 PY = sys.executable
 AGENT = Path(sys.executable).parent / "cfnet-agent"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-MODES = ("ebpf", "sockdiag")
+MODES = ("ebpf-core", "ebpf-bcc", "sockdiag")
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -104,10 +108,15 @@ def run_agent_once(lab: Any, broker: Any, tmp: Path, mode: str, seconds: float,
     argv = [str(AGENT), "--node", node, "--broker-host", broker.host,
             "--broker-port", str(broker.port), "--password-file", str(pw),
             "--ca-file", str(broker.ca_file), "--buffer-path", str(tmp / f"{node}.db"),
-            "--interval-s", "1", "--ebpf" if mode == "ebpf" else "--no-ebpf"]
+            "--interval-s", "1", "--ebpf" if mode.startswith("ebpf") else "--no-ebpf"]
+    env = {k: v for k, v in os.environ.items() if k not in ("CFNET_BPF_LOADER",
+                                                            "CFNET_BTF_PATH")}
+    loader = mode.partition("-")[2]
+    if loader:
+        env["CFNET_BPF_LOADER"] = loader
     log = open(tmp / f"{node}.log", "wb")  # noqa: SIM115 - the process owns it
     t0 = time.monotonic()
-    proc = lab.popen("a", argv, stdout=log, stderr=subprocess.STDOUT)
+    proc = lab.popen("a", argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     log.close()
     loader_peak = 0
     try:
@@ -136,6 +145,9 @@ def run_agent_once(lab: Any, broker: Any, tmp: Path, mode: str, seconds: float,
             proc.kill()
             proc.wait(10)
     wall = w1 - w0
+    text = (tmp / f"{node}.log").read_text(errors="replace")
+    if loader and f"loader {loader} " not in text:
+        raise RuntimeError(f"{mode}: the agent did not use the {loader} loader: {text[-2000:]}")
     return {"mode": mode, "startup_s": startup, "peak_agent_kb": peak_startup,
             "peak_loader_kb": loader_peak, "rss_kb": statistics.median(rss),
             "proc_pct": 100 * (cpu1 - cpu0) / wall,
@@ -218,8 +230,10 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         if not rs:
             continue
         peak = _fmt([r["peak_agent_kb"] / 1024 for r in rs], ".1f")
-        if mode == "ebpf":
+        if mode == "ebpf-bcc":
             peak += " / " + _fmt([r["peak_loader_kb"] / 1024 for r in rs], ".0f")
+        elif mode == "ebpf-core":
+            peak += " / none (in-process)"
         cpu = _fmt([r["proc_pct"] + r["bpf_pct"] for r in rs], ".2f")
         cpu += (f" = {statistics.median(r['proc_pct'] for r in rs):.2f}"
                 f" + {statistics.median(r['bpf_pct'] for r in rs):.2f}")
@@ -233,7 +247,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_agent", description=__doc__)
     ap.add_argument("--reps", type=int, default=3, help="agent starts per mode")
-    ap.add_argument("--phase-seconds", type=float, default=15.0, help="measured window per start")
+    ap.add_argument("--phase-seconds", type=float, default=10.0, help="measured window per start")
     ap.add_argument("--segs-per-s", type=float, default=10_000)
     ap.add_argument("--json", action="store_true", help="also print the raw results")
     a = ap.parse_args(argv)

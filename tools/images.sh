@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Build cfnet's two OCI images (Containerfile targets `core` and `agent`) here, without Docker
+# Build cfnet's OCI images (Containerfile targets `core`, `agent` (CO-RE) and `agent-bcc`) here, without Docker
 # and without a registry: the base the Containerfile's FROM names is made by mmdebstrap (a
 # Debian 12 rootfs), imported into podman's store under that same name, and the images are
 # then built from the unchanged Containerfile by `podman build` (buildah).
 #
 #   tools/images.sh base            the base image (cached; a no-op when present)
-#   tools/images.sh build [core|agent|all]   base, then the image(s); prints their names
-#   tools/images.sh sizes           uncompressed and gzip-compressed sizes of both images
+#   tools/images.sh build [core|agent|agent-bcc|all]   base, then the image(s); prints names
+#   tools/images.sh sizes           uncompressed and gzip-compressed sizes of the images
+#   tools/images.sh build-arm64 [core|agent|all]   the arm64 images (see below); prints names
+#   tools/images.sh sizes-arm64     their sizes
+#
+# arm64 (cfnet-core-arm64, cfnet-agent-arm64): the base is `mmdebstrap --arch arm64` with the
+# runtime packages included (python3-minimal, libpython3.11-stdlib, libbpf1; dpkg's maintainer
+# scripts run under Debian's qemu-user-static, the only emulated step). The Python layer is
+# made on this host, without running pip under emulation: `pip install --target --platform
+# manylinux2014_aarch64 --only-binary=:all:` of the same requirement lists, laid out as the
+# amd64 images' virtual environments, and cfnet's own wheel (pure Python). The image is then
+# `podman build --arch arm64` of the Containerfile's *-prebuilt targets, which only COPY.
+# The BPF object is the amd64 one: it is arch-neutral (tools/build_bpf.py says why, and a test
+# compiles it for both arches and compares).
+# The agents' CO-RE object is built first on this host (python -m tools.build_bpf).
 #
 # Caches, all outside the repository and keyed by content:
 #   ${CFNET_CACHE:-/var/cache/cfnet}/images/base-<key>.tar   the mmdebstrap rootfs; <key> is a
@@ -67,6 +80,116 @@ ensure_base() {
   log "imported $tar as $BASE"
 }
 
+ARM_PKGS=(python3-minimal libpython3.11-stdlib libbpf1)
+ARM_BASE=localhost/cfnet-base-arm64:$SUITE
+arm_key() { printf '%s\n' "$(base_key)" arm64 "${ARM_PKGS[@]}" | sha256sum | cut -c1-12; }
+
+ensure_base_arm64() {
+  local tar t0=$SECONDS
+  tar="$CACHE/base-$SUITE-arm64-$(arm_key).tar"
+  mkdir -p "$CACHE"
+  exec 8>"$CACHE/.base-arm64.lock"  # its own: the amd64 build may run beside it
+  flock 8
+  if podman image exists "$ARM_BASE" && [[ -s "$tar" ]] && \
+     [[ $(podman image inspect --format '{{.Labels.key}}' "$ARM_BASE" 2>/dev/null) == "$(arm_key)" ]]; then
+    log "arm64 base $ARM_BASE present"; return 0
+  fi
+  if [[ ! -s "$tar" ]]; then
+    [[ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]] || {
+      log "qemu-aarch64 is not registered with binfmt_misc (tools/setup.sh does it)"; exit 2; }
+    log "mmdebstrap --arch arm64: Debian $SUITE minbase + ${ARM_PKGS[*]} -> $tar (first run only; dpkg under qemu)"
+    mmdebstrap --quiet --arch=arm64 --variant=minbase --format=tar "${DPKG_OPTS[@]}" \
+      --include="usr-is-merged,$(IFS=,; echo "${ARM_PKGS[*]}")" \
+      --aptopt='Acquire::Retries "3"' \
+      --customize-hook="chroot \"\$1\" dpkg --purge ${PURGE[*]}" \
+      --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/apt "$1"/var/log/dpkg.log' \
+      "$SUITE" "$tar.tmp" "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" \
+      "deb ${MIRROR%/debian}/debian-security $SUITE-security main"
+    mv "$tar.tmp" "$tar"
+    log "mmdebstrap arm64 done in $((SECONDS - t0)) s ($(du -m "$tar" | cut -f1) MB)"
+  fi
+  podman import --quiet --arch arm64 --change 'CMD ["bash"]' --change "LABEL key=$(arm_key)" \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    "$tar" "$ARM_BASE" >/dev/null
+  log "imported $tar as $ARM_BASE"
+}
+
+# The Python layer of an arm64 image, made here: /opt/cfnet-<flavour> (a virtual environment's
+# layout, aarch64 wheels) and /opt/cfnet-app (cfnet, pure Python, and the BPF files).
+arm_python() {
+  local flavour="$1" ctx="$2" py=python3 pip_ca=()
+  [[ -x .venv/bin/python ]] && py=.venv/bin/python
+  [[ -s "$CA_BUNDLE" ]] && pip_ca=(--cert "$CA_BUNDLE")
+  local v="$ctx/opt/cfnet-$flavour"
+  local sp="$v/lib/python3.11/site-packages"
+  mkdir -p "$sp" "$v/bin" "$ctx/opt/cfnet-app"
+  "$py" -c "import tomllib, sys; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p.get('optional-dependencies', {}).get(sys.argv[1], [])))" \
+    "$flavour" > "$ctx/req.txt"
+  "$py" -m pip install -q --disable-pip-version-check "${pip_ca[@]}" --no-compile \
+    --target "$sp" --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
+    --platform manylinux_2_28_aarch64 --implementation cp --python-version 3.11 --abi cp311 \
+    --only-binary=:all: -r "$ctx/req.txt" >&2
+  rm -rf "$sp"/bin "$sp"/pandas/tests "$sp"/numpy/*/tests "$sp"/numpy/tests "$sp"/kubernetes/aio \
+         "$sp"/kubernetes/test "$sp"/kubernetes/e2e_test
+  find "$v" -name __pycache__ -prune -exec rm -rf {} +
+  printf 'home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11.2\n' > "$v/pyvenv.cfg"
+  ln -sfn /usr/bin/python3 "$v/bin/python"; ln -sfn python "$v/bin/python3"
+  echo /opt/cfnet-app > "$sp/cfnet-app.pth"
+  "$py" -c "import tomllib; s = tomllib.load(open('pyproject.toml', 'rb'))['project']['scripts']; \
+print(''.join(n + ' ' + t.replace(':', ' ') + '\n' for n, t in s.items()))" |
+  while read -r name module func; do
+    [[ -n "$name" ]] || continue
+    printf '#!%s/bin/python\nimport sys\nfrom %s import %s\nsys.exit(%s())\n' \
+      "/opt/cfnet-$flavour" "$module" "$func" "$func" > "$v/bin/$name"
+    chmod 0755 "$v/bin/$name"
+  done
+  rm -rf "$ctx/wheel"
+  "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$ctx/wheel" . >&2
+  "$py" -m pip install -q --no-deps --no-compile --target "$ctx/opt/cfnet-app" "$ctx"/wheel/*.whl >&2
+  rm -rf "$ctx/opt/cfnet-app/bin" "$ctx/opt/cfnet-app/edge_agent/bpf/obj" "$ctx/wheel" build
+  mkdir -p "$ctx/opt/cfnet-app/bpf/obj"
+  cp bpf/*.c bpf/*.h "$ctx/opt/cfnet-app/bpf/"
+  cp bpf/obj/*.bpf.o "$ctx/opt/cfnet-app/bpf/obj/"
+}
+
+# What an arm64 image is made from: a rebuild is skipped while this is the image's label.
+src_key() {
+  { cat pyproject.toml Containerfile tools/images.sh
+    find edge_agent cloud_core bpf \( -name __pycache__ -prune \) -o -type f \( -name '*.py' \
+      -o -name '*.c' -o -name '*.h' -o -name '*.bpf.o' -o -name py.typed \) -print \
+      | LC_ALL=C sort | xargs cat; } | sha256sum | cut -c1-16
+}
+
+build_arm64() {
+  local flavour="$1" t0=$SECONDS ctx img="localhost/cfnet-$1-arm64:$TAG" key
+  key="$(src_key)-$(arm_key)"
+  if [[ $(podman image inspect --format '{{.Labels.srckey}}' "$img" 2>/dev/null) == "$key" ]]; then
+    log "$img up to date (sources and arm64 base unchanged)"; echo "$img"; return 0
+  fi
+  local old new
+  old=$(podman image inspect --format '{{.Id}}' "$img" 2>/dev/null || true)
+  ctx=$(mktemp -d "${TMPDIR:-/tmp}/cfnet-arm64-$flavour.XXXXXX")
+  trap 'rm -rf "$ctx"' RETURN
+  log "arm64 $flavour: Python layer on this host (aarch64 wheels, no emulation)"
+  arm_python "$flavour" "$ctx"
+  cp Containerfile "$ctx/Containerfile"
+  log "building $img (Containerfile target $flavour-prebuilt, --arch arm64, COPY only)"
+  podman build --quiet --layers --isolation chroot --arch arm64 --target "$flavour-prebuilt" \
+    --label "srckey=$key" --build-arg "BASE=$ARM_BASE" -f "$ctx/Containerfile" -t "$img" \
+    "$ctx" >/dev/null
+  new=$(podman image inspect --format '{{.Id}}' "$img")
+  if [[ -n "$old" && "$old" != "$new" ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
+  log "cfnet-$flavour-arm64:$TAG built in $((SECONDS - t0)) s"
+  echo "$img"
+}
+
+bpf_object() {
+  local py=python3
+  [[ -x .venv/bin/python ]] && py=.venv/bin/python
+  "$py" -m tools.build_bpf >&2
+}
+
 build() {
   local target="$1" t0=$SECONDS secret=() old new
   old=$(podman image inspect --format '{{.Id}}' "localhost/cfnet-$target:$TAG" 2>/dev/null || true)
@@ -87,7 +210,7 @@ build() {
 
 sizes() {
   local t
-  for t in core agent; do
+  for t in "$@"; do
     local img="localhost/cfnet-$t:$TAG" raw gz
     raw=$(podman image inspect --format '{{.Size}}' "$img")
     gz=$(podman save --format oci-archive "$img" 2>/dev/null | wc -c)
@@ -101,10 +224,20 @@ case "${1:-build}" in
   build)
     ensure_base
     case "${2:-all}" in
-      all) build core; build agent ;;
-      core|agent) build "$2" ;;
+      all) bpf_object; build core; build agent; build agent-bcc ;;
+      agent|agent-bcc) bpf_object; build "$2" ;;
+      core) build "$2" ;;
       *) log "unknown target ${2}"; exit 2 ;;
     esac ;;
-  sizes) sizes ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  sizes) sizes core agent agent-bcc ;;
+  build-arm64)
+    ensure_base_arm64
+    bpf_object
+    case "${2:-all}" in
+      all) build_arm64 core; build_arm64 agent ;;
+      core|agent) build_arm64 "$2" ;;
+      *) log "unknown arm64 target ${2}"; exit 2 ;;
+    esac ;;
+  sizes-arm64) sizes core-arm64 agent-arm64 ;;
+  *) sed -n '2,34p' "$0"; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-shot, idempotent setup of a fresh Debian 12 machine (as root) for cfnet:
-# apt packages, the virtual environment, tracefs and kernel headers for BCC.
+# apt packages, the virtual environment, tracefs, the CO-RE BPF object, and (for the BCC
+# fallback's tests only) kernel headers.
 # Every step says what it did, or that there was nothing to do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,12 @@ APT_PKGS=(mosquitto mosquitto-clients python3-bpfcc bpfcc-tools libbpfcc nftable
           # the test cluster's real node (tools/envtest/node.py): containerd 1.6 runs the
           # pods through runc, the CNI plugins wire them (bridge, host-local, loopback,
           # portmap), kube-proxy writes iptables rules and needs conntrack
-          containerd containernetworking-plugins iptables conntrack)
+          containerd containernetworking-plugins iptables conntrack
+          # the CO-RE BPF object (tools/build_bpf.py): clang/llvm compile it once against a
+          # vmlinux.h that bpftool generates from BTF; libbpf1 loads it (the agent, via ctypes)
+          clang llvm bpftool libbpf-dev libbpf1
+          # arm64 images (tools/images.sh): mmdebstrap --arch arm64 runs the arm64 dpkg under qemu
+          qemu-user-static binfmt-support arch-test)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -37,20 +43,26 @@ if systemctl is-active --quiet mosquitto 2>/dev/null; then
   say "mosquitto: stopped the system service (tests and demo run their own brokers)"
 fi
 
-# --- kernel headers for BCC -------------------------------------------------
-# BCC compiles its C at load time against /lib/modules/$(uname -r)/build. This
-# kernel has no headers package of its own, so we link the nearest Debian one.
-# That is safe only because bpf/*.c takes no layout from these headers:
-# tracepoint arguments (layout from tracefs at load time), our own map structs,
+# --- kernel headers: for the BCC fallback's tests only -----------------------
+# The agent's default loader (CO-RE: a prebuilt object that libbpf relocates against the
+# kernel's BTF) needs no kernel headers, and nothing below is needed to run it. The BCC
+# fallback, for kernels without BTF, compiles its C at load time against
+# /lib/modules/$(uname -r)/build; `make test` runs the probe tests with both loaders, so
+# this machine needs that too. This kernel has no headers package of its own, so we link
+# the nearest Debian one. That is safe only because bpf/*.c takes no layout from these
+# headers: tracepoint arguments (layout from tracefs at load time), our own map structs,
 # and four kernel fields at offsets from the running kernel's BTF.
+# CFNET_SETUP_BCC=0 skips it (a machine that runs only the CO-RE path).
 KREL=$(uname -r)
 KBUILD=/lib/modules/$KREL/build
 KSRC=/lib/modules/$KREL/source
-if [[ -e $KBUILD/include/generated/autoconf.h && -e $KSRC/include/linux/kconfig.h ]]; then
-  say "kernel headers: $KBUILD and $KSRC present"
+if [[ ${CFNET_SETUP_BCC:-1} == 0 ]]; then
+  say "kernel headers (BCC fallback tests): skipped, CFNET_SETUP_BCC=0"
+elif [[ -e $KBUILD/include/generated/autoconf.h && -e $KSRC/include/linux/kconfig.h ]]; then
+  say "kernel headers (BCC fallback tests): $KBUILD and $KSRC present"
 else
   if ! ls -d /usr/src/linux-headers-*-common >/dev/null 2>&1; then
-    say "kernel headers: installing linux-headers-amd64 (no package exists for $KREL)"
+    say "kernel headers (BCC fallback tests): installing linux-headers-amd64 (no package exists for $KREL)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-headers-amd64 >/dev/null
   fi
   NEAREST=$(ls -d /usr/src/linux-headers-*-amd64 | grep -v -- '-rt-\|cloud' | sort -V | tail -1)
@@ -58,8 +70,8 @@ else
   mkdir -p "/lib/modules/$KREL"
   ln -sfn "$NEAREST" "$KBUILD"
   ln -sfn "$COMMON" "$KSRC"
-  say "kernel headers: no package for $KREL; linked build -> $NEAREST, source -> $COMMON"
-  say "kernel headers: safe because the BPF programs take no layout from them (see README)"
+  say "kernel headers (BCC fallback tests): no package for $KREL; linked build -> $NEAREST, source -> $COMMON"
+  say "kernel headers: safe because the BPF programs take no layout from them (see docs/probes.md)"
 fi
 
 # --- tracefs ----------------------------------------------------------------
@@ -97,6 +109,28 @@ else
 fi
 "$VENV/bin/python" -c 'import bcc, paho.mqtt, ortools, kubernetes, pyroute2, psutil' \
   && say "venv: bcc, paho-mqtt, ortools, kubernetes, pyroute2, psutil import fine"
+# --- arm64 emulation (the arm64 images: mmdebstrap's dpkg, and running their entrypoint) ---
+# qemu-user-static's binfmt entry, with the F flag (the interpreter is opened now, so it works
+# inside chroots and containers). No systemd here to do it at boot.
+if [[ ! -e /proc/sys/fs/binfmt_misc/status ]]; then
+  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true
+fi
+if [[ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]]; then
+  say "binfmt: qemu-aarch64 registered"
+elif update-binfmts --enable qemu-aarch64 2>/dev/null; then
+  say "binfmt: registered qemu-aarch64 (arm64 images run under emulation)"
+else
+  say "binfmt: could not register qemu-aarch64; the arm64 image tests will say so"
+fi
+
+# --- the CO-RE BPF object ----------------------------------------------------
+# bpf/obj/tcp_links.bpf.o: clang -target bpf against a vmlinux.h generated from this
+# kernel's BTF (tools/build_bpf.py; a no-op while it is newer than its sources; ~5-20 s cold).
+if [[ -e /sys/kernel/btf/vmlinux ]]; then
+  "$VENV/bin/python" -m tools.build_bpf | sed 's/^/[setup] /'
+else
+  say "bpf: no BTF on this machine, CO-RE object not built (the agent will use BCC)"
+fi
 # --- Go (builds kube-apiserver and etcd for the Kubernetes tests) -----------
 if command -v go >/dev/null; then
   say "go: $(go version | cut -d' ' -f3) (the Kubernetes tests build kube-apiserver/etcd with it)"

@@ -3,10 +3,13 @@
 #
 #   sudo deploy/systemd/install-agent.sh dist/cfnet-0.1.0-py3-none-any.whl [--start]
 #
-# 1. apt: python3-venv and python3-bpfcc (BCC is Debian's, built for its python3);
-# 2. a venv in $CFNET_PREFIX (/opt/cfnet) with the wheel and its agent dependencies, BCC linked
-#    in from dist-packages (not --system-site-packages: that would drag in every Debian module);
-# 3. the BPF sources into $CFNET_PREFIX/bpf (the unit points CFNET_BPF_DIR there);
+# 1. apt: python3-venv and libbpf1 (the agent loads its prebuilt CO-RE object with it; no
+#    compiler); with CFNET_WITH_BCC=1 also python3-bpfcc, the fallback for kernels without BTF
+#    (BCC is Debian's, built for its python3);
+# 2. a venv in $CFNET_PREFIX (/opt/cfnet) with the wheel and its agent dependencies, BCC (when
+#    installed) linked in from dist-packages (not --system-site-packages: that would drag in
+#    every Debian module);
+# 3. the BPF object and sources into $CFNET_PREFIX/bpf (the unit points CFNET_BPF_DIR there);
 # 4. the unit into $SYSTEMD_DIR (/etc/systemd/system) with the prefix filled in, and an
 #    agent.yaml skeleton into $CFNET_CONFIG_DIR (/etc/cfnet-agent) unless one is there;
 # 5. with --start: systemctl daemon-reload and enable --now.
@@ -24,7 +27,9 @@ say() { printf '[install-agent] %s\n' "$*" >&2; }
 [[ -f "$WHEEL" ]] || { say "no wheel at $WHEEL (build one: python3 -m pip wheel --no-deps -w dist .)"; exit 2; }
 if [[ -z "${CFNET_NO_APT:-}" ]]; then
   missing=()
-  for p in python3-venv python3-bpfcc; do
+  pkgs=(python3-venv libbpf1)
+  [[ -n "${CFNET_WITH_BCC:-}" ]] && pkgs+=(python3-bpfcc)
+  for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -41,16 +46,28 @@ fi
 printf '%s\n' "$out" | grep -v "does not provide the extra" | grep . >&2 || true
 "$PREFIX/bin/python" -I -c 'import edge_agent' || { say "edge_agent not importable in $PREFIX"; exit 1; }
 SITE="$("$PREFIX/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-ln -sfn /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
+if [[ -d /usr/lib/python3/dist-packages/bcc ]]; then
+  ln -sfn /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
+fi
 say "venv: $(basename "$WHEEL") installed in $PREFIX"
 
 mkdir -p "$PREFIX/bpf"
 found=0
 for d in "$SITE/edge_agent/bpf" "$REPO/edge_agent/bpf" "$REPO/bpf"; do
-  if compgen -G "$d/*.c" >/dev/null; then cp "$d"/*.c "$d"/*.h "$PREFIX/bpf/"; found=1; break; fi
+  if compgen -G "$d/*.c" >/dev/null; then
+    cp "$d"/*.c "$d"/*.h "$PREFIX/bpf/"
+    if compgen -G "$d/obj/*.bpf.o" >/dev/null; then
+      mkdir -p "$PREFIX/bpf/obj"; cp "$d"/obj/*.bpf.o "$PREFIX/bpf/obj/"
+    fi
+    found=1; break
+  fi
 done
 ((found)) || { say "BPF sources not found (wheel or checkout)"; exit 1; }
-say "bpf: sources in $PREFIX/bpf"
+if [[ -e "$PREFIX/bpf/obj/tcp_links.bpf.o" ]]; then
+  say "bpf: CO-RE object and sources in $PREFIX/bpf"
+else
+  say "bpf: sources in $PREFIX/bpf, no CO-RE object in the wheel (the agent will need BCC)"
+fi
 
 mkdir -p "$UNIT_DIR" "$CONF_DIR"
 sed "s#/opt/cfnet#$PREFIX#g; s#/etc/cfnet-agent/agent.yaml#$CONF_DIR/agent.yaml#g" \

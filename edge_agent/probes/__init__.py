@@ -45,10 +45,15 @@ def open_probe(
         if pending is not None:
             pending.cancel()
         reason = "eBPF disabled by configuration"
+    # Said before sock_diag is tried: if that fails too, why eBPF was not used is not lost.
+    log.warning("link probe: eBPF not used: %s", reason)
     # Imported only when used: pyroute2 costs the eBPF agent a few MiB for nothing.
     from edge_agent.probes.sockdiag import SockDiagProbe
 
-    probe = SockDiagProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs,
-                          probe_port=cfg.probe_port)
+    try:
+        probe = SockDiagProbe(include_loopback=cfg.include_loopback,
+                              local_addrs=cfg.local_addrs, probe_port=cfg.probe_port)
+    except ProbeError as exc:
+        raise ProbeError(f"no link probe: eBPF not used ({reason}); {exc}") from exc
     log.warning("link probe: using sock_diag fallback (%s)", reason)
     return probe, reason

@@ -1,12 +1,13 @@
 """eBPF link probe: per-peer TCP telemetry aggregated in kernel maps (bpf/tcp_links.c).
 
-The programs are compiled and attached by a short-lived loader process
-(:func:`edge_agent.bpf_loader.load_in_subprocess`), which hands their
-descriptors over; this process reads the maps with ``bpf(2)``
-(:mod:`edge_agent.bpfsys`) and never imports BCC, so no LLVM stays mapped in
-the long-lived agent. Each ``collect`` drains the maps entry by entry with
-lookup-and-delete, so an event lands in exactly one interval (one that races
-the drain lands in the next).
+The programs are loaded by one of two loaders (:func:`edge_agent.bpf_loader.choose`):
+the prebuilt CO-RE object by libbpf in this process (the default, wherever the kernel
+has BTF), or the same C compiled by BCC in a short-lived loader process
+(:func:`edge_agent.bpf_loader.load_in_subprocess`), which hands the descriptors over.
+Either way this process reads the maps with ``bpf(2)`` (:mod:`edge_agent.bpfsys`)
+and never imports BCC, so no LLVM stays mapped in the long-lived agent. Each
+``collect`` drains the maps entry by entry with lookup-and-delete, so an event
+lands in exactly one interval (one that races the drain lands in the next).
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class EbpfProbe:
             _encode_all(self._local)  # a bad address is a config error, not a reason to fall back
             req = load_request(include_loopback=include_loopback, filter_local=bool(self._local),
                                probe_port=probe_port, max_peers=max_peers)
+            loader, why = bpf_loader.choose()
+            if pending is not None and loader == "core":
+                pending.cancel()  # started as BCC but CO-RE works now (a test's switch)
+                pending = None
             if pending is not None and pending.request != req:
                 # Started early from the configuration with a guess (say, the node
                 # had no address yet); other -D flags make another program.
@@ -71,8 +76,12 @@ class EbpfProbe:
                 precheck()
             self._mss = mss
             types = header_structs(bpf_loader.bpf_dir() / HEADER)
-            self._hand: bpf_loader.Handoff | None = (
-                pending.result() if pending is not None else bpf_loader.load_in_subprocess(req))
+            if loader == "core":
+                self._hand: bpf_loader.Handoff | None = bpf_loader.load_core(req, why)
+            else:
+                self._hand = (pending.result() if pending is not None
+                              else bpf_loader.load_in_subprocess(req))
+                self._hand.reason = why
         finally:
             if pending is not None:
                 pending.cancel()  # a no-op once answered; reaps it if anything above failed
@@ -89,13 +98,14 @@ class EbpfProbe:
             self.close()
             raise ProbeError(f"BPF maps unusable: {exc}") from exc
         self._last = time.monotonic()
-        log.info("ebpf probe loaded by loader pid %d (%s); %d attachments held; local filter %s",
-                 self._hand.loader_pid, ", ".join(TRACEPOINTS), len(self._hand.links),
-                 ", ".join(self._local) or "off")
+        #: "core" or "bcc", and why (for BCC: why not CO-RE); the agent logs both.
+        self.loader, self.loader_reason = self._hand.loader, self._hand.reason
+        log.info("ebpf probe: loader %s (%s), pid %d (%s); %d attachments held; "
+                 "local filter %s", self.loader, self.loader_reason, self._hand.loader_pid,
+                 ", ".join(TRACEPOINTS), len(self._hand.links), ", ".join(self._local) or "off")
         # With the kernel's counters the loss ratio is tcp_info's; without, it is
         # estimated (retransmitted segments / bytes sent over the MSS).
-        self.kernel_counters = any(f.startswith("-DCFNET_TP_SEGS_OUT_OFF")
-                                   for f in self._hand.cflags)
+        self.kernel_counters = self._hand.kernel_counters
         if not self.kernel_counters:
             log.warning("ebpf probe: no BTF offsets for the kernel's TCP counters; "
                         "segs_out is estimated from bytes sent")
@@ -192,12 +202,10 @@ class EbpfProbe:
 
 
 def precheck() -> None:
-    """Cheap checks, so a plain "no" costs no loader process (the loader checks
-    tracefs and the tracepoints itself)."""
+    """Cheap checks, so a plain "no" costs no loader process (the loaders check
+    tracefs and the tracepoints themselves; BTF decides which loader, not whether)."""
     if os.geteuid() != 0:
         raise ProbeError("not root: eBPF needs CAP_BPF/CAP_PERFMON")
-    if not os.path.exists("/sys/kernel/btf/vmlinux"):
-        raise ProbeError("no BTF (/sys/kernel/btf/vmlinux)")
 
 
 def load_request(*, include_loopback: bool = False, filter_local: bool = False,
@@ -209,22 +217,28 @@ def load_request(*, include_loopback: bool = False, filter_local: bool = False,
         cflags.append("-DCFNET_INCLUDE_LOOPBACK")
     if filter_local:
         cflags.append("-DCFNET_FILTER_LOCAL")
+    params = {"filter_local": int(filter_local), "include_loopback": int(include_loopback),
+              "probe_port": int(probe_port), "max_peers": int(max_peers)}
     return bpf_loader.LoadRequest(source=SOURCE, cflags=cflags, tracepoints=list(TRACEPOINTS),
-                                  maps=list(MAPS))
+                                  maps=list(MAPS), params=params)
 
 
 def start_early(*, include_loopback: bool = False, filter_local: bool = True,
                 probe_port: int = DEFAULT_PROBE_PORT
                 ) -> tuple[bpf_loader.PendingLoad | None, str]:
-    """Start the loader now, before the agent's own start-up, to claim it later.
+    """Start the BCC loader now, before the agent's own start-up, to claim it later.
 
-    The compile (most of the agent's start-up) then runs beside the agent's
+    Only when BCC is the loader this machine gets: CO-RE loads in tens of milliseconds
+    in the probe itself. The compile (most of the agent's start-up) then runs beside the agent's
     imports, buffer and broker connect. Returns (pending or None, why not):
     a failure here is not reported as the probe's fallback reason; the probe
     then runs its own checks and load, and fails or falls back as it would have.
     """
     try:
         precheck()
+        loader, why = bpf_loader.choose()
+        if loader == "core":
+            return None, f"the CO-RE loader runs in the probe ({why})"
         return bpf_loader.start_loader(load_request(include_loopback=include_loopback,
                                                     filter_local=filter_local,
                                                     probe_port=probe_port)), ""

@@ -1,6 +1,6 @@
 """The agent on a plain host, as the README's one-line install does it: the wheel built from
-this checkout, deploy/systemd/install-agent.sh into a prefix (a venv, BCC linked in, the BPF
-sources, the unit with the prefix filled in, an agent.yaml skeleton), `systemd-analyze verify`
+this checkout, deploy/systemd/install-agent.sh into a prefix (a venv, the CO-RE BPF object and
+the sources, the unit with the prefix filled in, an agent.yaml skeleton), `systemd-analyze verify`
 on the installed unit, then the unit's own ExecStart and Environment run (no systemd is PID 1
 here, so the test starts the command line systemd would) against a real Mosquitto; a core in
 this process must see the node reporting with the eBPF probe."""
@@ -57,6 +57,7 @@ def test_install_script_and_unit_run_the_agent(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr + r.stdout
     unit = units / "cfnet-agent.service"
     assert (prefix / "bpf" / "tcp_links.c").exists() and (conf / "agent.yaml").exists()
+    assert (prefix / "bpf" / "obj" / "tcp_links.bpf.o").exists()  # the CO-RE object
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -96,6 +97,7 @@ def test_install_script_and_unit_run_the_agent(tmp_path: Path) -> None:
         text = (tmp_path / "agent.log").read_text(errors="replace")
         assert seen is not None and seen.reports > 0, f"no report from {node}:\n{text[-3000:]}"
         assert seen.probe == "ebpf", text[-3000:]
+        assert "ebpf probe: loader core" in text, text[-3000:]  # no compiler on the path
     finally:
         if proc is not None:
             proc.terminate()

@@ -4,10 +4,11 @@ One module-scoped agent process, started from that environment's own
 ``cfnet-agent`` script (no PYTHONPATH, working directory outside the
 checkout), reporting to a real Mosquitto (tools/broker.py):
 
-- its reports say ``probe: ebpf`` -- so the wheel carried the BPF sources
-  and the loader process found them in site-packages;
-- the long-lived process maps no LLVM/BCC library (the loader process did
-  the compiling and is gone);
+- its reports say ``probe: ebpf``, loaded by the CO-RE loader in the agent's own process
+  -- so the wheel carried the prebuilt BPF object, found in site-packages, and Debian's
+  libbpf1 loaded it; the environment has no BCC at all (as ``pip install cfnet[agent]``
+  on a device with libbpf1 would be);
+- the process maps no LLVM/BCC library;
 - after SIGKILL no program it held is left in the kernel: a perf event (the
   tracepoint attachment) holds its program, so a program id that no longer
   resolves means neither program nor attachment survived.
@@ -27,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -129,8 +129,8 @@ def installed(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     site = Path(subprocess.run([str(vpy), "-c", "import sysconfig; "
                                 "print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    # As tools/setup.sh does: Debian's BCC is the one system package linked in.
-    (site / "bcc").symlink_to(Path(sysconfig.get_paths()["purelib"]) / "bcc")
+    # No BCC: the CO-RE loader needs only Debian's libbpf1 (a shared library, no Python).
+    assert not (site / "bcc").exists()
     for name in _closure(_base_requirements(wheel)):
         _link_dist(name, site)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "-q",
@@ -140,7 +140,8 @@ def installed(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
                          capture_output=True, text=True, timeout=120)
     assert chk.returncode == 0, chk.stdout + chk.stderr
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CFNET_BPF_DIR")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "CFNET_BPF_DIR", "CFNET_BPF_LOADER", "CFNET_BTF_PATH")}
     node = "edge-pkg"
     creds = broker.add_account(node, "agent")
     (tmp / "a.pw").write_text(creds.password)
@@ -178,11 +179,12 @@ def test_wheel_is_agent_only_and_carries_the_bpf_sources(installed: Installed) -
     assert reqs and not reqs & CORE_ONLY, reqs
     with zipfile.ZipFile(installed.wheel) as z:
         names = set(z.namelist())
-    assert {"edge_agent/bpf/tcp_links.c", "edge_agent/bpf/cfnet_links.h"} <= names
+    assert {"edge_agent/bpf/tcp_links.c", "edge_agent/bpf/cfnet_links.h",
+            "edge_agent/bpf/obj/tcp_links.bpf.o"} <= names
     vpy = str(installed.venv / "bin" / "python")
     code = ("import importlib.util as u, edge_agent, edge_agent.bpf_loader as b; "
             "print(edge_agent.__file__); print(b.bpf_dir()); "
-            "print(u.find_spec('ortools'), u.find_spec('kubernetes'))")
+            "print(u.find_spec('ortools'), u.find_spec('kubernetes'), u.find_spec('bcc'))")
     r = subprocess.run([vpy, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd=str(installed.venv),
                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
@@ -190,7 +192,8 @@ def test_wheel_is_agent_only_and_carries_the_bpf_sources(installed: Installed) -
     pkg, bpf_dir, specs = r.stdout.splitlines()
     assert pkg.startswith(str(installed.venv)), pkg  # the installed copy, not the checkout
     assert bpf_dir.startswith(str(installed.venv)) and Path(bpf_dir, "tcp_links.c").is_file()
-    assert specs == "None None", specs  # neither OR-Tools nor the kubernetes client
+    assert specs == "None None None", specs  # neither OR-Tools, the kubernetes client nor BCC
+    assert Path(bpf_dir, "obj", "tcp_links.bpf.o").is_file()
 
 
 def test_installed_agent_reports_ebpf_and_maps_no_llvm(installed: Installed) -> None:
@@ -203,10 +206,11 @@ def test_installed_agent_reports_ebpf_and_maps_no_llvm(installed: Installed) -> 
     maps = Path(f"/proc/{installed.proc.pid}/maps").read_text()
     heavy = sorted({ln.split()[-1] for ln in maps.splitlines() if HEAVY_LIBS.search(ln)})
     assert not heavy, heavy
-    m = re.search(r"loaded by loader pid (\d+)", log)
+    m = re.search(r"ebpf probe: loader (\w+) \((.*)\), pid (\d+)", log)
     assert m, log[-3000:]
-    assert not Path(f"/proc/{m.group(1)}").exists() or "zombie" in Path(
-        f"/proc/{m.group(1)}/status").read_text()  # the loader is gone
+    # CO-RE, in the agent's own process, and the log says why
+    assert m.group(1) == "core" and "BTF" in m.group(2), m.group(0)
+    assert int(m.group(3)) == installed.proc.pid, m.group(0)
 
 
 def _held(pid: int) -> tuple[set[int], int]:

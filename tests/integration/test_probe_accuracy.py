@@ -14,6 +14,10 @@ and compares what the probe reports with what the kernel says:
   without a tbf and a delay line (sub-ms RTT + GSO is where counting
   retransmitted skbs instead of segments read 15-30 % of the kernel's loss);
 - throughput: a saturating transfer through a 20 Mbit/s tbf.
+
+Every eBPF case runs with both loaders (``ebpf-core``: the prebuilt CO-RE object by
+libbpf; ``ebpf-bcc``: the same C compiled by BCC, the fallback), forced with
+``CFNET_BPF_LOADER``; each checks it got the loader it asked for.
 """
 
 from __future__ import annotations
@@ -55,15 +59,24 @@ def lab() -> Iterator[Lab]:
         yield lab_
 
 
-def _ebpf(lab: Lab) -> LinkProbe:
+def _ebpf(lab: Lab, loader: str) -> LinkProbe:
     from edge_agent.probes.ebpf import EbpfProbe
 
+    old = os.environ.get("CFNET_BPF_LOADER")
+    os.environ["CFNET_BPF_LOADER"] = loader  # read once, while the probe loads
     try:
-        return EbpfProbe(local_addrs=(lab.addr("a"), lab.addr6("a")))
+        probe = EbpfProbe(local_addrs=(lab.addr("a"), lab.addr6("a")))
     except ProbeError as exc:
-        # Root, BCC, BTF and tracefs are what setup provides: eBPF not loading
+        # Root, libbpf, BCC, BTF and tracefs are what setup provides: eBPF not loading
         # here is a failure to report, not a reason to skip.
-        pytest.fail(f"eBPF probe failed to load: {exc}")
+        pytest.fail(f"eBPF probe ({loader} loader) failed to load: {exc}")
+    finally:
+        if old is None:
+            os.environ.pop("CFNET_BPF_LOADER", None)
+        else:
+            os.environ["CFNET_BPF_LOADER"] = old
+    assert probe.loader == loader, (probe.loader, probe.loader_reason)
+    return probe
 
 
 def _sockdiag(lab: Lab) -> LinkProbe:
@@ -72,9 +85,16 @@ def _sockdiag(lab: Lab) -> LinkProbe:
     return SockDiagProbe(netns=lab.ns("a"))
 
 
-PROBES: dict[str, Callable[[Lab], LinkProbe]] = {"ebpf": _ebpf, "sockdiag": _sockdiag}
+PROBES: dict[str, Callable[[Lab], LinkProbe]] = {
+    "ebpf-core": lambda lab: _ebpf(lab, "core"),
+    "ebpf-bcc": lambda lab: _ebpf(lab, "bcc"),
+    "sockdiag": _sockdiag,
+}
 probe_param = pytest.mark.parametrize(
-    "probe_name", [pytest.param("ebpf", marks=pytest.mark.ebpf), "sockdiag"])
+    "probe_name", [pytest.param("ebpf-core", marks=pytest.mark.ebpf),
+                   pytest.param("ebpf-bcc", marks=pytest.mark.ebpf), "sockdiag"])
+# For the eBPF-only tests: make_probe(f"ebpf-{loader}").
+loader_param = pytest.mark.parametrize("loader", ["core", "bcc"])
 
 
 @pytest.fixture
@@ -172,7 +192,7 @@ def test_rtt_matches_tcp_info(lab: Lab, make_probe: Callable[[str], LinkProbe],
               for got in per_interval]
     want_i: list[float] = []
     for (t0, t1), have_one in zip(itertools.pairwise(marks), have_i, strict=True):
-        if probe_name == "ebpf":
+        if probe_name.startswith("ebpf"):
             inside = [r["rtt_us"] for r in reports if t0 <= r["t"] < t1]
             want_i.append(statistics.median(inside) if inside else float("nan"))
         else:
@@ -252,13 +272,15 @@ def test_throughput_through_tbf(lab: Lab, make_probe: Callable[[str], LinkProbe]
 
 
 @pytest.mark.ebpf
+@loader_param
 def test_active_probe_is_measured_and_marked(lab: Lab,
-                                             make_probe: Callable[[str], LinkProbe]) -> None:
+                                             make_probe: Callable[[str], LinkProbe],
+                                             loader: str) -> None:
     from edge_agent.active import ActiveProber, EchoServer
     from edge_agent.probes.base import DEFAULT_PROBE_PORT
     from tools.netns import in_netns
 
-    probe = make_probe("ebpf")
+    probe = make_probe(f"ebpf-{loader}")
     # The lab's namespaces are private, so the default probe port is free there.
     server = EchoServer(lab.addr("b"), DEFAULT_PROBE_PORT)
     in_netns(lab.ns("b"), server.start)
@@ -291,12 +313,13 @@ LOSS_CASES = [
 
 
 @pytest.mark.ebpf
+@loader_param
 @pytest.mark.parametrize(("traffic", "family", "gso", "loss", "rate", "delay"), LOSS_CASES)
 def test_ebpf_loss_matches_kernel(lab: Lab, make_probe: Callable[[str], LinkProbe],
                                   traffic: str, family: str, gso: bool, loss: float,
-                                  rate: float | None, delay: float) -> None:
+                                  rate: float | None, delay: float, loader: str) -> None:
     """eBPF loss vs the kernel's tcp_info retrans/segs_out of the same flows, same intervals."""
-    probe = make_probe("ebpf")
+    probe = make_probe(f"ebpf-{loader}")
     kernel = make_probe("sockdiag")  # tcp_info of a's sockets: the kernel's own counters
     peer = lab.addr("b") if family == "ipv4" else lab.addr6("b")
     port = 5100 + LOSS_CASES.index(next(c for c in LOSS_CASES if c.values[:4] == (
@@ -367,11 +390,13 @@ def test_ebpf_loss_matches_kernel(lab: Lab, make_probe: Callable[[str], LinkProb
 
 
 @pytest.mark.ebpf
+@loader_param
 def test_ebpf_folds_ipv4_mapped_addresses(lab: Lab,
-                                          make_probe: Callable[[str], LinkProbe]) -> None:
+                                          make_probe: Callable[[str], LinkProbe],
+                                          loader: str) -> None:
     """A dual-stack server's sockets carry ::ffff:a.b.c.d; the program folds both ends to
     IPv4, so the local filter (IPv4 addresses of a) matches and the peer is b's IPv4."""
-    probe = make_probe("ebpf")
+    probe = make_probe(f"ebpf-{loader}")
     srv = _server(lab, "a", 5090, "echo", 8)  # AF_INET6 dual-stack listener in a
     probe.collect()
     cli = lab.popen("b", [PY, "-m", "tools.lab", "pingpong", lab.addr("a"), "--port", "5090",

@@ -1,4 +1,7 @@
-"""The agent starts its eBPF loader process first thing and the probe claims it later.
+"""The agent starts its BCC loader process first thing and the probe claims it later.
+
+(BCC is the fallback loader, forced here with CFNET_BPF_LOADER=bcc; the CO-RE loader
+runs in the probe itself and has no early process: tests/unit/test_core_loader.py.)
 
 ``cfnet-agent`` starts the one-shot BCC loader right after reading its
 configuration (``edge_agent.main.start_loader_early``), so the compile runs
@@ -32,6 +35,13 @@ from edge_agent.errors import ProbeError
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = ("10.255.0.1",)  # a filter address nothing uses: the programs load, count nothing
+
+
+@pytest.fixture(autouse=True)
+def _bcc_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The early loader process is the BCC loader's (CO-RE loads in the probe itself)."""
+    monkeypatch.setenv("CFNET_BPF_LOADER", "bcc")
+
 
 def _need_ebpf() -> None:
     if os.geteuid() != 0 or not Path("/sys/kernel/btf/vmlinux").exists():

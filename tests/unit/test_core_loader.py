@@ -1,0 +1,178 @@
+"""The CO-RE loader on the real kernel: the prebuilt object, libbpf1 through ctypes.
+
+- The object the agent ships is what the sources build to (compiled again here, for x86
+  and for arm64: byte-identical, which is what makes one object serve both arches).
+- It loads in the agent's process, relocated against this kernel's BTF, with the
+  parameters set in .rodata; it counts loopback traffic with the kernel's own counters;
+  closing it detaches the programs.
+- The choice between CO-RE and BCC, and its reason: a missing BTF (the CFNET_BTF_PATH
+  test seam) sends the probe to BCC, which says why; forcing CO-RE there fails over to
+  sock_diag with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_agent import bpf_loader, libbpf_loader
+from edge_agent.bpfsys import map_info, prog_alive
+from edge_agent.errors import ProbeError
+from tools import build_bpf
+
+pytestmark = [pytest.mark.root, pytest.mark.ebpf]
+
+
+def _need_root_btf() -> None:
+    if os.geteuid() != 0 or not Path("/sys/kernel/btf/vmlinux").exists():
+        pytest.fail("needs root and a kernel with BTF (setup provides both here)")
+
+
+def _obj() -> Path:
+    return libbpf_loader.object_path(bpf_loader.bpf_dir())
+
+
+def _prog_id(fd: int) -> int:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        for line in f:
+            if line.startswith("prog_id:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no prog_id in fdinfo of {fd}")
+
+
+def _loopback_traffic(rounds: int = 100) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    with srv, socket.create_connection(srv.getsockname()) as c:
+        a, _ = srv.accept()
+        with a:
+            for _ in range(rounds):
+                c.sendall(b"x" * 1000)
+                got = 0
+                while got < 1000:
+                    got += len(a.recv(65536))
+                a.sendall(b"y")
+                c.recv(10)
+
+
+def test_shipped_object_is_what_the_sources_build_for_both_arches() -> None:
+    obj = _obj()
+    assert obj.is_file(), f"{obj} missing: tools/setup.sh builds it (python -m tools.build_bpf)"
+    include = build_bpf.vmlinux_h(build_bpf.DEFAULT_BTF, obj.parent).parent
+    with tempfile.TemporaryDirectory() as d:
+        for arch in ("x86", "arm64"):
+            out = Path(d, f"{arch}.o")
+            build_bpf.compile_object(out, include, arch)
+            assert out.read_bytes() == obj.read_bytes(), (
+                f"the {arch} build differs from {obj}: stale (rerun tools/build_bpf.py) or, "
+                "for arm64, arch-specific")
+
+
+def test_core_probe_loads_in_process_counts_and_detaches_on_close(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _need_root_btf()
+    monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
+    monkeypatch.delenv("CFNET_BTF_PATH", raising=False)
+    from edge_agent.probes.ebpf import EbpfProbe
+
+    t0 = time.monotonic()
+    probe = EbpfProbe(include_loopback=True, max_peers=128)
+    load_s = time.monotonic() - t0
+    try:
+        assert probe.loader == "core", probe.loader_reason
+        assert probe._hand is not None and probe._hand.loader_pid == os.getpid()
+        assert probe.kernel_counters
+        fds = probe.fds
+        assert len(fds["progs"]) == 3 and len(fds["links"]) == 3, fds
+        # bpf_map__set_max_entries reached the kernel
+        assert map_info(probe._hand.maps["peers"]).max_entries == 128
+        ids = [_prog_id(fd) for fd in fds["progs"]]
+        assert load_s < 5, f"CO-RE load took {load_s:.2f} s"
+        probe.collect()
+        _loopback_traffic()
+        samples = {s.peer: s for s in probe.collect()}
+        lo = samples.get("127.0.0.1")
+        assert lo is not None, f"no loopback sample: {samples}"
+        assert lo.samples > 50 and lo.segs_out > 50 and lo.conns >= 1, lo
+    finally:
+        probe.close()
+    assert not any(prog_alive(i) for i in ids), "programs still loaded after close"
+
+
+def test_rodata_parameters_reach_the_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    _need_root_btf()
+    monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
+    from edge_agent.probes.ebpf import EbpfProbe
+
+    # include_loopback off (the default): loopback traffic is not counted at all.
+    probe = EbpfProbe(include_loopback=False)
+    try:
+        assert probe.loader == "core"
+        probe.collect()
+        _loopback_traffic(30)
+        assert [s for s in probe.collect() if s.peer == "127.0.0.1"] == []
+    finally:
+        probe.close()
+    # filter_local with an address nothing uses: loopback included, still nothing counted.
+    probe = EbpfProbe(include_loopback=True, local_addrs=("10.255.0.1",))
+    try:
+        probe.collect()
+        _loopback_traffic(30)
+        assert probe.collect() == []
+    finally:
+        probe.close()
+
+
+def test_without_btf_the_probe_falls_back_to_bcc_and_says_why(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _need_root_btf()
+    monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
+    missing = tmp_path / "no-btf"
+    monkeypatch.setenv("CFNET_BTF_PATH", str(missing))  # the test seam: a kernel without BTF
+    loader, why = bpf_loader.choose()
+    assert loader == "bcc" and str(missing) in why and "BTF" in why, why
+    from edge_agent.probes.ebpf import EbpfProbe
+
+    probe = EbpfProbe(include_loopback=True)
+    try:
+        assert probe.loader == "bcc" and "no kernel BTF" in probe.loader_reason
+        # BCC without BTF: no offsets for the kernel's counters, the loss is estimated
+        assert not probe.kernel_counters
+        assert probe._hand is not None and probe._hand.loader_pid != os.getpid()
+    finally:
+        probe.close()
+
+
+def test_core_forced_without_btf_falls_back_to_sockdiag_with_the_reason(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CFNET_BTF_PATH", str(tmp_path / "no-btf"))
+    monkeypatch.setenv("CFNET_BPF_LOADER", "core")
+    with pytest.raises(ProbeError, match="no kernel BTF"):
+        bpf_loader.choose()
+    monkeypatch.setenv("CFNET_BPF_LOADER", "nonsense")
+    with pytest.raises(ProbeError, match="one of auto, core, bcc"):
+        bpf_loader.choose()
+    if os.geteuid() != 0:
+        return
+    monkeypatch.setenv("CFNET_BPF_LOADER", "core")
+    from edge_agent.probes import ProbeConfig, open_probe
+
+    probe, reason = open_probe(ProbeConfig(ebpf=True, local_addrs=("10.255.0.1",)))
+    try:
+        assert probe.name == "sockdiag" and reason and "no kernel BTF" in reason, reason
+    finally:
+        probe.close()
+
+
+def test_a_broken_object_is_refused_with_libbpfs_reason(tmp_path: Path) -> None:
+    _need_root_btf()
+    bad = tmp_path / "tcp_links.bpf.o"
+    bad.write_bytes(b"\x7fELF not really")
+    with pytest.raises(ProbeError, match="libbpf cannot open"):
+        libbpf_loader.load(bad, config=bytes(16), max_entries={}, maps=[])
