@@ -41,6 +41,10 @@ class AgentConfig:
     buffer_max_bytes: int = 16 * 1024 * 1024
     buffer_max_age_s: float = 7 * 86400.0
     metrics_port: int = 0
+    # "mosquitto" (MQTT 5) or "nats" (a NATS cluster's MQTT 3.1.1 listener), and the
+    # clustered bus's other addresses ("host:port,...") tried when a node goes away.
+    bus: str = "mosquitto"
+    broker_failover: tuple[str, ...] = ()
 
     def resolved_password(self) -> str | None:
         if self.password is not None:
@@ -73,7 +77,7 @@ def _coerce(name: str, value: Any) -> Any:
             return int(value)
         if name in _FLOATS:
             return float(value)
-        if name == "peers":
+        if name in ("peers", "broker_failover"):
             return tuple(value.split(",") if isinstance(value, str) else value)
         if name == "labels":
             if isinstance(value, str):
@@ -130,6 +134,12 @@ def validate(cfg: AgentConfig) -> AgentConfig:
         )
     if not 0.05 <= cfg.interval_s <= 3600:
         raise ConfigError(f"interval_s {cfg.interval_s} must be within 0.05..3600")
+    if cfg.bus not in ("mosquitto", "nats"):
+        raise ConfigError(f"bus {cfg.bus!r} must be mosquitto or nats")
+    for addr in cfg.broker_failover:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"broker_failover entry {addr!r} is not host:port")
     if cfg.tls and cfg.ca_file is not None and not cfg.ca_file.exists():
         raise ConfigError(f"CA file {cfg.ca_file} does not exist")
     return cfg
