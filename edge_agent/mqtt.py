@@ -178,14 +178,30 @@ class PublishHandle:
 
     def wait(self, timeout_s: float) -> bool:
         """True once the broker acked the message; False on timeout or refusal."""
+        if self._info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+            # Queued while disconnected: paho sends it after the reconnect, but its
+            # wait_for_publish raises at once for such a message; poll instead.
+            deadline = time.monotonic() + timeout_s
+            while not self.done():
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.02)
+            return True
         try:
             self._info.wait_for_publish(timeout_s)
         except (RuntimeError, ValueError):
             return False
-        return self._info.is_published()
+        return self.done()
 
     def done(self) -> bool:
-        return self._info.is_published()
+        """True once the broker acked the message (never raises)."""
+        info = self._info
+        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+            return bool(info._published)  # set by paho when the PUBACK finally arrives
+        try:
+            return info.is_published()
+        except (RuntimeError, ValueError):
+            return False
 
 
 class MqttClient:
