@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from cloud_core.bus_nats import STREAM
 from tools.broker import free_port, mqtt_connect_probe
 from tools.certs import CertError, CertStore, Credentials, Role, acl_rules
 
@@ -103,6 +104,14 @@ def nats_permissions(name: str, role: Role) -> dict[str, object]:
             pub.append(subject)
         if "read" in access:
             sub.append(subject)
+    if role == "core":
+        # Shared ingest over native NATS (cloud_core/bus_nats.py): its stream, its
+        # consumers, fetching and acking, replies on the core's own inbox prefix.
+        api = "$JS.API"
+        pub += [f"{api}.INFO", f"{api}.STREAM.INFO.{STREAM}", f"{api}.STREAM.CREATE.{STREAM}",
+                f"{api}.CONSUMER.*.{STREAM}.>", f"{api}.CONSUMER.DURABLE.CREATE.{STREAM}.>",
+                f"{api}.CONSUMER.MSG.NEXT.{STREAM}.>", f"$JS.ACK.{STREAM}.>"]
+        sub.append(f"_INBOX_{name}.>")
     return {"publish": {"allow": pub or ["_cfnet_nothing"]},
             "subscribe": {"allow": sub}}
 
