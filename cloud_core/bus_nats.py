@@ -161,11 +161,17 @@ class SharedIngest:
         async def reconnected() -> None:
             self._connected.set()
 
+        async def error(exc: Exception) -> None:
+            # nats-py's default prints a traceback per failed reconnect attempt (a
+            # killed node is tried again and again): one line, the client retries.
+            log.info("NATS: %s", exc or type(exc).__name__)
+
         nc = await nats.connect(
             servers=list(s.urls), user=s.username, password=s.password, tls=self._tls(),
             name=s.username, inbox_prefix=f"_INBOX_{s.username}".encode(),
             max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
-            allow_reconnect=True, disconnected_cb=disconnected, reconnected_cb=reconnected)
+            allow_reconnect=True, disconnected_cb=disconnected, reconnected_cb=reconnected,
+            error_cb=error)
         js = nc.jetstream(timeout=10)
         while not self._stopping.is_set():
             try:

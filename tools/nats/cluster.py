@@ -414,9 +414,40 @@ class NatsCluster:
         return "\n".join(out)
 
 
+def render_accounts(store: CertStore) -> str:
+    """``authorization { users: [...] }`` for every account of a ``tools.certs`` store: the
+    accounts.conf a deployed NATS cluster includes (the chart's Secret
+    ``nats.deploy.accountsSecretName``). Passwords as the store holds them; keep the
+    Secret as private as the store."""
+    users = [{"user": name, "password": store.credentials(name).password,
+              "permissions": nats_permissions(name, role),
+              "allowed_connection_types": _conn_types(role)}
+             for name, role in sorted(store.accounts().items())]
+    return f"authorization {{ users: {json.dumps(users, indent=1)} }}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tools.nats.cluster accounts --pki DIR``: print accounts.conf."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tools.nats.cluster")
+    ap.add_argument("what", choices=["accounts"])
+    ap.add_argument("--pki", type=Path, default=Path("run/pki"))
+    a = ap.parse_args(argv)
+    if not (a.pki / "accounts.json").exists() and not a.pki.exists():
+        print(f"no tools.certs store at {a.pki}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_accounts(CertStore(a.pki)))
+    return 0
+
+
 def _terminate_all(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
             p.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=STOP_TIMEOUT_S)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
