@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -220,6 +221,98 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
     return r
 
 
+def rss_mib(pids: list[int]) -> float:
+    total = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+@dataclass
+class Sessions:
+    bus: str
+    sessions: int
+    connect_s: float = 0.0
+    rss_mib_per_k: float = 0.0  # bus memory per 1,000 persistent sessions
+    delivered: float = 0.0  # fraction of the acks delivered
+    bus_cpu_per_k: float = 0.0  # cores per 1,000 sessions, 1 QoS 1 ack/s each
+
+
+def sessions_run(kind: str, k: int, seconds: float, log: Any) -> Sessions:
+    """What every agent costs the bus beyond its reports: ``k`` persistent sessions (one
+    per agent, each subscribed QoS 1 to its ack topic, as the agent is) and one QoS 1 ack
+    a second to each, as the core sends them."""
+    from edge_agent import wire
+    from edge_agent.mqtt import MqttClient, MqttSettings
+
+    out = Sessions(kind, k)
+    with tempfile.TemporaryDirectory(prefix=f"cfnet-bench-sess-{kind}-") as tmp:
+        b = make_bus(kind, Path(tmp) / "bus")
+        if isinstance(b, Broker):
+            b.username_as_clientid = False  # many sessions of one test account
+        b.start()
+        clients: list[MqttClient] = []
+        got = [0]
+        lock = threading.Lock()
+
+        def hit(_m: Any) -> None:
+            with lock:
+                got[0] += 1
+
+        try:
+            creds = b.add_account("sim-sess", "sim")
+            core = b.add_account("core-sess", "core")
+            proto: dict[str, Any] = ({"protocol": "mqtt311"} if isinstance(b, NatsCluster)
+                                     else {})
+            rss0 = rss_mib(bus_pids(b))
+            t0 = time.time()
+            for i in range(k):
+                c = MqttClient(MqttSettings(
+                    host=b.host, port=b.port, username=creds.username, password=creds.password,
+                    tls=True, ca_file=b.ca_file, client_id=f"sess-{i}", keepalive_s=30,
+                    clean_start=False, **proto), on_message=hit)
+                c.subscribe(wire.ack_topic(f"sess-{i}"), qos=1)
+                c.start()
+                clients.append(c)
+            for c in clients:
+                if not c.wait_connected(60):
+                    raise RuntimeError(f"{kind}: a session did not connect")
+            out.connect_s = time.time() - t0
+            time.sleep(2.0)  # subscriptions (NATS: JetStream consumers) in place
+            out.rss_mib_per_k = (rss_mib(bus_pids(b)) - rss0) / (k / 1000)
+            pub = MqttClient(MqttSettings(host=b.host, port=b.port, username=core.username,
+                                          password=core.password, tls=True, ca_file=b.ca_file,
+                                          client_id="core-sess", max_inflight=100, **proto))
+            pub.start()
+            assert pub.wait_connected(30)
+            cpu0, w0, sent = cpu(bus_pids(b)), time.time(), 0
+            while time.time() - w0 < seconds:
+                tick = time.time()
+                hs = [pub.publish(wire.ack_topic(f"sess-{i}"), b'{"v":1}') for i in range(k)]
+                sent += len(hs)
+                hs[-1].wait(5)
+                time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+            dt = time.time() - w0
+            out.bus_cpu_per_k = (cpu(bus_pids(b)) - cpu0) / dt / (k / 1000)
+            deadline = time.time() + 10
+            while got[0] < sent and time.time() < deadline:
+                time.sleep(0.1)
+            out.delivered = got[0] / sent if sent else 0.0
+            pub.stop()
+            log(f"{kind}: {k} sessions: connect {out.connect_s:.1f} s, "
+                f"{out.rss_mib_per_k:.0f} MiB/1,000, acks delivered {out.delivered:.0%}")
+        finally:
+            for c in clients:
+                c.stop()
+            b.stop()
+    return out
+
+
 def med(xs: Sequence[float], spec: str) -> str:
     good = [x for x in xs if x == x]
     if not good:
@@ -259,6 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--steady", type=float, default=10.0)
     ap.add_argument("--buses", default="mosquitto,nats")
+    ap.add_argument("--sessions", type=int, default=0,
+                    help="also measure N persistent agent sessions per bus (0: skip)")
+    ap.add_argument("--skip-fleet", action="store_true", help="only the sessions part")
     ap.add_argument("--quick", action="store_true", help="one run each, 500 nodes")
     a = ap.parse_args(argv)
     if a.quick:
@@ -271,11 +367,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[bench_bus {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     runs: dict[str, list[Run]] = {k: [] for k in a.buses.split(",")}
-    for i in range(a.runs):
+    for i in range(0 if a.skip_fleet else a.runs):
         for kind in runs:  # interleaved, so drift in the machine's load hits both
             log(f"run {i + 1}/{a.runs} on {kind}")
             runs[kind].append(one_run(kind, a.nodes, a.steady, log))
-    print(table(runs, a.nodes, a.steady))
+    if not a.skip_fleet:
+        print(table(runs, a.nodes, a.steady))
+    if a.sessions:
+        if not 1 <= a.sessions <= 5000:
+            ap.error("--sessions 1..5000")
+        sess: dict[str, list[Sessions]] = {k: [] for k in runs}
+        for _ in range(a.runs):
+            for kind in sess:
+                sess[kind].append(sessions_run(kind, a.sessions, a.steady, log))
+        kinds = list(sess)
+        print(f"\n{a.sessions} persistent agent sessions (QoS 1 on their ack topic), one "
+              f"ack a second each for {a.steady:g} s; median of {a.runs} (min-max)\n")
+        print("| | " + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
+        for label, f, spec in (
+                ("connect all, s", lambda x: x.connect_s, ".1f"),
+                ("bus memory, MiB / 1,000 sessions", lambda x: x.rss_mib_per_k, ".0f"),
+                ("bus CPU for acks, cores / 1,000 sessions", lambda x: x.bus_cpu_per_k, ".3f"),
+                ("acks delivered", lambda x: 100 * x.delivered, ".0f")):
+            print(f"| {label} | " + " | ".join(med([f(x) for x in sess[k]], spec)
+                                             for k in kinds) + " |")
     print(f"\n(python -m tools.bench_bus --nodes {a.nodes} --runs {a.runs} --steady "
           f"{a.steady:g}; {time.time() - t0:.0f} s)")
     return 0
