@@ -84,3 +84,37 @@ def test_core_permissions_have_no_share_prefix() -> None:
     every = p["publish"]["allow"] + p["subscribe"]["allow"]  # type: ignore[index,operator]
     assert not any("$share" in s for s in every)
     assert "cfnet.v1.nodes.*.telemetry" in p["subscribe"]["allow"]  # type: ignore[index]
+
+
+def test_failover_flag_parsed_and_bounded() -> None:
+    from cloud_core.broker_args import parse_failover
+    from cloud_core.errors import CoreError
+
+    assert parse_failover("") == ()
+    assert parse_failover("a:1, [::1]:8883") == (("a", 1), ("::1", 8883))
+    for bad in ("a", "a:", ":1", "a:0", "a:70000", "a:x"):
+        with pytest.raises(CoreError):
+            parse_failover(bad)
+    with pytest.raises(CoreError):
+        parse_failover(",".join(f"h{i}:1" for i in range(17)))
+
+
+def test_agent_config_bus_checked() -> None:
+    from edge_agent.config import AgentConfig, validate
+    from edge_agent.errors import ConfigError
+
+    ok = validate(AgentConfig(node="n1", bus="nats", broker_failover=("h:8883",)))
+    assert ok.bus == "nats"
+    for cfg in (AgentConfig(node="n1", bus="emqx"),
+                AgentConfig(node="n1", broker_failover=("h",))):
+        with pytest.raises(ConfigError):
+            validate(cfg)
+
+
+def test_shared_filters_are_refused_on_mqtt311() -> None:
+    from edge_agent.mqtt import MqttClient, MqttSettings
+
+    c = MqttClient(MqttSettings(protocol="mqtt311", tls=False, client_id="x"))
+    with pytest.raises(MqttError):
+        c.subscribe("$share/g/cfnet/v1/nodes/+/telemetry")
+    c.subscribe("cfnet/v1/nodes/+/telemetry")  # an ordinary filter is fine

@@ -37,11 +37,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from cloud_core.bus_nats import STREAM
+from cloud_core.bus_nats import STREAM, subject_to_topic, topic_to_subject
 from tools.broker import free_port, mqtt_connect_probe
 from tools.certs import CertError, CertStore, Credentials, Role, acl_rules
 
-__all__ = ["NatsCluster", "NatsError", "build_nats", "mqtt_to_subject", "nats_permissions"]
+__all__ = ["NatsCluster", "NatsError", "build_nats", "mqtt_to_subject", "nats_permissions",
+           "render_accounts", "subject_to_topic"]
 
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
 START_TIMEOUT_S = 60.0
@@ -85,30 +86,12 @@ def build_nats() -> Path:
 
 
 def mqtt_to_subject(topic: str) -> str:
-    """An MQTT topic or filter as the NATS subject its MQTT listener maps it to.
-
-    ``/`` separates levels (``.`` in NATS), a ``.`` inside a level becomes ``//``,
-    ``+`` is ``*`` and ``#`` is ``>``. cfnet topics never have empty levels, so the
-    listener's escapes for those are not needed here (refused instead).
-    """
-    levels = topic.split("/")
-    if any(lv == "" for lv in levels):
+    """An MQTT topic or filter as the NATS subject its MQTT listener maps it to
+    (:func:`cloud_core.bus_nats.topic_to_subject`). cfnet topics never have empty
+    levels, so the listener's escapes for those are not needed: refused here."""
+    if any(lv == "" for lv in topic.split("/")):
         raise NatsError(f"topic {topic!r} has an empty level")
-    out = []
-    for lv in levels:
-        if lv == "+":
-            out.append("*")
-        elif lv == "#":
-            out.append(">")
-        else:
-            out.append(lv.replace(".", "//"))
-    return ".".join(out)
-
-
-def subject_to_topic(subject: str) -> str:
-    """The inverse of :func:`mqtt_to_subject` for concrete subjects: ``//`` is a dot
-    inside a level, a lone ``.`` separates levels (``a.b//c.d`` -> ``a/b.c/d``)."""
-    return subject.replace("//", "\0").replace(".", "/").replace("\0", ".")
+    return topic_to_subject(topic)
 
 
 def nats_permissions(name: str, role: Role) -> dict[str, object]:
