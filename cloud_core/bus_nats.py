@@ -130,10 +130,15 @@ class SharedIngest:
     # ------------------------------------------------------------------ internals
 
     def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except Exception:
-            log.exception("NATS shared ingest stopped")
+        # A first connection that fails (no server reachable yet) is tried again, as
+        # the client itself retries once connected.
+        while not self._stopping.is_set():
+            try:
+                asyncio.run(self._main())
+            except Exception as exc:
+                self.errors += 1
+                log.warning("NATS shared ingest: %s; retrying in 1 s", exc)
+                self._stopping.wait(1.0)
 
     def _tls(self) -> ssl.SSLContext | None:
         if not any(u.startswith("tls://") for u in self.settings.urls):
