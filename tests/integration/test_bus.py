@@ -329,3 +329,51 @@ def test_no_report_lost_across_core_sigkill_and_bus_node_kill(
     for name in ("core1.log", "core2.log"):
         text = (tmp_path / name).read_text(errors="replace")
         assert "Traceback" not in text, text[-3000:]
+
+
+def test_real_agent_reports_and_is_acknowledged(broker: Bus, core: CoreService,
+                                                tmp_path: Path) -> None:
+    """``cfnet-agent`` as shipped (sock_diag probe, its SQLite buffer) on either bus, with
+    a node id that has a dot (NATS refuses dots in client ids: the adapter maps them):
+    its reports reach the core, the core's acks reach it (its buffer empties), its
+    retained ``online`` status is in the core's state; SIGKILLed, its will marks it
+    offline."""
+    import sqlite3
+
+    node = "edge.dot"
+    creds = broker.add_account(node, "agent")
+    (tmp_path / "a.pw").write_text(creds.password)
+    bus_args = ["--bus", "nats", "--broker-failover",
+                ",".join(f"{h}:{p}" for h, p in broker.failover)] \
+        if isinstance(broker, NatsCluster) else []
+    out = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - the process owns it
+    try:
+        p = subprocess.Popen(
+            [str(VENV_BIN / "cfnet-agent"), "--node", node, "--broker-host", broker.host,
+             "--broker-port", str(broker.port), *bus_args, "--password-file",
+             str(tmp_path / "a.pw"), "--ca-file", str(broker.ca_file), "--buffer-path",
+             str(tmp_path / "buffer.db"), "--interval-s", "0.5", "--no-ebpf",
+             "--no-active-probing"], stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        out.close()
+
+    def buffered() -> int:
+        with sqlite3.connect(f"file:{tmp_path / 'buffer.db'}?mode=ro", uri=True) as db:
+            return int(db.execute("SELECT COUNT(*) FROM reports").fetchone()[0])
+
+    try:
+        wait_for(lambda: (n := core.state.snapshot(time.time()).nodes.get(node)) is not None
+                 and n.reports >= 4 and n.status == "online", 30,
+                 "the agent's status and reports at the core")
+        # Acknowledged end to end: the agent deletes what the core acknowledged.
+        wait_for(lambda: buffered() <= 2, 30, "the agent's buffer emptied by the core's acks")
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        wait_for(lambda: core.state.snapshot(time.time()).nodes[node].status == "offline",
+                 30, "the agent's last will at the core")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    text = (tmp_path / "agent.log").read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
