@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from cloud_core.broker_args import add_broker_args, broker_settings
+from cloud_core.bus_nats import NatsIngestSettings
 from cloud_core.errors import CoreError
 from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
 from cloud_core.k8s.lines import no_line, say_line
@@ -49,6 +50,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="YAML mapping operator -> viewer|operator|admin")
     p.add_argument("--share-group", default=env("CFNET_SHARE_GROUP"),
                    help="ingest through $share/<group>/ so replicas split the load")
+    p.add_argument("--nats-url", default=env("CFNET_NATS_URL", ""),
+                   help="with --bus nats and --share-group: the servers' NATS URLs "
+                        "(tls://host:4222,...) for ingest shared through JetStream")
+    p.add_argument("--nats-replicas", type=int, default=int(env("CFNET_NATS_REPLICAS", "3")),
+                   help="replicas of the shared-ingest stream (the NATS cluster's size)")
     p.add_argument("--step-interval", type=float, default=0.5)
     p.add_argument("--apply-interval", type=float, default=0.0,
                    help="pause between node applies (paces large roll-outs)")
@@ -106,6 +112,16 @@ def load_roles(path: Path | None) -> dict[str, str]:
 
 def build_config(a: argparse.Namespace) -> CoreConfig:
     settings = broker_settings(a, a.username, client_id=a.username, keepalive_s=5)
+    nats = None
+    if a.bus == "nats" and a.share_group:
+        urls = tuple(u.strip() for u in a.nats_url.split(",") if u.strip())
+        if not urls:
+            raise CoreError("--bus nats with --share-group needs --nats-url (CFNET_NATS_URL)")
+        if a.mqtt_in_process:
+            raise CoreError("--share-group on NATS needs the MQTT process "
+                            "(drop --mqtt-in-process)")
+        nats = NatsIngestSettings(urls=urls, username=a.username, password=settings.password,
+                                  ca_file=a.ca_file, replicas=a.nats_replicas)
     return CoreConfig(
         mqtt=settings, db_path=a.db, registry=load_registry(a.registry),
         roles=load_roles(a.roles), step_interval_s=a.step_interval,
@@ -113,7 +129,7 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
         # With Kubernetes, pods are placed by the actuator below, not by the local loop.
         place=not (a.no_place or a.kubernetes), console=not a.no_place,
         metrics_port=int(a.metrics_port) if a.metrics_port is not None else None,
-        mqtt_process=not a.mqtt_in_process, ack_interval_s=a.ack_interval,
+        mqtt_process=not a.mqtt_in_process, ack_interval_s=a.ack_interval, nats=nats,
     )
 
 

@@ -21,6 +21,11 @@ resends it (see ``edge_agent/outbox.py``). A console request lost that way
 gets no reply (``cfnetctl`` says so after its timeout; the operator runs it
 again); the core's durable work (plans, placements) is journalled separately.
 
+On the NATS bus (``nats``: :class:`cloud_core.bus_nats.NatsIngestSettings`), the
+child serves ``$share/<group>/...`` subscriptions from a JetStream consumer shared by
+the replicas (:mod:`cloud_core.bus_nats`) instead of MQTT, which on NATS has no
+``$share``; those messages join the same batches.
+
 The child exits when the core asks, and on its own when the core goes away
 (its end of the pipe closes), so a killed core leaves no orphan holding the
 account's session.
@@ -40,6 +45,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from cloud_core.bus_nats import NatsIngestSettings
 from cloud_core.errors import CoreError
 from edge_agent.logsetup import configure_child_logging
 from edge_agent.mqtt import Message, MqttSettings
@@ -83,8 +89,10 @@ class RemoteHandle:
 
 class MqttProcess:
     def __init__(self, settings: MqttSettings,
-                 on_message: Callable[[Message], None] | None = None) -> None:
+                 on_message: Callable[[Message], None] | None = None,
+                 nats: NatsIngestSettings | None = None) -> None:
         self.settings = settings
+        self.nats = nats
         self._on_message = on_message
         self._subs: list[tuple[str, int, bool, bool]] = []
         self._proc: subprocess.Popen[bytes] | None = None
@@ -128,7 +136,7 @@ class MqttProcess:
         self._proc = proc
         self._cmd = Connection(cmd_w, readable=False)
         self._send(("init", self.settings, list(self._subs),
-                    logging.getLogger().getEffectiveLevel()))
+                    logging.getLogger().getEffectiveLevel(), self.nats))
         out = Connection(out_r, writable=False)
         self._reader = threading.Thread(target=self._read, args=(out,), name="cfnet-mqtt-reader",
                                         daemon=True)
@@ -246,13 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     cmd = Connection(int(args[0]), writable=False)
     out = Connection(int(args[1]), readable=False)
     try:
-        kind, settings, subs, level = cmd.recv()
+        kind, settings, subs, level, nats = cmd.recv()
     except (EOFError, OSError, ValueError):
         return 1
     if kind != "init":
         return 1
     configure_child_logging(level)  # the parent's --log-format (text or json lines)
-    _Child(settings, subs, cmd, out).run()
+    _Child(settings, subs, cmd, out, nats).run()
     return 0
 
 
@@ -260,7 +268,9 @@ class _Child:
     """Runs in the child: one MqttClient, a forwarder, an ack waiter, the command loop."""
 
     def __init__(self, settings: MqttSettings, subs: list[tuple[str, int, bool, bool]],
-                 cmd: Connection, out: Connection) -> None:
+                 cmd: Connection, out: Connection, nats: NatsIngestSettings | None = None,
+                 ) -> None:
+        from cloud_core.bus_nats import SharedIngest, parse_share
         from edge_agent.mqtt import MqttClient  # paho only in the child
 
         self.cmd, self.out = cmd, out
@@ -270,8 +280,19 @@ class _Child:
         self.stopping = threading.Event()
         self.out_lock = threading.Lock()
         self.client = MqttClient(settings, on_message=self._on_message)
+        self.shared: SharedIngest | None = None
+        if nats is not None:
+            self.shared = SharedIngest(nats, self._on_shared)
         for topic, qos, no_local, rap in subs:
-            self.client.subscribe(topic, qos=qos, no_local=no_local, retain_as_published=rap)
+            share = parse_share(topic) if self.shared is not None else None
+            if share is not None and self.shared is not None:
+                self.shared.add(*share)
+            else:
+                self.client.subscribe(topic, qos=qos, no_local=no_local,
+                                      retain_as_published=rap)
+
+    def _on_shared(self, topic: str, payload: bytes) -> None:
+        self.inbox.append((topic, payload, 1, False, None, None, ()))
 
     def _on_message(self, m: Message) -> None:
         # deque.append is atomic: no lock on paho's network thread.
@@ -289,6 +310,8 @@ class _Child:
 
     def run(self) -> None:
         self.client.start()
+        if self.shared is not None:
+            self.shared.start()
         threads = [threading.Thread(target=self._forward, name="forward", daemon=True),
                    threading.Thread(target=self._acks, name="acks", daemon=True)]
         for t in threads:
@@ -323,6 +346,8 @@ class _Child:
             self.stopping.set()
             self.pending_ready.set()
             self.client.stop(graceful=graceful)
+            if self.shared is not None:
+                self.shared.stop()
             for t in threads:
                 t.join(timeout=5)
             while self._flush():

@@ -19,6 +19,7 @@ from pathlib import Path
 from cloud_core.acks import Acknowledger
 from cloud_core.actuators import Actuator
 from cloud_core.actuators.local import LocalActuator
+from cloud_core.bus_nats import NatsIngestSettings
 from cloud_core.console.commands import register_commands
 from cloud_core.console.protocol import Response, encode_response
 from cloud_core.console.service import ConsoleService
@@ -72,6 +73,9 @@ class CoreConfig:
     mqtt_process: bool = True
     # End-to-end acks to agents (cloud_core/acks.py): how often, per node.
     ack_interval_s: float = 1.0
+    # The NATS bus: shared ingest (share_group) through a JetStream consumer that
+    # the replicas share (cloud_core/bus_nats.py); needs mqtt_process.
+    nats: NatsIngestSettings | None = None
 
 
 class CoreService:
@@ -84,7 +88,8 @@ class CoreService:
         self.store = Store(cfg.db_path, clock)
         self.events = EventLog(self._publish_event, clock)
         self.mqtt: MqttClient | MqttProcess = (
-            MqttProcess(cfg.mqtt, on_message=self._on_message) if cfg.mqtt_process
+            MqttProcess(cfg.mqtt, on_message=self._on_message, nats=cfg.nats)
+            if cfg.mqtt_process
             else MqttClient(cfg.mqtt, on_message=self._on_message)
         )
         self.acks = Acknowledger(

@@ -93,8 +93,13 @@ class Agent:
         self.outbox: AckWindow[int] = AckWindow(window=window, resend_s=resend_s)
         self._outbox_lock = threading.Lock()
         # Re-sent on every (re)connect by MqttClient; the persistent session
-        # keeps acks the core sent while we were away.
-        self.mqtt.subscribe(ack_topic(node), qos=1)
+        # keeps acks the core sent while we were away. On NATS (MQTT 3.1.1) a QoS 1
+        # subscription is a JetStream consumer replicated on three servers, about 2 MiB
+        # and 4 ms of CPU a second per agent (docs/scale.md): QoS 0 there, and an ack
+        # sent while we were away is made up by resending, which the core deduplicates.
+        mqtt_settings = getattr(self.mqtt, "settings", None)
+        nats = getattr(mqtt_settings, "protocol", "mqtt5") == "mqtt311"
+        self.mqtt.subscribe(ack_topic(node), qos=0 if nats else 1)
 
     # ------------------------------------------------------------------ reports
 

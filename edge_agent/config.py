@@ -49,6 +49,10 @@ class AgentConfig:
     buffer_max_age_s: float = 7 * 86400.0
     metrics_port: int = 0
     log_format: str = "text"  # text | json (edge_agent/logsetup.py)
+    # "mosquitto" (MQTT 5) or "nats" (a NATS cluster's MQTT 3.1.1 listener), and the
+    # clustered bus's other addresses ("host:port,...") tried when a node goes away.
+    bus: str = "mosquitto"
+    broker_failover: tuple[str, ...] = ()
 
     def resolved_password(self) -> str | None:
         if self.password is not None:
@@ -92,10 +96,14 @@ class _Source(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     buffer_max_bytes: int | UnsetType = UNSET
     buffer_max_age_s: float | UnsetType = UNSET
     metrics_port: int | UnsetType = UNSET
+    log_format: str | UnsetType = UNSET
+    bus: str | UnsetType = UNSET
+    broker_failover: list[str] | UnsetType = UNSET
 
 
 _PATHS = {"password_file", "ca_file", "certfile", "keyfile", "buffer_path"}
 _BOOLS = {"tls", "ebpf", "include_loopback", "active_probing"}
+_LISTS = {"peers", "broker_failover"}
 _BOOL_HINT = " (a boolean is true, false, 1 or 0)"
 
 
@@ -113,7 +121,7 @@ def _convert(raw: dict[str, Any], where: str, strict: bool) -> dict[str, Any]:
 
 def _text(name: str, value: str) -> Any:
     """A value given as text (environment, command line) in the shape the file would use."""
-    if name == "peers":
+    if name in _LISTS:
         return [p for p in value.split(",") if p]
     if name == "labels":
         try:
@@ -128,7 +136,7 @@ def _final(values: dict[str, Any]) -> dict[str, Any]:
     for k, v in values.items():
         if k in _PATHS and v is not None:
             v = Path(v)
-        elif k == "peers":
+        elif k in _LISTS:
             v = tuple(v)
         elif k == "labels":
             v = tuple(sorted(v.items()))
@@ -185,6 +193,12 @@ def validate(cfg: AgentConfig) -> AgentConfig:
         raise ConfigError(f"interval_s {cfg.interval_s} must be within 0.05..3600")
     if cfg.log_format not in LOG_FORMATS:
         raise ConfigError(f"log_format {cfg.log_format!r}: expected one of {LOG_FORMATS}")
+    if cfg.bus not in ("mosquitto", "nats"):
+        raise ConfigError(f"bus {cfg.bus!r} must be mosquitto or nats")
+    for addr in cfg.broker_failover:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"broker_failover entry {addr!r} is not host:port")
     if cfg.tls and cfg.ca_file is not None and not cfg.ca_file.exists():
         raise ConfigError(f"CA file {cfg.ca_file} does not exist")
     return cfg

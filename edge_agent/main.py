@@ -45,8 +45,10 @@ def start_loader_early(cfg: AgentConfig) -> PendingLoad | None:
 
 
 def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
-    from edge_agent.mqtt import MqttSettings
+    from edge_agent.mqtt import MqttSettings, protocol_for_bus
 
+    failover = tuple((a.rpartition(":")[0].strip("[]"), int(a.rpartition(":")[2]))
+                     for a in cfg.broker_failover)
     return MqttSettings(
         host=cfg.broker_host,
         port=cfg.broker_port,
@@ -58,6 +60,8 @@ def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
         keyfile=cfg.keyfile,
         client_id=f"agent-{cfg.node}",
         keepalive_s=cfg.keepalive_s,
+        protocol=protocol_for_bus(cfg.bus),
+        failover=failover,
     )
 
 

@@ -13,7 +13,9 @@ acknowledgements in bulk (``tools/bench_ingest.py`` prints its cost).
 What it does, and all it does: TCP (+TLS), CONNECT with username and
 password, QoS 1 PUBLISH (optionally retained) pipelined up to the broker's
 Receive Maximum, PUBACK accounting (a reason code of 0x80 or more counts as
-refused), PINGREQ when idle, DISCONNECT. No subscriptions, no reconnect: a
+refused), PINGREQ when idle, DISCONNECT. With ``settings.protocol == "mqtt311"`` (NATS's
+MQTT listener) the same packets in MQTT 3.1.1 form: no properties, no Receive Maximum,
+the client id without ``.``. No subscriptions, no reconnect: a
 broken connection raises :class:`PublisherError` and the simulator reports
 it. Single-threaded; the caller drives it with :meth:`publish`,
 :meth:`flush` and :meth:`poll`.
@@ -28,7 +30,7 @@ import ssl
 import struct
 import time
 
-from edge_agent.mqtt import MqttSettings
+from edge_agent.mqtt import MqttSettings, wire_client_id
 
 # CONNACK reason codes a refusal is most likely to carry (MQTT 5, 3.2.2.2).
 _REFUSALS = {0x84: "unsupported protocol version", 0x85: "client id not valid",
@@ -94,12 +96,15 @@ def utf8_field(s: str) -> bytes:
 
 
 def connect_packet(client_id: str, username: str | None, password: str | None,
-                   keepalive_s: int, clean_start: bool, session_expiry_s: int) -> bytes:
+                   keepalive_s: int, clean_start: bool, session_expiry_s: int,
+                   version: int = 5) -> bytes:
+    """CONNECT, MQTT 5 (``version=5``) or 3.1.1 (``version=4``: no properties)."""
     flags = (0x02 if clean_start else 0) | (0x80 if username is not None else 0) \
         | (0x40 if password is not None else 0)
     props = b"\x11" + struct.pack("!I", session_expiry_s) if session_expiry_s else b""
-    body = utf8_field("MQTT") + bytes([5, flags]) + struct.pack("!H", keepalive_s) \
-        + varint(len(props)) + props + utf8_field(client_id)
+    head = varint(len(props)) + props if version == 5 else b""
+    body = utf8_field("MQTT") + bytes([version, flags]) + struct.pack("!H", keepalive_s) \
+        + head + utf8_field(client_id)
     if username is not None:
         body += utf8_field(username)
     if password is not None:
@@ -107,11 +112,13 @@ def connect_packet(client_id: str, username: str | None, password: str | None,
     return b"\x10" + varint(len(body)) + body
 
 
-def publish_packet(topic: bytes, payload: bytes, packet_id: int, retain: bool) -> bytes:
-    """QoS 1 PUBLISH with no properties."""
-    rest = len(topic) + 2 + 2 + 1 + len(payload)
+def publish_packet(topic: bytes, payload: bytes, packet_id: int, retain: bool,
+                   v5: bool = True) -> bytes:
+    """QoS 1 PUBLISH with no properties (MQTT 5: an empty property block; 3.1.1: none)."""
+    ident = struct.pack("!HB", packet_id, 0) if v5 else struct.pack("!H", packet_id)
+    rest = len(topic) + 2 + len(ident) + len(payload)
     return b"".join((bytes([0x32 | retain]), varint(rest), struct.pack("!H", len(topic)), topic,
-                     struct.pack("!HB", packet_id, 0), payload))
+                     ident, payload))
 
 
 def parse_properties(data: bytes | bytearray) -> dict[int, int]:
@@ -145,7 +152,7 @@ def parse_properties(data: bytes | bytearray) -> dict[int, int]:
 
 
 class Publisher:
-    """One MQTT 5 connection that publishes QoS 1 messages, pipelined."""
+    """One MQTT 5 (or 3.1.1, for NATS) connection that publishes QoS 1 messages, pipelined."""
 
     def __init__(self, settings: MqttSettings) -> None:
         self.settings = settings
@@ -158,6 +165,7 @@ class Publisher:
         self._in = bytearray()
         self._next_id = 1
         self._last_send = time.monotonic()
+        self._v5 = settings.protocol == "mqtt5"
 
     @property
     def in_flight(self) -> int:
@@ -176,8 +184,10 @@ class Publisher:
                 if s.certfile and s.keyfile:
                     ctx.load_cert_chain(str(s.certfile), str(s.keyfile))
                 sock = ctx.wrap_socket(raw, server_hostname=s.host)
-            sock.sendall(connect_packet(s.client_id or s.username or "", s.username, s.password,
-                                        s.keepalive_s, s.clean_start, s.session_expiry_s))
+            cid = wire_client_id(s.client_id or s.username or "", s.protocol)
+            sock.sendall(connect_packet(cid, s.username, s.password, s.keepalive_s,
+                                        s.clean_start, s.session_expiry_s,
+                                        5 if self._v5 else 4))
             self._sock = sock
             ptype, body = self._read_packet(time.monotonic() + timeout_s)
         except OSError as exc:
@@ -190,7 +200,7 @@ class Publisher:
             self.close()
             raise PublisherError(
                 f"connection refused: {_REFUSALS.get(body[1], f'reason 0x{body[1]:02x}')}")
-        got = _read_varint(body, 2)
+        got = _read_varint(body, 2) if self._v5 else None
         if got is not None:
             n, i = got
             props = parse_properties(body[i:i + n])
@@ -217,7 +227,7 @@ class Publisher:
             self.poll(0.05)
         pid = self._next_id
         self._next_id = pid % 65535 + 1
-        self._out += publish_packet(topic.encode(), payload, pid, retain)
+        self._out += publish_packet(topic.encode(), payload, pid, retain, self._v5)
         self.sent += 1
         if len(self._out) >= _FLUSH_BYTES:
             self.flush()

@@ -58,7 +58,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent.mqtt import Message, MqttClient, MqttSettings, PublishHandle
+from edge_agent.mqtt import (
+    BUSES,
+    Message,
+    MqttClient,
+    MqttSettings,
+    PublishHandle,
+    protocol_for_bus,
+)
 from edge_agent.outbox import AckWindow
 from edge_agent.wire import (
     ACK_WILDCARD,
@@ -937,7 +944,8 @@ class Simulator:
 
 
 def settings_from_pki(pki: Path, accounts: Sequence[str], host: str, port: int,
-                      ca_file: Path | None, tls: bool = True) -> list[MqttSettings]:
+                      ca_file: Path | None, tls: bool = True,
+                      bus: str = "mosquitto") -> list[MqttSettings]:
     """MQTT settings for ``accounts`` whose passwords a ``tools.certs`` store holds."""
     out = []
     for a in accounts:
@@ -949,7 +957,8 @@ def settings_from_pki(pki: Path, accounts: Sequence[str], host: str, port: int,
         out.append(MqttSettings(host=host, port=port, username=a, password=pw, tls=tls,
                                 ca_file=ca_file or (pki / "ca.crt"), client_id=a,
                                 keepalive_s=10, session_expiry_s=0, clean_start=True,
-                                max_inflight=100))  # the broker's own limit
+                                max_inflight=100,  # the broker's own limit
+                                protocol=protocol_for_bus(bus)))
     return out
 
 
@@ -970,6 +979,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--broker-host", default="127.0.0.1")
     ap.add_argument("--broker-port", type=int, default=8883)
     ap.add_argument("--no-tls", action="store_true")
+    ap.add_argument("--bus", choices=BUSES, default="mosquitto",
+                    help="mosquitto (MQTT 5) or nats (MQTT 3.1.1 to a NATS node)")
     ap.add_argument("--ca-file", type=Path, default=None)
     ap.add_argument("--pki", type=Path, default=Path("run/pki"),
                     help="tools.certs directory holding the sim accounts' passwords")
@@ -1003,9 +1014,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.registry_out.write_text(world.registry_yaml())
         si, _, sn = a.shard.partition("/")
         conns = settings_from_pki(a.pki, [x for x in a.accounts.split(",") if x],
-                                  a.broker_host, a.broker_port, a.ca_file, tls=not a.no_tls)
+                                  a.broker_host, a.broker_port, a.ca_file, tls=not a.no_tls,
+                                  bus=a.bus)
         acks = settings_from_pki(a.pki, [a.ack_account], a.broker_host, a.broker_port,
-                                 a.ca_file, tls=not a.no_tls)[0] if a.ack_account else None
+                                 a.ca_file, tls=not a.no_tls, bus=a.bus)[0] \
+            if a.ack_account else None
         sim = Simulator(world, conns, shard=(int(si), int(sn or 1)), max_pending=a.max_pending,
                         client=a.client, acks=acks, drain_s=a.drain if acks else 0.0)
         summary = sim.run()

@@ -25,6 +25,12 @@ from tools.broker import Broker, Credentials
 
 
 def settings(broker: Broker, creds: Credentials, **kw: Any) -> MqttSettings:
+    """Settings for either bus: a ``tools.nats.cluster.NatsCluster`` (it has ``failover``)
+    gets MQTT 3.1.1 and every node's address, Mosquitto MQTT 5."""
+    failover = getattr(broker, "failover", None)
+    if failover is not None:
+        kw.setdefault("protocol", "mqtt311")
+        kw.setdefault("failover", failover)
     return MqttSettings(
         host=broker.host, port=broker.port, username=creds.username, password=creds.password,
         tls=broker.tls, ca_file=creds.ca_file if broker.tls else None,

@@ -1,0 +1,1 @@
+"""The clustered bus (NATS JetStream): build script and a loopback cluster harness."""

@@ -1,0 +1,436 @@
+"""A real 3-node NATS JetStream cluster with its MQTT listener, for tests and benchmarks.
+
+:class:`NatsCluster` has the surface of :class:`tools.broker.Broker` that tests use
+(``host``, ``port``, ``tls``, ``ca_file``, ``add_account``, ``credentials``,
+``remove_account``, ``probe``, ``start``/``stop``, context manager), so an integration
+test takes either through one ``bus`` fixture. On top it can kill and restart one node
+(:meth:`kill_node`, :meth:`start_node`) and gives every node's MQTT address
+(:attr:`addresses`) for clients' failover.
+
+Each node: TLS on the MQTT listener with the same PKI as the Mosquitto harness
+(:class:`tools.certs.CertStore`), JetStream with file storage, MQTT state (sessions,
+retained messages, QoS 1 messages) replicated on all three nodes
+(``stream_replicas: 3``), every account a NATS user whose permissions are the cfnet
+ACL of :func:`tools.certs.acl_rules` translated to NATS subjects
+(:func:`nats_permissions`). Agents and operators may connect over MQTT only
+(``allowed_connection_types``): a native NATS connection could subscribe to the
+server's internal ``$MQTT.sub.>`` deliveries, which MQTT clients cannot.
+Adding or removing an account rewrites every node's config and reloads it (SIGHUP),
+then waits until every node accepts (or refuses) the credentials.
+
+Loopback only. Passwords are in the nodes' config files (0600, in a 0700 work
+directory): a test harness. The chart renders bcrypt hashes instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from cloud_core.bus_nats import STREAM, subject_to_topic, topic_to_subject
+from tools.broker import free_port, mqtt_connect_probe
+from tools.certs import CertError, CertStore, Credentials, Role, acl_rules
+
+__all__ = ["NatsCluster", "NatsError", "build_nats", "mqtt_to_subject", "nats_permissions",
+           "render_accounts", "subject_to_topic"]
+
+BUILD_SCRIPT = Path(__file__).with_name("build.sh")
+START_TIMEOUT_S = 60.0
+RELOAD_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 10.0
+# The harness's own account, used to tell when a node's MQTT listener is ready.
+READY_USER = "harness-ready"
+# Room for the largest payload the wire accepts plus topic and envelope.
+MAX_PAYLOAD = 256 * 1024 + 16 * 1024
+
+
+class NatsError(RuntimeError):
+    """The cluster could not be built, started, reloaded or stopped."""
+
+
+def build_nats() -> Path:
+    """Build nats-server from the Go module proxy when missing (cached, locked); its path.
+
+    Progress goes to the real stderr, so pytest's capture does not hide a cold build
+    (about 6 minutes on a loaded 2-core machine).
+    """
+    r = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-path"], capture_output=True,
+                       text=True, check=False)
+    path = Path(r.stdout.strip())
+    if r.returncode == 0 and os.access(path, os.X_OK):
+        return path
+    out = sys.__stderr__
+    print(f"[nats] building nats-server into {path.parent} (first run only)", file=out,
+          flush=True)
+    proc = subprocess.Popen(["nice", "-n", "10", "bash", str(BUILD_SCRIPT)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None and proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stderr:
+        print(line.rstrip(), file=out, flush=True)
+        tail = [*tail[-40:], line]
+    printed = proc.stdout.read().strip()
+    if proc.wait() != 0 or not printed or not os.access(printed.splitlines()[-1], os.X_OK):
+        raise NatsError(f"building nats-server failed ({BUILD_SCRIPT}):\n" + "".join(tail))
+    return Path(printed.splitlines()[-1])
+
+
+def mqtt_to_subject(topic: str) -> str:
+    """An MQTT topic or filter as the NATS subject its MQTT listener maps it to
+    (:func:`cloud_core.bus_nats.topic_to_subject`). cfnet topics never have empty
+    levels, so the listener's escapes for those are not needed: refused here."""
+    if any(lv == "" for lv in topic.split("/")):
+        raise NatsError(f"topic {topic!r} has an empty level")
+    return topic_to_subject(topic)
+
+
+def nats_permissions(name: str, role: Role) -> dict[str, object]:
+    """The cfnet ACL for one account as NATS publish/subscribe allow lists."""
+    pub: list[str] = []
+    sub: list[str] = ["$MQTT.sub.>"]  # where the server delivers QoS 1 messages to MQTT
+    for access, topic in acl_rules(name, role):
+        if topic.startswith("$share/"):
+            continue  # no $share on NATS: queue groups do that job
+        subject = mqtt_to_subject(topic)
+        if "write" in access:
+            pub.append(subject)
+        if "read" in access:
+            sub.append(subject)
+    if role == "core":
+        # Shared ingest over native NATS (cloud_core/bus_nats.py): its stream, its
+        # consumers, fetching and acking, replies on the core's own inbox prefix.
+        api = "$JS.API"
+        pub += [f"{api}.INFO", f"{api}.STREAM.INFO.{STREAM}", f"{api}.STREAM.CREATE.{STREAM}",
+                f"{api}.CONSUMER.*.{STREAM}.>", f"{api}.CONSUMER.DURABLE.CREATE.{STREAM}.>",
+                f"{api}.CONSUMER.MSG.NEXT.{STREAM}.>", f"$JS.ACK.{STREAM}.>"]
+        sub.append(f"_INBOX_{name}.>")
+    return {"publish": {"allow": pub or ["_cfnet_nothing"]},
+            "subscribe": {"allow": sub}}
+
+
+def _conn_types(role: Role) -> list[str]:
+    # Cores may also speak native NATS (queue-group ingest); nobody else.
+    return ["MQTT", "STANDARD"] if role == "core" else ["MQTT"]
+
+
+@dataclass
+class _Node:
+    name: str
+    mqtt_port: int
+    client_port: int
+    cluster_port: int
+    conf: Path
+    store_dir: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+
+class NatsCluster:
+    """Three nats-server processes clustered on loopback. Context manager."""
+
+    def __init__(self, workdir: Path, *, size: int = 3, binary: Path | None = None,
+                 tls: bool = True, host: str = "127.0.0.1") -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o700)
+        self.host = host
+        self.tls = tls
+        self.binary = binary
+        self.store = CertStore(self.workdir / "pki")
+        self.store.init()
+        self._ready_password = os.urandom(12).hex()
+        self.nodes = [
+            _Node(f"n{i}", free_port(host), free_port(host), free_port(host),
+                  self.workdir / f"n{i}.conf", self.workdir / f"n{i}" / "js",
+                  self.workdir / f"n{i}.log")
+            for i in range(size)
+        ]
+        self._finalizer = weakref.finalize(self, _terminate_all, [])
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def port(self) -> int:
+        """MQTT port of the first node (clients also get :attr:`failover`)."""
+        return self.nodes[0].mqtt_port
+
+    @property
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        return tuple((self.host, n.mqtt_port) for n in self.nodes)
+
+    @property
+    def failover(self) -> tuple[tuple[str, int], ...]:
+        """Every node's MQTT address but the first: ``MqttSettings.failover``."""
+        return self.addresses[1:]
+
+    @property
+    def nats_urls(self) -> list[str]:
+        scheme = "tls" if self.tls else "nats"
+        return [f"{scheme}://{self.host}:{n.client_port}" for n in self.nodes]
+
+    @property
+    def ca_file(self) -> Path:
+        return self.store.ca_file
+
+    @property
+    def running(self) -> bool:
+        return any(n.proc is not None and n.proc.poll() is None for n in self.nodes)
+
+    def pids(self) -> list[int]:
+        return [n.proc.pid for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def url(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ config
+    def render_conf(self, node: _Node) -> str:
+        tls = ""
+        if self.tls:
+            tls = (f'tls {{ cert_file: "{self.store.broker_cert}", '
+                   f'key_file: "{self.store.broker_key}", ca_file: "{self.store.ca_file}", '
+                   'timeout: 5 }')
+        routes = ", ".join(f'"nats-route://{self.host}:{n.cluster_port}"'
+                           for n in self.nodes if n is not node)
+        users = [{"user": READY_USER, "password": self._ready_password,
+                  "permissions": {"publish": {"deny": [">"]}, "subscribe": {"deny": [">"]}},
+                  "allowed_connection_types": ["MQTT"]}]
+        for name, role in sorted(self.store.accounts().items()):
+            users.append({"user": name, "password": self.store.credentials(name).password,
+                          "permissions": nats_permissions(name, role),
+                          "allowed_connection_types": _conn_types(role)})
+        # JSON is valid NATS config syntax for these values (quoted strings, lists, maps).
+        return "\n".join([
+            "# Generated by tools/nats/cluster.py (tests and benchmarks).",
+            f'server_name: "{node.name}"',
+            f'listen: "{self.host}:{node.client_port}"',
+            tls,
+            f"max_payload: {MAX_PAYLOAD}",
+            f'jetstream {{ store_dir: "{node.store_dir}", max_memory_store: 64MB, '
+            'max_file_store: 2GB }',
+            f'cluster {{ name: "cfnet", listen: "{self.host}:{node.cluster_port}", '
+            f"routes: [{routes}] }}",
+            f'mqtt {{ listen: "{self.host}:{node.mqtt_port}"',
+            f"  {tls}",
+            # Sessions, retained messages and QoS 1 messages on all three nodes: a
+            # killed node loses nothing acknowledged.
+            "  stream_replicas: 3",
+            "  ack_wait: \"10s\"",
+            "  max_ack_pending: 1000 }",
+            f"authorization {{ users: {json.dumps(users)} }}",
+            "",
+        ])
+
+    def _write_confs(self) -> None:
+        for n in self.nodes:
+            n.conf.write_text(self.render_conf(n))
+            n.conf.chmod(0o600)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start every node and wait until each accepts MQTT (JetStream up, cluster formed)."""
+        if self.binary is None:
+            self.binary = build_nats()
+        self._write_confs()
+        for n in self.nodes:
+            self._spawn(n)
+        for n in self.nodes:
+            self._wait_ready(n)
+
+    def _spawn(self, n: _Node) -> None:
+        if n.proc is not None and n.proc.poll() is None:
+            return
+        n.store_dir.mkdir(parents=True, exist_ok=True)
+        out = open(n.log, "ab")  # noqa: SIM115 - handed to Popen
+        try:
+            n.proc = subprocess.Popen([str(self.binary), "-c", str(n.conf)],
+                                      stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise NatsError(f"cannot run {self.binary}: {exc}") from exc
+        finally:
+            out.close()
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _terminate_all,
+                                           [x.proc for x in self.nodes if x.proc is not None])
+
+    def _wait_ready(self, n: _Node, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        last: object = None
+        while time.monotonic() < deadline:
+            if n.proc is None or n.proc.poll() is not None:
+                raise NatsError(f"nats-server {n.name} exited: {self.log_tail(n)}")
+            try:
+                last = self._probe(n, READY_USER, self._ready_password)
+                if last == 0:
+                    return
+            except OSError as exc:
+                last = exc
+            time.sleep(0.2)
+        raise NatsError(f"{n.name} did not accept MQTT within {timeout_s:.0f}s (last: {last}): "
+                        f"{self.log_tail(n)}")
+
+    def start_node(self, i: int) -> None:
+        """Start node ``i`` again (same ports, same JetStream store) and wait until ready."""
+        self._spawn(self.nodes[i])
+        self._wait_ready(self.nodes[i])
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i``: a crash."""
+        p = self.nodes[i].proc
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            p = n.proc
+            if p is not None and p.poll() is None:
+                p.terminate()
+        for n in self.nodes:
+            p = n.proc
+            if p is None:
+                continue
+            try:
+                p.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=STOP_TIMEOUT_S)
+            n.proc = None
+        self._finalizer.detach()
+
+    def __enter__(self) -> NatsCluster:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ accounts
+    def add_account(
+        self, name: str, role: Literal["agent", "operator", "core", "sim", "bridge"]
+    ) -> Credentials:
+        """Register an account (idempotent); on a running cluster, reload and wait until live."""
+        try:
+            creds, created = self.store.add_account(name, role)
+        except CertError as exc:
+            raise NatsError(str(exc)) from exc
+        creds = self._shape(creds)
+        if created and self.running:
+            self._reload()
+            self._wait_all(creds, accepted=True)
+        return creds
+
+    def remove_account(self, name: str) -> None:
+        try:
+            creds = self.store.credentials(name)
+            self.store.remove_account(name)
+        except CertError as exc:
+            raise NatsError(str(exc)) from exc
+        if self.running:
+            self._reload()
+            self._wait_all(creds, accepted=False)
+
+    def credentials(self, name: str) -> Credentials:
+        return self._shape(self.store.credentials(name))
+
+    def _shape(self, creds: Credentials) -> Credentials:
+        return creds if self.tls else Credentials(creds.username, creds.password, None, None,
+                                                  None)
+
+    def _reload(self) -> None:
+        self._write_confs()
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                n.proc.send_signal(signal.SIGHUP)
+
+    def _wait_all(self, creds: Credentials, *, accepted: bool) -> None:
+        deadline = time.monotonic() + RELOAD_TIMEOUT_S
+        for n in self.nodes:
+            if n.proc is None or n.proc.poll() is not None:
+                continue
+            while True:
+                try:
+                    ok = self._probe(n, creds.username, creds.password) == 0
+                except OSError:
+                    ok = False
+                if ok == accepted:
+                    break
+                if time.monotonic() > deadline:
+                    state = "refused" if accepted else "accepted"
+                    raise NatsError(f"{creds.username!r} still {state} by {n.name} after reload")
+                time.sleep(0.05)
+
+    def probe(self, username: str | None, password: str | None) -> int:
+        """CONNECT to the first running node; the MQTT 3.1.1 CONNACK code (0 accepted)."""
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                return self._probe(n, username, password)
+        raise NatsError("no node is running")
+
+    def _probe(self, n: _Node, username: str | None, password: str | None) -> int:
+        return mqtt_connect_probe(self.host, n.mqtt_port, username=username, password=password,
+                                  ca_file=self.ca_file if self.tls else None)
+
+    # ------------------------------------------------------------------ diagnostics
+    def log_tail(self, n: _Node, lines: int = 15) -> str:
+        try:
+            text = n.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def log_text(self) -> str:
+        out = []
+        for n in self.nodes:
+            with contextlib.suppress(OSError):
+                out.append(n.log.read_text(errors="replace"))
+        return "\n".join(out)
+
+
+def render_accounts(store: CertStore) -> str:
+    """``authorization { users: [...] }`` for every account of a ``tools.certs`` store: the
+    accounts.conf a deployed NATS cluster includes (the chart's Secret
+    ``nats.deploy.accountsSecretName``). Passwords as the store holds them; keep the
+    Secret as private as the store."""
+    users = [{"user": name, "password": store.credentials(name).password,
+              "permissions": nats_permissions(name, role),
+              "allowed_connection_types": _conn_types(role)}
+             for name, role in sorted(store.accounts().items())]
+    return f"authorization {{ users: {json.dumps(users, indent=1)} }}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tools.nats.cluster accounts --pki DIR``: print accounts.conf."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tools.nats.cluster")
+    ap.add_argument("what", choices=["accounts"])
+    ap.add_argument("--pki", type=Path, default=Path("run/pki"))
+    a = ap.parse_args(argv)
+    if not (a.pki / "accounts.json").exists() and not a.pki.exists():
+        print(f"no tools.certs store at {a.pki}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_accounts(CertStore(a.pki)))
+    return 0
+
+
+def _terminate_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=STOP_TIMEOUT_S)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
