@@ -639,6 +639,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # SIGTERM tears down as Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C (even when started from a shell that ignores SIGINT in the background) and
+    # SIGTERM tear everything down.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     raise SystemExit(main())
