@@ -287,10 +287,21 @@ class RealNode:
         self.relay: Relay | None = None
         self.bins: dict[str, Path] = {}
 
+    _host_address: str | None = None
+
     @staticmethod
     def host_address() -> str:
-        """The root namespace's end of this process's veth: 10.250.N.1 (N from the pid)."""
-        return f"10.250.{os.getpid() % 64 * 4}.1"
+        """The root namespace's end of this process's veth: 10.250.N.1/30, the first /30 no
+        interface holds yet, starting from one the pid picks (chosen once per process)."""
+        if RealNode._host_address is None:
+            held = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
+            start = os.getpid() % 64
+            for i in range(64):
+                addr = f"10.250.{(start + i) % 64 * 4}.1"
+                if f" {addr}/" not in held:
+                    break
+            RealNode._host_address = addr
+        return RealNode._host_address
 
     @property
     def containerd_sock(self) -> Path:
@@ -467,6 +478,12 @@ state = "{d / 'state'}"
         self._wait("containerd", lambda: _run(self._ctr("version"), check=False,
                                               timeout=5).returncode == 0,
                    60, "answer on its socket")
+
+    def ctr_run_flags(self) -> list[str]:
+        """Flags that keep a ``ctr run``'s fifos and runc state under the temp dir (ctr's
+        defaults are /run/containerd/...: a killed run's state there would be left behind)."""
+        return ["--fifo-dir", str(self.dir / "fifo"),
+                "--runc-root", str(self.dir / "containerd" / "runc")]
 
     def _ctr(self, *args: str) -> list[str]:
         return ["ctr", "--address", str(self.containerd_sock), "-n", "k8s.io", *args]
