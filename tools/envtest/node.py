@@ -492,6 +492,17 @@ state = "{d / 'state'}"
         """Load an OCI/docker image archive into the node's containerd (no registry)."""
         _run(self._ctr("images", "import", str(archive)), timeout=600)
 
+    def import_podman_image(self, name: str) -> None:
+        """Load an image from podman's store (``tools/images.sh build``) into the node's
+        containerd: ``podman save`` to an OCI archive in the temp dir, then ``ctr import``."""
+        archive = self.dir / "podman-image.tar"
+        try:
+            _run(["podman", "save", "--format", "oci-archive", "-o", str(archive), name],
+                 timeout=600)
+            self.import_image(archive)
+        finally:
+            archive.unlink(missing_ok=True)
+
     def _kill_tasks(self) -> None:
         r = _run(self._ctr("tasks", "ls", "-q"), check=False, timeout=10)
         for task in r.stdout.split():
