@@ -25,6 +25,8 @@ pytestmark = pytest.mark.timeout(300)
 SOCKETS_BEFORE = set(SHIM_SOCKETS.glob("*"))
 FIFOS = Path("/run/containerd/fifo")
 FIFOS_BEFORE = set(FIFOS.glob("*"))
+RUNC = Path("/run/containerd/runc")
+RUNC_BEFORE = set(RUNC.glob("*/*"))
 
 
 def _leftovers(tag: str, workdir: Path) -> list[str]:
@@ -39,6 +41,7 @@ def _leftovers(tag: str, workdir: Path) -> list[str]:
         out.append(f"dir {workdir}")
     out += [f"shim socket {p}" for p in set(SHIM_SOCKETS.glob("*")) - SOCKETS_BEFORE]
     out += [f"ctr fifo {p}" for p in set(FIFOS.glob("*")) - FIFOS_BEFORE]
+    out += [f"runc state {p}" for p in set(RUNC.glob("*/*")) - RUNC_BEFORE]
     if any(tag[4:] in line for line in subprocess.run(["ip", "-br", "link"],
                                                        capture_output=True, text=True)
            .stdout.splitlines()):
@@ -56,7 +59,7 @@ def test_runtime_runs_a_container_on_the_veth_and_cleans_up() -> None:
         # end of the veth, and nothing else: the namespace has no default route.
         listener = socket.create_server((node.host_ip, 0))
         port = listener.getsockname()[1]
-        run = node._ctr("run", "--rm", "--net-host", "--fifo-dir", str(node.dir / "fifo"), "--cgroup", f"/{node.tag}/t1",
+        run = node._ctr("run", "--rm", "--net-host", *node.ctr_run_flags(), "--cgroup", f"/{node.tag}/t1",
                         PODBIN_IMAGE, "t1", "/bin/podbin", "dial", f"{node.host_ip}:{port}")
         r = subprocess.run(run, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "connected" in r.stdout, (r.stdout, r.stderr, node.logs())
@@ -81,7 +84,7 @@ def test_a_killed_run_is_cleaned_up_by_the_next() -> None:
         cp = ControlPlane()
         node = RealNode(cp)
         node.start_runtime()
-        subprocess.run(node._ctr("run", "-d", "--net-host", "--fifo-dir", str(node.dir / "fifo"),
+        subprocess.run(node._ctr("run", "-d", "--net-host", *node.ctr_run_flags(),
                                  "--cgroup", f"/{{node.tag}}/t",
                                  {PODBIN_IMAGE!r}, "t", "/bin/podbin", "serve", "18080"),
                        check=True, timeout=120)

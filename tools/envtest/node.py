@@ -287,10 +287,21 @@ class RealNode:
         self.relay: Relay | None = None
         self.bins: dict[str, Path] = {}
 
+    _host_address: str | None = None
+
     @staticmethod
     def host_address() -> str:
-        """The root namespace's end of this process's veth: 10.250.N.1 (N from the pid)."""
-        return f"10.250.{os.getpid() % 64 * 4}.1"
+        """The root namespace's end of this process's veth: 10.250.N.1/30, the first /30 no
+        interface holds yet, starting from one the pid picks (chosen once per process)."""
+        if RealNode._host_address is None:
+            held = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
+            start = os.getpid() % 64
+            for i in range(64):
+                addr = f"10.250.{(start + i) % 64 * 4}.1"
+                if f" {addr}/" not in held:
+                    break
+            RealNode._host_address = addr
+        return RealNode._host_address
 
     @property
     def containerd_sock(self) -> Path:
@@ -468,12 +479,29 @@ state = "{d / 'state'}"
                                               timeout=5).returncode == 0,
                    60, "answer on its socket")
 
+    def ctr_run_flags(self) -> list[str]:
+        """Flags that keep a ``ctr run``'s fifos and runc state under the temp dir (ctr's
+        defaults are /run/containerd/...: a killed run's state there would be left behind)."""
+        return ["--fifo-dir", str(self.dir / "fifo"),
+                "--runc-root", str(self.dir / "containerd" / "runc")]
+
     def _ctr(self, *args: str) -> list[str]:
         return ["ctr", "--address", str(self.containerd_sock), "-n", "k8s.io", *args]
 
     def import_image(self, archive: Path) -> None:
         """Load an OCI/docker image archive into the node's containerd (no registry)."""
         _run(self._ctr("images", "import", str(archive)), timeout=600)
+
+    def import_podman_image(self, name: str) -> None:
+        """Load an image from podman's store (``tools/images.sh build``) into the node's
+        containerd: ``podman save`` to an OCI archive in the temp dir, then ``ctr import``."""
+        archive = self.dir / "podman-image.tar"
+        try:
+            _run(["podman", "save", "--format", "oci-archive", "-o", str(archive), name],
+                 timeout=600)
+            self.import_image(archive)
+        finally:
+            archive.unlink(missing_ok=True)
 
     def _kill_tasks(self) -> None:
         r = _run(self._ctr("tasks", "ls", "-q"), check=False, timeout=10)
@@ -639,6 +667,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # SIGTERM tears down as Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C (even when started from a shell that ignores SIGINT in the background) and
+    # SIGTERM tear everything down.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     raise SystemExit(main())
