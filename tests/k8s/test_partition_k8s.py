@@ -146,8 +146,10 @@ def test_crash_is_replaced_in_seconds_partition_keeps_its_pod(
         for n in ("pk-a2", "pk-b"):
             admin.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": True}})
         admin.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns, app, 1))
-        first = wait_for(partial(_first_node, cluster, app), timeout=30,
-                         what=f"{app}'s pod bound")
+        # 90 s: the first Deployment of a fresh control plane waits for the controller
+        # manager's caches (the ReplicaSet and its pod), slow on a loaded machine
+        first = wait_for(partial(_first_node, cluster, app), timeout=90,
+                         what=f"{app}'s pod created by its ReplicaSet and bound")
         assert first == "pk-a1"
         for n in ("pk-a2", "pk-b"):
             admin.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": False}})
@@ -181,8 +183,10 @@ def test_crash_is_replaced_in_seconds_partition_keeps_its_pod(
         for n in ("pk-a2", "pk-b"):
             admin.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": True}})
         admin.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns, app, 1))
-        first = wait_for(partial(_first_node, cluster, app), timeout=30,
-                         what=f"{app}'s pod bound")
+        # 90 s: the first Deployment of a fresh control plane waits for the controller
+        # manager's caches (the ReplicaSet and its pod), slow on a loaded machine
+        first = wait_for(partial(_first_node, cluster, app), timeout=90,
+                         what=f"{app}'s pod created by its ReplicaSet and bound")
         assert first == "pk-a1"
         for n in ("pk-a2", "pk-b"):
             admin.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": False}})
