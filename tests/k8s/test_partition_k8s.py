@@ -146,8 +146,10 @@ def test_crash_is_replaced_in_seconds_partition_keeps_its_pod(
         for n in ("pk-a2", "pk-b"):
             admin.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": True}})
         admin.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns, app, 1))
-        first = wait_for(partial(_first_node, cluster, app), timeout=30,
-                         what=f"{app}'s pod bound")
+        # 90 s: the first Deployment of a fresh control plane waits for the controller
+        # manager's caches (the ReplicaSet and its pod), slow on a loaded machine
+        first = wait_for(partial(_first_node, cluster, app), timeout=90,
+                         what=f"{app}'s pod created by its ReplicaSet and bound")
         assert first == "pk-a1"
         for n in ("pk-a2", "pk-b"):
             admin.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": False}})
@@ -181,8 +183,10 @@ def test_crash_is_replaced_in_seconds_partition_keeps_its_pod(
         for n in ("pk-a2", "pk-b"):
             admin.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": True}})
         admin.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns, app, 1))
-        first = wait_for(partial(_first_node, cluster, app), timeout=30,
-                         what=f"{app}'s pod bound")
+        # 90 s: the first Deployment of a fresh control plane waits for the controller
+        # manager's caches (the ReplicaSet and its pod), slow on a loaded machine
+        first = wait_for(partial(_first_node, cluster, app), timeout=90,
+                         what=f"{app}'s pod created by its ReplicaSet and bound")
         assert first == "pk-a1"
         for n in ("pk-a2", "pk-b"):
             admin.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": False}})
@@ -207,7 +211,9 @@ def test_crash_is_replaced_in_seconds_partition_keeps_its_pod(
         admin.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/{app}")
     evictions = [e for e in cluster.events() if e.get("reason") == "Rescheduling"]
     assert len(evictions) == RUNS, [e["message"] for e in evictions]  # the crashes' only
-    q = statistics.quantiles(crash_s, n=100) if len(crash_s) > 1 else crash_s * 99
+    # inclusive: never beyond the slowest run (with 10 runs the p99 is the slowest)
+    q = statistics.quantiles(crash_s, n=100, method="inclusive") if len(crash_s) > 1 \
+        else crash_s * 99
     line = (f"crash -> replacement bound over {RUNS} runs: p50 {statistics.median(crash_s):.2f}"
             f" s, p99 {q[98]:.2f} s, max {max(crash_s):.2f} s; partition held "
             f"{min(kept):.0f} s with no eviction; heal: nothing moved")
