@@ -20,7 +20,19 @@ route alone (``EngineConfig(pack=False)``: flow + repair + CP-SAT when small, i.
 engine before count-first packing, less its wall-clock limit) is the baseline measured in
 the same run.
 
+Paths: the Kubernetes schedulers' default (``cpsat_polish=False``), the local mode's
+(``cpsat_polish=True``: the whole-batch CP-SAT polish too) and the flow route alone.
+
+References that integer placements can reach (CP-SAT on the engine's exact class model, one
+worker, hinted with the Kubernetes path's answer, stopped by CPU time, not wall time, so a
+loaded machine does not shorten it): ``--reference-seconds 60,300`` gives CP-SAT's best at
+each CPU checkpoint of one run per size, its proven bound and the LP bound; the proof table
+(``--proof``) the proven optimum of small instances; ``--family`` the second family
+(``make_sla``: latency SLAs to gateways and regions, anti-affinity, GPUs at moderate load),
+per seed, against CP-SAT's best in ``--family-seconds``.
+
     python -m tools.bench_tight [--sizes 3000x500,300x60 --util 0.95 --reps 5 --seed 1]
+        [--reference-seconds 60,300] [--proof 50x10] [--family 200x40 --family-seeds 1-10]
 """
 
 from __future__ import annotations

@@ -76,13 +76,15 @@ def test_tight_300x60_places_every_pod(seed: int) -> None:
     assert validate(inst.snapshot, inst.pods, res.assignments) == []
     assert len(res.assignments) == len(inst.pods)
     # the cost descent keeps the count and lowers the cost (without it: the same pods,
-    # measured 4-5 % dearer on these instances)
+    # measured 4-5 % dearer before the cost neighbourhoods took several passes; now
+    # 0.4 % on seed 1, 370.43 against 369.05 $/h)
     off = place(inst.snapshot, inst.pods, EngineConfig(descent_rounds=0))
     assert len(off.assignments) == len(res.assignments)
     assert res.stats.get("descent_moves", 0) > 0
-    assert res.total_cost < off.total_cost * 0.99
+    assert res.total_cost < off.total_cost
     if seed == 1:  # one seed is enough (2 s): the ring of roomy nodes (cost_lns_slack)
-        # lowers it further, 0.6 % here -- a pod reaches a cheaper node once its pods move on
+        # lowers it further, 1.5 % here (374.66 -> 369.05 $/h) -- a pod reaches a cheaper
+        # node once its pods move on
         no_ring = place(inst.snapshot, inst.pods, EngineConfig(cost_lns_slack=0))
         assert len(no_ring.assignments) == len(res.assignments)
         assert res.total_cost < no_ring.total_cost
