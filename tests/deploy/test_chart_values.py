@@ -62,6 +62,29 @@ def agent_conf(o: Objs) -> dict[str, Any]:
     return c
 
 
+NATS_EXT = ["nats.mode=external", "nats.external.mqttHost=nats.msg.svc"]
+
+
+def bus(o: Objs) -> dict[str, str]:
+    d: dict[str, str] = o[("ConfigMap", "cfnet-bus")]["data"]
+    return d
+
+
+def nats_pod(o: Objs) -> dict[str, Any]:
+    p: dict[str, Any] = o[("StatefulSet", "nats")]["spec"]["template"]["spec"]
+    return p
+
+
+def nats_c(o: Objs) -> dict[str, Any]:
+    c: dict[str, Any] = nats_pod(o)["containers"][0]
+    return c
+
+
+def nats_pvc(o: Objs) -> dict[str, Any]:
+    v: dict[str, Any] = o[("StatefulSet", "nats")]["spec"]["volumeClaimTemplates"][0]["spec"]
+    return v
+
+
 def mosq(o: Objs) -> dict[str, Any]:
     m: dict[str, Any] = o[("Deployment", "mosquitto")]["spec"]["template"]["spec"]
     return m
@@ -239,6 +262,46 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      == "fast"),
     ("mosquitto.resources", ["mosquitto.resources.limits.memory=1Gi"],
      lambda o: mosq(o)["containers"][0]["resources"]["limits"]["memory"] == "1Gi"),
+    # the clustered bus (templates/nats.yaml): the core and the agents read cfnet-bus
+    ("nats.mode", ["nats.mode=deploy"],
+     lambda o: bus(o)["CFNET_BUS"] == "nats" and ("StatefulSet", "nats") in o
+     and {"configMapRef": {"name": "cfnet-bus"}} in core_c(o)["envFrom"]
+     and {"configMapRef": {"name": "cfnet-bus"}} in agent(o)["containers"][0]["envFrom"]
+     and not any(a.startswith("--broker-host") for a in core_c(o)["args"])),
+    ("nats.streamReplicas", ["nats.mode=deploy", "nats.streamReplicas=2"],
+     lambda o: bus(o)["CFNET_NATS_REPLICAS"] == "2"),
+    ("nats.external.mqttHost", [*NATS_EXT, "nats.external.mqttHost=bus.example.org"],
+     lambda o: bus(o)["CFNET_BROKER_HOST"] == "bus.example.org"),
+    ("nats.external.mqttPort", [*NATS_EXT, "nats.external.mqttPort=18883"],
+     lambda o: bus(o)["CFNET_BROKER_PORT"] == "18883"),
+    ("nats.external.urls", [*NATS_EXT, "nats.external.urls=tls://z:4222"],
+     lambda o: bus(o)["CFNET_NATS_URL"] == "tls://z:4222"),
+    ("nats.deploy.image", ["nats.mode=deploy", "nats.deploy.image=example.org/nats:9"],
+     lambda o: nats_c(o)["image"] == "example.org/nats:9"),
+    ("nats.deploy.replicas", ["nats.mode=deploy", "nats.deploy.replicas=5"],
+     lambda o: o[("StatefulSet", "nats")]["spec"]["replicas"] == 5),
+    ("nats.deploy.clientPort", ["nats.mode=deploy", "nats.deploy.clientPort=14222"],
+     lambda o: {"name": "client", "containerPort": 14222} in nats_c(o)["ports"]),
+    ("nats.deploy.clusterPort", ["nats.mode=deploy", "nats.deploy.clusterPort=16222"],
+     lambda o: {"name": "cluster", "containerPort": 16222} in nats_c(o)["ports"]),
+    ("nats.deploy.mqttPort", ["nats.mode=deploy", "nats.deploy.mqttPort=18883"],
+     lambda o: {"name": "mqtts", "containerPort": 18883} in nats_c(o)["ports"]
+     and bus(o)["CFNET_BROKER_PORT"] == "18883"),
+    ("nats.deploy.tlsSecretName", ["nats.mode=deploy", "nats.deploy.tlsSecretName=my-tls"],
+     lambda o: any(v.get("secret", {}).get("secretName") == "my-tls"
+                   for v in nats_pod(o)["volumes"])),
+    ("nats.deploy.accountsSecretName",
+     ["nats.mode=deploy", "nats.deploy.accountsSecretName=my-accounts"],
+     lambda o: any(v.get("secret", {}).get("secretName") == "my-accounts"
+                   for v in nats_pod(o)["volumes"])),
+    ("nats.deploy.storage", ["nats.mode=deploy", "nats.deploy.storage=3Gi"],
+     lambda o: nats_pvc(o)["resources"]["requests"]["storage"] == "3Gi"),
+    ("nats.deploy.storageClassName", ["nats.mode=deploy", "nats.deploy.storageClassName=fast"],
+     lambda o: nats_pvc(o)["storageClassName"] == "fast"),
+    ("nats.deploy.maxFileStore", ["nats.mode=deploy", "nats.deploy.maxFileStore=3GB"],
+     lambda o: "max_file_store: 3GB" in o[("ConfigMap", "nats-config")]["data"]["nats.conf"]),
+    ("nats.deploy.resources", ["nats.mode=deploy", "nats.deploy.resources.limits.memory=3Gi"],
+     lambda o: nats_c(o)["resources"]["limits"]["memory"] == "3Gi"),
 ]
 
 
@@ -298,6 +361,10 @@ BAD = [
     ("core.rbac.clusterRules[0].verbs[0]=destroy", "core.rbac.clusterRules"),
     ("broker.tls=false", "tls"),  # the chart's Mosquitto is TLS only
     ("mosquitto.service.nodePort=30001", "nodePort"),  # a ClusterIP would ignore it
+    ("nats.mode=on", "nats.mode"),
+    ("nats.streamReplicas=0", "nats.streamReplicas"),
+    ("nats.deploy.replicas=0", "nats.deploy.replicas"),
+    ("nats.deploy.tlsSecretName=Bad_Name", "nats.deploy.tlsSecretName"),
     ("core.typo=1", "typo"),
     ("agentt.enabled=true", "agentt"),
 ]
