@@ -102,7 +102,7 @@ def peers_see(
     return False
 
 
-def kubernetes_health(node: Health, agent: Health | None) -> Health:
+def combined_health(node: Health, agent: Health | None) -> Health:
     """A Node's health on Kubernetes: its ``Ready`` condition (``node``, as the Node registry
     reads it) combined with its agent's verdict (``agent``, :func:`node_health` over the
     agents' heartbeats, last will and the links their peers measure; None: no agent reports

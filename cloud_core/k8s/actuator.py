@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 
 from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable, SpecError
 from cloud_core.events import EventLog
-from cloud_core.health import kubernetes_health
+from cloud_core.health import combined_health
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.evict import exclusion
 from cloud_core.k8s.informer import Reflector, obj_key
@@ -217,7 +217,7 @@ def _assumed_pod(key: str, node: str, w: Workload | None) -> RunningPod | None:
 def _with_agent(n: NodeInfo, agent: Health | None) -> NodeInfo:
     """``n`` with its health as the Node's condition and its agent's verdict make it (the
     same object when nothing changes: the engine's per-node caches keep)."""
-    h = kubernetes_health(n.health, agent)
+    h = combined_health(n.health, agent)
     return n if h is n.health else dataclasses.replace(n, health=h)
 
 
@@ -300,7 +300,7 @@ class Actuator:
         self.on_bound = on_bound
         self.links = links or (lambda: {})
         # Node name -> its agent's verdict (heartbeats, will, peers' links: cloud_core.health),
-        # combined with the Node's Ready condition by health.kubernetes_health
+        # combined with the Node's Ready condition by health.combined_health
         self.agent_health = agent_health
         self.stats = ActuatorStats()
         self._lock = threading.RLock()

@@ -1,6 +1,6 @@
 """Partition vs crash on Kubernetes: the agents' heartbeats and the links their peers measure
 decide a Node's health, as in local mode (``cloud_core.health``), combined with its Ready
-condition (``health.kubernetes_health``).
+condition (``health.combined_health``).
 
 A real API server (with its ReplicaSet controller) and a real broker; three agents simulated
 over that broker (``FakeAgent``: valid reports, no probes), two on site A that measure each

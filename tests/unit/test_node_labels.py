@@ -85,9 +85,9 @@ def test_a_constraint_alert_reaches_the_core_events_in_words() -> None:
     ("cordoned", "online", "cordoned"),
     ("cordoned", "down", "down"),
 ])
-def test_kubernetes_health_combines_node_condition_and_agent(node: str, agent: str | None,
+def test_combined_health_combines_node_condition_and_agent(node: str, agent: str | None,
                                                              want: str) -> None:
-    from cloud_core.health import Health, kubernetes_health
+    from cloud_core.health import Health, combined_health
 
-    got = kubernetes_health(Health(node), Health(agent) if agent else None)
+    got = combined_health(Health(node), Health(agent) if agent else None)
     assert got is Health(want)
