@@ -40,7 +40,7 @@ import gc
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -204,6 +204,9 @@ class ActuatorStats:
     pinned_bound: int = 0
     uncountable: int = 0  # bound pods whose requests cfnet clamped (RequestsUncountable)
     bound_pods: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
+    # FailedScheduling per namespace: what a tenant's (or a test's) own pods met, apart from
+    # the other namespaces' backlogs in the same count
+    failed_by_namespace: Counter[str] = field(default_factory=Counter)
 
 
 def _assumed_pod(key: str, node: str, w: Workload | None) -> RunningPod | None:
@@ -890,6 +893,8 @@ class Actuator:
         if repeat:
             return
         self._count("failed_scheduling")
+        with self._lock:
+            self.stats.failed_by_namespace[str(md.get("namespace", ""))] += 1
         # queued (client.EventRecorder): never a blocking call per pod; repeats form a series
         self.client.record_event(pod, reason="FailedScheduling", message=message,
                                  event_type="Warning", instance=self.config.identity)

@@ -71,9 +71,13 @@ def test_sockdiag_counts_the_configured_probe_port_as_active() -> None:
 
 @pytest.mark.root
 @pytest.mark.ebpf
-def test_early_loader_is_asked_for_the_configured_port(tmp_path: Path) -> None:
+def test_early_loader_is_asked_for_the_configured_port(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     if os.geteuid() != 0 or not Path("/sys/kernel/btf/vmlinux").exists():
         pytest.fail("root and BTF are provided by this machine's setup", pytrace=False)
+    # The early loader is BCC's (CO-RE loads in the probe itself, in tens of milliseconds):
+    # force it, as a kernel without BTF would choose it.
+    monkeypatch.setenv("CFNET_BPF_LOADER", "bcc")
     from edge_agent.main import start_loader_early
     from edge_agent.probes.ebpf import load_request
 
