@@ -29,6 +29,7 @@ from cloud_core.view import render_links, render_nodes
 from edge_agent.logsetup import LOG_FORMATS, add_version_flag, configure_logging
 
 if TYPE_CHECKING:
+    from cloud_core.k8s.enroll import EnrollLoop
     from cloud_core.k8s.leader import LeaderElector
 
 log = logging.getLogger("cfnet.core")
@@ -90,6 +91,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with --json-lines: a stats line every N seconds (0: never)")
     k.add_argument("--edge-taint", choices=("respect", "ignore"), default="respect",
                    help="KubeEdge's edge taint: respect it (pods need a toleration) or ignore it")
+    k.add_argument("--agent-ca-secret", default=env("CFNET_AGENT_CA_SECRET"),
+                   help="NAMESPACE/NAME of the agent CA's Secret (kubernetes.io/tls; made "
+                        "when missing): the leader approves and signs the agents' CSRs "
+                        "(signer cfnet.io/agent; docs/security.md, 'One identity per "
+                        "agent'). Default: off")
+    k.add_argument("--agent-service-account",
+                   default=env("CFNET_AGENT_SERVICE_ACCOUNT", ""),
+                   help="NAMESPACE:NAME of the agents' ServiceAccount, the only requester "
+                        "whose CSRs are approved (default: <lease namespace>:cfnet-agent)")
+    k.add_argument("--agent-cert-days", type=int,
+                   default=int(env("CFNET_AGENT_CERT_DAYS", "365")),
+                   help="lifetime of an agent certificate (the agent renews it at start-up "
+                        "in its last third)")
     add_scheduler_args(k)
     p.add_argument("--table-every", type=float, default=10.0,
                    help="log the node and link tables every N seconds (0: never)")
@@ -178,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     # Lease holder connects (see CoreService.connect).
     core.start(connect=not a.kubernetes)
     kube = None
+    enroll: EnrollLoop | None = None
     say = say_line if a.json_lines else no_line
     if a.kubernetes:
         # Imported here: the kubernetes client is only needed in this mode.
@@ -212,6 +227,40 @@ def main(argv: list[str] | None = None) -> int:
         ready.add("kubernetes-api", api_check(elector, a.lease_duration))
         log.info("placing through the Kubernetes API as %s (lease %s/%s)",
                  a.identity, a.lease_namespace, a.lease_name)
+        if a.agent_ca_secret:
+            from cloud_core.k8s.enroll import (
+                AgentEnroller,
+                EnrollError,
+                EnrollLoop,
+                agent_user,
+                ca_from_secret,
+            )
+
+            ca_ns, _, ca_name = a.agent_ca_secret.partition("/")
+            try:
+                if not ca_ns or not ca_name:
+                    raise EnrollError(f"--agent-ca-secret {a.agent_ca_secret!r}: expected "
+                                      "NAMESPACE/NAME")
+                enroller = AgentEnroller(
+                    client, lambda: ca_from_secret(client, ca_ns, ca_name,
+                                                   days=a.agent_cert_days),
+                    agent_user=agent_user(a.agent_service_account
+                                          or f"{a.lease_namespace}:cfnet-agent"),
+                    instance=a.identity)
+            except CoreError as exc:
+                log.error("%s", exc)
+                kube.stop()
+                core.stop()
+                return 2
+            enroll = EnrollLoop(enroller, elector.is_leader).start()
+            core.metrics.add_counters("cfnet_agent_enrollment", "Agent CSRs handled by the "
+                                      "leader (signer cfnet.io/agent)", "outcome",
+                                      enroller.stats.as_dict)
+            core.metrics.add_counters("cfnet_agent_enrollment_denied", "Agent CSRs denied, "
+                                      "by reason", "reason",
+                                      lambda: dict(enroller.stats.denied_by_reason))
+            log.info("enrolling agents: CSRs of %s for signer cfnet.io/agent, CA %s",
+                     enroller.agent_user, a.agent_ca_secret)
     else:
         core.metrics.readiness.add("broker", broker_check(core, None))
     core.metrics.readiness.started()
@@ -235,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("ingest: %d accepted, %d duplicate, %d rejected %s\n%s\n\n%s",
                  c.accepted, c.duplicates, c.rejected_total, c.rejected or "",
                  render_nodes(snap), render_links(snap))
+    if enroll is not None:
+        enroll.stop()
     if kube is not None:
         kube.stop()
         say("stopped", identity=a.identity, bound=kube.actuator.stats.bound)

@@ -53,6 +53,15 @@ class AgentConfig:
     # clustered bus's other addresses ("host:port,...") tried when a node goes away.
     bus: str = "mosquitto"
     broker_failover: tuple[str, ...] = ()
+    # password (username + password, tools.certs add-agent) | certificate: a client
+    # certificate of the cluster's agent CA, enrolled through a Kubernetes CSR with the pod's
+    # ServiceAccount token (edge_agent/enroll.py; the Helm chart's default).
+    identity: str = "password"
+    identity_dir: Path | None = None  # key and certificate; default: beside buffer_path
+    api_server: str = ""  # default: the pod's KUBERNETES_SERVICE_HOST/PORT
+    api_token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    api_ca_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    enroll_timeout_s: float = 600.0
 
     def resolved_password(self) -> str | None:
         if self.password is not None:
@@ -99,9 +108,16 @@ class _Source(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     log_format: str | UnsetType = UNSET
     bus: str | UnsetType = UNSET
     broker_failover: list[str] | UnsetType = UNSET
+    identity: str | UnsetType = UNSET
+    identity_dir: str | UnsetType | None = UNSET
+    api_server: str | UnsetType = UNSET
+    api_token_file: str | UnsetType = UNSET
+    api_ca_file: str | UnsetType = UNSET
+    enroll_timeout_s: float | UnsetType = UNSET
 
 
-_PATHS = {"password_file", "ca_file", "certfile", "keyfile", "buffer_path"}
+_PATHS = {"password_file", "ca_file", "certfile", "keyfile", "buffer_path", "identity_dir",
+          "api_token_file", "api_ca_file"}
 _BOOLS = {"tls", "ebpf", "include_loopback", "active_probing"}
 _LISTS = {"peers", "broker_failover"}
 _BOOL_HINT = " (a boolean is true, false, 1 or 0)"
@@ -195,6 +211,13 @@ def validate(cfg: AgentConfig) -> AgentConfig:
         raise ConfigError(f"log_format {cfg.log_format!r}: expected one of {LOG_FORMATS}")
     if cfg.bus not in ("mosquitto", "nats"):
         raise ConfigError(f"bus {cfg.bus!r} must be mosquitto or nats")
+    if cfg.identity not in ("password", "certificate"):
+        raise ConfigError(f"identity {cfg.identity!r} must be password or certificate")
+    if cfg.identity == "certificate" and not cfg.tls:
+        raise ConfigError("identity certificate needs tls: true (a client certificate is "
+                          "presented in the TLS handshake)")
+    if not 1 <= cfg.enroll_timeout_s <= 86400:
+        raise ConfigError(f"enroll_timeout_s {cfg.enroll_timeout_s} must be within 1..86400")
     for addr in cfg.broker_failover:
         host, _, port = addr.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:

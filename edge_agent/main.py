@@ -187,6 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
+        if cfg.identity == "certificate":
+            # Before connecting (the eBPF loader compiles meanwhile): the broker's
+            # certificate listener takes the certificate's CN as the username.
+            from edge_agent.enroll import enrolled
+
+            try:
+                cfg = enrolled(cfg, stop)
+            except BaseException:
+                if early is not None:
+                    early.cancel()
+                raise
         return run(cfg, stop, early)
     except AgentError as exc:
         log.error("%s", exc)

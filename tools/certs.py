@@ -163,6 +163,40 @@ def render_acl(accounts: dict[str, Role]) -> str:
     return "\n".join(lines)
 
 
+def render_agent_acl() -> str:
+    """The ACL of the broker's certificate listener (deploy/mosquitto/agent-acl).
+
+    Only agents reach that listener (a client certificate of the agent CA is required, and
+    its CN becomes the username), so ``pattern`` lines are safe there: ``%u`` is the node
+    name the certificate was issued for (docs/security.md, "One identity per agent")."""
+    lines = [
+        "# cfnet Mosquitto ACL of the agents' certificate listener, rendered by",
+        "# tools/certs.py render_agent_acl(): do not edit. Only clients with a certificate of",
+        "# the agent CA reach that listener; %u is the certificate's CN, the node name.",
+        "",
+        *(f"pattern {access} {topic}" for access, topic in acl_rules("%u", "agent")),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def make_agent_ca(directory: Path, *, days: int = CA_DAYS) -> tuple[Path, Path]:
+    """An agent CA (``tls.crt``, ``tls.key``: a kubernetes.io/tls Secret's layout) for
+    ``cfnet-core --agent-ca`` and the broker's certificate listener; kept if it exists."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    crt, key = directory / "tls.crt", directory / "tls.key"
+    if not (crt.exists() and key.exists()):
+        _run([
+            OPENSSL, "req", "-x509", "-new", "-newkey", "ec",
+            "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(key), "-out", str(crt),
+            "-days", str(days), "-subj", "/O=cfnet/CN=cfnet agent CA",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        ])  # fmt: skip
+        key.chmod(0o600)
+    return crt, key
+
+
 def check_name(name: str, role: Role) -> None:
     """Refuse names that are not valid ids or that take another role's prefix."""
     if role not in ROLES:

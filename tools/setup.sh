@@ -107,8 +107,8 @@ if [[ ! -e $STAMP || pyproject.toml -nt $STAMP ]]; then
 else
   say "venv: dependencies up to date"
 fi
-"$VENV/bin/python" -c 'import bcc, paho.mqtt, ortools, kubernetes, pyroute2, psutil' \
-  && say "venv: bcc, paho-mqtt, ortools, kubernetes, pyroute2, psutil import fine"
+"$VENV/bin/python" -c 'import bcc, paho.mqtt, ortools, kubernetes, pyroute2, psutil, cryptography' \
+  && say "venv: bcc, paho-mqtt, ortools, kubernetes, pyroute2, psutil, cryptography import fine"
 # --- arm64 emulation (the arm64 images: mmdebstrap's dpkg, and running their entrypoint) ---
 # qemu-user-static's binfmt entry, with the F flag (the interpreter is opened now, so it works
 # inside chroots and containers). No systemd here to do it at boot.

@@ -186,5 +186,6 @@ def test_readme_helm_install_renders(tmp_path: Path) -> None:
     assert base64.b64decode(core["data"]["password"]).decode().strip() == "core-secret"
     assert core["metadata"]["namespace"] == "cfnet-system"
     agent = objs[("Secret", "cfnet-agent-credentials")]
-    assert base64.b64decode(agent["data"]["password"]).decode().strip() == "agent-secret"
+    # One identity per agent (the default): the agents' Secret holds the broker's CA only.
+    assert set(agent["data"]) == {"ca.crt"}
     assert ("Deployment", "mosquitto") in objs  # the broker the README's Secret is for

@@ -95,7 +95,7 @@ def host_paths(o: Objs) -> dict[str, str]:
 
 
 CREDS = ["credentials.create=true", "credentials.caCrt=CA", "credentials.corePassword=c",
-         "credentials.agentPassword=a"]
+         "credentials.agentPassword=a", "agent.identity=password"]
 
 # (the value's path in values.yaml, --set strings, what the rendering must show)
 CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
@@ -113,10 +113,15 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
     ("broker.host", ["broker.host=mq.example.org"],
      lambda o: "--broker-host=mq.example.org" in core_c(o)["args"]
      and agent_conf(o)["broker_host"] == "mq.example.org"),
-    ("broker.port", ["broker.port=18883"],
+    ("broker.port", ["broker.port=18883", "agent.identity=password"],
      lambda o: "--broker-port=18883" in core_c(o)["args"]
      and agent_conf(o)["broker_port"] == 18883),
-    ("broker.tls", ["broker.tls=false", "mosquitto.enabled=false", "broker.host=mq"],
+    ("broker.certPort", ["broker.certPort=18884"],
+     lambda o: agent_conf(o)["broker_port"] == 18884
+     and {"name": "mqtts-agent", "port": 18884, "targetPort": "mqtts-agent"}
+     in o[("Service", "mosquitto")]["spec"]["ports"]),
+    ("broker.tls", ["broker.tls=false", "mosquitto.enabled=false", "broker.host=mq",
+                    "agent.identity=password"],  # a client certificate needs TLS
      lambda o: "--no-tls" in core_c(o)["args"]
      and not any(a.startswith("--ca-file") for a in core_c(o)["args"])
      and agent_conf(o)["tls"] is False and "ca_file" not in agent_conf(o)),
@@ -134,8 +139,8 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
     ("credentials.coreSecretName", ["credentials.coreSecretName=my-core"],
      lambda o: any(v.get("secret", {}).get("secretName") == "my-core" for v in core(o)["volumes"])),
     ("credentials.agentSecretName", ["credentials.agentSecretName=my-agent"],
-     lambda o: {"secret": {"name": "my-agent"}} in
-     next(v for v in agent(o)["volumes"] if v["name"] == "config")["projected"]["sources"]),
+     lambda o: {"secret": {"name": "my-agent", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+     in next(v for v in agent(o)["volumes"] if v["name"] == "config")["projected"]["sources"]),
     ("core.enabled", ["core.enabled=false"],
      lambda o: not [k for k in o if "cfnet-core" in k[1]]),
     ("core.replicas", ["core.replicas=4"],
@@ -189,6 +194,27 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
                                 "core.rbac.clusterRules[0].verbs[0]=get"],
      lambda o: o[("ClusterRole", "cfnet-core")]["rules"] == [
          {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]),
+    # One identity per agent (the default) and the shared password it replaces.
+    ("agent.identity", ["agent.identity=password"],
+     lambda o: agent_conf(o).get("password_file") == "/etc/cfnet-agent/password"
+     and "identity" not in agent_conf(o) and agent_conf(o)["broker_port"] == 8883
+     and "serviceAccountName" not in agent(o)
+     and {"secret": {"name": "cfnet-agent-credentials"}} in next(
+         v for v in agent(o)["volumes"] if v["name"] == "config")["projected"]["sources"]
+     and not any(a.startswith("--agent-ca-secret") for a in core_c(o)["args"])
+     and ("ClusterRole", "cfnet-agent") not in o and ("ServiceAccount", "cfnet-agent") not in o
+     and "listener 8884" not in o[("ConfigMap", "mosquitto-config")]["data"]["mosquitto.conf"]),
+    ("agent.serviceAccount.name", ["agent.serviceAccount.name=edge-id"],
+     lambda o: agent(o)["serviceAccountName"] == "edge-id" and ("ServiceAccount", "edge-id") in o
+     and o[("ClusterRoleBinding", "edge-id")]["subjects"][0]["name"] == "edge-id"
+     and "--agent-service-account=cfnet-system:edge-id" in core_c(o)["args"]),
+    ("agent.caSecretName", ["agent.caSecretName=my-ca"],
+     lambda o: "--agent-ca-secret=cfnet-system/my-ca" in core_c(o)["args"]
+     and o[("Role", "cfnet-core-agent-ca")]["rules"][1]["resourceNames"] == ["my-ca"]
+     and {"secret": {"name": "my-ca", "items": [{"key": "tls.crt", "path": "ca.crt"}]}}
+     in next(v for v in mosq(o)["volumes"] if v["name"] == "agent-ca")["projected"]["sources"]),
+    ("agent.certificateDays", ["agent.certificateDays=30"],
+     lambda o: "--agent-cert-days=30" in core_c(o)["args"]),
     ("agent.enabled", ["agent.enabled=false"],
      lambda o: ("DaemonSet", "cfnet-agent") not in o and ("ConfigMap", "cfnet-agent-config")
      not in o),
@@ -241,9 +267,15 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      lambda o: mosq(o)["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False),
     ("mosquitto.service.type", ["mosquitto.service.type=LoadBalancer"],
      lambda o: o[("Service", "mosquitto")]["spec"]["type"] == "LoadBalancer"),
+    ("mosquitto.service.certNodePort", ["mosquitto.service.type=NodePort",
+                                        "mosquitto.service.certNodePort=30884",
+                                        "broker.agentHost=198.51.100.4"],
+     lambda o: o[("Service", "mosquitto")]["spec"]["ports"][1]["nodePort"] == 30884
+     and agent_conf(o)["broker_port"] == 30884
+     and agent_conf(o)["broker_host"] == "198.51.100.4"),
     ("mosquitto.service.nodePort", ["mosquitto.service.type=NodePort",
                                     "mosquitto.service.nodePort=30883",
-                                    "broker.agentHost=198.51.100.4"],
+                                    "broker.agentHost=198.51.100.4", "agent.identity=password"],
      lambda o: o[("Service", "mosquitto")]["spec"]["ports"][0]["nodePort"] == 30883
      and agent_conf(o)["broker_port"] == 30883
      and agent_conf(o)["broker_host"] == "198.51.100.4"),
@@ -360,11 +392,19 @@ BAD = [
     ("core.extraArgs[0]=rm", "core.extraArgs"),
     ("core.rbac.clusterRules[0].verbs[0]=destroy", "core.rbac.clusterRules"),
     ("broker.tls=false", "tls"),  # the chart's Mosquitto is TLS only
+    # and a client certificate needs TLS, whatever the broker
+    ("broker.tls=false --set mosquitto.enabled=false --set broker.host=mq", "tls"),
     ("mosquitto.service.nodePort=30001", "nodePort"),  # a ClusterIP would ignore it
     ("nats.mode=on", "nats.mode"),
     ("nats.streamReplicas=0", "nats.streamReplicas"),
     ("nats.deploy.replicas=0", "nats.deploy.replicas"),
     ("nats.deploy.tlsSecretName=Bad_Name", "nats.deploy.tlsSecretName"),
+    ("agent.identity=token", "agent.identity"),
+    ("agent.serviceAccount.name=Bad_Name", "agent.serviceAccount.name"),
+    ("agent.caSecretName=", "agent.caSecretName"),
+    ("agent.certificateDays=0", "agent.certificateDays"),
+    ("broker.certPort=0", "broker.certPort"),
+    ("mosquitto.service.certNodePort=30002", "certNodePort"),  # a ClusterIP would ignore it
     ("core.typo=1", "typo"),
     ("agentt.enabled=true", "agentt"),
 ]

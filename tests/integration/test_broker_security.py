@@ -711,7 +711,9 @@ def test_shipped_example_acl_is_what_the_tool_renders() -> None:
 def test_production_conf_is_locked_down() -> None:
     lines = _directives(DEPLOY_CONF.read_text())
     for needed in (
-        "per_listener_settings false",
+        # per listener: the agents' certificate listener (agent-listener.conf) has %u
+        # patterns that must not apply here; so this listener locks itself down below.
+        "per_listener_settings true",
         "allow_anonymous false",
         "persistence true",
         "require_certificate false",
@@ -725,9 +727,20 @@ def test_production_conf_is_locked_down() -> None:
         assert key in keys, key
     listeners = [ln for ln in lines if ln.startswith("listener ")]
     assert listeners == ["listener 8883"]
-    # TLS settings follow the only listener, so they belong to it.
+    # TLS and security settings follow the only listener, so they belong to it.
     after = lines[lines.index("listener 8883") :]
     assert any(ln.startswith("certfile ") for ln in after)
+    for needed in ("allow_anonymous false", "password_file", "acl_file"):
+        assert any(ln.startswith(needed) for ln in after), needed
+    before = lines[: lines.index("listener 8883")]
+    assert not [ln for ln in before if ln.split()[0] in ("allow_anonymous", "password_file",
+                                                         "acl_file")]
+    agent = _directives((DEPLOY_CONF.parent / "agent-listener.conf").read_text())
+    assert agent[0] == "listener 8884"
+    for needed in ("allow_anonymous false", "require_certificate true",
+                   "use_identity_as_username true", "use_username_as_clientid true"):
+        assert needed in agent, needed
+    assert "password_file" not in {ln.split()[0] for ln in agent}
 
 
 def test_production_conf_runs_with_cert_tool_output(tmp_path: Path) -> None:

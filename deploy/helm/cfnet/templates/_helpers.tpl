@@ -32,14 +32,28 @@ mosquitto.{{ .Release.Namespace }}.svc
 {{- end }}
 
 {{/* The agents' port: broker.agentPort, else the NodePort when the chart's Mosquitto is
-reached through one, else broker.port. */}}
+reached through one (certNodePort for the certificate listener), else broker.certPort
+(agent.identity certificate) or broker.port. */}}
 {{- define "cfnet.agentBrokerPort" -}}
 {{- $svc := .Values.mosquitto.service -}}
+{{- $nodePort := and .Values.mosquitto.enabled .Values.broker.agentHost (eq $svc.type "NodePort") -}}
 {{- if .Values.broker.agentPort -}}
 {{ .Values.broker.agentPort }}
-{{- else if and .Values.mosquitto.enabled .Values.broker.agentHost (eq $svc.type "NodePort") $svc.nodePort -}}
+{{- else if include "cfnet.agentCertificates" . -}}
+{{- if and $nodePort $svc.certNodePort -}}
+{{ $svc.certNodePort }}
+{{- else -}}
+{{ .Values.broker.certPort }}
+{{- end -}}
+{{- else if and $nodePort $svc.nodePort -}}
 {{ $svc.nodePort }}
 {{- else -}}
 {{ .Values.broker.port }}
 {{- end -}}
+{{- end }}
+
+{{/* Non-empty when agents enroll for client certificates (agent.identity: certificate):
+the agent ServiceAccount and CSR RBAC, the core's signer, the broker's certificate listener. */}}
+{{- define "cfnet.agentCertificates" -}}
+{{- if and .Values.agent.enabled (eq .Values.agent.identity "certificate") -}}true{{- end -}}
 {{- end }}

@@ -1,0 +1,239 @@
+"""The agent's own broker identity: a key made here, a certificate from the cluster.
+
+With ``identity: certificate`` (the Helm chart's default) the agent, before it connects:
+
+1. keeps a private key in ``identity_dir`` (EC P-256, file mode 0600, made once);
+2. reuses ``client.crt`` there when it is for this node, matches the key and is not in the
+   last third of its life;
+3. otherwise files a ``certificates.k8s.io/v1`` CertificateSigningRequest (signer
+   ``cfnet.io/agent``, CN = the node name, usages client auth) with its pod-bound
+   ServiceAccount token, and waits, bounded, until the leading core has approved and signed
+   it (or denied it: then it stops with the core's reason).
+
+The broker's certificate listener takes the certificate's CN as the MQTT username, so the
+node name the agent publishes under is the one the API server bound its token to
+(docs/security.md, "One identity per agent"). The API server is spoken to with the standard
+library only (three calls: create, get, and nothing else).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import http.client
+import json
+import logging
+import os
+import ssl
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from edge_agent.errors import AgentError
+
+log = logging.getLogger(__name__)
+
+SIGNER_NAME = "cfnet.io/agent"
+CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+MAX_RESPONSE_BYTES = 1 << 20
+KEY_FILE = "client.key"
+CERT_FILE = "client.crt"
+
+
+class EnrollError(AgentError):
+    """No certificate: the API server cannot be reached, or the CSR was denied or failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnrollSettings:
+    node: str
+    identity_dir: Path
+    api_server: str  # https://host:port
+    token_file: Path = SA_DIR / "token"
+    ca_file: Path | None = SA_DIR / "ca.crt"
+    timeout_s: float = 600.0
+    poll_s: float = 1.0
+    expiration_s: int | None = None  # spec.expirationSeconds (None: the signer's default)
+
+
+def api_server_from_env(environ: dict[str, str] | None = None) -> str:
+    """The in-cluster API server (the variables the kubelet sets in every pod), or ""."""
+    env = os.environ if environ is None else environ
+    host = env.get("KUBERNETES_SERVICE_HOST", "")
+    port = env.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        return ""
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    """The agent's private key: read, or made (P-256) and written 0600 before any use."""
+    if path.exists():
+        try:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (OSError, ValueError, TypeError) as e:
+            raise EnrollError(f"cannot read the agent key {path}: {e}") from e
+        if isinstance(key, ec.EllipticCurvePrivateKey):
+            return key
+        raise EnrollError(f"agent key {path} is not an EC key")
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, pem)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return key
+
+
+def usable_cert(path: Path, key: ec.EllipticCurvePrivateKey, node: str,
+                now: dt.datetime | None = None) -> bool:
+    """``path`` holds a certificate for ``node`` and this key, short of its last third."""
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    now = now or dt.datetime.now(dt.UTC)
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not cns or cns[0].value != node:
+        return False
+    if cert.public_key() != key.public_key():
+        return False
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    return now < end - (end - start) / 3
+
+
+def make_csr(key: ec.EllipticCurvePrivateKey, node: str) -> bytes:
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
+           .sign(key, hashes.SHA256()))
+    return csr.public_bytes(serialization.Encoding.PEM)
+
+
+class _Api:
+    """The three API calls enrollment makes, over one HTTPS connection at a time."""
+
+    def __init__(self, server: str, token_file: Path, ca_file: Path | None) -> None:
+        if not server.startswith("https://"):
+            raise EnrollError(f"API server {server!r}: an https:// URL is required")
+        u = urlsplit(server)
+        try:
+            self.host, self.port = str(u.hostname or ""), int(u.port or 443)
+        except ValueError as e:
+            raise EnrollError(f"API server {server!r}: {e}") from e
+        self.token_file = token_file
+        self.ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            # Read every time: the kubelet rotates a projected token before it expires.
+            token = self.token_file.read_text().strip()
+        except OSError as e:
+            raise EnrollError(f"cannot read the ServiceAccount token {self.token_file}: {e}") \
+                from e
+        c = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=15)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            c.request(method, path, body=data, headers={
+                "Authorization": f"Bearer {token}", "Accept": "application/json",
+                **({"Content-Type": "application/json"} if data else {})})
+            r = c.getresponse()
+            raw = r.read(MAX_RESPONSE_BYTES + 1)
+        except (OSError, http.client.HTTPException) as e:
+            raise EnrollError(f"API server {self.host}:{self.port}: {e}") from e
+        finally:
+            c.close()
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise EnrollError(f"{method} {path}: answer over {MAX_RESPONSE_BYTES} bytes")
+        if r.status >= 300:
+            raise EnrollError(f"{method} {path}: HTTP {r.status}: {raw[:300]!r}")
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise EnrollError(f"{method} {path}: not JSON") from e
+
+
+def request_certificate(s: EnrollSettings, key: ec.EllipticCurvePrivateKey,
+                        stop: threading.Event | None = None) -> bytes:
+    """File the CSR and wait for its certificate (PEM). Raises on Denied/Failed/timeout."""
+    api = _Api(s.api_server, s.token_file, s.ca_file)
+    spec: dict[str, Any] = {
+        "request": base64.b64encode(make_csr(key, s.node)).decode(),
+        "signerName": SIGNER_NAME, "usages": ["digital signature", "client auth"]}
+    if s.expiration_s:
+        spec["expirationSeconds"] = s.expiration_s
+    obj = api.call("POST", CSR_PATH, {
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+        "metadata": {"generateName": f"cfnet-agent-{s.node}-"[:200]}, "spec": spec})
+    name = obj["metadata"]["name"]
+    log.info("filed CertificateSigningRequest %s for node %s; waiting for the core", name, s.node)
+    deadline = time.monotonic() + s.timeout_s
+    stop = stop or threading.Event()
+    while True:
+        status = obj.get("status") or {}
+        for c in status.get("conditions") or []:
+            if c.get("type") in ("Denied", "Failed") and c.get("status") != "False":
+                raise EnrollError(f"CertificateSigningRequest {name} {c['type'].lower()}: "
+                                  f"{c.get('reason')}: {c.get('message')}")
+        if status.get("certificate"):
+            return base64.b64decode(status["certificate"])
+        if time.monotonic() >= deadline:
+            raise EnrollError(f"CertificateSigningRequest {name}: no certificate after "
+                              f"{s.timeout_s:.0f}s (is a cfnet core leading, with the agent "
+                              "CA?)")
+        if stop.wait(s.poll_s):
+            raise EnrollError("stopped while waiting for a certificate")
+        try:
+            obj = api.call("GET", f"{CSR_PATH}/{name}")
+        except EnrollError as e:  # the API server is briefly away: keep waiting
+            log.warning("%s", e)
+
+
+def ensure_identity(s: EnrollSettings, stop: threading.Event | None = None) -> tuple[Path, Path]:
+    """The agent's ``(certfile, keyfile)``, enrolling first if needed."""
+    key_file, cert_file = s.identity_dir / KEY_FILE, s.identity_dir / CERT_FILE
+    key = load_or_make_key(key_file)
+    if usable_cert(cert_file, key, s.node):
+        log.info("using the client certificate %s for node %s", cert_file, s.node)
+        return cert_file, key_file
+    pem = request_certificate(s, key, stop)
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError as e:
+        raise EnrollError(f"the certificate issued is not PEM: {e}") from e
+    if cert.public_key() != key.public_key():
+        raise EnrollError("the certificate issued is not for this agent's key")
+    tmp = cert_file.with_suffix(".tmp")
+    tmp.write_bytes(pem)
+    os.replace(tmp, cert_file)
+    log.info("enrolled: client certificate for node %s until %s", s.node,
+             cert.not_valid_after_utc.isoformat())
+    return cert_file, key_file
+
+
+def enrolled(cfg: Any, stop: threading.Event | None = None) -> Any:
+    """``cfg`` (an AgentConfig with ``identity: certificate``) with its client certificate
+    and key set and no password (the broker takes the certificate's CN as the username)."""
+    api = cfg.api_server or api_server_from_env()
+    if not api:
+        raise EnrollError("identity certificate: no API server (api_server, or the pod's "
+                          "KUBERNETES_SERVICE_HOST)")
+    d = cfg.identity_dir or cfg.buffer_path.parent / "identity"
+    cert, key = ensure_identity(EnrollSettings(
+        node=cfg.node, identity_dir=d, api_server=api, token_file=cfg.api_token_file,
+        ca_file=cfg.api_ca_file, timeout_s=cfg.enroll_timeout_s), stop)
+    return replace(cfg, certfile=cert, keyfile=key, password=None, password_file=None)
