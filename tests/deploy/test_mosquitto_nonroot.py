@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tools.broker import MOSQUITTO, free_port, mqtt_connect_probe
-from tools.certs import CertStore
+from tools.certs import CertStore, make_agent_ca
 from tools.helm import CHART
 
 SECRET_FILES = ("ca.crt", "broker.crt", "broker.key", "passwd", "acl")
@@ -64,12 +64,27 @@ def test_chart_mosquitto_runs_as_its_non_root_user(world_dir: Path) -> None:
     os.chown(data, 0, fs_group)
     data.chmod(0o2770)
 
-    port = free_port()
-    conf = (CHART / "files" / "mosquitto.conf").read_text()
+    # The agents' certificate listener as the chart adds it (agent.identity certificate): the
+    # agent CA's certificate and the %u ACL in a projected volume, 0440 root:fsGroup too.
+    agent_dir = world_dir / "agent"
+    agent_dir.mkdir(mode=0o755)
+    make_agent_ca(world_dir / "agent-ca")
+    shutil.copyfile(world_dir / "agent-ca" / "tls.crt", agent_dir / "ca.crt")
+    shutil.copyfile(CHART / "files" / "agent-acl", agent_dir / "acl")
+    for name in ("ca.crt", "acl"):
+        os.chown(agent_dir / name, 0, fs_group)
+        (agent_dir / name).chmod(0o440)
+
+    port, cert_port = free_port(), free_port()
+    conf = ((CHART / "files" / "mosquitto.conf").read_text()
+            + (CHART / "files" / "agent-listener.conf").read_text())
     assert "listener 8883\n" in conf and "/etc/mosquitto/cfnet/" in conf
-    conf = (conf.replace("/etc/mosquitto/cfnet/", f"{secret}/")
+    assert "listener 8884\n" in conf and "/etc/mosquitto/cfnet-agent/" in conf
+    conf = (conf.replace("/etc/mosquitto/cfnet-agent/", f"{agent_dir}/")
+            .replace("/etc/mosquitto/cfnet/", f"{secret}/")
             .replace("persistence_location /var/lib/mosquitto/", f"persistence_location {data}/")
-            .replace("listener 8883\n", f"listener {port} 127.0.0.1\n"))
+            .replace("listener 8883\n", f"listener {port} 127.0.0.1\n")
+            .replace("listener 8884\n", f"listener {cert_port} 127.0.0.1\n"))
     (world_dir / "mosquitto.conf").write_text(conf)
     (world_dir / "mosquitto.conf").chmod(0o444)
 
@@ -93,6 +108,11 @@ def test_chart_mosquitto_runs_as_its_non_root_user(world_dir: Path) -> None:
                            f"{proc.poll()}): {(world_dir / 'broker.log').read_text()[-2000:]}")
         assert mqtt_connect_probe("127.0.0.1", port, username="core-k8s", password="wrong",
                                   ca_file=store.ca_file) == 5
+        # The certificate listener is open, and a password alone does not get through it.
+        assert f"listen socket on port {cert_port}." in (world_dir / "broker.log").read_text()
+        with pytest.raises(OSError):
+            mqtt_connect_probe("127.0.0.1", cert_port, username="core-k8s",
+                               password=core.password, ca_file=store.ca_file)
         status = Path(f"/proc/{proc.pid}/status").read_text()
         uids = next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1:]
         assert set(uids) == {str(uid)}, status
