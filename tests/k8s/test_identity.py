@@ -44,6 +44,7 @@ from edge_agent.enroll import EnrollError, EnrollSettings, ensure_identity, requ
 from tests.k8s.conftest import DEPLOY, Cluster, load_manifests, wait_for
 from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane
+from tools.identity_probe import cannot_publish_as
 
 NS = "cfnet-system"  # deploy/k8s's namespace: the agent ServiceAccount and its RBAC
 AGENT_SA = "cfnet-agent"
@@ -118,26 +119,6 @@ class Watcher:
         for c in self.clients:
             c.loop_stop()
             c.disconnect()
-
-
-def publish_as(broker: Broker, cert: Path, key: Path, topic: str, payload: bytes) -> int:
-    """Connect on the certificate listener with this certificate, publish QoS 1 with MQTT 5;
-    the PUBACK's reason code (0 success, 135 not authorized)."""
-    acks: queue.Queue[int] = queue.Queue()
-    connected: queue.Queue[int] = queue.Queue()
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="forger", protocol=mqtt.MQTTv5)
-    c.tls_set(ca_certs=str(broker.ca_file), certfile=str(cert), keyfile=str(key))
-    c.on_connect = lambda _c, _u, _f, rc, _p: connected.put(rc.value)
-    c.on_publish = lambda _c, _u, _mid, rc, _p: acks.put(rc.value)
-    c.connect(broker.host, broker.cert_port)
-    c.loop_start()
-    try:
-        assert connected.get(timeout=10) == 0, "the certificate listener refused the client"
-        c.publish(topic, payload, qos=1)
-        return acks.get(timeout=10)
-    finally:
-        c.loop_stop()
-        c.disconnect()
 
 
 def denial(admin: KubeClient, name: str) -> tuple[str, str]:
@@ -280,14 +261,14 @@ def test_agent_enrolls_and_cannot_publish_as_another_node(
     # (c) node A's certificate cannot publish node B's telemetry: refused by the broker, not
     # delivered, never acknowledged by the core. Node A's own topic, same connection kind,
     # goes through, and arrives after the refused one would have.
-    forged = b'{"v":1,"node":"%s"}' % b.encode()
-    assert publish_as(broker, ident / "client.crt", ident / "client.key",
-                      wire.telemetry_topic(b), forged) == 135  # MQTT 5: not authorized
-    assert publish_as(broker, ident / "client.crt", ident / "client.key",
-                      wire.status_topic(b), forged) == 135
-    marker = f"cfnet/v1/nodes/{a}/telemetry"
+    # tools.identity_probe: the same check the installed-chart test runs. Node B's telemetry
+    # and status first, then node A's own, on one connection, each QoS 1 with MQTT 5.
+    marker = wire.telemetry_topic(a)
     before = watcher.seen.count(marker)
-    assert publish_as(broker, ident / "client.crt", ident / "client.key", marker, b"{}") == 0
+    codes = cannot_publish_as(broker.host, broker.cert_port, ca_file=broker.ca_file,
+                              certfile=ident / "client.crt", keyfile=ident / "client.key",
+                              node=a, other=b)
+    assert codes == {wire.telemetry_topic(b): 135, wire.status_topic(b): 135, marker: 0}
     wait_for(lambda: watcher.seen.count(marker) > before, timeout=10,
              what="node A's own message after the refused ones")
     watcher.wait(wire.ack_topic(a))  # the core is alive and acking

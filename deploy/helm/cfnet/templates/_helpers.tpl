@@ -53,7 +53,8 @@ reached through one (certNodePort for the certificate listener), else broker.cer
 {{- end }}
 
 {{/* Non-empty when agents enroll for client certificates (agent.identity: certificate):
-the agent ServiceAccount and CSR RBAC, the core's signer, the broker's certificate listener. */}}
+the agent ServiceAccount and CSR RBAC, the core's signer, the broker's certificate listener.
+Mosquitto only: the clustered bus (nats.mode) has no such listener, its agents use passwords. */}}
 {{- define "cfnet.agentCertificates" -}}
-{{- if and .Values.agent.enabled (eq .Values.agent.identity "certificate") -}}true{{- end -}}
+{{- if and .Values.agent.enabled (eq .Values.agent.identity "certificate") (eq .Values.nats.mode "off") -}}true{{- end -}}
 {{- end }}

@@ -1,0 +1,96 @@
+"""Can one node's broker identity publish as another node? A check for installed brokers.
+
+``publish_as`` connects to the broker's certificate listener (the agents' one, 8884 in the
+Helm chart) with one node's client certificate and key, exactly as that node's agent does,
+and publishes QoS 1 with MQTT 5 to the given topics; it returns each PUBACK's reason code
+(0 accepted, 135 not authorized). ``cannot_publish_as`` is the whole check: node A's own
+telemetry is accepted and node B's telemetry and status are refused, or it raises
+``AssertionError`` saying which was not.
+
+On the installed chart the agent's certificate and key are in its node's state directory
+(``<agent.hostPaths.stateDir>/identity/client.crt`` and ``client.key``), the broker's CA is
+the ``ca.crt`` of the agents' Secret, and ``netns`` is where the broker's address is
+reachable (tools.netns), e.g.::
+
+    from tools.identity_probe import cannot_publish_as
+    cannot_publish_as(pod_ip, 8884, ca_file=pki / "ca.crt",
+                      certfile=state / "identity/client.crt", keyfile=state / "identity/client.key",
+                      node="node-a", other="node-b", netns="cfnet-node", check_hostname=False)
+
+(``check_hostname=False`` when dialling the pod IP that the broker certificate does not name:
+the chain is still verified against ``ca_file``.)
+
+Used by tests/k8s/test_identity.py against a real Mosquitto.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edge_agent.wire import status_topic, telemetry_topic
+from tools.netns import in_netns
+
+NOT_AUTHORIZED = 135
+
+
+def publish_as(host: str, port: int, *, ca_file: Path, certfile: Path, keyfile: Path,
+               topics: list[str], payload: bytes = b"{}", check_hostname: bool = True,
+               netns: str | None = None, timeout_s: float = 10.0) -> dict[str, int]:
+    """``{topic: PUBACK reason code}`` for one QoS 1 publish to each topic, in order, on one
+    connection made with this client certificate. Raises ``ConnectionError`` when the
+    broker refuses the connection itself."""
+    return in_netns(netns, _publish, host, port, ca_file, certfile, keyfile, topics, payload,
+                    check_hostname, timeout_s)
+
+
+def _publish(host: str, port: int, ca_file: Path, certfile: Path, keyfile: Path,
+             topics: list[str], payload: bytes, check_hostname: bool,
+             timeout_s: float) -> dict[str, int]:
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    ctx.check_hostname = check_hostname
+    ctx.load_cert_chain(str(certfile), str(keyfile))
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="cfnet-identity-probe",
+                    protocol=mqtt.MQTTv5)
+    c.tls_set_context(ctx)
+    state: dict[str, object] = {}
+    acks: dict[int, int] = {}
+    c.on_connect = lambda _c, _u, _f, rc, _p: state.__setitem__("connack", rc.value)
+    c.on_publish = lambda _c, _u, mid, rc, _p: acks.__setitem__(mid, rc.value)
+    deadline = time.monotonic() + timeout_s
+    c.connect(host, port, keepalive=10)
+    try:
+        while "connack" not in state:
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"no CONNACK from {host}:{port} within {timeout_s}s")
+            c.loop(0.1)
+        if state["connack"] != 0:
+            raise ConnectionError(f"{host}:{port} refused the connection: {state['connack']}")
+        mids = {c.publish(t, payload, qos=1).mid: t for t in topics}
+        while len(acks) < len(mids):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no PUBACK for {sorted(set(mids.values()))} within "
+                                   f"{timeout_s}s")
+            c.loop(0.1)
+        return {t: acks[m] for m, t in mids.items()}
+    finally:
+        c.disconnect()
+
+
+def cannot_publish_as(host: str, port: int, *, ca_file: Path, certfile: Path, keyfile: Path,
+                      node: str, other: str, check_hostname: bool = True,
+                      netns: str | None = None) -> dict[str, int]:
+    """Node ``node``'s certificate publishes its own telemetry (accepted) and ``other``'s
+    telemetry and status (each must be refused, 135). Returns the reason codes."""
+    own, forged = telemetry_topic(node), [telemetry_topic(other), status_topic(other)]
+    codes = publish_as(host, port, ca_file=ca_file, certfile=certfile, keyfile=keyfile,
+                       topics=[*forged, own], check_hostname=check_hostname, netns=netns)
+    assert codes[own] == 0, f"{node}'s own telemetry was refused ({codes[own]}): {codes}"
+    for t in forged:
+        assert codes[t] == NOT_AUTHORIZED, \
+            f"{node}'s certificate published {t}: PUBACK {codes[t]}, not 135 (not authorized)"
+    return codes
