@@ -102,8 +102,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "whose CSRs are approved (default: <lease namespace>:cfnet-agent)")
     k.add_argument("--agent-cert-days", type=int,
                    default=int(env("CFNET_AGENT_CERT_DAYS", "365")),
-                   help="lifetime of an agent certificate (the agent renews it at start-up "
-                        "in its last third)")
+                   help="lifetime of an agent certificate (the agent renews it in its "
+                        "last third)")
     add_scheduler_args(k)
     p.add_argument("--table-every", type=float, default=10.0,
                    help="log the node and link tables every N seconds (0: never)")

@@ -4,7 +4,8 @@ With ``identity: certificate`` (the Helm chart's default) the agent, before it c
 
 1. keeps a private key in ``identity_dir`` (EC P-256, file mode 0600, made once);
 2. reuses ``client.crt`` there when it is for this node, matches the key and is not in the
-   last third of its life;
+   last third of its life (while it runs, :class:`Renewer` renews it in place when it gets
+   there);
 3. otherwise files a ``certificates.k8s.io/v1`` CertificateSigningRequest (signer
    ``cfnet.io/agent``, CN = the node name, usages client auth) with its pod-bound
    ServiceAccount token, and waits, bounded, until the leading core has approved and signed
@@ -27,6 +28,7 @@ import os
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -210,7 +212,68 @@ def ensure_identity(s: EnrollSettings, stop: threading.Event | None = None) -> t
     if usable_cert(cert_file, key, s.node):
         log.info("using the client certificate %s for node %s", cert_file, s.node)
         return cert_file, key_file
-    pem = request_certificate(s, key, stop)
+    cert = _write_cert(cert_file, request_certificate(s, key, stop), key)
+    log.info("enrolled: client certificate for node %s until %s", s.node,
+             cert.not_valid_after_utc.isoformat())
+    return cert_file, key_file
+
+
+def renew_at(cert_file: Path) -> float:
+    """When the certificate in ``cert_file`` enters its last third (epoch seconds)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    except (OSError, ValueError) as e:
+        raise EnrollError(f"cannot read the client certificate {cert_file}: {e}") from e
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    return (end - (end - start) / 3).timestamp()
+
+
+class Renewer:
+    """Renews the client certificate in place when it enters its last third: a new CSR with
+    the same key (bounded wait, retried every ``retry_s`` until it works), the certificate
+    file replaced, then ``on_renewed(certfile, keyfile)`` (the MQTT client reloads it for its
+    next connection). The agent never has to restart for it."""
+
+    def __init__(self, s: EnrollSettings, on_renewed: Callable[[Path, Path], None],
+                 stop: threading.Event, *, clock: Callable[[], float] = time.time,
+                 retry_s: float = 60.0) -> None:
+        self.s = s
+        self.on_renewed = on_renewed
+        self.stop = stop
+        self.clock = clock
+        self.retry_s = retry_s
+        self.renewed = 0
+        self._thread = threading.Thread(target=self._run, name="cert-renewer", daemon=True)
+
+    def start(self) -> Renewer:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        cert_file, key_file = self.s.identity_dir / CERT_FILE, self.s.identity_dir / KEY_FILE
+        while not self.stop.is_set():
+            try:
+                wait = renew_at(cert_file) - self.clock()
+                if wait > 0 and self.stop.wait(min(wait, 86400.0)):
+                    return
+                if wait > 0:
+                    continue  # waited a day at most: look again (the clock may have moved)
+                key = load_or_make_key(key_file)
+                pem = request_certificate(self.s, key, self.stop)
+                _write_cert(cert_file, pem, key)
+                self.renewed += 1
+                log.info("renewed the client certificate for node %s", self.s.node)
+                self.on_renewed(cert_file, key_file)
+            except EnrollError as e:
+                log.warning("certificate renewal: %s; again in %.0fs", e, self.retry_s)
+                if self.stop.wait(self.retry_s):
+                    return
+
+
+def _write_cert(cert_file: Path, pem: bytes, key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
     try:
         cert = x509.load_pem_x509_certificate(pem)
     except ValueError as e:
@@ -220,20 +283,23 @@ def ensure_identity(s: EnrollSettings, stop: threading.Event | None = None) -> t
     tmp = cert_file.with_suffix(".tmp")
     tmp.write_bytes(pem)
     os.replace(tmp, cert_file)
-    log.info("enrolled: client certificate for node %s until %s", s.node,
-             cert.not_valid_after_utc.isoformat())
-    return cert_file, key_file
+    return cert
 
 
-def enrolled(cfg: Any, stop: threading.Event | None = None) -> Any:
-    """``cfg`` (an AgentConfig with ``identity: certificate``) with its client certificate
-    and key set and no password (the broker takes the certificate's CN as the username)."""
+def enroll_settings(cfg: Any) -> EnrollSettings:
+    """The enrollment settings of an AgentConfig with ``identity: certificate``."""
     api = cfg.api_server or api_server_from_env()
     if not api:
         raise EnrollError("identity certificate: no API server (api_server, or the pod's "
                           "KUBERNETES_SERVICE_HOST)")
     d = cfg.identity_dir or cfg.buffer_path.parent / "identity"
-    cert, key = ensure_identity(EnrollSettings(
-        node=cfg.node, identity_dir=d, api_server=api, token_file=cfg.api_token_file,
-        ca_file=cfg.api_ca_file, timeout_s=cfg.enroll_timeout_s), stop)
+    return EnrollSettings(node=cfg.node, identity_dir=d, api_server=api,
+                          token_file=cfg.api_token_file, ca_file=cfg.api_ca_file,
+                          timeout_s=cfg.enroll_timeout_s)
+
+
+def enrolled(cfg: Any, stop: threading.Event | None = None) -> Any:
+    """``cfg`` (an AgentConfig with ``identity: certificate``) with its client certificate
+    and key set and no password (the broker takes the certificate's CN as the username)."""
+    cert, key = ensure_identity(enroll_settings(cfg), stop)
     return replace(cfg, certfile=cert, keyfile=key, password=None, password_file=None)

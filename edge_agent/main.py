@@ -147,6 +147,10 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> 
         metrics = serve_agent_metrics(agent, cfg.metrics_port)
         log.info("metrics on :%d/metrics", cfg.metrics_port)
     agent.start()
+    if cfg.identity == "certificate" and cfg.certfile is not None and cfg.keyfile is not None:
+        from edge_agent.enroll import Renewer, enroll_settings
+
+        Renewer(enroll_settings(cfg), mqtt.reload_client_cert, stop).start()
     if not mqtt.wait_connected(10):
         log.warning(
             "not connected to %s:%s yet (%s); buffering reports to %s",

@@ -253,6 +253,7 @@ class MqttClient:
         c.max_queued_messages_set(0)
         if settings.username is not None:
             c.username_pw_set(settings.username, settings.password)
+        self._tls_ctx: ssl.SSLContext | None = None
         if settings.tls:
             ctx = ssl.create_default_context(
                 cafile=str(settings.ca_file) if settings.ca_file else None
@@ -260,6 +261,7 @@ class MqttClient:
             if settings.certfile and settings.keyfile:
                 ctx.load_cert_chain(str(settings.certfile), str(settings.keyfile))
             c.tls_set_context(ctx)
+            self._tls_ctx = ctx
         if will is not None:
             c.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
         # paho doubles the delay between min and max; jitter is added in
@@ -290,6 +292,13 @@ class MqttClient:
         except (OSError, ValueError) as exc:
             raise MqttError(f"cannot connect to {self.settings.host}:{self.settings.port}") from exc
         self._client.loop_start()
+
+    def reload_client_cert(self, certfile: Path, keyfile: Path) -> None:
+        """Use a renewed client certificate from the next connection on (the one open now
+        stays: the broker checked the old certificate when it was made)."""
+        if self._tls_ctx is None:
+            raise MqttError("no TLS: no client certificate to reload")
+        self._tls_ctx.load_cert_chain(str(certfile), str(keyfile))
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)

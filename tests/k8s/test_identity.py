@@ -21,6 +21,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,7 +41,13 @@ from cloud_core.errors import KubeConflict, KubeForbidden, KubeNotFound
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.enroll import CSR_PATH, SIGNER_NAME, AgentEnroller, ca_from_secret
 from edge_agent import wire
-from edge_agent.enroll import EnrollError, EnrollSettings, ensure_identity, request_certificate
+from edge_agent.enroll import (
+    EnrollError,
+    EnrollSettings,
+    Renewer,
+    ensure_identity,
+    request_certificate,
+)
 from tests.k8s.conftest import DEPLOY, Cluster, load_manifests, wait_for
 from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane
@@ -261,6 +268,22 @@ def test_agent_enrolls_and_cannot_publish_as_another_node(
     # (c) node A's certificate cannot publish node B's telemetry: refused by the broker, not
     # delivered, never acknowledged by the core. Node A's own topic, same connection kind,
     # goes through, and arrives after the refused one would have.
+    # Renewal in place (the agent's Renewer, its clock moved into the certificate's last
+    # third): a new CSR with the same key, approved and signed by the core, the file replaced.
+    # The checks below then run with the renewed certificate.
+    renewed: list[Path] = []
+    done = threading.Event()
+    s = settings(control_plane, tmp, a, token)
+    renewer = Renewer(EnrollSettings(node=a, identity_dir=ident, api_server=s.api_server,
+                                     token_file=s.token_file, ca_file=s.ca_file,
+                                     timeout_s=20, poll_s=0.2),
+                      lambda c, _k: (renewed.append(c), done.set()), done,
+                      clock=lambda: time.time() + 400 * 86400).start()
+    renewer.join(30)
+    assert renewed == [ident / "client.crt"], "the certificate was not renewed"
+    new = x509.load_pem_x509_certificate((ident / "client.crt").read_bytes())
+    assert new.serial_number != cert.serial_number and new.subject == cert.subject
+
     # tools.identity_probe: the same check the installed-chart test runs. Node B's telemetry
     # and status first, then node A's own, on one connection, each QoS 1 with MQTT 5.
     marker = wire.telemetry_topic(a)
@@ -278,7 +301,7 @@ def test_agent_enrolls_and_cannot_publish_as_another_node(
     assert broker.probe(a, None) != 0
     watcher.close()
 
-    # The agent reuses its certificate on restart: no second CSR.
+    # The agent reuses its certificate on restart: no new CSR.
     key = serialization.load_pem_private_key((ident / "client.key").read_bytes(), None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)
     s = settings(control_plane, tmp, a, token)
@@ -288,7 +311,7 @@ def test_agent_enrolls_and_cannot_publish_as_another_node(
     assert crt == ident / "client.crt"
     assert len([o for o in admin.list(CSR_PATH)[0]
                 if o["spec"]["extra"].get("authentication.kubernetes.io/node-name")
-                == [a]]) == 1
+                == [a]]) == 2  # the first and the renewal
 
 
 def test_csrs_for_another_node_or_from_another_identity_are_denied(

@@ -21,6 +21,7 @@ from edge_agent.enroll import (
     api_server_from_env,
     load_or_make_key,
     make_csr,
+    renew_at,
     usable_cert,
 )
 from edge_agent.errors import ConfigError
@@ -97,3 +98,18 @@ def test_config_identity(tmp_path: Path) -> None:
                                      "api_server: https://10.0.0.1:6443\n")
     cfg = load_config(["--node", "n1", "--config", str(tmp_path / "a.yaml")])
     assert cfg.identity_dir == Path("/x/id") and cfg.api_server == "https://10.0.0.1:6443"
+
+
+def test_renewal_time_is_the_start_of_the_last_third(tmp_path: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    crt = _issue(tmp_path, key, "node-a", 30, now)
+    cert = x509.load_pem_x509_certificate(crt.read_bytes())
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    assert renew_at(crt) == pytest.approx((start + (end - start) * 2 / 3).timestamp())
+    # The moment usable_cert stops reusing it at start-up is the same moment.
+    at = dt.datetime.fromtimestamp(renew_at(crt), dt.UTC)
+    assert usable_cert(crt, key, "node-a", now=at - dt.timedelta(seconds=1))
+    assert not usable_cert(crt, key, "node-a", now=at + dt.timedelta(seconds=1))
+    with pytest.raises(EnrollError, match="cannot read the client certificate"):
+        renew_at(tmp_path / "missing.crt")
