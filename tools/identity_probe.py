@@ -20,6 +20,10 @@ reachable (tools.netns), e.g.::
 (``check_hostname=False`` when dialling the pod IP that the broker certificate does not name:
 the chain is still verified against ``ca_file``.)
 
+The broker replaces the client id with the certificate's CN (use_username_as_clientid), so
+the probe takes over node A's connection for a moment: node A's agent is disconnected once
+and reconnects by itself (its session is started clean by the probe's connection).
+
 Used by tests/k8s/test_identity.py against a real Mosquitto.
 """
 
