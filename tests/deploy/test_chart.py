@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tools import helm as chart
 from tools.helm import CHART, ROOT, HelmError, documents, template
@@ -189,3 +190,48 @@ def test_readme_helm_install_renders(tmp_path: Path) -> None:
     # One identity per agent (the default): the agents' Secret holds the broker's CA only.
     assert set(agent["data"]) == {"ca.crt"}
     assert ("Deployment", "mosquitto") in objs  # the broker the README's Secret is for
+
+
+def test_defaults_give_every_agent_its_own_identity() -> None:
+    """agent.identity certificate (the default): no shared password reaches a node; the agent
+    may only file and read CSRs, with a pod-bound token; the core may approve and sign for
+    cfnet.io/agent only; the broker has the certificate listener (docs/security.md)."""
+    objs = by_kind(documents(template()))
+    pod = objs[("DaemonSet", "cfnet-agent")]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "cfnet-agent"
+    assert pod["automountServiceAccountToken"] is False  # only the projected, pod-bound one
+    vols = {v["name"]: v for v in pod["volumes"]}
+    sources = vols["config"]["projected"]["sources"]
+    assert {"secret": {"name": "cfnet-agent-credentials",
+                       "items": [{"key": "ca.crt", "path": "ca.crt"}]}} in sources
+    token = vols["enroll-token"]["projected"]["sources"]
+    assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}} in token
+    conf = yaml.safe_load(objs[("ConfigMap", "cfnet-agent-config")]["data"]["agent.yaml"])
+    assert conf["identity"] == "certificate" and "password_file" not in conf
+    assert conf["broker_port"] == 8884
+    assert objs[("ClusterRole", "cfnet-agent")]["rules"] == [
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"],
+         "verbs": ["create", "get"]}]
+    enroll = objs[("ClusterRole", "cfnet-core-agent-enrollment")]["rules"]
+    assert {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"],
+            "resourceNames": ["cfnet.io/agent"], "verbs": ["approve", "sign"]} in enroll
+    assert all("*" not in r["verbs"] and "secrets" not in r["resources"] for r in enroll)
+    ca_role = objs[("Role", "cfnet-core-agent-ca")]
+    assert ca_role["metadata"]["namespace"] == "cfnet-system"
+    assert [r for r in ca_role["rules"] if "get" in r["verbs"]] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["cfnet-agent-ca"],
+         "verbs": ["get"]}]
+    args = objs[("Deployment", "cfnet-core")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--agent-ca-secret=cfnet-system/cfnet-agent-ca" in args
+    mq = objs[("ConfigMap", "mosquitto-config")]["data"]
+    assert "listener 8884" in mq["mosquitto.conf"] and "use_identity_as_username true" in \
+        mq["mosquitto.conf"] and "per_listener_settings true" in mq["mosquitto.conf"]
+    assert mq["agent-acl"] == (CHART / "files" / "agent-acl").read_text()
+    ports = objs[("Service", "mosquitto")]["spec"]["ports"]
+    assert {"name": "mqtts-agent", "port": 8884, "targetPort": "mqtts-agent"} in ports
+    mpod = objs[("Deployment", "mosquitto")]["spec"]["template"]["spec"]
+    agent_ca = next(v for v in mpod["volumes"] if v["name"] == "agent-ca")
+    # the CA's certificate only, never its key
+    assert {"secret": {"name": "cfnet-agent-ca", "items": [{"key": "tls.crt",
+                                                            "path": "ca.crt"}]}} \
+        in agent_ca["projected"]["sources"]
