@@ -19,10 +19,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
+from cloud_core.k8s.enroll import AgentSigner
 from tools.broker import MOSQUITTO, free_port, mqtt_connect_probe
 from tools.certs import CertStore, make_agent_ca
 from tools.helm import CHART
+from tools.identity_probe import cannot_publish_as
 
 SECRET_FILES = ("ca.crt", "broker.crt", "broker.key", "passwd", "acl")
 
@@ -113,6 +119,19 @@ def test_chart_mosquitto_runs_as_its_non_root_user(world_dir: Path) -> None:
         with pytest.raises(OSError):
             mqtt_connect_probe("127.0.0.1", cert_port, username="core-k8s",
                                password=core.password, ca_file=store.ca_file)
+        # A certificate of the agent CA for node-a publishes node-a's telemetry only: the
+        # shipped listener and %u ACL, as the installed chart runs them.
+        key = ec.generate_private_key(ec.SECP256R1())
+        req = x509.CertificateSigningRequestBuilder().subject_name(x509.Name(
+            [x509.NameAttribute(NameOID.COMMON_NAME, "node-a")])).sign(key, hashes.SHA256())
+        signer = AgentSigner.from_dir(world_dir / "agent-ca")
+        (world_dir / "a.crt").write_bytes(signer.sign(req, "node-a"))
+        (world_dir / "a.key").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+        cannot_publish_as("127.0.0.1", cert_port, ca_file=store.ca_file,
+                          certfile=world_dir / "a.crt", keyfile=world_dir / "a.key",
+                          node="node-a", other="node-b")
         status = Path(f"/proc/{proc.pid}/status").read_text()
         uids = next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1:]
         assert set(uids) == {str(uid)}, status
