@@ -35,11 +35,11 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
 
 from cloud_core.bus_nats import STREAM, subject_to_topic, topic_to_subject
+from tools.accounts import BusAccounts
 from tools.broker import free_port, mqtt_connect_probe
-from tools.certs import CertError, CertStore, Credentials, Role, acl_rules
+from tools.certs import CertStore, Credentials, Role, acl_rules
 from tools.netns import in_netns
 
 __all__ = ["NatsCluster", "NatsError", "build_nats", "mqtt_to_subject", "nats_permissions",
@@ -139,8 +139,10 @@ class _Node:
     proc: subprocess.Popen[bytes] | None = None
 
 
-class NatsCluster:
+class NatsCluster(BusAccounts):
     """Three nats-server processes clustered on loopback. Context manager."""
+
+    _error = NatsError
 
     def __init__(self, workdir: Path, *, size: int = 3, binary: Path | None = None,
                  tls: bool = True, host: str = "127.0.0.1", netns: str | None = None,
@@ -356,36 +358,12 @@ class NatsCluster:
         self.stop()
 
     # ------------------------------------------------------------------ accounts
-    def add_account(
-        self, name: str, role: Literal["agent", "operator", "core", "sim", "bridge"]
-    ) -> Credentials:
-        """Register an account (idempotent); on a running cluster, reload and wait until live."""
-        try:
-            creds, created = self.store.add_account(name, role)
-        except CertError as exc:
-            raise NatsError(str(exc)) from exc
-        creds = self._shape(creds)
-        if created and self.running:
-            self._reload()
-            self._wait_all(creds, accepted=True)
-        return creds
+    # add_account, remove_account, credentials: tools.accounts.BusAccounts.
+    def _reload_accounts(self) -> None:
+        self._reload()
 
-    def remove_account(self, name: str) -> None:
-        try:
-            creds = self.store.credentials(name)
-            self.store.remove_account(name)
-        except CertError as exc:
-            raise NatsError(str(exc)) from exc
-        if self.running:
-            self._reload()
-            self._wait_all(creds, accepted=False)
-
-    def credentials(self, name: str) -> Credentials:
-        return self._shape(self.store.credentials(name))
-
-    def _shape(self, creds: Credentials) -> Credentials:
-        return creds if self.tls else Credentials(creds.username, creds.password, None, None,
-                                                  None)
+    def _wait_account(self, creds: Credentials, *, accepted: bool) -> None:
+        self._wait_all(creds, accepted=accepted)
 
     def _reload(self) -> None:
         self._write_confs()
