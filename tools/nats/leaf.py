@@ -53,7 +53,7 @@ from tools.nats.cluster import (
 )
 from tools.netns import in_netns
 
-__all__ = ["EDGE_STREAM", "EdgeLeaf", "link_site"]
+__all__ = ["EDGE_STREAM", "EdgeLeaf", "link_site", "resume_site"]
 
 EDGE_STREAM = "CFNET_EDGE"
 START_TIMEOUT_S = 60.0
@@ -296,3 +296,39 @@ def link_site(leaf: EdgeLeaf, *, hub_replicas: int = 3, hub_max_age_s: float = 9
 
     in_netns(leaf.netns, asyncio.run, on_leaf())
     in_netns(hub.netns, asyncio.run, on_hub())
+
+
+def resume_site(leaf: EdgeLeaf) -> bool:
+    """Restart the hub stream's source of this site now (after its uplink came back).
+
+    nats-server re-creates a failed source consumer with a growing back-off (10 s more
+    per failure, up to 2 minutes: ``calculateRetryBackoff`` in server/stream.go), so after
+    a long outage the site's backlog would start flowing only that long after the heal.
+    Removing the source and adding it again makes the hub set it up at once; it resumes
+    after the last message it stored from that source (nothing twice, measured in
+    tests/integration/test_bus_leaf_resume.py). What calls this in a deployment is a
+    watcher of the hub's leafnode-connect advisories; not built. Returns whether the
+    site's source was there to restart.
+    """
+    hub = leaf.hub
+    api = f"$JS.{leaf.site}.API"
+
+    async def run() -> bool:
+        nc = await _connect(hub.nats_urls[0], ADMIN_USER, hub.admin_password,
+                            leaf.ca_file if leaf.tls else None)
+        try:
+            js = nc.jetstream()
+            cfg = (await js.stream_info(STREAM)).config
+            sources = list(cfg.sources or [])
+            mine = [s for s in sources if s.external is not None and s.external.api == api]
+            if not mine:
+                return False
+            cfg.sources = [s for s in sources if s not in mine]
+            await js.update_stream(cfg)
+            cfg.sources = sources
+            await js.update_stream(cfg)
+            return True
+        finally:
+            await nc.close()
+
+    return bool(in_netns(hub.netns, asyncio.run, run()))
