@@ -12,6 +12,8 @@ for the length of that import, and only when PySocks is absent and nothing impor
 ``import urllib.request`` (anyone's) loads the real module. paho keeps a reference to
 the ``urllib`` package only, and reaches ``urllib.request`` through it only on the
 PySocks path, which is then never taken. With PySocks present, paho is imported as is.
+The placeholder is visible to other threads only while paho's import runs, once per
+process (the agent imports it on its main thread before starting any MQTT thread).
 """
 
 from __future__ import annotations
