@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 from msgspec import UNSET, UnsetType
 
 from edge_agent.errors import ConfigError
@@ -174,6 +173,10 @@ def load_config(argv: list[str] | None = None) -> AgentConfig:
 
     values: dict[str, Any] = {}
     if args.config is not None:
+        # Imported only for a file: most agents are configured by flags and environment,
+        # and PyYAML is ~1 MiB of a long-lived process's memory.
+        import yaml
+
         try:
             loaded = yaml.safe_load(args.config.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:

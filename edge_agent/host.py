@@ -38,12 +38,29 @@ class InterfaceSample:
     oper_up: bool
 
 
+# The NVIDIA kernel driver's marks (a container given GPUs has them too): without either,
+# there is no GPU NVML could see.
+NVIDIA_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+
+
+def nvidia_driver() -> bool:
+    """Whether the NVIDIA driver is present (else NVML is not worth importing)."""
+    return any(os.path.exists(p) for p in NVIDIA_DRIVER_PATHS)
+
+
 class GpuReader:
     """Reads NVIDIA GPUs through NVML; no driver means an empty list."""
 
     def __init__(self) -> None:
         self._nvml: Any = None
         self.reason = ""
+        driver = nvidia_driver()
+        if not driver:
+            # pynvml is ~1.3 MiB of the agent's resident memory once imported, and without
+            # the driver's library NVML cannot init anyway: imported only where it can.
+            self.reason = ("no NVIDIA GPU telemetry: no NVIDIA driver "
+                           f"({' or '.join(NVIDIA_DRIVER_PATHS)} absent)")
+            return
         try:
             import pynvml
 

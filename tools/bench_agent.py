@@ -25,7 +25,9 @@ Modes ``ebpf-core`` (the prebuilt CO-RE object loaded by libbpf, the default),
 checks from the agent's log that it got the loader it asked for. Prints median and
 spread (min..max) per mode.
 Run as root: ``python -m tools.bench_agent [--reps 5] [--phase-seconds 10]`` (3 starts per
-mode by default, which `make bench` runs in its time budget).
+mode by default, which `make bench` runs in its time budget). ``--before-tree DIR`` adds the
+CO-RE agent run from another checkout's ``edge_agent`` (``git archive`` of an earlier commit
+plus its ``bpf/obj``), alternating with the others: a change's before and after in one run.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ PY = sys.executable
 AGENT = Path(sys.executable).parent / "cfnet-agent"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODES = ("ebpf-core", "ebpf-bcc", "sockdiag")
+# ``--before-tree DIR``: the CO-RE agent once more, from another checkout of the package (say,
+# ``git archive`` of the commit before a change, with its bpf/obj), in the same run.
+BEFORE = "ebpf-core-before"
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -100,7 +105,8 @@ def _children(pid: int) -> list[int]:
 
 
 def run_agent_once(lab: Any, broker: Any, tmp: Path, mode: str, seconds: float,
-                   seen: dict[str, float], node: str) -> dict[str, Any]:
+                   seen: dict[str, float], node: str,
+                   before_tree: Path | None = None) -> dict[str, Any]:
     """One agent process: start, first report, steady window, stop."""
     creds = broker.add_account(node, "agent")
     pw = tmp / f"{node}.pw"
@@ -111,7 +117,11 @@ def run_agent_once(lab: Any, broker: Any, tmp: Path, mode: str, seconds: float,
             "--interval-s", "1", "--ebpf" if mode.startswith("ebpf") else "--no-ebpf"]
     env = {k: v for k, v in os.environ.items() if k not in ("CFNET_BPF_LOADER",
                                                             "CFNET_BTF_PATH")}
-    loader = mode.partition("-")[2]
+    loader = mode.split("-")[1] if "-" in mode else ""
+    if mode == BEFORE:
+        if before_tree is None:
+            raise ValueError(f"{BEFORE} needs --before-tree")
+        env["PYTHONPATH"] = str(before_tree)  # ahead of the editable install's path
     if loader:
         env["CFNET_BPF_LOADER"] = loader
     log = open(tmp / f"{node}.log", "wb")  # noqa: SIM115 - the process owns it
@@ -155,14 +165,16 @@ def run_agent_once(lab: Any, broker: Any, tmp: Path, mode: str, seconds: float,
             "bpf_runs_per_s": (bpf1[1] - bpf0[1]) / wall}
 
 
-def run_bench(reps: int, phase_s: float, segs_per_s: float) -> list[dict[str, Any]]:
+def run_bench(reps: int, phase_s: float, segs_per_s: float,
+              before_tree: Path | None = None) -> list[dict[str, Any]]:
     from edge_agent.mqtt import Message, MqttClient, MqttSettings
     from tools.broker import Broker
     from tools.lab import Lab, SiteSpec
     from tools.netns import in_netns
 
     rate_mbit = segs_per_s * MSS * 8 / 1e6
-    traffic_s = reps * len(MODES) * (phase_s + 15) + 20
+    modes = MODES + ((BEFORE,) if before_tree is not None else ())
+    traffic_s = reps * len(modes) * (phase_s + 15) + 20
     stats_before = STATS_SYSCTL.read_text().strip() if STATS_SYSCTL.exists() else None
     results: list[dict[str, Any]] = []
     seen: dict[str, float] = {}
@@ -201,9 +213,10 @@ def run_bench(reps: int, phase_s: float, segs_per_s: float) -> list[dict[str, An
             if stats_before is not None:
                 STATS_SYSCTL.write_text("1")
             for rep in range(reps):
-                for mode in MODES:
+                for mode in modes:
                     node = f"bench-{mode}-{rep}"
-                    results.append(run_agent_once(lab, broker, tmp, mode, phase_s, seen, node))
+                    results.append(run_agent_once(lab, broker, tmp, mode, phase_s, seen, node,
+                                                  before_tree))
         finally:
             if stats_before is not None:
                 STATS_SYSCTL.write_text(stats_before)
@@ -225,14 +238,14 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     cols = ["mode", "steady RSS MiB", "start-up peak MiB (agent / loader)",
             "CPU % of 1 core (process + BPF)", "BPF runs/s", "first report s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for mode in MODES:
+    for mode in (*MODES, BEFORE):
         rs = [r for r in results if r["mode"] == mode]
         if not rs:
             continue
         peak = _fmt([r["peak_agent_kb"] / 1024 for r in rs], ".1f")
         if mode == "ebpf-bcc":
             peak += " / " + _fmt([r["peak_loader_kb"] / 1024 for r in rs], ".0f")
-        elif mode == "ebpf-core":
+        elif mode in ("ebpf-core", BEFORE):
             peak += " / none (in-process)"
         cpu = _fmt([r["proc_pct"] + r["bpf_pct"] for r in rs], ".2f")
         cpu += (f" = {statistics.median(r['proc_pct'] for r in rs):.2f}"
@@ -250,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--phase-seconds", type=float, default=10.0, help="measured window per start")
     ap.add_argument("--segs-per-s", type=float, default=10_000)
     ap.add_argument("--json", action="store_true", help="also print the raw results")
+    ap.add_argument("--before-tree", type=Path, default=None,
+                    help="also run the CO-RE agent from this checkout's edge_agent (a before/after"
+                         " comparison in the same run)")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_agent: needs root (network namespaces, eBPF)", file=sys.stderr)
@@ -258,7 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench_agent: --reps 1..20, --phase-seconds 1..300", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING)
-    results = run_bench(a.reps, a.phase_seconds, a.segs_per_s)
+    before = a.before_tree.resolve() if a.before_tree else None
+    if before is not None and not (before / "edge_agent" / "main.py").is_file():
+        print(f"bench_agent: --before-tree {before}: no edge_agent/main.py there", file=sys.stderr)
+        return 2
+    results = run_bench(a.reps, a.phase_seconds, a.segs_per_s, before)
     print(f"cfnet-agent process cost (broker, buffer, host metrics, report every 1 s), "
           f"~{a.segs_per_s:.0f} segments/s from its namespace, {a.reps} starts per mode, "
           f"{a.phase_seconds:.0f} s window; median (min..max)")

@@ -33,10 +33,10 @@ import time
 import weakref
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
 
 from edge_agent.wire import MAX_PAYLOAD_BYTES
-from tools.certs import CertError, CertStore, Credentials, Role, render_agent_acl
+from tools.accounts import BusAccounts
+from tools.certs import CertStore, Credentials, Role, render_agent_acl
 from tools.netns import in_netns
 from tools.publisher import utf8_field, varint
 
@@ -108,8 +108,10 @@ def mqtt_connect_probe(
         sock.close()
 
 
-class Broker:
+class Broker(BusAccounts):
     """A Mosquitto process with TLS, password auth and the cfnet ACL. Context manager."""
+
+    _error = BrokerError
 
     def __init__(
         self,
@@ -362,44 +364,19 @@ class Broker:
         self.stop()
 
     # ------------------------------------------------------------------ accounts
-    def add_account(
-        self, name: str, role: Literal["agent", "operator", "core", "sim", "bridge"]
-    ) -> Credentials:
-        """Register an account (idempotent); on a running broker, reload and wait until live."""
-        try:
-            creds, created = self.store.add_account(name, role)
-        except CertError as exc:
-            raise BrokerError(str(exc)) from exc
-        creds = self._shape(creds)
-        if created and self.running:
-            self.reload()
-            self._wait_accepts(creds)
-        return creds
-
-    def remove_account(self, name: str) -> None:
-        """Revoke an account; on a running broker, reload and wait until it is refused."""
-        try:
-            creds = self.store.credentials(name)
-            self.store.remove_account(name)
-        except CertError as exc:
-            raise BrokerError(str(exc)) from exc
-        if not self.running:
-            return
+    # add_account, remove_account, credentials: tools.accounts.BusAccounts.
+    def _reload_accounts(self) -> None:
         self.reload()
+
+    def _wait_account(self, creds: Credentials, *, accepted: bool) -> None:
+        if accepted:
+            self._wait_accepts(creds)
+            return
         deadline = time.monotonic() + RELOAD_TIMEOUT_S
         while self.probe(creds.username, creds.password) == 0:
             if time.monotonic() > deadline:
-                raise BrokerError(f"{name!r} still accepted after reload")
+                raise BrokerError(f"{creds.username!r} still accepted after reload")
             time.sleep(0.05)
-
-    def credentials(self, name: str) -> Credentials:
-        """Credentials of an account added earlier."""
-        return self._shape(self.store.credentials(name))
-
-    def _shape(self, creds: Credentials) -> Credentials:
-        if self.tls:
-            return creds
-        return Credentials(creds.username, creds.password, None, None, None)
 
     def _wait_accepts(self, creds: Credentials) -> None:
         deadline = time.monotonic() + RELOAD_TIMEOUT_S

@@ -35,11 +35,12 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
 
 from cloud_core.bus_nats import STREAM, subject_to_topic, topic_to_subject
+from tools.accounts import BusAccounts
 from tools.broker import free_port, mqtt_connect_probe
-from tools.certs import CertError, CertStore, Credentials, Role, acl_rules
+from tools.certs import CertStore, Credentials, Role, acl_rules
+from tools.netns import in_netns
 
 __all__ = ["NatsCluster", "NatsError", "build_nats", "mqtt_to_subject", "nats_permissions",
            "render_accounts", "subject_to_topic"]
@@ -50,6 +51,8 @@ RELOAD_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
 # The harness's own account, used to tell when a node's MQTT listener is ready.
 READY_USER = "harness-ready"
+# The harness's own native-NATS user with every permission (provisioning streams).
+ADMIN_USER = "harness-admin"
 # Room for the largest payload the wire accepts plus topic and envelope.
 MAX_PAYLOAD = 256 * 1024 + 16 * 1024
 
@@ -132,27 +135,45 @@ class _Node:
     conf: Path
     store_dir: Path
     log: Path
+    leaf_port: int = 0  # the leafnode listener, where edge sites connect (0: none)
     proc: subprocess.Popen[bytes] | None = None
 
 
-class NatsCluster:
+class NatsCluster(BusAccounts):
     """Three nats-server processes clustered on loopback. Context manager."""
 
+    _error = NatsError
+
     def __init__(self, workdir: Path, *, size: int = 3, binary: Path | None = None,
-                 tls: bool = True, host: str = "127.0.0.1") -> None:
+                 tls: bool = True, host: str = "127.0.0.1", netns: str | None = None,
+                 leafnodes: bool = False, extra_sans: tuple[str, ...] = ()) -> None:
+        """``netns``/``host``: run every node inside that network namespace, listening on
+        ``host`` (the lab's cloud site); ``leafnodes``: each node also listens for edge
+        sites' leaf nodes (:class:`tools.nats.leaf.EdgeLeaf`, user :attr:`leaf_user`);
+        ``extra_sans``: more names for the servers' certificate (``IP:...`` of an edge
+        site's leaf node, which serves the same certificate to its agents)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o700)
         self.host = host
+        self.netns = netns
         self.tls = tls
         self.binary = binary
         self.store = CertStore(self.workdir / "pki")
-        self.store.init()
+        self.store.init([*([f"IP:{host}"] if host not in ("127.0.0.1", "localhost") else []),
+                         *extra_sans])
         self._ready_password = os.urandom(12).hex()
+        self.leaf_password = os.urandom(12).hex()
+        # The harness's native-NATS user (JetStream provisioning: an edge site's source).
+        self.admin_password = os.urandom(12).hex()
+
+        def port() -> int:
+            return in_netns(netns, free_port, host)
+
         self.nodes = [
-            _Node(f"n{i}", free_port(host), free_port(host), free_port(host),
-                  self.workdir / f"n{i}.conf", self.workdir / f"n{i}" / "js",
-                  self.workdir / f"n{i}.log")
+            _Node(f"n{i}", port(), port(), port(), self.workdir / f"n{i}.conf",
+                  self.workdir / f"n{i}" / "js", self.workdir / f"n{i}.log",
+                  leaf_port=port() if leafnodes else 0)
             for i in range(size)
         ]
         self._finalizer = weakref.finalize(self, _terminate_all, [])
@@ -191,6 +212,13 @@ class NatsCluster:
     def url(self) -> str:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
+    leaf_user = "cfnet-leaf"
+
+    @property
+    def leaf_urls(self) -> list[str]:
+        """Every node's leafnode listener (empty unless started with ``leafnodes``)."""
+        return [f"nats-leaf://{self.host}:{n.leaf_port}" for n in self.nodes if n.leaf_port]
+
     # ------------------------------------------------------------------ config
     def render_conf(self, node: _Node) -> str:
         tls = ""
@@ -202,7 +230,9 @@ class NatsCluster:
                            for n in self.nodes if n is not node)
         users = [{"user": READY_USER, "password": self._ready_password,
                   "permissions": {"publish": {"deny": [">"]}, "subscribe": {"deny": [">"]}},
-                  "allowed_connection_types": ["MQTT"]}]
+                  "allowed_connection_types": ["MQTT"]},
+                 {"user": ADMIN_USER, "password": self.admin_password,
+                  "allowed_connection_types": ["STANDARD"]}]
         for name, role in sorted(self.store.accounts().items()):
             users.append({"user": name, "password": self.store.credentials(name).password,
                           "permissions": nats_permissions(name, role),
@@ -218,6 +248,7 @@ class NatsCluster:
             'max_file_store: 2GB }',
             f'cluster {{ name: "cfnet", listen: "{self.host}:{node.cluster_port}", '
             f"routes: [{routes}] }}",
+            self._leafnodes_conf(node, tls),
             f'mqtt {{ listen: "{self.host}:{node.mqtt_port}"',
             f"  {tls}",
             # Sessions, retained messages and QoS 1 messages on all three nodes: a
@@ -228,6 +259,15 @@ class NatsCluster:
             f"authorization {{ users: {json.dumps(users)} }}",
             "",
         ])
+
+    def _leafnodes_conf(self, node: _Node, tls: str) -> str:
+        if not node.leaf_port:
+            return ""
+        # Leaf connections bind to the global account, as the MQTT users are; what a site
+        # may send up is limited on the leaf's side (EdgeLeaf's deny_exports).
+        auth = json.dumps({"user": self.leaf_user, "password": self.leaf_password})
+        parts = [f'listen: "{self.host}:{node.leaf_port}"', tls, f"authorization: {auth}"]
+        return f"leafnodes {{ {', '.join(p for p in parts if p)} }}"
 
     def _write_confs(self) -> None:
         for n in self.nodes:
@@ -251,7 +291,9 @@ class NatsCluster:
         n.store_dir.mkdir(parents=True, exist_ok=True)
         out = open(n.log, "ab")  # noqa: SIM115 - handed to Popen
         try:
-            n.proc = subprocess.Popen([str(self.binary), "-c", str(n.conf)],
+            # `ip netns exec` execs the server in place: the pid is nats-server's.
+            netns = ["ip", "netns", "exec", self.netns] if self.netns else []
+            n.proc = subprocess.Popen([*netns, str(self.binary), "-c", str(n.conf)],
                                       stdin=subprocess.DEVNULL, stdout=out,
                                       stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
@@ -316,36 +358,12 @@ class NatsCluster:
         self.stop()
 
     # ------------------------------------------------------------------ accounts
-    def add_account(
-        self, name: str, role: Literal["agent", "operator", "core", "sim", "bridge"]
-    ) -> Credentials:
-        """Register an account (idempotent); on a running cluster, reload and wait until live."""
-        try:
-            creds, created = self.store.add_account(name, role)
-        except CertError as exc:
-            raise NatsError(str(exc)) from exc
-        creds = self._shape(creds)
-        if created and self.running:
-            self._reload()
-            self._wait_all(creds, accepted=True)
-        return creds
+    # add_account, remove_account, credentials: tools.accounts.BusAccounts.
+    def _reload_accounts(self) -> None:
+        self._reload()
 
-    def remove_account(self, name: str) -> None:
-        try:
-            creds = self.store.credentials(name)
-            self.store.remove_account(name)
-        except CertError as exc:
-            raise NatsError(str(exc)) from exc
-        if self.running:
-            self._reload()
-            self._wait_all(creds, accepted=False)
-
-    def credentials(self, name: str) -> Credentials:
-        return self._shape(self.store.credentials(name))
-
-    def _shape(self, creds: Credentials) -> Credentials:
-        return creds if self.tls else Credentials(creds.username, creds.password, None, None,
-                                                  None)
+    def _wait_account(self, creds: Credentials, *, accepted: bool) -> None:
+        self._wait_all(creds, accepted=accepted)
 
     def _reload(self) -> None:
         self._write_confs()
@@ -378,8 +396,9 @@ class NatsCluster:
         raise NatsError("no node is running")
 
     def _probe(self, n: _Node, username: str | None, password: str | None) -> int:
-        return mqtt_connect_probe(self.host, n.mqtt_port, username=username, password=password,
-                                  ca_file=self.ca_file if self.tls else None)
+        return in_netns(self.netns, mqtt_connect_probe, self.host, n.mqtt_port,
+                        username=username, password=password,
+                        ca_file=self.ca_file if self.tls else None)
 
     # ------------------------------------------------------------------ diagnostics
     def log_tail(self, n: _Node, lines: int = 15) -> str:

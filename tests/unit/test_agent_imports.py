@@ -1,0 +1,121 @@
+"""The CO-RE agent's import set is pinned: nothing heavy that its path does not use.
+
+Issue 27 (the agent's resident memory): every module a long-lived agent imports stays
+mapped for its life. These imports happen only where they are used, and these tests keep
+them there (a subprocess, so this process's imports do not count):
+
+- the agent's whole run path (what ``edge_agent.main._run`` imports, the CO-RE probe and
+  its loader, a configuration from flags, the host sampler) imports no BCC, no pyroute2
+  (sock_diag's), no prometheus_client (the metrics port's), no PyYAML (a config file's),
+  no pynvml without an NVIDIA driver, no ``cryptography`` (certificate enrolment's), and
+  not ``urllib.request``/``email``/``http.client`` (paho-mqtt's proxy lookup, see
+  :mod:`edge_agent.lightimport`);
+- each of those still loads where it is used: a YAML config file brings PyYAML, the
+  metrics module brings prometheus_client, ``import urllib.request`` after paho is the
+  real module.
+
+The running agent (real process, real broker, CO-RE loaded) is checked the same way,
+with its RSS, in tests/integration/test_agent_footprint.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from edge_agent.host import nvidia_driver
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Heavy modules the CO-RE agent's path must not import (each: who needs it instead).
+FORBIDDEN = {
+    "bcc": "the BCC fallback loader, in its own process",
+    "pyroute2": "the sock_diag fallback probe",
+    "prometheus_client": "the metrics port",
+    "yaml": "a YAML config file",
+    "cryptography": "certificate enrolment",
+    "urllib.request": "paho-mqtt's proxy lookup (PySocks only)",
+    "email": "urllib.request",
+    "http.client": "urllib.request",
+}
+RUN_PATH = """
+import json, sys
+from edge_agent.main import mqtt_settings
+from edge_agent.config import load_config
+cfg = load_config(sys.argv[1:])
+from edge_agent.active import ActiveProber, EchoServer
+from edge_agent.agent import Agent, offline_status
+from edge_agent.buffer import ReportBuffer
+from edge_agent.host import HostSampler, local_addresses
+from edge_agent.mqtt import MqttClient, Will
+from edge_agent.probes import ProbeConfig, open_probe
+from edge_agent.probes.ebpf import EbpfProbe
+from edge_agent import bpf_loader, libbpf_loader
+from edge_agent.wire import status_topic
+mqtt_settings(cfg)
+HostSampler().close()
+local_addresses()
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _modules(code: str, *args: str) -> set[str]:
+    r = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return set(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def _present(mods: set[str], name: str) -> bool:
+    return name in mods or any(m.startswith(name + ".") for m in mods)
+
+
+def test_the_core_agent_path_imports_nothing_heavy() -> None:
+    mods = _modules(RUN_PATH, "--node", "imp-1", "--ebpf")
+    found = {m: why for m, why in FORBIDDEN.items() if _present(mods, m)}
+    assert not found, f"imported on the CO-RE agent's path (and who needs them): {found}"
+    if not nvidia_driver():
+        assert not _present(mods, "pynvml"), "pynvml imported without an NVIDIA driver"
+    # It is the path meant: the CO-RE loader, paho, the buffer's SQLite.
+    assert {"edge_agent.libbpf_loader", "paho.mqtt.client", "sqlite3"} <= mods
+
+
+def test_a_yaml_config_file_still_brings_pyyaml(tmp_path: Path) -> None:
+    conf = tmp_path / "agent.yaml"
+    conf.write_text("node: imp-2\ninterval_s: 2\n")
+    code = ("import json, sys\nfrom edge_agent.config import load_config\n"
+            "cfg = load_config(sys.argv[1:])\nassert cfg.node == 'imp-2', cfg\n"
+            "assert cfg.interval_s == 2, cfg\nprint(json.dumps(sorted(sys.modules)))")
+    assert "yaml" in _modules(code, "--config", str(conf))
+
+
+def test_the_metrics_module_brings_prometheus_client() -> None:
+    code = "import json, sys, edge_agent.metrics\nprint(json.dumps(sorted(sys.modules)))"
+    assert "prometheus_client" in _modules(code)
+
+
+def test_urllib_request_after_paho_is_the_real_module() -> None:
+    code = ("import json, sys, edge_agent.mqtt\n"
+            "assert 'urllib.request' not in sys.modules\n"
+            "import urllib.request\n"
+            "assert callable(urllib.request.getproxies), urllib.request\n"
+            "from urllib.request import urlopen\n"
+            "import paho.mqtt.client as c\n"
+            "assert c.urllib.request is urllib.request\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "http.client" in _modules(code)
+
+
+def test_with_pysocks_present_paho_is_imported_as_is(tmp_path: Path) -> None:
+    # A stand-in ``socks`` module (named as such; PySocks is not a dependency): its mere
+    # presence makes paho's proxy lookup live, so urllib.request must be the real one.
+    (tmp_path / "socks.py").write_text('"""fake PySocks for the import test"""\n'
+                                       'HTTP, SOCKS4, SOCKS5 = 3, 1, 2\n')
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+            "import json, edge_agent.mqtt, paho.mqtt.client as c\n"
+            "assert c.socks is not None\n"
+            "assert callable(c.urllib.request.proxy_bypass)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "urllib.request" in _modules(code)

@@ -1,0 +1,334 @@
+"""An edge site's NATS leaf node: agents keep publishing while the site's uplink is down.
+
+The site runs one ``nats-server`` (in the lab: inside the site's network namespace) that
+its agents connect to over MQTT, exactly as they would to the cloud's cluster: the same
+accounts, passwords and cfnet ACL (:func:`tools.nats.cluster.nats_permissions`, from the
+hub's :class:`~tools.certs.CertStore`), the same CA and certificate (the hub's, whose
+SANs include the leaf's address). The leaf connects up to the hub cluster as a NATS
+*leaf node* (every hub node's leafnode listener, user ``NatsCluster.leaf_user``, TLS).
+
+Store-and-forward is **JetStream on the leaf** (its own JetStream domain, the site's
+name, which MQTT needs anyway):
+
+- the leaf's stream ``CFNET_EDGE`` captures the site's telemetry and status subjects in
+  the site's own file store (bounded by ``max_bytes`` and ``max_age_s``);
+- the hub's ingest stream ``CFNET_INGEST`` (:mod:`cloud_core.bus_nats`, where the core
+  replicas fetch from) *sources* that stream across the leaf connection through the
+  site's JetStream domain (``$JS.<site>.API``). While the uplink is down the source
+  stalls and the leaf keeps storing; when it heals the source resumes from where it
+  stopped, so what the site stored reaches the core once, in order;
+- the leaf does not also send those subjects up live (``deny_exports``): the source is
+  their only way up, so the hub stream holds each report once.
+
+Everything else (placements, acks, console) flows over the leaf connection as plain
+NATS while it is up, and not while it is down. Limits of this harness and design:
+docs/scale.md, "Edge sites".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from cloud_core.bus_nats import STREAM, STREAM_SUBJECTS
+from tools.broker import free_port, mqtt_connect_probe
+from tools.nats.cluster import (
+    ADMIN_USER,
+    STOP_TIMEOUT_S,
+    NatsCluster,
+    NatsError,
+    _conn_types,
+    build_nats,
+    nats_permissions,
+)
+from tools.netns import in_netns
+
+__all__ = ["EDGE_STREAM", "EdgeLeaf", "link_site", "resume_site"]
+
+EDGE_STREAM = "CFNET_EDGE"
+START_TIMEOUT_S = 60.0
+# How fast a cut uplink is noticed and retried: the leaf pings every second and gives up
+# after 3 missed pongs, then redials every second (NATS's defaults are minutes).
+PING_INTERVAL = "1s"
+PING_MAX = 3
+RECONNECT = "1s"
+
+
+class EdgeLeaf:
+    """One site's leaf node (MQTT for its agents, JetStream domain = the site). Context
+    manager; :meth:`start` waits until agents can connect and the uplink is up."""
+
+    def __init__(self, workdir: Path, hub: NatsCluster, *, site: str, host: str = "127.0.0.1",
+                 netns: str | None = None, max_bytes: int = 256 << 20,
+                 max_age_s: float = 7 * 86400.0) -> None:
+        if not site.isalnum():
+            raise NatsError(f"site {site!r}: a JetStream domain is letters and digits")
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o700)
+        self.hub = hub
+        self.site = site
+        self.host = host
+        self.netns = netns
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self.admin_password = os.urandom(12).hex()
+
+        def port() -> int:
+            return in_netns(netns, free_port, host)
+
+        self.client_port, self.mqtt_port, self.monitor_port = port(), port(), port()
+        self.conf = self.workdir / "leaf.conf"
+        self.log = self.workdir / "leaf.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # ------------------------------------------------------------------ Broker-like surface
+    @property
+    def port(self) -> int:
+        return self.mqtt_port
+
+    @property
+    def tls(self) -> bool:
+        return self.hub.tls
+
+    @property
+    def ca_file(self) -> Path:
+        return self.hub.ca_file
+
+    @property
+    def url(self) -> str:
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.client_port}"
+
+    def render_conf(self) -> str:
+        store = self.hub.store
+        tls = ""
+        if self.tls:
+            tls = (f'tls {{ cert_file: "{store.broker_cert}", key_file: "{store.broker_key}", '
+                   f'ca_file: "{store.ca_file}", timeout: 5 }}')
+        users: list[dict[str, Any]] = [
+            {"user": ADMIN_USER, "password": self.admin_password,
+             "allowed_connection_types": ["STANDARD", "MQTT"]}]
+        for name, role in sorted(store.accounts().items()):
+            users.append({"user": name, "password": store.credentials(name).password,
+                          "permissions": nats_permissions(name, role),
+                          "allowed_connection_types": _conn_types(role)})
+        remote: dict[str, Any] = {
+            "urls": [u.replace("nats-leaf://", f"nats-leaf://{self.hub.leaf_user}:"
+                                               f"{self.hub.leaf_password}@")
+                     for u in self.hub.leaf_urls],
+            # The site's telemetry and status go up only through the hub stream's source
+            # (once each); sent live as well they would land in it twice.
+            "deny_exports": list(STREAM_SUBJECTS),
+        }
+        if self.tls:
+            remote["tls"] = {"ca_file": str(store.ca_file)}
+        if not remote["urls"]:
+            raise NatsError("the hub cluster has no leafnode listener (leafnodes=True)")
+        return "\n".join([
+            "# Generated by tools/nats/leaf.py (an edge site's leaf node; tests, lab).",
+            f'server_name: "leaf-{self.site}"',
+            f'listen: "{self.host}:{self.client_port}"',
+            f'http: "{self.host}:{self.monitor_port}"',
+            tls,
+            f'ping_interval: "{PING_INTERVAL}"',
+            f"ping_max: {PING_MAX}",
+            f'jetstream {{ store_dir: "{self.workdir / "js"}", domain: "{self.site}", '
+            f"max_memory_store: 64MB, max_file_store: {max(self.max_bytes * 2, 64 << 20)} }}",
+            f'mqtt {{ listen: "{self.host}:{self.mqtt_port}"',
+            f"  {tls} }}",
+            f'leafnodes {{ reconnect: "{RECONNECT}", remotes: [{json.dumps(remote)}] }}',
+            f"authorization {{ users: {json.dumps(users)} }}",
+            "",
+        ])
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        binary = self.hub.binary or build_nats()
+        self.conf.write_text(self.render_conf())
+        self.conf.chmod(0o600)
+        out = open(self.log, "ab")  # noqa: SIM115 - handed to Popen
+        netns = ["ip", "netns", "exec", self.netns] if self.netns else []
+        try:
+            self.proc = subprocess.Popen([*netns, str(binary), "-c", str(self.conf)],
+                                         stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise NatsError(f"cannot run {binary}: {exc}") from exc
+        finally:
+            out.close()
+        try:
+            self._wait(lambda: self._mqtt_ready(), "accept MQTT")
+            self._wait(self.uplink_up, "connect to the hub")
+        except BaseException:
+            self.stop()
+            raise
+
+    def reload(self) -> None:
+        """Rewrite the config (accounts added to the hub's store since) and SIGHUP."""
+        self.conf.write_text(self.render_conf())
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGHUP)
+
+    def stop(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        if p.poll() is None:
+            p.terminate()
+        try:
+            p.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=STOP_TIMEOUT_S)
+
+    def __enter__(self) -> EdgeLeaf:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _wait(self, ready: Any, what: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise NatsError(f"leaf-{self.site} exited: {self.log_tail()}")
+            with contextlib.suppress(OSError):
+                if ready():
+                    return
+            time.sleep(0.1)
+        raise NatsError(f"leaf-{self.site} did not {what} within {timeout_s:.0f}s: "
+                        f"{self.log_tail()}")
+
+    def _mqtt_ready(self) -> bool:
+        return in_netns(self.netns, mqtt_connect_probe, self.host, self.mqtt_port,
+                        username=ADMIN_USER, password=self.admin_password,
+                        ca_file=self.ca_file if self.tls else None) == 0
+
+    def monitor(self, endpoint: str) -> dict[str, Any]:
+        """The leaf's monitoring endpoint (``leafz``, ``jsz``, ...) as JSON."""
+        url = f"http://{self.host}:{self.monitor_port}/{endpoint}"
+
+        def get() -> dict[str, Any]:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                data: dict[str, Any] = json.loads(r.read())
+                return data
+
+        return in_netns(self.netns, get)
+
+    def uplink_up(self) -> bool:
+        """Whether the leaf connection to the hub is established (leafz)."""
+        return bool(self.monitor("leafz").get("leafnodes"))
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _tls_context(ca_file: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
+async def _connect(url: str, user: str, password: str, ca_file: Path | None) -> Any:
+    import nats
+
+    return await nats.connect(servers=[url], user=user, password=password,
+                              tls=_tls_context(ca_file) if ca_file else None,
+                              connect_timeout=5, max_reconnect_attempts=0,
+                              allow_reconnect=False)
+
+
+def link_site(leaf: EdgeLeaf, *, hub_replicas: int = 3, hub_max_age_s: float = 900.0) -> None:
+    """Provision the site's store-and-forward: the leaf's ``CFNET_EDGE`` stream, and the
+    hub's ``CFNET_INGEST`` sourcing it through the site's JetStream domain (created as the
+    core would create it if it is not there yet, else updated to add the source).
+    Idempotent."""
+    from nats.js.api import ExternalStream, StorageType, StreamConfig, StreamSource
+
+    ca = leaf.ca_file if leaf.tls else None
+    hub = leaf.hub
+
+    async def on_leaf() -> None:
+        nc = await _connect(leaf.url, ADMIN_USER, leaf.admin_password, ca)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(StreamConfig(
+                name=EDGE_STREAM, subjects=list(STREAM_SUBJECTS), storage=StorageType.FILE,
+                num_replicas=1, max_bytes=leaf.max_bytes, max_age=leaf.max_age_s))
+        finally:
+            await nc.close()
+
+    async def on_hub() -> None:
+        nc = await _connect(hub.nats_urls[0], ADMIN_USER, hub.admin_password, ca)
+        try:
+            js = nc.jetstream()
+            source = StreamSource(name=EDGE_STREAM,
+                                  external=ExternalStream(api=f"$JS.{leaf.site}.API"))
+            try:
+                cfg = (await js.stream_info(STREAM)).config
+            except Exception:  # nats-py NotFoundError, or an API error: create it
+                cfg = StreamConfig(name=STREAM, subjects=list(STREAM_SUBJECTS),
+                                   num_replicas=min(hub_replicas, len(hub.nodes)),
+                                   max_age=hub_max_age_s, storage=StorageType.FILE)
+                cfg.sources = [source]
+                await js.add_stream(cfg)
+                return
+            have = [s for s in (cfg.sources or []) if s.external is not None
+                    and s.external.api == source.external.api]  # type: ignore[union-attr]
+            if not have:
+                cfg.sources = [*(cfg.sources or []), source]
+                await js.update_stream(cfg)
+        finally:
+            await nc.close()
+
+    in_netns(leaf.netns, asyncio.run, on_leaf())
+    in_netns(hub.netns, asyncio.run, on_hub())
+
+
+def resume_site(leaf: EdgeLeaf) -> bool:
+    """Restart the hub stream's source of this site now (after its uplink came back).
+
+    nats-server re-creates a failed source consumer with a growing back-off (10 s more
+    per failure, up to 2 minutes: ``calculateRetryBackoff`` in server/stream.go), so after
+    a long outage the site's backlog would start flowing only that long after the heal.
+    Removing the source and adding it again makes the hub set it up at once; it resumes
+    after the last message it stored from that source (nothing twice, measured in
+    tests/integration/test_bus_leaf_resume.py). What calls this in a deployment is a
+    watcher of the hub's leafnode-connect advisories; not built. Returns whether the
+    site's source was there to restart.
+    """
+    hub = leaf.hub
+    api = f"$JS.{leaf.site}.API"
+
+    async def run() -> bool:
+        nc = await _connect(hub.nats_urls[0], ADMIN_USER, hub.admin_password,
+                            leaf.ca_file if leaf.tls else None)
+        try:
+            js = nc.jetstream()
+            cfg = (await js.stream_info(STREAM)).config
+            sources = list(cfg.sources or [])
+            mine = [s for s in sources if s.external is not None and s.external.api == api]
+            if not mine:
+                return False
+            cfg.sources = [s for s in sources if s not in mine]
+            await js.update_stream(cfg)
+            cfg.sources = sources
+            await js.update_stream(cfg)
+            return True
+        finally:
+            await nc.close()
+
+    return bool(in_netns(hub.netns, asyncio.run, run()))
