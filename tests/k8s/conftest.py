@@ -14,12 +14,12 @@ Ready condition at a moment of their choosing, and that controller would taint a
 schedule of its own. ``make_node`` therefore plays its one part new nodes need, clearing the
 ``node.kubernetes.io/not-ready`` taint that admission puts on every new Node.
 
-The CRDs installed
-are the frameworks' own, unmodified (``upstream-crds/``, see its SOURCES.md): OpenYurt
-v1.7.0 NodePool/YurtAppSet and KubeEdge v1.23.1 EdgeApplication/NodeGroup. The OpenYurt ones
-declare a conversion webhook (yurt-manager) that does not run here; the API server accepts the
-CRDs as they are, and requests at their storage versions (NodePool v1beta2, YurtAppSet
-v1beta1, the versions cfnet uses) need no conversion, so nothing is stripped or patched.
+The CRDs installed are the frameworks' own, unmodified (``upstream-crds/``, see its
+SOURCES.md): OpenYurt v1.7.0 NodePool/YurtAppSet and KubeEdge v1.23.1 EdgeApplication/NodeGroup.
+The OpenYurt ones declare a conversion webhook (yurt-manager) that does not run here; the API
+server accepts the CRDs as they are, and requests at their storage versions (NodePool v1beta2,
+YurtAppSet v1beta1, the versions cfnet uses) need no conversion, so nothing is stripped or
+patched.
 
 The binaries (and kwok) are built from the Go module proxy on first use
 (tools/envtest/build.sh, progress on stderr; cached under ``$CFNET_CACHE/envtest``). A failed
