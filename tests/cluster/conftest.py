@@ -29,8 +29,9 @@ BUILD_THREAD = pytest.StashKey[threading.Thread]()
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build the test cluster's binaries (in a thread, joined at collection's end) when a
-    selected test uses ``real_cluster``."""
-    if not any("real_cluster" in getattr(i, "fixturenames", ()) for i in items):
+    selected test uses ``real_cluster`` or ``cluster_binaries``."""
+    if not any({"real_cluster", "cluster_binaries"} & set(getattr(i, "fixturenames", ()))
+               for i in items):
         return
 
     def build() -> None:
@@ -75,6 +76,15 @@ class RealCluster:
             time.sleep(0.3)
         raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} "
                              f"(last: {last!r})\n{self.node.logs()}")
+
+
+@pytest.fixture(scope="session")
+def cluster_binaries(request: pytest.FixtureRequest) -> None:
+    """The test cluster's binaries, built at collection (for a test that starts a cluster in
+    a process of its own, as the demo does)."""
+    err = request.config.stash.get(BUILD_ERROR, None)
+    if err is not None:
+        pytest.fail(f"cannot build the test cluster: {err}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

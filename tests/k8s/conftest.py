@@ -2,17 +2,28 @@
 
 etcd, kube-apiserver (ServiceAccount admission on) and kube-controller-manager (Deployments,
 ReplicaSets, StatefulSets, Jobs, garbage collection, disruption budgets; see
-``tools.envtest.ControlPlane.CONTROLLERS``). There is no kubelet: a test that needs a pod to
-run or to finish terminating plays the kubelet's part itself and says so. The CRDs installed
-are the frameworks' own, unmodified (``upstream-crds/``, see its SOURCES.md): OpenYurt
-v1.7.0 NodePool/YurtAppSet and KubeEdge v1.23.1 EdgeApplication/NodeGroup. The OpenYurt ones
-declare a conversion webhook (yurt-manager) that does not run here; the API server accepts the
-CRDs as they are, and requests at their storage versions (NodePool v1beta2, YurtAppSet
-v1beta1, the versions cfnet uses) need no conversion, so nothing is stripped or patched.
+``tools.envtest.ControlPlane.CONTROLLERS``), and kwok (``tools/envtest/kwok.py``, started once
+per session) for the nodes: a Node a test makes with ``Cluster.node`` or ``make_node`` is a kwok
+node, so kwok posts its Ready status and heartbeats, runs the pods bound to it (Pending ->
+Running/Ready), completes Job pods and finishes terminating pods, as kubelets do. There is no
+real kubelet here (tests/cluster has one). The few tests that still write a node's or a pod's
+status themselves do so where kwok cannot serve, and say why.
 
-The binaries are built from the Go module proxy on first use (tools/envtest/build.sh, progress
-on stderr; cached under ``$CFNET_CACHE/envtest``). A failed build fails the tests with the
-build's own output; nothing here is a fake.
+The node-lifecycle controller stays off here (``ControlPlane.CONTROLLERS``): tests set a Node's
+Ready condition at a moment of their choosing, and that controller would taint and evict on a
+schedule of its own. ``make_node`` therefore plays its one part new nodes need, clearing the
+``node.kubernetes.io/not-ready`` taint that admission puts on every new Node.
+
+The CRDs installed are the frameworks' own, unmodified (``upstream-crds/``, see its
+SOURCES.md): OpenYurt v1.7.0 NodePool/YurtAppSet and KubeEdge v1.23.1 EdgeApplication/NodeGroup.
+The OpenYurt ones declare a conversion webhook (yurt-manager) that does not run here; the API
+server accepts the CRDs as they are, and requests at their storage versions (NodePool v1beta2,
+YurtAppSet v1beta1, the versions cfnet uses) need no conversion, so nothing is stripped or
+patched.
+
+The binaries (and kwok) are built from the Go module proxy on first use
+(tools/envtest/build.sh, progress on stderr; cached under ``$CFNET_CACHE/envtest``). A failed
+build fails the tests with the build's own output; nothing here is a fake.
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ import yaml
 from cloud_core.errors import KubeError, KubeNotFound
 from cloud_core.k8s.client import KubeClient
 from tools.envtest import ControlPlane, EnvtestError, ensure_binaries
+from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
+from tools.envtest.kwok import Kwok
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "k8s"
@@ -87,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     def build() -> None:
         try:
-            ensure_binaries()
+            ensure_binaries(kwok=True)
         except EnvtestError as e:
             config.stash[BUILD_ERROR] = str(e)
 
@@ -126,8 +139,64 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
         cp.stop()
 
 
+@pytest.fixture(scope="session")
+def kwok(control_plane: ControlPlane) -> Iterator[Kwok]:
+    """kwok on the session's control plane: the kubelets of every node the tests make."""
+    k = Kwok(control_plane)
+    try:
+        k.start()
+    except EnvtestError as e:
+        k.stop()
+        pytest.fail(f"cannot run kwok: {e}", pytrace=False)
+    try:
+        yield k
+    finally:
+        k.stop()
+
+
+def _node_ready(c: KubeClient, name: str) -> bool:
+    conds = (c.get(f"/api/v1/nodes/{name}").get("status") or {}).get("conditions") or []
+    return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conds)
+
+
+def make_node(c: KubeClient, name: str, labels: dict[str, str], *,
+              capacity: dict[str, str], taints: list[dict[str, str]] | None = None,
+              simulated: bool = True) -> dict[str, Any]:
+    """Create a Node and return it once it is Ready and carries exactly ``taints``.
+
+    ``simulated`` (the default): a kwok node (needs the ``kwok`` fixture; ``admin`` pulls it
+    in); kwok initialises its status from the capacity written here, keeps it Ready and runs
+    its pods. ``simulated=False``: nobody manages the node; its Ready condition is written
+    here, once, for the tests that then change it by hand (kwok would set it back).
+    """
+    status: dict[str, Any] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
+    meta: dict[str, Any] = {"name": name, "labels": labels}
+    if simulated:
+        meta["annotations"] = {KWOK_ANNOTATION: "fake"}
+    else:
+        status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                 "message": "written by the test (no kwok)"}]
+    obj = c.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": meta,
+                                     "spec": {"taints": taints} if taints else {},
+                                     "status": status})
+    if simulated:
+        wait_for(functools.partial(_node_ready, c, name), timeout=30, every=0.02,
+                 what=f"kwok making node {name} Ready")
+    elif not (obj.get("status") or {}).get("allocatable"):
+        obj["status"] = status
+        obj = c.replace(f"/api/v1/nodes/{name}/status", obj)
+    if (obj.get("spec") or {}).get("taints") != (taints or None):
+        # The TaintNodesByCondition admission added node.kubernetes.io/not-ready; the
+        # node-lifecycle controller (off here: see the module docstring) would clear it now
+        # that the node is Ready.
+        obj = c.patch(f"/api/v1/nodes/{name}", [
+            {"op": "replace", "path": "/spec/taints", "value": taints or []}],
+            content_type="application/json-patch+json")
+    return obj
+
+
 @pytest.fixture
-def admin(control_plane: ControlPlane) -> Iterator[KubeClient]:
+def admin(control_plane: ControlPlane, kwok: Kwok) -> Iterator[KubeClient]:
     c = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
     yield c
     c.close()
@@ -152,7 +221,8 @@ class Cluster:
     def node(self, name: str, *, region: str, zone: str = "", security: int = 1,
              kubeedge_group: str | None = None, openyurt_pool: str | None = None,
              cpu: str = "4", memory: str = "8Gi", labels: dict[str, str] | None = None,
-             edge_taint: bool = True) -> dict[str, Any]:
+             edge_taint: bool = True, simulated: bool = True) -> dict[str, Any]:
+        """A kwok node (``simulated=False``: one nobody manages; see ``make_node``)."""
         lab = {"kubernetes.io/hostname": name, "topology.kubernetes.io/region": region,
                "topology.kubernetes.io/zone": zone or f"{region}-a",
                "cfnet.io/security-level": str(security), **(labels or {})}
@@ -164,24 +234,10 @@ class Cluster:
                 taints.append({"key": "node-role.kubernetes.io/edge", "effect": "NoSchedule"})
         if openyurt_pool is not None:
             lab["apps.openyurt.io/nodepool"] = openyurt_pool
-        status = {"capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
-                  "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
-                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                  "message": "envtest node"}]}
-        obj = self.c.create("/api/v1/nodes", {
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": lab},
-            "spec": {"taints": taints} if taints else {}, "status": status})
-        if not (obj.get("status") or {}).get("allocatable"):
-            obj["status"] = status
-            obj = self.c.replace(f"/api/v1/nodes/{name}/status", obj)
-        if (obj.get("spec") or {}).get("taints") != (taints or None):
-            # The TaintNodesByCondition admission adds node.kubernetes.io/not-ready; with no
-            # node-lifecycle controller here, play its part once the node is "Ready".
-            obj = self.c.patch(f"/api/v1/nodes/{name}", [
-                {"op": "replace", "path": "/spec/taints", "value": taints}],
-                content_type="application/json-patch+json")
         self.nodes.append(name)
-        return obj
+        return make_node(self.c, name, lab, capacity={"cpu": cpu, "memory": memory,
+                                                      "pods": "110"},
+                         taints=taints, simulated=simulated)
 
     def pod(self, name: str, *, cpu: str = "250m", memory: str = "256Mi",
             annotations: dict[str, str] | None = None, node_selector: dict[str, str] | None = None,

@@ -308,6 +308,8 @@ def test_snapshot_follows_pod_versions(cluster: Cluster, admin: KubeClient,
     admin.patch(path, {"metadata": {"labels": {"tier": "b"}}})
     wait_for(lambda: (seen() or {}).get("labels") == {"app": "web", "tier": "b"},
              what="the new labels")
+    # The pod finishes, written here: kwok completes Job pods only, and at once, before a test
+    # could look at them; this one must finish at a moment the test picks.
     pod = admin.get(path)
     pod["status"] = {"phase": "Succeeded"}
     admin.replace(f"{path}/status", pod)

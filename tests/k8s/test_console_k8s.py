@@ -101,13 +101,13 @@ def test_cordon_is_the_nodes_and_no_later_binding_lands_there(
     assert console("uncordon", node="cn-a").ok
     assert not admin.get("/api/v1/nodes/cn-a")["spec"].get("unschedulable")
 
-    # drain: cordon + evict cfnet's pods there (no kubelet: they stay terminating, and the
-    # bare pods have no controller to recreate them)
+    # drain: cordon + evict cfnet's pods there (kwok finishes them; the bare pods have no
+    # controller to recreate them)
     dr = console("drain", node="cn-b")
     assert dr.ok, dr.error
     assert sorted(dr.data["evicted"]) == sorted(f"{cluster.namespace}/c-{i}" for i in range(6))
     assert admin.get("/api/v1/nodes/cn-b")["spec"]["unschedulable"] is True
-    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    wait_for(lambda: not cluster.pods(), timeout=30, what="the drained pods gone")
     assert not console("cordon", node="nope").ok
     # the same roles as the local console (one table): a viewer may not drain here either
     from cloud_core.console.service import COMMAND_ROLES

@@ -20,7 +20,7 @@ import pytest
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.registry import NodeRegistry
-from tests.k8s.conftest import Cluster, wait_for
+from tests.k8s.conftest import Cluster, make_node, wait_for
 from tools.envtest import ControlPlane
 
 pytestmark = pytest.mark.slow
@@ -132,17 +132,9 @@ CASES = [
 
 
 def _node(c: KubeClient, name: str, zone: str, case: str, extra: dict[str, str]) -> None:
-    status = {"capacity": {"cpu": "4", "memory": "8Gi", "pods": "110", **extra},
-              "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110", **extra},
-              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                              "message": "test"}]}
-    obj = c.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
-        "name": name, "labels": {HOST: name, ZONE: zone, "topology.kubernetes.io/region": "r",
-                                 "cfnet.io/case": case}}})
-    obj["status"] = status
-    c.replace(f"/api/v1/nodes/{name}/status", obj)
-    c.patch(f"/api/v1/nodes/{name}", [{"op": "replace", "path": "/spec/taints", "value": []}],
-            content_type="application/json-patch+json")
+    make_node(c, name, {HOST: name, ZONE: zone, "topology.kubernetes.io/region": "r",
+                        "cfnet.io/case": case},
+              capacity={"cpu": "4", "memory": "8Gi", "pods": "110", **extra})
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -7,7 +7,8 @@ kube-controller-manager, its controllers).
 * the chart rendered into a fresh namespace is server-side applied as a whole (RBAC objects,
   Deployment, PDB, DaemonSet, ConfigMap, Secrets, Service) and the controllers act on it: the
   Deployment gets its ReplicaSet and two pods under the chart's ServiceAccount, and the
-  disruption controller counts them for the PDB. (No kubelet runs here, so no pod starts.)
+  disruption controller counts them for the PDB. (No kube-scheduler runs here, so they stay
+  Pending; tests/cluster installs the chart on a cluster where pods run.)
 """
 
 from __future__ import annotations
@@ -122,5 +123,6 @@ def test_chart_applies_and_controllers_act(control_plane: ControlPlane, admin: K
         return st.get("status", {}).get("expectedPods") == 2 and st["status"]
 
     st = wait_for(pdb_counts, timeout=60, what="the disruption controller counting the PDB")
-    # Neither pod runs (no kubelet), so no disruption is allowed: the PDB protects the leader.
+    # Neither pod runs (nothing schedules them here), so no disruption is allowed: the PDB
+    # protects the leader.
     assert st["disruptionsAllowed"] == 0 and st["desiredHealthy"] == 1

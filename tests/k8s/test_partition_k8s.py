@@ -5,8 +5,9 @@ condition (``health.combined_health``).
 A real API server (with its ReplicaSet controller) and a real broker; three agents simulated
 over that broker (``FakeAgent``: valid reports, no probes), two on site A that measure each
 other and one on site B; ``cfnet-core --kubernetes``'s wiring (``start_kubernetes``) with the
-core's MQTT ingest. A one-replica Deployment runs on A's first node (its Node stays Ready
-throughout: no kubelet here, and Kubernetes alone would notice nothing for 40-50 s).
+core's MQTT ingest. A one-replica Deployment runs on A's first node (a kwok node: its Node
+stays Ready throughout, as a node whose kubelet still talks to the API server does, and
+Kubernetes alone would notice nothing for 40-50 s).
 
 - crash: the agent falls silent and its peer stops hearing it: ``down``, the pod is evicted
   and its replacement bound elsewhere within seconds;
@@ -170,10 +171,9 @@ def test_crash_is_replaced_in_seconds_partition_keeps_its_pod(
         assert dst in ("pk-a2", "pk-b")
         assert _health(runner, "pk-a1") is Health.DOWN
         admin.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/{app}")
-        # the evicted pod stays Terminating (no kubelet): let it go, as the kubelet would
-        for p in cluster.pods():
-            if p["metadata"]["name"] == old:
-                admin.delete(f"/api/v1/namespaces/{ns}/pods/{old}", grace_period_s=0)
+        # kwok finishes the evicted pod as a kubelet would
+        wait_for(lambda gone=old: gone not in {p["metadata"]["name"] for p in cluster.pods()},
+                 timeout=30, what=f"evicted pod {old} gone")
         agents.set(set(), all_hear)  # the node comes back
         wait_for(lambda: _health(runner, "pk-a1") is Health.ONLINE, timeout=15,
                  what="pk-a1 online again")

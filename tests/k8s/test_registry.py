@@ -14,8 +14,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_registry_from_node_objects(cluster: Cluster) -> None:
+    # edge-1 is not a kwok node: the test turns its Ready condition Unknown below (the
+    # node-lifecycle controller's verdict on a silent kubelet), and kwok, which only ever
+    # reports its nodes Ready, would set it back.
     cluster.node("edge-1", region="eu-west", zone="eu-west-b", security=1,
-                 kubeedge_group="ke-a", labels={"cfnet.io/agent-id": "agent-edge-1"})
+                 kubeedge_group="ke-a", labels={"cfnet.io/agent-id": "agent-edge-1"},
+                 simulated=False)
     cluster.node("yurt-1", region="eu-central", security=2, openyurt_pool="pool-x",
                  cpu="2500m", memory="3Gi")
     cluster.node("cloud-1", region="us-east", security=3)

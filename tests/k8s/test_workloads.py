@@ -11,9 +11,9 @@
   nothing is evicted.
 - StatefulSet and Job pods are bound like ReplicaSet ones.
 
-There is no kubelet here. Where a pod has to finish terminating (an evicted pod, a pod the
-ReplicaSet scaled away), the test plays the kubelet's part: it deletes the terminating pod with
-grace period 0, as the kubelet does once the containers have stopped.
+The nodes are kwok's (tests/k8s/conftest.py): the pods bound to them go Running and Ready, and
+an evicted pod or one the ReplicaSet scaled away finishes terminating, with no help from the
+test.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 
-from cloud_core.errors import KubeNotFound
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.registry import NodeRegistry
@@ -63,20 +62,6 @@ def deployment(ns: str, name: str, replicas: int, *, cpu: str = "100m",
 def live_pods(cluster: Cluster, app: str) -> list[dict[str, Any]]:
     return [p for p in cluster.pods() if (p["metadata"].get("labels") or {}).get("app") == app
             and not p["metadata"].get("deletionTimestamp")]
-
-
-def play_kubelet(cluster: Cluster) -> int:
-    """The kubelet's part: a terminating pod's containers stopped, so its object goes."""
-    n = 0
-    for p in cluster.pods():
-        if p["metadata"].get("deletionTimestamp"):
-            try:
-                cluster.c.delete(f"/api/v1/namespaces/{cluster.namespace}/pods/"
-                                 f"{p['metadata']['name']}", grace_period_s=0)
-                n += 1
-            except KubeNotFound:  # gone already
-                pass
-    return n
 
 
 def validator_clean(admin: KubeClient, pods: list[dict[str, Any]]) -> list[Any]:
@@ -122,10 +107,11 @@ def test_deployment_scales_and_replacements_are_bound(admin: KubeClient, cluster
     admin.patch(f"/apis/apps/v1/namespaces/{ns}/deployments/web", {"spec": {"replicas": 10}})
 
     def scaled_down() -> list[dict[str, Any]] | None:
-        play_kubelet(cluster)
-        return all_bound(10)
+        # kwok finishes the 30 terminating pods: none is left behind
+        return all_bound(10) if len(cluster.pods()) == 10 else None
 
-    pods = wait_for(scaled_down, timeout=60, every=0.5, what="scaled to 10")
+    pods = wait_for(scaled_down, timeout=60, every=0.5,
+                    what="scaled to 10, the scaled-away pods gone")
     assert validator_clean(admin, pods) == []
 
     victim = pods[0]["metadata"]["name"]
@@ -262,7 +248,8 @@ def _move_back_and_forth(cluster: Cluster, agents: dict[str, FakeAgent], bound_o
         evicted = {e["involvedObject"]["name"]: e["message"]
                    for e in cluster.events("Rescheduling")}
         assert old in evicted and "SLA" in evicted[old] and NAMES[there] in evicted[old]
-        play_kubelet(cluster)  # the evicted pod's containers stop; its object goes
+        wait_for(lambda old=old: old not in {p["metadata"]["name"] for p in cluster.pods()},
+                 timeout=30, what=f"evicted pod {old} gone (kwok finishes it)")
         here, there = there, here
     return reactions
 
@@ -280,13 +267,8 @@ def test_disruption_budget_blocks_the_move(admin: KubeClient, cluster: Cluster,
         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}}})
     pod = wait_for(lambda: next((p for p in live_pods(cluster, "guarded")
                                  if p["spec"].get("nodeName")), None), timeout=30)
-    # The kubelet's part: the pod runs and is Ready (the Eviction API ignores budgets for
-    # Pending pods, and the disruption controller counts only healthy ones).
-    name = pod["metadata"]["name"]
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    admin.patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": {
-        "phase": "Running", "conditions": [{"type": "Ready", "status": "True",
-                                            "lastTransitionTime": now}]}})
+    # kwok runs the pod and makes it Ready (the Eviction API ignores budgets for Pending pods,
+    # and the disruption controller counts only healthy ones).
     wait_for(lambda: admin.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/"
                                "guarded").get("status", {}).get("currentHealthy") == 1,
              timeout=30, what="budget counts the pod healthy")

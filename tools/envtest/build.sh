@@ -29,7 +29,8 @@
 #                                                scheduler, kubelet, kube-proxy, kwok,
 #                                                coredns paths, one a line)
 #   CFNET_ENVTEST_ONLY=control-plane builds only the first four (what a test without a node
-#   needs); the default builds all.
+#   needs), =control-plane+kwok those and kwok (tests/k8s's simulated nodes); the default
+#   builds all.
 #   CFNET_K8S_VERSION (default v1.34.4), CFNET_ETCD_VERSION (default v3.6.16),
 #   CFNET_KWOK_VERSION (default v0.8.0), CFNET_COREDNS_VERSION (default v1.14.7),
 #   CFNET_CACHE (default /var/cache/cfnet), CFNET_BUILD_JOBS (go build -p, default nproc).
@@ -309,20 +310,22 @@ build_etcd
 build_apiserver
 build_component kube-controller-manager
 build_component kube-scheduler
-if [[ "$ONLY" != control-plane ]]; then
+if [[ "$ONLY" == all ]]; then
   build_component kubelet
   build_component kube-proxy
   build_kwok
   build_coredns
+elif [[ "$ONLY" == control-plane+kwok ]]; then
+  build_kwok
 fi
 log "test cluster binaries ready in $((SECONDS - T0)) s"
 echo "$K8S_DIR/bin/kube-apiserver"
 echo "$ETCD_DIR/bin/etcd"
 echo "$K8S_DIR/bin/kube-controller-manager"
 echo "$K8S_DIR/bin/kube-scheduler"
-if [[ "$ONLY" != control-plane ]]; then
+if [[ "$ONLY" == all ]]; then
   echo "$K8S_DIR/bin/kubelet"
   echo "$K8S_DIR/bin/kube-proxy"
-  echo "$KWOK_DIR/bin/kwok"
-  echo "$COREDNS_DIR/bin/coredns"
 fi
+[[ "$ONLY" == control-plane ]] || echo "$KWOK_DIR/bin/kwok"
+[[ "$ONLY" != all ]] || echo "$COREDNS_DIR/bin/coredns"

@@ -63,23 +63,28 @@ def binary_paths() -> tuple[Path, Path]:
     return paths["kube-apiserver"], paths["etcd"]
 
 
-def ensure_binaries(*, stream: Any = None, node: bool = False) -> tuple[Path, Path]:
+def ensure_binaries(*, stream: Any = None, node: bool = False,
+                    kwok: bool = False) -> tuple[Path, Path]:
     """Build kube-apiserver and etcd when missing (a no-op when cached); return their paths.
 
     With ``node`` also the real node's kubelet, kube-proxy, kwok and CoreDNS
-    (``tools/envtest/node.py``). Progress goes to ``stream`` (default: the real stderr, so
-    pytest's capture does not hide a twenty-minute compile).
+    (``tools/envtest/node.py``); with ``kwok`` the control plane and kwok only (the simulated
+    nodes of tests/k8s: ``tools/envtest/kwok.py``). Progress goes to ``stream`` (default: the
+    real stderr, so pytest's capture does not hide a twenty-minute compile).
     """
     all_paths = all_binary_paths()
-    paths = {n: p for n, p in all_paths.items() if node or n in CONTROL_PLANE}
+    paths = {n: p for n, p in all_paths.items()
+             if node or n in CONTROL_PLANE or (kwok and n == "kwok")}
     apiserver, etcd = paths["kube-apiserver"], paths["etcd"]
     if all(p.exists() for p in paths.values()):
         return apiserver, etcd
     out = stream or sys.__stderr__
-    what = "test cluster (control plane and node)" if node else "control plane"
+    only = "all" if node else "control-plane+kwok" if kwok else "control-plane"
+    what = ("test cluster (control plane and node)" if node else
+            "control plane and kwok" if kwok else "control plane")
     print(f"[envtest] building {what} binaries into {apiserver.parent.parent.parent} "
           "(first run only; several minutes on a small machine)", file=out, flush=True)
-    env = {**os.environ, "CFNET_ENVTEST_ONLY": "all" if node else "control-plane"}
+    env = {**os.environ, "CFNET_ENVTEST_ONLY": only}
     proc = subprocess.Popen(["nice", "-n", "10", "bash", str(BUILD_SCRIPT)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None

@@ -50,7 +50,7 @@ class Kwok:
         self.stop()
 
     def start(self) -> None:
-        ensure_binaries(stream=self.log_stream, node=True)
+        ensure_binaries(stream=self.log_stream, kwok=True)
         binary = all_binary_paths()["kwok"]
         stages = binary.parent.parent / "stages-fast.yaml"
         if not stages.exists():

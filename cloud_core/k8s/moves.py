@@ -1,0 +1,195 @@
+"""Re-placement: the moves the loop decides, carried out on Kubernetes.
+
+A moved pod is evicted through the Eviction API (PodDisruptionBudgets honoured: a refused
+eviction is an ``EvictionBlocked`` event, retried when the pod strikes out again) with a
+``Rescheduling`` event in the engine's words. Its destination is reserved under the pod's
+controller and template (``replacement_key``) for ``RESERVATION_TTL_S``; the next pending pod
+of that controller and template (the replacement its controller creates) is pinned there
+(``_pinned``) if the validator still agrees. A bare pod gets a copy, annotated with what it
+replaces and where the move planned it, so a new leader finishes the move. Running pods that no
+longer fit a changed node raise an alert (``report_misfits``) before they are moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cloud_core.errors import KubeError, KubeNotFound
+from cloud_core.k8s.actuator_state import ActuatorState
+from cloud_core.k8s.client import JSON
+from cloud_core.k8s.informer import obj_key
+from cloud_core.k8s.registry import LabelChange
+from cloud_core.loop import Move, Observation
+from cloud_core.placement.model import Workload
+
+log = logging.getLogger(__name__)
+
+REPLACES = "cfnet.io/replaces"
+PLANNED_NODE = "cfnet.io/planned-node"  # on a copy: where the move that made it planned it
+PLANNED_FROM = "cfnet.io/planned-from"  # on a copy: the moved pod's uid (its cool-down)
+RESERVATION_TTL_S = 120.0  # how long a move's destination waits for the replacement pod
+
+
+def replacement_key(pod: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """What a pod and the replacement its controller creates have in common.
+
+    Controller-owned: namespace, the controller's uid and the template's hash label. A copy
+    cfnet made of a bare pod: the ``cfnet.io/replaces`` annotation naming the original.
+    """
+    md = pod.get("metadata") or {}
+    ns = str(md.get("namespace", "default"))
+    for o in md.get("ownerReferences") or []:
+        if o.get("controller"):
+            lab = md.get("labels") or {}
+            tpl = lab.get("pod-template-hash") or lab.get("controller-revision-hash") or ""
+            return ("owner", ns, str(o.get("uid")), str(tpl))
+    rep = (md.get("annotations") or {}).get(REPLACES)
+    return ("copy", ns, str(rep)) if rep else None
+
+
+class Moves(ActuatorState):
+    """Evictions, reservations, copies and alerts (see the module docstring)."""
+
+    def _pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
+                ) -> dict[str, tuple[str, str]]:
+        now = time.monotonic()
+        out: dict[str, tuple[str, str]] = {}
+        with self._lock:
+            for k in [k for k, v in self._reserved.items() if all(e < now for *_, e in v)]:
+                del self._reserved[k]
+            taken: dict[tuple[str, ...], int] = {}
+            for w in pending:
+                key = replacement_key(pods[w.uid])
+                slots = [r for r in self._reserved.get(key, []) if r[2] >= now] if key else []
+                i = taken.get(key, 0) if key else 0
+                if key and i < len(slots):
+                    out[w.uid] = (slots[i][0], slots[i][1])
+                    taken[key] = i + 1
+                    continue
+                # A copy a leader made for a move it did not live to finish: the plan is in
+                # the copy itself (a new leader has no reservation in memory)
+                ann = (pods[w.uid].get("metadata") or {}).get("annotations") or {}
+                planned = ann.get(PLANNED_NODE)
+                if planned and ann.get(REPLACES):
+                    out[w.uid] = (str(planned), str(ann.get(PLANNED_FROM, "")))
+        return out
+
+    def _consume_reservation(self, pod: JSON | None, moved_uid: str) -> None:
+        key = replacement_key(pod) if pod is not None else None
+        with self._lock:
+            if key in self._reserved:
+                self._reserved[key] = [r for r in self._reserved[key] if r[1] != moved_uid]
+                if not self._reserved[key]:
+                    del self._reserved[key]
+
+    def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]:
+        if not self.is_leader():
+            return []
+        done = []
+        for m in moves:
+            pod = self._obs_pods.get(m.workload_uid)
+            if pod is None:
+                continue
+            try:
+                if self._move(pod, m):
+                    done.append(m)
+            except KubeNotFound:
+                continue  # gone meanwhile
+            except KubeError as err:
+                log.info("moving %s failed, will retry: %s", obj_key(pod), err)
+        return done
+
+    def _move(self, pod: JSON, m: Move) -> bool:
+        key = obj_key(pod)
+        rkey = replacement_key(pod)
+        bare = not any(o.get("controller") for o in
+                       (pod.get("metadata") or {}).get("ownerReferences") or [])
+        if bare:
+            rkey = ("copy", str((pod.get("metadata") or {}).get("namespace", "default")), key)
+        slot = (m.dst, m.workload_uid, time.monotonic() + RESERVATION_TTL_S)
+        assert rkey is not None
+        with self._lock:  # before evicting: the replacement may appear at once
+            self._reserved.setdefault(rkey, []).append(slot)
+        if not self._replace(pod, m):
+            with self._lock:
+                left = [r for r in self._reserved.get(rkey, []) if r != slot]
+                if left:
+                    self._reserved[rkey] = left
+                else:
+                    self._reserved.pop(rkey, None)
+            self._count("evictions_blocked")
+            self._event(pod, "EvictionBlocked", "Warning",
+                        f"cfnet would move {key} from {m.src} to {m.dst} ({m.reason}), but a "
+                        "PodDisruptionBudget refused the eviction; will retry")
+            return False
+        self._count("moves")
+        self._event(pod, "Rescheduling", "Warning",
+                    f"cfnet moves {key} from {m.src} to {m.dst}: {m.reason}")
+        return True
+
+    def _replace(self, pod: JSON, m: Move) -> bool:
+        """Evict ``pod`` (False: a disruption budget refused); for a bare pod, create its
+        unbound replacement (idempotent)."""
+        md = pod.get("metadata") or {}
+        key = obj_key(pod)
+        ns, name = str(md.get("namespace")), str(md.get("name"))
+        if not self.client.evict_pod(ns, name, str(md.get("uid") or "") or None):
+            return False
+        if any(o.get("controller") for o in md.get("ownerReferences") or []):
+            self._count("replaced")  # its controller recreates it pending; we place that one
+            return True
+        live = self.client.list(f"/api/v1/namespaces/{ns}/pods")[0]
+        if any((p["metadata"].get("annotations") or {}).get(REPLACES) == key for p in live):
+            return True  # an earlier round created it
+        clone = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": f"{name.split('--')[0]}--", "namespace": ns,
+                         "labels": dict(md.get("labels") or {}),
+                         # the move's plan travels with the copy: a new leader reads it
+                         "annotations": {**(md.get("annotations") or {}), REPLACES: key,
+                                         PLANNED_NODE: m.dst,
+                                         PLANNED_FROM: str(md.get("uid") or "")}},
+            "spec": {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"},
+        }
+        self.client.create(f"/api/v1/namespaces/{ns}/pods", clone)
+        self._count("replaced")
+        return True
+
+    def _event(self, pod: JSON, reason: str, event_type: str, message: str) -> None:
+        try:
+            self.client.emit_event(pod, reason=reason, message=message, event_type=event_type,
+                                   instance=self.config.identity)
+        except KubeError as err:
+            log.warning("%s event for %s lost: %s", reason, obj_key(pod), err)
+
+    def report_misfits(self, obs: Observation,
+                       misfits: Mapping[str, tuple[str, list[str]]]) -> None:
+        """The loop found running pods that no longer fit their changed node: an alert each
+        (``on_alert`` and a ``ConstraintViolated`` Warning event) before the re-planner moves
+        them (its ``Rescheduling`` event, eviction, the replacement bound where it planned)."""
+        for uid, (node, problems) in misfits.items():
+            pod = self._obs_pods.get(uid)
+            if pod is not None and uid not in self._alerted:
+                with self._lock:
+                    changes = list(self._changes.get(node, ()))
+                self._alert(pod, node, problems, changes)
+
+    def _alert(self, pod: JSON, node: str, problems: list[str],
+               changes: list[LabelChange]) -> None:
+        key = obj_key(pod)
+        self._alerted.add(str((pod.get("metadata") or {}).get("uid")))
+        what = ", ".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)
+        msg = f"node {node} changed ({what}); pod no longer fits: {'; '.join(problems)}"
+        self._count("alerts")
+        alert = {"kind": "constraint-violation", "pod": key, "node": node, "problems": problems,
+                 "changes": [c.__dict__ for c in changes], "message": msg}
+        if self.on_alert is not None:
+            self.on_alert(alert)
+        try:
+            self.client.emit_event(pod, reason="ConstraintViolated", message=msg,
+                                   event_type="Warning", instance=self.config.identity)
+        except KubeError as err:
+            log.warning("alert event for %s lost: %s", key, err)
