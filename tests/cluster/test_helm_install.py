@@ -46,7 +46,10 @@ from tests.cluster.conftest import RealCluster
 from tools import helm as chart
 from tools.envtest.images import PODBIN_IMAGE
 
-pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(900)]
+# The module's install (and, on a machine without the images, their cold build: mmdebstrap
+# base and three podman builds) runs in the first test's setup; every wait in the tests is
+# bounded on its own, well inside this.
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
 NS = "cfnet-system"
 RELEASE = "cfnet"
