@@ -2,10 +2,10 @@
 
 One install for the module (``release``): the README's command (credentials.create with
 --set-file, the ``mosquitto-auth`` Secret from ``python -m tools.certs``) plus only what this
-cluster requires, each override in ``OVERRIDES`` with the reason. The images are the local
+cluster requires, each override in ``overrides()`` with its reason. The images are the local
 builds (``tools/images.sh build core|agent|mosquitto``; podman's store, reused while built
-from the same sources),
-saved from podman and imported into the node's containerd (no registry). Then, on the running
+from the same sources), saved from podman and imported into the node's containerd (no
+registry). A local PersistentVolume on the node serves Mosquitto's claim. Then, on the running
 pods:
 
 * Mosquitto, both core replicas and the agent DaemonSet's pod are Running and Ready, and
@@ -19,10 +19,13 @@ pods:
   listens on the new port; ``helm uninstall`` leaves nothing of the release (namespaced
   objects of every listable kind, its cluster-scoped RBAC, the leader Lease).
 
-What this showed about the chart (each fixed there, checked here): Mosquitto's data volume
-and Secret need the pod's fsGroup (a local PersistentVolume here: the kubelet applies fsGroup
-to it as it does to a provisioner's volume), and the Lease the core creates outlived the
-release (the chart now owns it).
+What the running pods showed about the chart, fixed there and checked here: the Lease the
+core creates outlived ``helm uninstall`` (the chart owns it now); the console refused every
+operator, as the chart had no way to pass ``--roles`` (``core.consoleRoles``); in Kubernetes
+mode ``cfnetctl nodes`` did not say which probe measured a node. Checked as they are: the
+broker's fsGroup (its local volume becomes group 1883, setgid, writable), the agent's hostPaths
+(BTF, tracefs, debugfs, modules, headers) under a kubelet in a network namespace: the CO-RE
+probe loads.
 """
 
 from __future__ import annotations
