@@ -155,12 +155,13 @@ print(''.join(n + ' ' + t.replace(':', ' ') + '\n' for n, t in s.items()))" |
   cp bpf/obj/*.bpf.o "$ctx/opt/cfnet-app/bpf/obj/"
 }
 
-# What an arm64 image is made from: a rebuild is skipped while this is the image's label.
+# What an image is made from (every file of the build context, .containerignore's list, by
+# name and content): a rebuild is skipped while this is the image's srckey label.
 src_key() {
   { cat pyproject.toml Containerfile tools/images.sh
-    find edge_agent cloud_core bpf \( -name __pycache__ -prune \) -o -type f \( -name '*.py' \
-      -o -name '*.c' -o -name '*.h' -o -name '*.bpf.o' -o -name py.typed \) -print \
-      | LC_ALL=C sort | xargs cat; } | sha256sum | cut -c1-16
+    find edge_agent cloud_core bpf \( -name __pycache__ -prune \) -o -type f \
+      ! -path bpf/obj/vmlinux.h ! -name '*.tmp*' -print | LC_ALL=C sort \
+      | while read -r f; do printf '%s\n' "$f"; cat "$f"; done; } | sha256sum | cut -c1-16
 }
 
 build_arm64() {
