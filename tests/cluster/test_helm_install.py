@@ -136,7 +136,10 @@ def _http(rc: RealCluster, url: str) -> tuple[int, str]:
                        " print(json.dumps([r.status, r.read().decode()]))\n"
                        "except urllib.error.HTTPError as e:\n"
                        " print(json.dumps([e.code, e.read().decode()]))")
-    return tuple(json.loads(out)) if out else (0, "")  # type: ignore[return-value]
+    if not out:
+        return 0, ""
+    code, body = json.loads(out)
+    return int(code), str(body)
 
 
 # -- the images ------------------------------------------------------------------------------
@@ -174,9 +177,17 @@ def import_images(rc: RealCluster) -> float:
                   f"rc=$?; rm -f {archive}; exit $rc")
         procs.append((name, subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE,
                                              stderr=subprocess.STDOUT, text=True)))
-    for name, p in procs:
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, f"importing {name} into the node's containerd failed:\n{out}"
+    failed = []
+    for name, p in procs:  # every one waited for (bounded) before any failure is raised
+        try:
+            out, _ = p.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed after 600 s)"
+        if p.returncode != 0:
+            failed.append(f"importing {name} into the node's containerd failed:\n{out}")
+    assert not failed, "\n".join(failed)
     return time.monotonic() - t0
 
 
