@@ -6,6 +6,8 @@
 #
 #   tools/images.sh base            the base image (cached; a no-op when present)
 #   tools/images.sh build [core|agent|agent-bcc|all]   base, then the image(s); prints names
+#   tools/images.sh build mosquitto   the chart's broker from Debian's mosquitto (not in `all`:
+#       only the test cluster's helm install needs it; clusters pull eclipse-mosquitto)
 #   tools/images.sh sizes           uncompressed and gzip-compressed sizes of the images
 #   tools/images.sh build-arm64 [core|agent|all]   the arm64 images (see below); prints names
 #   tools/images.sh sizes-arm64     their sizes
@@ -153,12 +155,13 @@ print(''.join(n + ' ' + t.replace(':', ' ') + '\n' for n, t in s.items()))" |
   cp bpf/obj/*.bpf.o "$ctx/opt/cfnet-app/bpf/obj/"
 }
 
-# What an arm64 image is made from: a rebuild is skipped while this is the image's label.
+# What an image is made from (every file of the build context, .containerignore's list, by
+# name and content): a rebuild is skipped while this is the image's srckey label.
 src_key() {
   { cat pyproject.toml Containerfile tools/images.sh
-    find edge_agent cloud_core bpf \( -name __pycache__ -prune \) -o -type f \( -name '*.py' \
-      -o -name '*.c' -o -name '*.h' -o -name '*.bpf.o' -o -name py.typed \) -print \
-      | LC_ALL=C sort | xargs cat; } | sha256sum | cut -c1-16
+    find edge_agent cloud_core bpf \( -name __pycache__ -prune \) -o -type f \
+      ! -path bpf/obj/vmlinux.h ! -name '*.tmp*' -print | LC_ALL=C sort \
+      | while read -r f; do printf '%s\n' "$f"; cat "$f"; done; } | sha256sum | cut -c1-16
 }
 
 build_arm64() {
@@ -191,7 +194,14 @@ bpf_object() {
 }
 
 build() {
-  local target="$1" t0=$SECONDS secret=() old new
+  local target="$1" t0=$SECONDS secret=() old new key
+  key=$(src_key)
+  # Up to date (built from these sources): nothing to do, not even the cached steps.
+  if [[ $(podman image inspect --format '{{.Labels.srckey}}' "localhost/cfnet-$target:$TAG" \
+          2>/dev/null) == "$key" ]]; then
+    log "cfnet-$target:$TAG up to date (sources unchanged)"; echo "localhost/cfnet-$target:$TAG"
+    return 0
+  fi
   old=$(podman image inspect --format '{{.Id}}' "localhost/cfnet-$target:$TAG" 2>/dev/null || true)
   # This machine reaches PyPI through a TLS-re-signing proxy whose CA is in the host bundle.
   [[ -s "$CA_BUNDLE" ]] && secret=(--secret "id=pip-ca,src=$CA_BUNDLE")
@@ -200,7 +210,7 @@ build() {
   # --isolation chroot: RUN steps need no OCI runtime, so builds work where crun/runc cannot
   # start a container (this machine's cgroup v1/v2 hybrid; see run_flags).
   podman build --quiet --layers --isolation chroot --target "$target" --build-arg "BASE=$BASE" \
-    "${secret[@]}" -f Containerfile -t "localhost/cfnet-$target:$TAG" . >/dev/null
+    --label "srckey=$key" "${secret[@]}" -f Containerfile -t "localhost/cfnet-$target:$TAG" . >/dev/null
   new=$(podman image inspect --format '{{.Id}}' "localhost/cfnet-$target:$TAG")
   # The image this one replaces (untagged now) would keep its layers on disk forever.
   if [[ -n "$old" && "$old" != "$new" ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
@@ -226,7 +236,7 @@ case "${1:-build}" in
     case "${2:-all}" in
       all) bpf_object; build core; build agent; build agent-bcc ;;
       agent|agent-bcc) bpf_object; build "$2" ;;
-      core) build "$2" ;;
+      core|mosquitto) build "$2" ;;
       *) log "unknown target ${2}"; exit 2 ;;
     esac ;;
   sizes) sizes core agent agent-bcc ;;
@@ -239,5 +249,5 @@ case "${1:-build}" in
       *) log "unknown arm64 target ${2}"; exit 2 ;;
     esac ;;
   sizes-arm64) sizes core-arm64 agent-arm64 ;;
-  *) sed -n '2,34p' "$0"; exit 2 ;;
+  *) sed -n '2,36p' "$0"; exit 2 ;;
 esac

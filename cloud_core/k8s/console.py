@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cloud_core.console.service import CommandError, ConsoleService, jsonable, paged
@@ -42,8 +42,12 @@ MAX_WHAT_IF = 1000
 
 def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
                                  client: KubeClient, events: EventLog,
-                                 clock: Callable[[], float] = time.time) -> None:
-    """Replace the store-backed commands with cluster-backed ones (see the module docstring)."""
+                                 clock: Callable[[], float] = time.time,
+                                 agent_probes: Callable[[], Mapping[str, str]] | None = None
+                                 ) -> None:
+    """Replace the store-backed commands with cluster-backed ones (see the module docstring).
+    ``agent_probes``: Node name -> the probe its agent reports with (``ebpf``, ``sock_diag``),
+    shown by ``nodes`` as in local mode ("-": no report from that node's agent)."""
     sched = actuator.config.scheduler_name
 
     def cfnet_pods() -> list[dict[str, Any]]:
@@ -69,8 +73,10 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
     def nodes(op: str, args: dict[str, Any]) -> Any:
         snap = actuator.snapshot()
         placed = placements()
+        probes = agent_probes() if agent_probes is not None else {}
         return [{"node": n.name, "region": n.region, "zone": n.zone,
                  "security_level": n.security_level, "health": str(n.health),
+                 "probe": probes.get(n.name) or "-",
                  "cordoned": n.health == Health.CORDONED,
                  "cpu_milli": n.capacity.cpu_milli, "cpu_allocated": n.allocated.cpu_milli,
                  "mem_bytes": n.capacity.mem_bytes, "mem_allocated": n.allocated.mem_bytes,

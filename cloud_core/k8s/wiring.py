@@ -137,8 +137,15 @@ def start_kubernetes(
         on_bound=bound,
         events=events, agent_health=agent_health,
     )
+    def agent_probes() -> dict[str, str]:
+        """Node name -> the probe its agent reports with (the console's ``nodes``)."""
+        names = registry.agent_names()
+        return {names[a]: v.probe for a, v in state.snapshot(clock()).nodes.items()
+                if a in names}
+
     if console is not None:
-        register_kubernetes_commands(console, actuator, client, events, clock)
+        register_kubernetes_commands(console, actuator, client, events, clock,
+                                     agent_probes=agent_probes)
     pools = PoolController(client, actuator, is_leader=elector.is_leader)
     tune_gc()  # the core is this process: its caches are the scheduler's
     actuator.start()

@@ -29,7 +29,17 @@ BUILD_THREAD = pytest.StashKey[threading.Thread]()
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build the test cluster's binaries (in a thread, joined at collection's end) when a
-    selected test uses ``real_cluster`` or ``cluster_binaries``."""
+    selected test uses ``real_cluster`` or ``cluster_binaries``; run this directory's tests
+    that start a node of their own first."""
+    # A RealNode is named after this process (cfk-<pid>: netns, temp dir, cgroups), so a test
+    # that starts its own (test_node_runtime.py) would clean the session's node away, and
+    # counts the session's containers as its leftovers: those tests run before the session's
+    # node exists, whatever the file names' order (the other items keep their places).
+    here = [n for n, i in enumerate(items) if "tests/cluster/" in str(i.path)]
+    ordered = sorted((items[n] for n in here),
+                     key=lambda i: "real_cluster" in getattr(i, "fixturenames", ()))
+    for n, item in zip(here, ordered, strict=True):
+        items[n] = item
     if not any({"real_cluster", "cluster_binaries"} & set(getattr(i, "fixturenames", ()))
                for i in items):
         return

@@ -149,10 +149,17 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
     ("core.lease.name", ["core.lease.name=my-lease"],
      lambda o: "--lease-name=my-lease" in core_c(o)["args"]
      and any(r.get("resourceNames") == ["my-lease"]
-             for r in o[("Role", "cfnet-core-leader-election")]["rules"])),
+             for r in o[("Role", "cfnet-core-leader-election")]["rules"])
+     and ("Lease", "my-lease") in o and ("Lease", "cfnet-core") not in o),
     ("core.lease.durationSeconds", ["core.lease.durationSeconds=30"],
      lambda o: "--lease-duration=30" in core_c(o)["args"]),
     ("core.logFormat", ["core.logFormat=json"], lambda o: "--log-format=json" in core_c(o)["args"]),
+    ("core.consoleRoles", ["core.consoleRoles.alice=admin", "core.consoleRoles.bob=viewer"],
+     lambda o: "--roles=/etc/cfnet/roles/roles.yaml" in core_c(o)["args"]
+     and yaml.safe_load(o[("ConfigMap", "cfnet-core-roles")]["data"]["roles.yaml"])
+     == {"operators": {"alice": "admin", "bob": "viewer"}}
+     and {"name": "roles", "configMap": {"name": "cfnet-core-roles"}} in core(o)["volumes"]
+     and ("ConfigMap", "cfnet-core-roles") not in render([])),
     ("core.edgeTaint", ["core.edgeTaint=ignore"],
      lambda o: "--edge-taint=ignore" in core_c(o)["args"]),
     ("core.metricsPort", ["core.metricsPort=9200"],
@@ -381,6 +388,7 @@ BAD = [
     ("agent.logFormat=yaml", "agent.logFormat"),
     ("core.edgeTaint=maybe", "core.edgeTaint"),
     ("core.lease.name=Bad_Name", "core.lease.name"),
+    ("core.consoleRoles.alice=root", "core.consoleRoles"),
     ("core.lease.durationSeconds=1", "core.lease.durationSeconds"),
     ("core.metricsPort=70000", "core.metricsPort"),
     ("broker.port=0", "broker.port"),

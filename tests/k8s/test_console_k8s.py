@@ -33,7 +33,10 @@ class Console:
         self.act = Actuator(client, NodeRegistry(), ActuatorConfig(identity="console-test"),
                             events=self.events)
         self.svc = ConsoleService({"op": "operator"}.get)
-        register_kubernetes_commands(self.svc, self.act, client, self.events)
+        # What the agents report with, by Node name (wiring.py reads it from the telemetry
+        # state; tests/cluster/test_helm_install.py shows a real agent's ``ebpf`` there).
+        register_kubernetes_commands(self.svc, self.act, client, self.events,
+                                     agent_probes=lambda: {"cn-a": "ebpf"})
         self.act.start()
         assert self.act.wait_synced(30)
 
@@ -59,6 +62,7 @@ def test_cordon_is_the_nodes_and_no_later_binding_lands_there(
     assert admin.get("/api/v1/nodes/cn-a")["spec"]["unschedulable"] is True
     nodes = {n["node"]: n for n in console("nodes").data}
     assert nodes["cn-a"]["cordoned"] and not nodes["cn-b"]["cordoned"]
+    assert (nodes["cn-a"]["probe"], nodes["cn-b"]["probe"]) == ("ebpf", "-")
     for i in range(6):
         cluster.pod(f"c-{i}", cpu="100m")
     bound = wait_for(lambda: (lambda b: b if len(b) == 6 else None)(

@@ -201,8 +201,15 @@ class ControlPlane:
                    "job-controller", "disruption-controller",
                    "root-ca-certificate-publisher-controller")
 
+    # With a real node: also the DaemonSet controller (the chart's agent), the PV binder (a
+    # PersistentVolumeClaim, Mosquitto's, bound to a local PersistentVolume on the node) and
+    # the protection controllers that lift a deleted claim's or volume's finalizer once no
+    # pod uses it (without them a deleted PVC stays Terminating).
     NODE_CONTROLLERS = ("node-lifecycle-controller", "endpointslice-controller",
-                        "taint-eviction-controller", "pod-garbage-collector-controller")
+                        "taint-eviction-controller", "pod-garbage-collector-controller",
+                        "daemonset-controller", "persistentvolume-binder-controller",
+                        "persistentvolumeclaim-protection-controller",
+                        "persistentvolume-protection-controller")
 
     def __init__(self, workdir: Path | None = None, *, log_stream: Any = None,
                  controllers: bool = True, priority_and_fairness: bool = False,
