@@ -14,7 +14,8 @@ With ``identity: certificate`` (the Helm chart's default) the agent, before it c
 The broker's certificate listener takes the certificate's CN as the MQTT username, so the
 node name the agent publishes under is the one the API server bound its token to
 (docs/security.md, "One identity per agent"). The API server is spoken to with the standard
-library only (three calls: create, get, and nothing else).
+library only (three calls: create, get, and nothing else); the key, the CSR and the reading
+of the certificate are Debian's ``openssl`` command (:func:`_openssl` says why not a library).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import http.client
 import json
 import logging
 import os
+import shutil
 import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -34,12 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 from edge_agent.errors import AgentError
+from edge_agent.wire import valid_id
 
 log = logging.getLogger(__name__)
 
@@ -77,20 +76,48 @@ def api_server_from_env(environ: dict[str, str] | None = None) -> str:
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
-def load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
-    """The agent's private key: read, or made (P-256) and written 0600 before any use."""
+def _openssl(*args: str, what: str) -> bytes:
+    """Run Debian's ``openssl`` command with a fixed argv (no shell; the only variable parts
+    are our own file paths and a node name checked by :func:`make_csr`) and return stdout.
+
+    Why a command and not a Python X.509 library: the agent needs four things (make a P-256
+    key, write a CSR, read a certificate's subject and dates, compare public keys), and PyCA's
+    ``cryptography`` costs the agent image ~17 MB (with cffi) for them. The ``openssl`` CLI
+    (~1.5 MB on top of the libssl3 Python's ssl already needs) is OpenSSL's own, stable,
+    documented interface; ctypes to libcrypto would need hand-declared OpenSSL 3 prototypes,
+    pointer ownership and error-queue handling for each call, and one wrong signature is a
+    crash in the agent, not an error. ``OPENSSL_CONF=/dev/null``: no site configuration (engines,
+    providers) changes what these calls do."""
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise EnrollError("identity certificate: the openssl command is needed (Debian's "
+                          "openssl package)")
+    try:
+        r = subprocess.run([exe, *args], stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=30, check=False,
+                           env={"OPENSSL_CONF": "/dev/null", "PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EnrollError(f"{what}: openssl: {e}") from e
+    if r.returncode != 0:
+        err = r.stderr.decode(errors="replace").strip().splitlines()
+        raise EnrollError(f"{what}: openssl {args[0]}: {err[0] if err else r.returncode}")
+    return r.stdout
+
+
+def load_or_make_key(path: Path) -> Path:
+    """The agent's private key file: checked (an EC key), or made (P-256) and written 0600
+    before any use."""
     if path.exists():
-        try:
-            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-        except (OSError, ValueError, TypeError) as e:
-            raise EnrollError(f"cannot read the agent key {path}: {e}") from e
-        if isinstance(key, ec.EllipticCurvePrivateKey):
-            return key
-        raise EnrollError(f"agent key {path} is not an EC key")
+        text = _openssl("pkey", "-in", str(path), "-noout", "-text_pub", "-passin", "pass:",
+                        what=f"cannot read the agent key {path}")
+        if b"\nASN1 OID: " not in text:  # the named curve an EC key has, and no other has
+            raise EnrollError(f"agent key {path} is not an EC key")
+        return path
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = ec.generate_private_key(ec.SECP256R1())
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                   what="cannot make the agent key")
+    if not pem.startswith(b"-----BEGIN PRIVATE KEY-----"):
+        raise EnrollError("cannot make the agent key: openssl wrote no PEM key")
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -99,31 +126,71 @@ def load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    return key
+    return path
 
 
-def usable_cert(path: Path, key: ec.EllipticCurvePrivateKey, node: str,
-                now: dt.datetime | None = None) -> bool:
-    """``path`` holds a certificate for ``node`` and this key, short of its last third."""
+def public_key_pem(key_file: Path) -> bytes:
+    """The public half of the agent's key (SubjectPublicKeyInfo PEM)."""
+    return _openssl("pkey", "-in", str(key_file), "-pubout", "-passin", "pass:",
+                    what=f"cannot read the agent key {key_file}")
+
+
+@dataclass(frozen=True, slots=True)
+class CertInfo:
+    """What the agent reads from its certificate."""
+    cn: str
+    not_before: float  # epoch seconds
+    not_after: float
+    public_key: bytes  # SubjectPublicKeyInfo PEM
+
+
+def read_cert(path: Path) -> CertInfo:
+    """Subject CN, validity and public key of the PEM certificate in ``path``."""
+    what = f"cannot read the certificate {path}"
+    out = _openssl("x509", "-in", str(path), "-noout", "-subject", "-nameopt", "RFC2253",
+                   "-startdate", "-enddate", what=what)
+    pub = _openssl("x509", "-in", str(path), "-noout", "-pubkey", what=what)
+    fields = dict(line.split("=", 1) for line in out.decode(errors="replace").splitlines()
+                  if "=" in line)
     try:
-        cert = x509.load_pem_x509_certificate(path.read_bytes())
-    except (OSError, ValueError):
-        return False
-    now = now or dt.datetime.now(dt.UTC)
-    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if not cns or cns[0].value != node:
-        return False
-    if cert.public_key() != key.public_key():
-        return False
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    return now < end - (end - start) / 3
+        start = ssl.cert_time_to_seconds(fields["notBefore"])
+        end = ssl.cert_time_to_seconds(fields["notAfter"])
+    except (KeyError, ValueError) as e:
+        raise EnrollError(f"{what}: no validity dates") from e
+    cn = ""
+    for rdn in fields.get("subject", "").split(","):
+        if rdn.startswith("CN="):
+            cn = rdn[3:]
+    return CertInfo(cn=cn, not_before=float(start), not_after=float(end), public_key=pub)
 
 
-def make_csr(key: ec.EllipticCurvePrivateKey, node: str) -> bytes:
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
-           .sign(key, hashes.SHA256()))
-    return csr.public_bytes(serialization.Encoding.PEM)
+def usable_cert(path: Path, key_file: Path, node: str, now: dt.datetime | None = None) -> bool:
+    """``path`` holds a certificate for ``node`` and this key, short of its last third."""
+    if not path.exists():
+        return False
+    try:
+        cert = read_cert(path)
+        pub = public_key_pem(key_file)
+    except EnrollError:
+        return False
+    t = (now or dt.datetime.now(dt.UTC)).timestamp()
+    if cert.cn != node or cert.public_key != pub:
+        return False
+    return t < cert.not_after - (cert.not_after - cert.not_before) / 3
+
+
+def make_csr(key_file: Path, node: str) -> bytes:
+    """A PKCS#10 request signed with the agent's key, subject CN = ``node`` and nothing else.
+    ``node`` must be a valid id (lower-case letters, digits, '.', '_', '-'): none of those is
+    special in openssl's ``-subj`` syntax, so the subject is exactly the name."""
+    if not valid_id(node):
+        raise EnrollError(f"node id {node!r} cannot be a certificate's subject")
+    pem = _openssl("req", "-new", "-config", "/dev/null", "-key", str(key_file),
+                   "-passin", "pass:", "-subj", f"/CN={node}", "-sha256", "-batch",
+                   what="cannot write the CSR")
+    if not pem.startswith(b"-----BEGIN CERTIFICATE REQUEST-----"):
+        raise EnrollError("cannot write the CSR: openssl wrote no PEM request")
+    return pem
 
 
 class _Api:
@@ -169,12 +236,12 @@ class _Api:
             raise EnrollError(f"{method} {path}: not JSON") from e
 
 
-def request_certificate(s: EnrollSettings, key: ec.EllipticCurvePrivateKey,
+def request_certificate(s: EnrollSettings, key_file: Path,
                         stop: threading.Event | None = None) -> bytes:
     """File the CSR and wait for its certificate (PEM). Raises on Denied/Failed/timeout."""
     api = _Api(s.api_server, s.token_file, s.ca_file)
     spec: dict[str, Any] = {
-        "request": base64.b64encode(make_csr(key, s.node)).decode(),
+        "request": base64.b64encode(make_csr(key_file, s.node)).decode(),
         "signerName": SIGNER_NAME, "usages": ["digital signature", "client auth"]}
     if s.expiration_s:
         spec["expirationSeconds"] = s.expiration_s
@@ -214,18 +281,17 @@ def ensure_identity(s: EnrollSettings, stop: threading.Event | None = None) -> t
         return cert_file, key_file
     cert = _write_cert(cert_file, request_certificate(s, key, stop), key)
     log.info("enrolled: client certificate for node %s until %s", s.node,
-             cert.not_valid_after_utc.isoformat())
+             dt.datetime.fromtimestamp(cert.not_after, dt.UTC).isoformat())
     return cert_file, key_file
 
 
 def renew_at(cert_file: Path) -> float:
     """When the certificate in ``cert_file`` enters its last third (epoch seconds)."""
     try:
-        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
-    except (OSError, ValueError) as e:
+        cert = read_cert(cert_file)
+    except EnrollError as e:
         raise EnrollError(f"cannot read the client certificate {cert_file}: {e}") from e
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    return (end - (end - start) / 3).timestamp()
+    return cert.not_after - (cert.not_after - cert.not_before) / 3
 
 
 class Renewer:
@@ -273,15 +339,19 @@ class Renewer:
                     return
 
 
-def _write_cert(cert_file: Path, pem: bytes, key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
-    try:
-        cert = x509.load_pem_x509_certificate(pem)
-    except ValueError as e:
-        raise EnrollError(f"the certificate issued is not PEM: {e}") from e
-    if cert.public_key() != key.public_key():
-        raise EnrollError("the certificate issued is not for this agent's key")
+def _write_cert(cert_file: Path, pem: bytes, key_file: Path) -> CertInfo:
+    if not pem.startswith(b"-----BEGIN CERTIFICATE-----"):
+        raise EnrollError("the certificate issued is not PEM")
     tmp = cert_file.with_suffix(".tmp")
     tmp.write_bytes(pem)
+    try:
+        cert = read_cert(tmp)
+    except EnrollError as e:
+        tmp.unlink(missing_ok=True)
+        raise EnrollError(f"the certificate issued is not PEM: {e}") from e
+    if cert.public_key != public_key_pem(key_file):
+        tmp.unlink(missing_ok=True)
+        raise EnrollError("the certificate issued is not for this agent's key")
     os.replace(tmp, cert_file)
     return cert
 

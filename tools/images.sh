@@ -13,7 +13,7 @@
 #   tools/images.sh sizes-arm64     their sizes
 #
 # arm64 (cfnet-core-arm64, cfnet-agent-arm64): the base is `mmdebstrap --arch arm64` with the
-# runtime packages included (python3-minimal, libpython3.11-stdlib, libbpf1; dpkg's maintainer
+# runtime packages included (python3-minimal, libpython3.11-stdlib, libbpf1, openssl; dpkg's maintainer
 # scripts run under Debian's qemu-user-static, the only emulated step). The Python layer is
 # made on this host, without running pip under emulation: `pip install --target --platform
 # manylinux2014_aarch64 --only-binary=:all:` of the same requirement lists, laid out as the
@@ -82,7 +82,7 @@ ensure_base() {
   log "imported $tar as $BASE"
 }
 
-ARM_PKGS=(python3-minimal libpython3.11-stdlib libbpf1)
+ARM_PKGS=(python3-minimal libpython3.11-stdlib libbpf1 openssl)
 ARM_BASE=localhost/cfnet-base-arm64:$SUITE
 arm_key() { printf '%s\n' "$(base_key)" arm64 "${ARM_PKGS[@]}" | sha256sum | cut -c1-12; }
 

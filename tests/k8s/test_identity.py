@@ -46,6 +46,7 @@ from edge_agent.enroll import (
     EnrollSettings,
     Renewer,
     ensure_identity,
+    load_or_make_key,
     request_certificate,
 )
 from tests.k8s.conftest import DEPLOY, Cluster, load_manifests, wait_for
@@ -318,7 +319,7 @@ def test_csrs_for_another_node_or_from_another_identity_are_denied(
         control_plane: ControlPlane, admin: KubeClient, stack: dict[str, Any]) -> None:
     tmp, a, b = stack["tmp"], stack["a"], stack["b"]
     token, _pod = bound_token(admin, AGENT_SA, a)
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = load_or_make_key(tmp / "denied" / "client.key")  # the agent's own key file
 
     def denied(s: EnrollSettings) -> str:
         with pytest.raises(EnrollError, match="denied") as ei:
@@ -354,7 +355,7 @@ def test_csrs_for_another_node_or_from_another_identity_are_denied(
     admin.delete("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/intruder-csr")
 
 
-def _try_denied(s: EnrollSettings, key: ec.EllipticCurvePrivateKey) -> str | None:
+def _try_denied(s: EnrollSettings, key: Path) -> str | None:
     try:
         request_certificate(s, key)
     except EnrollError as e:

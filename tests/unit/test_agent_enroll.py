@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from cloud_core.k8s.enroll import AgentSigner, make_ca
 from edge_agent.config import load_config
@@ -32,8 +32,10 @@ def test_key_is_made_once_and_private(tmp_path: Path) -> None:
     key = load_or_make_key(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    again = load_or_make_key(path)
-    assert again.private_numbers() == key.private_numbers()
+    pem = path.read_bytes()
+    assert load_or_make_key(path) == key == path and path.read_bytes() == pem  # not remade
+    made = serialization.load_pem_private_key(pem, None)  # what the core's library reads
+    assert isinstance(made, ec.EllipticCurvePrivateKey) and made.curve.name == "secp256r1"
 
 
 def test_a_non_ec_key_file_is_refused(tmp_path: Path) -> None:
@@ -41,10 +43,24 @@ def test_a_non_ec_key_file_is_refused(tmp_path: Path) -> None:
     path.write_text("not a key")
     with pytest.raises(EnrollError, match="cannot read the agent key"):
         load_or_make_key(path)
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    path.write_bytes(rsa_key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    with pytest.raises(EnrollError, match="is not an EC key"):
+        load_or_make_key(path)
 
 
-def _issue(tmp_path: Path, key: ec.EllipticCurvePrivateKey, node: str, days: int,
-           now: dt.datetime) -> Path:
+def _key_file(tmp_path: Path, key: ec.EllipticCurvePrivateKey, name: str = "client.key") -> Path:
+    """A key made by the core's library, in a file as the agent keeps its own."""
+    path = tmp_path / name
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path
+
+
+def _issue(tmp_path: Path, key: Path, node: str, days: int, now: dt.datetime) -> Path:
     crt, ca_key = make_ca(now=now)
     signer = AgentSigner.from_pem(crt, ca_key, days=days)
     pem = signer.sign(x509.load_pem_x509_csr(make_csr(key, node)), node, now=now)
@@ -54,27 +70,32 @@ def _issue(tmp_path: Path, key: ec.EllipticCurvePrivateKey, node: str, days: int
 
 
 def test_kept_certificate_is_reused_only_when_it_fits(tmp_path: Path) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = _key_file(tmp_path, ec.generate_private_key(ec.SECP256R1()))
     now = dt.datetime.now(dt.UTC)
     crt = _issue(tmp_path, key, "node-a", 30, now)
     assert usable_cert(crt, key, "node-a", now=now)
     assert not usable_cert(crt, key, "node-b", now=now)  # another node's name
-    assert not usable_cert(crt, ec.generate_private_key(ec.SECP256R1()), "node-a", now=now)
+    other = _key_file(tmp_path, ec.generate_private_key(ec.SECP256R1()), "other.key")
+    assert not usable_cert(crt, other, "node-a", now=now)
     # In its last third (30 days: after day 20, counted from 5 minutes before issue): renew.
     assert usable_cert(crt, key, "node-a", now=now + dt.timedelta(days=19))
     assert not usable_cert(crt, key, "node-a", now=now + dt.timedelta(days=21))
     assert not usable_cert(tmp_path / "missing.crt", key, "node-a")
 
 
-def test_csr_asks_for_the_node_name_only() -> None:
+def test_csr_asks_for_the_node_name_only(tmp_path: Path) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = x509.load_pem_x509_csr(make_csr(key, "node-a"))
+    csr = x509.load_pem_x509_csr(make_csr(_key_file(tmp_path, key), "node-a"))
     assert csr.subject.rfc4514_string() == "CN=node-a"
     assert csr.is_signature_valid
     assert csr.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) == \
         key.public_key().public_bytes(serialization.Encoding.DER,
                                       serialization.PublicFormat.SubjectPublicKeyInfo)
+    # A name that is not a valid node id never reaches openssl's -subj syntax.
+    for bad in ("node-a/CN=node-b", "Node", "a,b", "x" * 64, ""):
+        with pytest.raises(EnrollError, match="cannot be a certificate's subject"):
+            make_csr(_key_file(tmp_path, key), bad)
 
 
 def test_api_server_from_the_pod_environment() -> None:
@@ -101,7 +122,7 @@ def test_config_identity(tmp_path: Path) -> None:
 
 
 def test_renewal_time_is_the_start_of_the_last_third(tmp_path: Path) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = _key_file(tmp_path, ec.generate_private_key(ec.SECP256R1()))
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     crt = _issue(tmp_path, key, "node-a", 30, now)
     cert = x509.load_pem_x509_certificate(crt.read_bytes())

@@ -7,7 +7,8 @@ them there (a subprocess, so this process's imports do not count):
 - the agent's whole run path (what ``edge_agent.main._run`` imports, the CO-RE probe and
   its loader, a configuration from flags, the host sampler) imports no BCC, no pyroute2
   (sock_diag's), no prometheus_client (the metrics port's), no PyYAML (a config file's),
-  no pynvml without an NVIDIA driver, no ``cryptography`` (certificate enrolment's), and
+  no pynvml without an NVIDIA driver, no ``cryptography`` (the core's; the agent enrols
+  with the openssl command), and
   not ``urllib.request``/``email``/``http.client`` (paho-mqtt's proxy lookup, see
   :mod:`edge_agent.lightimport`);
 - each of those still loads where it is used: a YAML config file brings PyYAML, the
@@ -35,7 +36,7 @@ FORBIDDEN = {
     "pyroute2": "the sock_diag fallback probe",
     "prometheus_client": "the metrics port",
     "yaml": "a YAML config file",
-    "cryptography": "certificate enrolment",
+    "cryptography": "nothing: the core's only (the agent enrols with the openssl command)",
     "urllib.request": "paho-mqtt's proxy lookup (PySocks only)",
     "email": "urllib.request",
     "http.client": "urllib.request",
