@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
+from cloud_core.k8s.registry import AGENT_ID, RESIDENCY_REGION, SECURITY
 from cloud_core.view import fmt_bps, fmt_us, nodes_table, table
 from edge_agent.mqtt import MqttSettings
 from tools.broker import Broker
@@ -226,7 +227,7 @@ def _k8s_node(admin: Any, name: str, cpu: str) -> None:
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {
             "kubernetes.io/hostname": name, "topology.kubernetes.io/region": "eu",
-            "cfnet.io/security-level": "2", "cfnet.io/agent-id": name}},
+            SECURITY: "2", AGENT_ID: name, RESIDENCY_REGION: "eu"}},
         "status": status})
     obj["status"] = status
     admin.replace(f"/api/v1/nodes/{name}/status", obj)

@@ -31,6 +31,7 @@ import yaml
 
 from cloud_core.errors import KubeError, KubeNotFound
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.registry import RESIDENCY_REGION, SECURITY
 from tools.envtest import ControlPlane, EnvtestError, ensure_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,9 +154,11 @@ class Cluster:
              kubeedge_group: str | None = None, openyurt_pool: str | None = None,
              cpu: str = "4", memory: str = "8Gi", labels: dict[str, str] | None = None,
              edge_taint: bool = True) -> dict[str, Any]:
+        # region twice: the topology label (spread, affinity) and the protected one residency
+        # reads; the level only protected (cloud_core.k8s.registry: what a node cannot set)
         lab = {"kubernetes.io/hostname": name, "topology.kubernetes.io/region": region,
                "topology.kubernetes.io/zone": zone or f"{region}-a",
-               "cfnet.io/security-level": str(security), **(labels or {})}
+               RESIDENCY_REGION: region, SECURITY: str(security), **(labels or {})}
         taints = []
         if kubeedge_group is not None:
             lab["node-role.kubernetes.io/edge"] = ""

@@ -18,14 +18,13 @@ import pytest
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.informer import Reflector
-from cloud_core.k8s.registry import NodeRegistry
+from cloud_core.k8s.registry import RESIDENCY_REGION, NodeRegistry
 from cloud_core.placement import ClusterSnapshot, parse_pod, validate
 from tests.k8s.conftest import Cluster, wait_for
 from tools.envtest import ControlPlane
 
 pytestmark = pytest.mark.slow
 
-REGION = "topology.kubernetes.io/region"
 
 
 @pytest.fixture
@@ -204,12 +203,12 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
     cluster.pod("resident", annotations={"cfnet.io/residency": "eu-west"})
     first = wait_for(lambda: bound(cluster).get("resident"), what="resident bound")
     assert first in ("eu-1", "eu-2")
-    cluster.set_node_label(first, REGION, "us-east")
+    cluster.set_node_label(first, RESIDENCY_REGION, "us-east")  # what residency reads
 
     alerts: list[dict[str, Any]] = actuator.alerts  # type: ignore[attr-defined]
     wait_for(lambda: alerts, what="an alert")
     assert alerts[0]["pod"] == f"{cluster.namespace}/resident" and alerts[0]["node"] == first
-    assert any(c["key"] == REGION and c["old"] == "eu-west" and c["new"] == "us-east"
+    assert any(c["key"] == RESIDENCY_REGION and c["old"] == "eu-west" and c["new"] == "us-east"
                for c in alerts[0]["changes"])
     ev = wait_for(lambda: cluster.events("ConstraintViolated"), what="alert event")
     assert "residency" in ev[0]["message"] and ev[0]["type"] == "Warning"
