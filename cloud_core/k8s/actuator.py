@@ -16,8 +16,9 @@ eviction is retried when the pod strikes out again) with a ``Rescheduling`` even
 engine's words. The destination is remembered under the pod's controller and template
 (``ownerReference`` uid + ``pod-template-hash`` / ``controller-revision-hash``); the next
 pending pod of that controller and template (the replacement its controller creates) is bound
-there if the validator still agrees. A bare pod gets a copy (annotated ``cfnet.io/replaces``)
-that is placed the same way.
+there if the validator still agrees. A pod no controller owns is not moved (``NotMoved``
+event; cfnet creates no pods, k8s/evict.py); a copy an older leader made (annotated
+``cfnet.io/replaces``) is still bound where its plan says.
 
 Failure handling: a 409 on bind means the pod is already bound (by an earlier attempt whose
 answer was lost, or another replica) or was replaced; the pod is re-read and never bound twice.
@@ -50,7 +51,7 @@ from cloud_core.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavail
 from cloud_core.events import EventLog
 from cloud_core.health import combined_health
 from cloud_core.k8s.client import JSON, KubeClient
-from cloud_core.k8s.evict import exclusion
+from cloud_core.k8s.evict import exclusion, unowned
 from cloud_core.k8s.informer import Reflector, obj_key
 from cloud_core.k8s.queue import ClusterEvent, Event, SchedulingQueue, rejections
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
@@ -844,10 +845,12 @@ class Actuator:
     def _move(self, pod: JSON, m: Move) -> bool:
         key = obj_key(pod)
         rkey = replacement_key(pod)
-        bare = not any(o.get("controller") for o in
-                       (pod.get("metadata") or {}).get("ownerReferences") or [])
-        if bare:
-            rkey = ("copy", str((pod.get("metadata") or {}).get("namespace", "default")), key)
+        bare = unowned(pod)
+        if bare:  # evicted, it would be gone: cfnet creates no pods (k8s/evict.py)
+            self.client.record_event(pod, reason="NotMoved", event_type="Warning",
+                                     instance=self.config.identity, message=f"cfnet would move "
+                                     f"{key} from {m.src} to {m.dst} ({m.reason}), but {bare}")
+            return False
         slot = (m.dst, m.workload_uid, time.monotonic() + RESERVATION_TTL_S)
         assert rkey is not None
         with self._lock:  # before evicting: the replacement may appear at once
