@@ -45,7 +45,8 @@ from tools.envtest import ControlPlane
 
 pytestmark = pytest.mark.slow
 
-RESIDENT = {"cfnet.io/residency": "eu-west"}
+REGION = f"ev-{uuid.uuid4().hex[:6]}"  # no other test's node is in it
+RESIDENT = {"cfnet.io/residency": REGION}
 IMAGE = "registry.example/app:1"
 
 
@@ -69,7 +70,7 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
         service_account_client: KubeClient) -> None:
     ns = cluster.namespace
     node = f"ev-{uuid.uuid4().hex[:6]}"
-    cluster.node(node, region="eu-west")
+    cluster.node(node, region=REGION)
     spare = f"{ns}-spare"  # made once cfnet has bound everything to ``node``
     rc_body = {"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "own"},
                "spec": {"replicas": 0, "selector": {"app": "none"}, "template": {
@@ -142,7 +143,7 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
             pdb = f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/all"
             wait_for(lambda: (admin.get(pdb).get("status") or {}).get("currentHealthy") == 1,
                      what="the disruption controller counting the budgeted pod healthy")
-            cluster.node(spare, region="eu-west")
+            cluster.node(spare, region=REGION)
             wait_for(lambda: core.actuator.registry.get(spare), what=f"{spare} in the registry")
             admin.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {
                 RESIDENCY_REGION: "us-east"}}})
