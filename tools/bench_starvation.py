@@ -39,6 +39,7 @@ from typing import Any
 
 from cloud_core.errors import KubeError
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.registry import SECURITY
 from tools.envtest import ControlPlane
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,7 +97,7 @@ class Bench:
                 "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
                                                       "topology.kubernetes.io/region": "eu",
                                                       "topology.kubernetes.io/zone": "eu-a",
-                                                      "cfnet.io/security-level": "1"}},
+                                                      SECURITY: "1"}},
                 "status": status})
             obj["status"] = status
             obj = self.admin.replace(f"/api/v1/nodes/{name}/status", obj)

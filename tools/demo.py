@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
+from cloud_core.k8s.registry import AGENT_ID, RESIDENCY_REGION, SECURITY
 from cloud_core.view import fmt_bps, fmt_us, nodes_table, table
 from edge_agent.mqtt import MqttSettings
 from tools.broker import Broker
@@ -226,7 +227,9 @@ K8S_REAL = "edge-zurich"
 K8S_SLA_MS = 40
 K8S_DEGRADED_DELAY_MS = 40.0  # RTT to lyon becomes 82 ms: more than twice the SLA
 K8S_WORKLOAD_CPU = "1"
-K8S_LABELS = {"topology.kubernetes.io/region": "eu", "cfnet.io/security-level": "2"}
+# The facts a node cannot set on itself (NodeRestriction), set here as the admin would
+# (cloud_core.k8s.registry); the topology region drives spread and affinity.
+K8S_LABELS = {"topology.kubernetes.io/region": "eu", SECURITY: "2", RESIDENCY_REGION: "eu"}
 
 
 class Progress:
@@ -338,7 +341,7 @@ def run_kubernetes(duration_s: float, work: Path) -> int:
                 Kwok(cp, log_stream=sys.stdout) as kwok:
             prog.done(f"real node {K8S_REAL} Ready (netns {node.ns}, logs {node.dir})")
             for _site, name, _d, cpu in K8S_EDGES:
-                labels = {**K8S_LABELS, "cfnet.io/agent-id": name}
+                labels = {**K8S_LABELS, AGENT_ID: name}
                 if cpu is None:
                     admin.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": labels}})
                 else:

@@ -16,8 +16,9 @@ eviction is retried when the pod strikes out again) with a ``Rescheduling`` even
 engine's words. The destination is remembered under the pod's controller and template
 (``ownerReference`` uid + ``pod-template-hash`` / ``controller-revision-hash``); the next
 pending pod of that controller and template (the replacement its controller creates) is bound
-there if the validator still agrees. A bare pod gets a copy (annotated ``cfnet.io/replaces``)
-that is placed the same way.
+there if the validator still agrees. A pod no controller owns is not moved (``NotMoved``
+event; cfnet creates no pods, k8s/evict.py); a copy an older leader made (annotated
+``cfnet.io/replaces``) is still bound where its plan says.
 
 Failure handling: a 409 on bind means the pod is already bound (by an earlier attempt whose
 answer was lost, or another replica) or was replaced; the pod is re-read and never bound twice.

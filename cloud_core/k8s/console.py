@@ -8,8 +8,10 @@ the API server:
 * ``nodes``, ``workloads``, ``placements``, ``topology``: the cluster snapshot and cfnet's pods;
 * ``explain`` and ``what-if``: the engine on that same snapshot;
 * ``cordon`` / ``uncordon``: ``spec.unschedulable`` on the Node; ``drain``: cordon, then evict
-  cfnet's pods on the node through the Eviction API (PodDisruptionBudgets honoured). When the
-  core's role lacks the verb the command is refused, naming the kubectl equivalent;
+  cfnet's pods on the node through the Eviction API (PodDisruptionBudgets honoured), never
+  those ``evict.move_exclusion`` keeps (DaemonSet, mirror/static, system-critical, kube-system,
+  local storage, no controller: listed as ``not_evictable``). When the core's role lacks the
+  verb the command is refused, naming the kubectl equivalent;
 * ``submit`` / ``delete``: refused, naming the kubectl equivalent: on Kubernetes a workload is
   an object the user owns (a Deployment, StatefulSet, Job or Pod with
   ``schedulerName: cfnet-scheduler``); the core places it, it does not create it.
@@ -31,7 +33,7 @@ from cloud_core.errors import CoreError, KubeError, KubeForbidden, KubeNotFound
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator
 from cloud_core.k8s.client import KubeClient
-from cloud_core.k8s.evict import exclusion
+from cloud_core.k8s.evict import move_exclusion
 from cloud_core.k8s.informer import obj_key
 from cloud_core.loop import what_if as engine_answer
 from cloud_core.placement import explain, parse_workload_yaml
@@ -209,7 +211,8 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
             md = p.get("metadata") or {}
             if (p.get("spec") or {}).get("nodeName") != node or md.get("deletionTimestamp"):
                 continue
-            why = exclusion(p)  # the descheduler's DefaultEvictor defaults (k8s/evict.py)
+            # the descheduler's DefaultEvictor defaults, and no pod that nothing recreates
+            why = move_exclusion(p)
             if why is not None:
                 kept.append(f"{obj_key(p)}: {why}")
                 continue

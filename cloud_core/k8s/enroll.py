@@ -250,15 +250,29 @@ def make_ca(now: dt.datetime | None = None, years: int = 10) -> tuple[bytes, byt
 
 def ca_from_secret(client: KubeClient, namespace: str, name: str, *,
                    days: int = DEFAULT_DAYS) -> AgentSigner:
-    """The agent CA from Secret ``namespace/name`` (``kubernetes.io/tls``), made first when
-    it does not exist. Made by the core rather than by Helm's ``genCA``: a chart-made key
-    would change on every ``helm template`` (GitOps, deploy/k8s) and sit in Helm's release
-    record; made here once, it survives upgrades and is read by the API only (the core's
-    Role: create Secrets, get this one). An operator's own CA in that Secret is used as is."""
+    """The agent CA from Secret ``namespace/name`` (keys ``tls.crt``, ``tls.key``), made
+    first when the Secret is empty (the chart makes it so: the release owns it and
+    ``helm uninstall`` removes it; the core's Role is get and update of that one name) or
+    missing (then created as ``kubernetes.io/tls``, where the core may create Secrets). Made
+    by the core rather than by Helm's ``genCA``: a chart-made key would change on every
+    ``helm template`` (GitOps, deploy/k8s) and sit in Helm's release record; made here once,
+    it survives upgrades and is read by the API only. An operator's own CA there is used as
+    is."""
     path = f"/api/v1/namespaces/{namespace}/secrets"
     try:
         obj = client.get(f"{path}/{name}")
     except KubeNotFound:
+        obj = None
+    if obj is not None and not (obj.get("data") or {}):
+        crt, key = make_ca()
+        filled = {**obj, "data": {"tls.crt": base64.b64encode(crt).decode(),
+                                  "tls.key": base64.b64encode(key).decode()}}
+        try:  # resourceVersion kept: of two replicas filling it at once, one wins
+            obj = client.replace(f"{path}/{name}", filled)
+            log.info("made the agent CA in Secret %s/%s", namespace, name)
+        except KubeConflict:
+            obj = client.get(f"{path}/{name}")
+    if obj is None:
         crt, key = make_ca()
         body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
                 "metadata": {"name": name, "namespace": namespace,

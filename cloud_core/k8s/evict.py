@@ -17,6 +17,14 @@ by default:
 
 and cfnet adds **kube-system** (the descheduler's ``namespaces.exclude`` as cfnet's default).
 :func:`exclusion` says which rule keeps a pod (None: it may be evicted).
+
+The DefaultEvictor also refuses a pod without ownerReferences ("pod does not have any
+ownerRefs"): nothing would recreate it. cfnet goes one step further and refuses, for a move or
+a drain, any pod that no *controller* owns (:func:`move_exclusion`): such a pod, evicted, is
+gone, and cfnet does not create pods (its ClusterRole has no ``pods create``, docs/security.md:
+a stolen token could otherwise run a pod as any ServiceAccount in any namespace). A bare pod
+stays cfnet's own for alerts (a ``ConstraintViolated`` event when its node stops fitting it);
+deleting it is its owner's call, as ``kubectl drain`` without ``--force`` leaves it too.
 """
 
 from __future__ import annotations
@@ -67,3 +75,17 @@ def exclusion(pod: Mapping[str, Any], policy: EvictionPolicy = DEFAULT_POLICY) -
             if isinstance(v, Mapping) and ("emptyDir" in v or "hostPath" in v):
                 return f"uses local storage (volume {v.get('name')})"
     return None
+
+
+def unowned(pod: Mapping[str, Any]) -> str | None:
+    """Why nothing would recreate ``pod`` once evicted (None: a controller owns it)."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    if any(isinstance(o, Mapping) and o.get("controller") for o in refs):
+        return None
+    return "no controller recreates it (no ownerReference with controller: true)"
+
+
+def move_exclusion(pod: Mapping[str, Any],
+                   policy: EvictionPolicy = DEFAULT_POLICY) -> str | None:
+    """Why cfnet must not evict ``pod`` to move it or drain its node (None: it may)."""
+    return exclusion(pod, policy) or unowned(pod)

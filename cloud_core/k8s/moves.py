@@ -5,8 +5,9 @@ eviction is an ``EvictionBlocked`` event, retried when the pod strikes out again
 ``Rescheduling`` event in the engine's words. Its destination is reserved under the pod's
 controller and template (``replacement_key``) for ``RESERVATION_TTL_S``; the next pending pod
 of that controller and template (the replacement its controller creates) is pinned there
-(``_pinned``) if the validator still agrees. A bare pod gets a copy, annotated with what it
-replaces and where the move planned it, so a new leader finishes the move. Running pods that no
+(``_pinned``) if the validator still agrees. A pod no controller owns is not moved (``NotMoved``
+event; cfnet creates no pods, k8s/evict.py); a copy an older leader made (annotated with what
+it replaces and where the move planned it) is still bound where its plan says. Running pods that no
 longer fit a changed node raise an alert (``report_misfits``) before they are moved.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from cloud_core.errors import KubeError, KubeNotFound
 from cloud_core.k8s.actuator_state import ActuatorState
 from cloud_core.k8s.client import JSON
+from cloud_core.k8s.evict import unowned
 from cloud_core.k8s.informer import obj_key
 from cloud_core.k8s.registry import LabelChange
 from cloud_core.loop import Move, Observation
@@ -105,10 +107,12 @@ class Moves(ActuatorState):
     def _move(self, pod: JSON, m: Move) -> bool:
         key = obj_key(pod)
         rkey = replacement_key(pod)
-        bare = not any(o.get("controller") for o in
-                       (pod.get("metadata") or {}).get("ownerReferences") or [])
-        if bare:
-            rkey = ("copy", str((pod.get("metadata") or {}).get("namespace", "default")), key)
+        bare = unowned(pod)
+        if bare:  # evicted, it would be gone: cfnet creates no pods (k8s/evict.py)
+            self.client.record_event(pod, reason="NotMoved", event_type="Warning",
+                                     instance=self.config.identity, message=f"cfnet would move "
+                                     f"{key} from {m.src} to {m.dst} ({m.reason}), but {bare}")
+            return False
         slot = (m.dst, m.workload_uid, time.monotonic() + RESERVATION_TTL_S)
         assert rkey is not None
         with self._lock:  # before evicting: the replacement may appear at once
@@ -131,30 +135,12 @@ class Moves(ActuatorState):
         return True
 
     def _replace(self, pod: JSON, m: Move) -> bool:
-        """Evict ``pod`` (False: a disruption budget refused); for a bare pod, create its
-        unbound replacement (idempotent)."""
+        """Evict ``pod``, which a controller owns (``_move`` keeps bare pods; False: a
+        disruption budget refused). Its controller recreates it pending; we place that one."""
         md = pod.get("metadata") or {}
-        key = obj_key(pod)
         ns, name = str(md.get("namespace")), str(md.get("name"))
         if not self.client.evict_pod(ns, name, str(md.get("uid") or "") or None):
             return False
-        if any(o.get("controller") for o in md.get("ownerReferences") or []):
-            self._count("replaced")  # its controller recreates it pending; we place that one
-            return True
-        live = self.client.list(f"/api/v1/namespaces/{ns}/pods")[0]
-        if any((p["metadata"].get("annotations") or {}).get(REPLACES) == key for p in live):
-            return True  # an earlier round created it
-        clone = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": f"{name.split('--')[0]}--", "namespace": ns,
-                         "labels": dict(md.get("labels") or {}),
-                         # the move's plan travels with the copy: a new leader reads it
-                         "annotations": {**(md.get("annotations") or {}), REPLACES: key,
-                                         PLANNED_NODE: m.dst,
-                                         PLANNED_FROM: str(md.get("uid") or "")}},
-            "spec": {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"},
-        }
-        self.client.create(f"/api/v1/namespaces/{ns}/pods", clone)
         self._count("replaced")
         return True
 

@@ -1,12 +1,27 @@
 """Node registry built from the cluster's Node objects (never from what an agent says).
 
-Region, zone and security level come from the ``topology.kubernetes.io/region``,
-``topology.kubernetes.io/zone`` and ``cfnet.io/security-level`` labels. A node is a KubeEdge
-edge node when it carries ``node-role.kubernetes.io/edge`` (its NodeGroup is the
-``apps.kubeedge.io/belonging-to`` label), an OpenYurt node when it carries
+The facts that decide security come only from labels a node cannot set on itself. A kubelet
+may write any label on its own Node except those that the NodeRestriction admission plugin
+reserves (``node-restriction.kubernetes.io/`` and its subdomains) and the
+``kubernetes.io``/``k8s.io`` ones outside the kubelet's own set (``IsKubeletLabel``:
+``topology.kubernetes.io/region`` and ``zone`` ARE in that set). So:
+
+* the security level is ``node-restriction.kubernetes.io/cfnet-security-level``;
+* the region that residency checks is ``node-restriction.kubernetes.io/cfnet-region``;
+* the agent id (MQTT node id -> Node) is ``node-restriction.kubernetes.io/cfnet-agent-id``
+  (default: the Node's name, which a kubelet cannot choose for another node).
+
+The older ``cfnet.io/security-level`` and ``cfnet.io/agent-id`` are not read at all: a node
+can write them, so honouring them, even as a fallback, is the weakness itself (a node labels
+itself level 5 and receives the level-4 pods). A node that carries one is named once in a
+Warning event (``on_problems``) with the protected key to set instead. The topology labels
+(``topology.kubernetes.io/region``, ``zone``) stay what topology spread and affinity read, as
+in kube-scheduler: steering by them is what a pod's own selector asks for.
+
+A node is a KubeEdge edge node when it carries ``node-role.kubernetes.io/edge`` (its NodeGroup
+is the ``apps.kubeedge.io/belonging-to`` label), an OpenYurt node when it carries
 ``apps.openyurt.io/nodepool`` (the pool name). KubeEdge's edge taint is kept or dropped as
-configured. Agent node ids map to Node names through the ``cfnet.io/agent-id`` label
-(default: the Node's name).
+configured.
 
 ``upsert`` reports changes of the facts that decide residency and security so the actuator
 can check the pods already running there.
@@ -16,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,14 +50,29 @@ from cloud_core.placement.spec import GPU, parse_resources, pod_requests, split_
 
 REGION = "topology.kubernetes.io/region"
 ZONE = "topology.kubernetes.io/zone"
-SECURITY = "cfnet.io/security-level"
+# NodeRestriction forbids a kubelet to set labels in this namespace (or a subdomain of it) on
+# create and on update (plugin/pkg/admission/noderestriction, getForbiddenLabels)
+PROTECTED_PREFIX = "node-restriction.kubernetes.io/"
+SECURITY = PROTECTED_PREFIX + "cfnet-security-level"
+RESIDENCY_REGION = PROTECTED_PREFIX + "cfnet-region"
+AGENT_ID = PROTECTED_PREFIX + "cfnet-agent-id"
+# node-writable keys cfnet once read, and what replaces each (never read now)
+LEGACY = {"cfnet.io/security-level": SECURITY, "cfnet.io/agent-id": AGENT_ID}
 KUBEEDGE_EDGE = "node-role.kubernetes.io/edge"
 OPENYURT_POOL = "apps.openyurt.io/nodepool"
 KUBEEDGE_GROUP = "apps.kubeedge.io/belonging-to"
-AGENT_ID = "cfnet.io/agent-id"
-WATCHED_FACTS = (REGION, ZONE, SECURITY)
+WATCHED_FACTS = (RESIDENCY_REGION, SECURITY, REGION, ZONE)
 CFNET_PREFIX = "cfnet.io/"
 log = logging.getLogger(__name__)
+
+def node_protected(key: str) -> bool:
+    """Whether NodeRestriction keeps a kubelet from setting label ``key`` on its own Node:
+    its prefix is ``node-restriction.kubernetes.io`` or a subdomain of it (upstream's
+    ``namespace == LabelNamespaceNodeRestriction || HasSuffix(namespace, "."+...)``)."""
+    ns = key.split("/", 1)[0] if "/" in key else ""
+    base = PROTECTED_PREFIX.rstrip("/")
+    return ns == base or ns.endswith("." + base)
+
 
 def resources_of(d: Mapping[str, Any] | None) -> Resources:
     """``status.allocatable``-style map → ``Resources``, with the engine's own quantity
@@ -66,18 +96,35 @@ class RegistryConfig:
     def __post_init__(self) -> None:
         if self.edge_taint not in ("respect", "ignore"):
             raise CoreError(f"edge_taint {self.edge_taint!r}: must be 'respect' or 'ignore'")
+        if not node_protected(self.agent_id_label):
+            # the agent id decides whose measured links a node gets: a key the node could
+            # set would let it take another agent's identity
+            raise CoreError(f"agent_id_label {self.agent_id_label!r}: must be a label a node "
+                            f"cannot set on itself ({PROTECTED_PREFIX}...)")
 
 
 def label_problems(labels: Mapping[str, str], cfg: RegistryConfig) -> list[str]:
-    """What is wrong with a Node's cfnet labels, each naming the label: a ``cfnet.io/`` key
-    cfnet does not read (a typo such as ``cfnet.io/security_level`` would leave the node at
-    level 0 without a word), a security level that is not a number."""
-    known = {SECURITY, cfg.agent_id_label, cfg.kubeedge_group_label, cfg.openyurt_pool_label}
-    out = [f"unknown label {k!r} (cfnet reads {SECURITY!r}, {cfg.agent_id_label!r})"
-           for k in sorted(labels) if k.startswith(CFNET_PREFIX) and k not in known]
+    """What is wrong with a Node's cfnet labels, each naming the label: a node-writable key
+    cfnet no longer reads (``LEGACY``: ignored, the protected key to set is named), a
+    ``cfnet.io/`` key cfnet does not read (a typo such as ``cfnet.io/security_level`` would
+    leave the node at level 0 without a word), a security level that is not a number, a
+    topology region that disagrees with the protected one residency reads."""
+    known = {cfg.kubeedge_group_label, cfg.openyurt_pool_label}
+    out = []
+    for k in sorted(labels):
+        if k in LEGACY:
+            out.append(f"label {k!r} ignored: a node can set it on itself; cfnet reads "
+                       f"{LEGACY[k]!r}, which only an administrator can set")
+        elif k.startswith(CFNET_PREFIX) and k not in known:
+            out.append(f"unknown label {k!r} (cfnet reads {SECURITY!r}, "
+                       f"{RESIDENCY_REGION!r}, {cfg.agent_id_label!r})")
     lvl = labels.get(SECURITY)
     if lvl is not None and not lvl.strip().lstrip("-").isdigit():
         out.append(f"label {SECURITY!r}: {lvl!r} is not a number (counted as 0)")
+    topo, res = labels.get(REGION), labels.get(RESIDENCY_REGION)
+    if topo is not None and res is not None and topo != res:
+        out.append(f"label {REGION!r} is {topo!r} but {RESIDENCY_REGION!r} is {res!r}: "
+                   "residency reads the latter")
     return out
 
 
@@ -149,8 +196,10 @@ def record_of(node: Mapping[str, Any], cfg: RegistryConfig) -> NodeRecord:
     except SpecError:
         capacity = Resources()
     max_pods, extended = other_allocatable(alloc)
+    # region: the protected label only (a kubelet may set topology.kubernetes.io/region on
+    # itself, so it never decides residency); absent, no residency list admits the node
     return NodeRecord(name=name, agent_id=labels.get(cfg.agent_id_label, name),
-                      region=labels.get(REGION, ""), zone=labels.get(ZONE, ""),
+                      region=labels.get(RESIDENCY_REGION, ""), zone=labels.get(ZONE, ""),
                       security_level=level, flavour=flavour, pool=pool, labels=labels,
                       taints=taints, capacity=capacity, health=health, max_pods=max_pods,
                       extended=extended)
@@ -195,6 +244,9 @@ class NodeRegistry:
         # node -> the label problems last reported for it (logged when they change)
         self.label_problems: dict[str, tuple[str, ...]] = {}
         self._order: list[str] | None = None  # node names, sorted; None: rebuild
+        # called (outside the lock) with the Node and its problems when they change and are
+        # not empty: the core writes them as a Warning event on the Node (wiring)
+        self.on_problems: Callable[[Mapping[str, Any], tuple[str, ...]], None] | None = None
 
     def set_pool_object(self, flavour: str, pool: str, nodes: list[str] | None,
                         match_labels: Mapping[str, str] | None = None) -> None:
@@ -228,7 +280,7 @@ class NodeRegistry:
         return out
 
     def upsert(self, node: Mapping[str, Any]) -> list[LabelChange]:
-        """Add or update a Node; return changes of region/zone/security-level labels."""
+        """Add or update a Node; return changes of the ``WATCHED_FACTS`` labels."""
         rec = record_of(node, self.config)
         problems = tuple(label_problems(rec.labels, self.config)) if rec.labels else ()
         with self._lock:
@@ -243,6 +295,8 @@ class NodeRegistry:
                 self.label_problems.pop(rec.name, None)
         if problems and problems != seen:
             log.warning("node %s: %s", rec.name, "; ".join(problems))
+            if self.on_problems is not None:
+                self.on_problems(node, problems)
         if old is None:
             return []
         return [LabelChange(rec.name, k, old.labels.get(k), rec.labels.get(k))

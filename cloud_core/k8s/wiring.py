@@ -5,14 +5,15 @@ core, and runs the decision loop (``cloud_core.loop``) with the Kubernetes actua
 source of truth and actuator (pods with ``schedulerName: cfnet-scheduler``: binding,
 re-placement by eviction), with Lease-based leader election between replicas. The
 actuator sees the links the agents measure, translated from agent ids to Node names
-through the registry's ``cfnet.io/agent-id`` labels.
+through the registry's ``node-restriction.kubernetes.io/cfnet-agent-id`` labels (a label
+only an administrator can set: cloud_core.k8s.registry).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,22 @@ def alert_to_event(events: EventLog, say: Callable[..., None] = no_line
     return alert
 
 
+def node_label_events(client: KubeClient, identity: str
+                      ) -> Callable[[Mapping[str, Any], tuple[str, ...]], None]:
+    """The registry's label problems as one Warning event on the Node (``NodeLabelIgnored``
+    when a node-writable key cfnet no longer reads is there, else ``NodeLabelInvalid``),
+    queued, never blocking the informer."""
+    def emit(node: Mapping[str, Any], problems: tuple[str, ...]) -> None:
+        md = node.get("metadata") or {}
+        reason = ("NodeLabelIgnored" if any(" ignored: " in p for p in problems)
+                  else "NodeLabelInvalid")
+        client.record_event({"apiVersion": "v1", "kind": "Node",
+                             "metadata": {"name": md.get("name"), "uid": md.get("uid")}},
+                            reason=reason, message="; ".join(problems), event_type="Warning",
+                            instance=identity, action="ReadNode")
+    return emit
+
+
 def start_kubernetes(
     client: KubeClient,
     state: ClusterState,
@@ -93,6 +110,7 @@ def start_kubernetes(
     with ``say_bindings``, one per binding."""
     line = say or no_line
     registry = NodeRegistry(RegistryConfig(edge_taint=settings.edge_taint))
+    registry.on_problems = node_label_events(client, settings.identity)
 
     def links() -> dict[tuple[str, str], Any]:
         names = registry.agent_names()

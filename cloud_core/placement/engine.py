@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -42,7 +42,7 @@ from .model import (
     Workload,
     node_label,
 )
-from .sequential import needs_sequential, place_classes
+from .sequential import NodeUsage, needs_sequential, place_classes
 from .solver import ClassSpec, solve
 
 _KEY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("uid", "name"))
@@ -120,6 +120,11 @@ class PodIndex:
         todo, self._todo = self._todo, []
         for p in todo:
             self._index(p)
+
+    def all(self) -> list[RunningPod]:
+        """Every pod, indexed or still to be (the snapshot's and those a batch added); indexes
+        nothing (most batches never look up a label)."""
+        return [*(p for pods in self.by_ns.values() for p in pods), *self._todo]
 
     def _index(self, p: RunningPod) -> None:
         self.by_ns.setdefault(p.namespace, []).append(p)
@@ -441,6 +446,13 @@ class PreparedCluster:
                 ) -> tuple[tuple[Decision, ...], dict[str, str], float]:
         names = [nd.name for nd in self.ix.nodes]
         total = self.ix.n
+        usage: list[NodeUsage] = []  # the state after the batch, counted once if needed
+
+        def usage_of() -> NodeUsage:
+            if not usage:
+                usage.append(NodeUsage(self, self.pods.all()))
+            return usage[0]
+
         by_uid: dict[str, Decision] = {}
         assignments: dict[str, str] = {}
         total_cost = 0.0
@@ -478,16 +490,23 @@ class PreparedCluster:
                         f"placed on {names[n]} ({c:.5f} $/h); {fit0}/{total} nodes fit", c)
                 else:
                     if unplaced is None:  # identical for every member of the class
-                        unplaced = self._unplaced(m, ci, deferred, top, names)
+                        unplaced = self._unplaced(m, ci, deferred, top, names, usage_of)
                     by_uid[m.uid] = dataclasses.replace(unplaced, workload_uid=m.uid)
         decisions = tuple(by_uid[w.uid] for w in workloads)
         return decisions, assignments, total_cost
 
     def _unplaced(self, w: Workload, ci: int, deferred: dict[int, str],
-                  top: list[int], names: list[str]) -> Decision:
-        # reasons are counted against the state after the batch: what is left now
+                  top: list[int], names: list[str],
+                  usage_of: Callable[[], NodeUsage]) -> Decision:
+        # reasons are counted against the state after the batch: what is left now, the
+        # constraints checked pod by pod included, each node under its first refusal, as
+        # kube-scheduler's "0/5 nodes are available: 3 Insufficient cpu, 2 node(s) didn't
+        # have free ports" (the same tally as explain())
         frs = self.filter_results(w)
         fit, counts = first_failure_counts(frs, self.ix.n)
+        if fit:  # else every node is refused already: the pod-by-pod checks change nothing
+            frs = [*frs, *pod_by_pod_results(self, w, usage_of)]
+            fit, counts = first_failure_counts(frs, self.ix.n)
         reasons: list[str] = []
         if ci in deferred:
             reasons.append(deferred[ci])

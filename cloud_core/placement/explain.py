@@ -103,18 +103,20 @@ class Explanation:
         return "\n".join(lines)
 
 
-def pod_by_pod_results(pc: Any, w: Any) -> list[FilterResult]:
+def pod_by_pod_results(pc: Any, w: Any, usage_of: Any = None) -> list[FilterResult]:
     """The constraints the engine checks pod by pod (``sequential.py``), as filters over
     every node, so that ``explain`` never says "fits" of a node the validator rejects: pod
     slots, extended resources, host ports, and hard (``DoNotSchedule``) topology spread.
-    Empty when ``w`` has none of them (the common case costs nothing)."""
+    Empty when ``w`` has none of them (the common case costs nothing). ``usage_of``: a
+    function giving the ``NodeUsage`` to count against (default: the snapshot's pods); after a
+    batch, the engine's, with the batch's placements, built once for all its unplaced pods."""
     from .sequential import NodeUsage, SpreadState
 
     n = pc.ix.n
     out: list[FilterResult] = []
     if w.spread or w.host_ports or w.extended or any(
             nd.max_pods is not None for nd in pc.ix.nodes):
-        usage = NodeUsage(pc, pc.snapshot.pods)
+        usage = NodeUsage(pc, pc.snapshot.pods) if usage_of is None else usage_of()
         slots = usage.pods < usage.max_pods
         out.append(FilterResult("pods", slots, np.zeros(n, np.int64), ("too many pods",)))
         if w.extended:

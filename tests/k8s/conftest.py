@@ -42,6 +42,7 @@ import yaml
 
 from cloud_core.errors import KubeError, KubeNotFound
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.registry import RESIDENCY_REGION, SECURITY
 from tools.envtest import ControlPlane, EnvtestError, ensure_binaries
 from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
 from tools.envtest.kwok import Kwok
@@ -223,9 +224,11 @@ class Cluster:
              cpu: str = "4", memory: str = "8Gi", labels: dict[str, str] | None = None,
              edge_taint: bool = True, simulated: bool = True) -> dict[str, Any]:
         """A kwok node (``simulated=False``: one nobody manages; see ``make_node``)."""
+        # region twice: the topology label (spread, affinity) and the protected one residency
+        # reads; the level only protected (cloud_core.k8s.registry: what a node cannot set)
         lab = {"kubernetes.io/hostname": name, "topology.kubernetes.io/region": region,
                "topology.kubernetes.io/zone": zone or f"{region}-a",
-               "cfnet.io/security-level": str(security), **(labels or {})}
+               RESIDENCY_REGION: region, SECURITY: str(security), **(labels or {})}
         taints = []
         if kubeedge_group is not None:
             lab["node-role.kubernetes.io/edge"] = ""

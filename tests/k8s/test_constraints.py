@@ -71,7 +71,10 @@ class Case:
     pods: list[tuple[str, dict[str, Any], dict[str, str]]]  # (name, spec extras, labels)
     bound: int  # how many must bind
     check: Callable[[dict[str, str], dict[str, dict[str, Any]]], None] = lambda b, n: None
-    pending_reason: str = ""  # in the FailedScheduling message of each pod left pending
+    # in the FailedScheduling message of each pod left pending: the tally names the
+    # constraint checked pod by pod, node by node, as kube-scheduler's "0/2 nodes are
+    # available: 2 node(s) didn't have free ports for the requested pod ports"
+    pending_reason: str = ""
     node_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,7 +109,7 @@ CASES = [
          _spread_ok),
     Case("spread-min-domains", THREE_ZONES,
          [(f"s{i}", spread(ZONE, minDomains=4), X) for i in range(4)], 3,
-         pending_reason="topology spread"),
+         pending_reason="0/6 nodes fit: 6 spread skew > 1 (topology.kubernetes.io/zone)"),
     Case("spread-hostname-skew", [("a0", "a"), ("a1", "a")],
          [(f"s{i}", spread(HOST), X) for i in range(4)], 4,
          lambda b, n: (_ for _ in ()).throw(AssertionError(b))
@@ -123,11 +126,12 @@ CASES = [
          + [(f"f{i}", {"affinity": {"podAntiAffinity": term(ZONE, "anchor")}}, X)
             for i in range(2)], 3, _away_from_anchor),
     Case("host-ports", [("a0", "a"), ("a1", "a")], [(f"p{i}", port(8080), X) for i in range(3)],
-         2, _distinct_nodes, pending_reason="host port"),
+         2, _distinct_nodes, pending_reason="0/2 nodes fit: 2 host port in use"),
     Case("extended-resources", [("a0", "a")], [(f"e{i}", ext(1), X) for i in range(3)], 2,
-         pending_reason="example.com/dongle", node_extra={"example.com/dongle": "2"}),
+         pending_reason="0/1 nodes fit: 1 insufficient example.com/dongle",
+         node_extra={"example.com/dongle": "2"}),
     Case("pods-per-node", [("a0", "a")], [(f"c{i}", {}, X) for i in range(3)], 2,
-         pending_reason="too many pods", node_extra={"pods": "2"}),
+         pending_reason="0/1 nodes fit: 1 too many pods", node_extra={"pods": "2"}),
 ]
 
 

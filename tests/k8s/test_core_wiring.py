@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.registry import AGENT_ID
 from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
 from cloud_core.service import CoreConfig, CoreService
 from tests.integration.helpers import FakeAgent, settings
@@ -21,10 +22,10 @@ def test_measured_links_decide_a_latency_bound_pod(broker: Broker, admin: KubeCl
     rtt = {("edge-ka", "edge-kb"): 5.0, ("edge-ka", "edge-kc"): 80.0,
            ("edge-kb", "edge-kc"): 80.0}
     names = {"edge-ka": "k-a", "edge-kb": "k-b", "edge-kc": "k-c"}
-    cluster.node("k-a", region="eu", cpu="1", labels={"cfnet.io/agent-id": "edge-ka"},
+    cluster.node("k-a", region="eu", cpu="1", labels={AGENT_ID: "edge-ka"},
                  edge_taint=False)
     for agent in ("edge-kb", "edge-kc"):
-        cluster.node(names[agent], region="eu", cpu="4", labels={"cfnet.io/agent-id": agent},
+        cluster.node(names[agent], region="eu", cpu="4", labels={AGENT_ID: agent},
                      edge_taint=False)
     core = CoreService(CoreConfig(mqtt=settings(broker, broker.add_account("core-k8s", "core")),
                                   db_path=tmp_path / "core.db", place=False))

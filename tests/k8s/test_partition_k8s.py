@@ -32,6 +32,7 @@ import pytest
 
 from cloud_core.health import Health
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.registry import AGENT_ID
 from cloud_core.k8s.wiring import KubeRunner, KubeSettings, start_kubernetes
 from cloud_core.service import CoreConfig, CoreService
 from tests.integration.helpers import FakeAgent, settings
@@ -90,7 +91,7 @@ def rig(broker: Broker, admin: KubeClient, cluster: Cluster,
         tmp_path: Path) -> Iterator[tuple[CoreService, Agents, KubeRunner]]:
     for a, node in NODE.items():
         cluster.node(node, region="eu", zone="eu-a" if "-a" in a else "eu-b",
-                     labels={"cfnet.io/agent-id": a}, edge_taint=False)
+                     labels={AGENT_ID: a}, edge_taint=False)
     core = CoreService(CoreConfig(mqtt=settings(broker, broker.add_account("core-k8s", "core")),
                                   db_path=tmp_path / "core.db", place=False))
     core.start(connect=False)  # as cfnet-core --kubernetes: MQTT while leading

@@ -14,7 +14,9 @@ import pytest
 from cloud_core.errors import KubeForbidden, KubeNotFound
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.leader import LeaderElector
-from tests.k8s.conftest import DEPLOY, Cluster, load_manifests, wait_for
+from tests.k8s.conftest import DEPLOY, ROOT, Cluster, load_manifests, wait_for
+
+DOCS = ROOT / "docs"
 
 pytestmark = pytest.mark.slow
 
@@ -61,15 +63,10 @@ def test_role_allows_what_the_core_does(service_account_client: KubeClient,
     assert got == {"written": 1, "series": 1, "dropped": 0, "failed": 0}, got
     ev = next(e for e in cluster.events("Scheduled") if e.get("message") == "rbac series")
     assert (ev.get("series") or {}).get("count") == 2, ev
-    # Re-placement: evict (PDBs honoured) and create a bare pod's unbound copy.
+    # Re-placement: evict (PDBs honoured); the pod's controller makes the replacement.
     sa.create(f"/api/v1/namespaces/{ns}/pods/allowed/eviction", {
         "apiVersion": "policy/v1", "kind": "Eviction",
         "metadata": {"name": "allowed", "namespace": ns}})
-    spec = dict(cluster.pod("template")["spec"])
-    spec.pop("nodeName", None)
-    sa.create(f"/api/v1/namespaces/{ns}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "replacement", "namespace": ns},
-        "spec": spec})
     # Pool mode: Deployments read; the pool objects read and written; pools read.
     sa.list("/apis/apps/v1/deployments")
     for group, plural, writable in POOL_KINDS:
@@ -116,8 +113,16 @@ def test_verbs_the_role_lacks_are_refused(service_account_client: KubeClient,
     if not role_grants("", "nodes", "patch"):
         msg = _refused(lambda: sa.patch("/api/v1/nodes/rb-2", {"spec": {"unschedulable": True}}))
         assert 'cannot patch resource "nodes"' in msg
-    # Pods: no update/patch (the binding is the only write to a pending pod), no delete, no
-    # exec.
+    # Pods: no create (issue 26: a stolen token ran a pod as kube-system's
+    # generic-garbage-collector in a dry run), no update/patch (the binding is the only write
+    # to a pending pod), no delete, no exec.
+    for where, account in ((ns, "default"), ("kube-system", "generic-garbage-collector")):
+        msg = _refused(lambda w=where, a=account: sa.create(
+            f"/api/v1/namespaces/{w}/pods?dryRun=All", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stolen"},
+                "spec": {"serviceAccountName": a, "containers": [
+                    {"name": "c", "image": "registry.example/x:1"}]}}))
+        assert 'cannot create resource "pods"' in msg, msg
     _refused(lambda: sa.patch(f"/api/v1/namespaces/{ns}/pods/victim",
                               {"metadata": {"labels": {"x": "y"}}}))
     _refused(lambda: sa.delete(f"/api/v1/namespaces/{ns}/pods/victim"))
@@ -148,3 +153,87 @@ def test_verbs_the_role_lacks_are_refused(service_account_client: KubeClient,
     _refused(lambda: sa.get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/"
                             "cfnet-core"))
     _refused(lambda: sa.list("/apis/rbac.authorization.k8s.io/v1/clusterroles"))
+
+
+# Rules every authenticated identity has (system:basic-user, system:discovery,
+# system:public-info-viewer: self reviews, discovery, version), read from the live bindings.
+EVERYONE = ("system:authenticated", "system:serviceaccounts")
+Triple = tuple[str, str, str]
+
+
+def _triples(rules: list[dict[str, Any]]) -> set[Triple]:
+    """(API group, resource, verb) of resource rules (resourceNames and non-resource URLs
+    set aside: the Lease rules are name-limited on both sides, checked by the refusals)."""
+    return {(g, r, v) for rule in rules for g in rule.get("apiGroups") or []
+            for r in rule.get("resources") or [] for v in rule.get("verbs") or []}
+
+
+def _everyones(admin: KubeClient) -> set[Triple]:
+    out: set[Triple] = set()
+    for b in admin.list("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings")[0]:
+        if any(s.get("kind") == "Group" and s.get("name") in EVERYONE
+               for s in b.get("subjects") or []):
+            role = admin.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/"
+                             f"{b['roleRef']['name']}")
+            out |= _triples(role.get("rules") or [])
+    return out
+
+
+def _doc_table() -> set[Triple]:
+    """The rows of docs/security.md's table of what the core holds beyond kube-scheduler."""
+    text = (DOCS / "security.md").read_text()
+    section = text.split("## The core's Kubernetes role", 1)[1].split("\n## ", 1)[0]
+    out: set[Triple] = set()
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        group, resource = cells[0].strip("`").strip('"'), cells[1].strip("`")
+        out |= {(group, resource, v.strip()) for v in cells[2].split(",")}
+    return out
+
+
+def test_role_is_kube_schedulers_plus_the_documented_table(
+        service_account_client: KubeClient, cluster: Cluster, admin: KubeClient) -> None:
+    """Issue 26, weakness 7: every (group, resource, verb) the core's ServiceAccount holds,
+    as the real API server evaluates the chart's rendered RBAC (SelfSubjectRulesReview under
+    the account's own token), is upstream's ``system:kube-scheduler`` (the live bootstrap
+    ClusterRole), everyone's, or a row of docs/security.md's table; and the table lists
+    nothing the role lacks."""
+    sa = service_account_client
+    scheduler = admin.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/system:kube-scheduler")
+    upstream = _triples(scheduler["rules"])
+    assert ("", "pods/binding", "create") in upstream  # it is the scheduler's role
+    everyone = _everyones(admin)
+    table = _doc_table()
+    assert ("", "pods/eviction", "create") in table, table
+    held: set[Triple] = set()
+    for ns in (cluster.namespace, "kube-system", "cfnet-system"):
+        review = sa.create("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", {
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
+            "spec": {"namespace": ns}})
+        status = review["status"]
+        assert not status.get("incomplete"), status.get("evaluationError")
+        rules = status.get("resourceRules") or []
+        assert not any("*" in (r.get(k) or []) for r in rules
+                       for k in ("apiGroups", "resources", "verbs")), rules
+        held |= _triples(rules)
+        # Secrets: only the agent CA's, by name (get, update), in the core's own namespace
+        for r in rules:
+            if "secrets" in (r.get("resources") or []):
+                assert ns == "cfnet-system" and r.get("resourceNames") == ["cfnet-agent-ca"] \
+                    and set(r.get("verbs") or []) <= {"get", "update"}, r
+    extra = held - upstream - everyone
+    assert extra <= table, f"held beyond system:kube-scheduler and undocumented: {extra - table}"
+    assert table <= held, f"docs/security.md lists what the role lacks: {table - held}"
+    assert ("", "pods", "create") not in held and ("", "secrets", "create") not in held
+    # what it holds beyond the scheduler is the eviction, pool mode and the agents'
+    # enrollment (CSRs of its own signer, its CA's Secret), nothing else
+    assert {(g, r) for g, r, _ in extra} <= {
+        ("certificates.k8s.io", "certificatesigningrequests"),
+        ("certificates.k8s.io", "certificatesigningrequests/approval"),
+        ("certificates.k8s.io", "certificatesigningrequests/status"),
+        ("certificates.k8s.io", "signers"), ("", "secrets"),
+        ("", "pods/eviction"), ("apps", "deployments"), ("apps.openyurt.io", "yurtappsets"),
+        ("apps.kubeedge.io", "edgeapplications"), ("apps.openyurt.io", "nodepools"),
+        ("apps.kubeedge.io", "nodegroups")}, extra

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from cloud_core.errors import SpecError
-from cloud_core.k8s.registry import NodeRegistry, RegistryConfig, resources_of
+from cloud_core.k8s.registry import (
+    AGENT_ID,
+    RESIDENCY_REGION,
+    NodeRegistry,
+    RegistryConfig,
+    resources_of,
+)
 from cloud_core.placement import Health, Resources
 from tests.k8s.conftest import Cluster
 
@@ -18,7 +24,7 @@ def test_registry_from_node_objects(cluster: Cluster) -> None:
     # node-lifecycle controller's verdict on a silent kubelet), and kwok, which only ever
     # reports its nodes Ready, would set it back.
     cluster.node("edge-1", region="eu-west", zone="eu-west-b", security=1,
-                 kubeedge_group="ke-a", labels={"cfnet.io/agent-id": "agent-edge-1"},
+                 kubeedge_group="ke-a", labels={AGENT_ID: "agent-edge-1"},
                  simulated=False)
     cluster.node("yurt-1", region="eu-central", security=2, openyurt_pool="pool-x",
                  cpu="2500m", memory="3Gi")
@@ -49,11 +55,10 @@ def test_registry_from_node_objects(cluster: Cluster) -> None:
     infos = {n.name: n for n in respect.node_infos()}
     assert infos["cloud-1"].region == "us-east" and infos["cloud-1"].security_level == 3
 
-    cluster.set_node_label("edge-1", "topology.kubernetes.io/region", "us-east")
+    cluster.set_node_label("edge-1", RESIDENCY_REGION, "us-east")
     cluster.set_node_label("edge-1", "example.org/irrelevant", "x")
     changes = respect.upsert(cluster.c.get("/api/v1/nodes/edge-1"))
-    assert [(ch.key, ch.old, ch.new) for ch in changes] == [
-        ("topology.kubernetes.io/region", "eu-west", "us-east")]
+    assert [(ch.key, ch.old, ch.new) for ch in changes] == [(RESIDENCY_REGION, "eu-west", "us-east")]
 
     # An edge node that lost the cloud is unreachable (it keeps its pods), not down.
     n = cluster.c.get("/api/v1/nodes/edge-1")

@@ -31,7 +31,7 @@ import pytest
 
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
-from cloud_core.k8s.registry import NodeRegistry
+from cloud_core.k8s.registry import AGENT_ID, NodeRegistry
 from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
 from cloud_core.placement import ClusterSnapshot, ReplanConfig, parse_pod, validate
 from cloud_core.service import CoreConfig, CoreService
@@ -150,10 +150,10 @@ def core_on_k8s(broker: Broker, admin: KubeClient, cluster: Cluster,
     """``cfnet-core --kubernetes`` as shipped (core + start_kubernetes), three nodes with
     agents. Agents here are FakeAgents (valid reports over the real broker, no probes): the
     link figures must change on cue."""
-    cluster.node("m-a", region="eu", cpu="1", labels={"cfnet.io/agent-id": "edge-ka"},
+    cluster.node("m-a", region="eu", cpu="1", labels={AGENT_ID: "edge-ka"},
                  edge_taint=False)
     for a in ("edge-kb", "edge-kc"):
-        cluster.node(NAMES[a], region="eu", cpu="4", labels={"cfnet.io/agent-id": a},
+        cluster.node(NAMES[a], region="eu", cpu="4", labels={AGENT_ID: a},
                      edge_taint=False)
     core = CoreService(CoreConfig(mqtt=settings(broker, broker.add_account("core-mv", "core")),
                                   db_path=tmp_path / "core.db", place=False))

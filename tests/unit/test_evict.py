@@ -1,6 +1,6 @@
 """Which pods cfnet may evict (cloud_core/k8s/evict.py): the descheduler's DefaultEvictor
 defaults (sigs.k8s.io/descheduler pkg/framework/plugins/defaultevictor). The re-planner and
-the console's drain against a real API server: tests/k8s/test_tenancy.py."""
+the console's drain against a real API server: tests/k8s/test_evictions.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cloud_core.k8s.evict import EvictionPolicy, exclusion
+from cloud_core.k8s.evict import EvictionPolicy, exclusion, move_exclusion, unowned
 
 
 def _pod(ns: str = "app", ann: dict[str, str] | None = None, owner: str | None = None,
@@ -48,3 +48,18 @@ def test_allowed_by_policy() -> None:
     assert exclusion(_pod(ns="kube-system", priorityClassName="system-node-critical"),
                      pol) is None
     assert exclusion(_pod(owner="DaemonSet"), pol) == "a DaemonSet pod"  # never
+
+
+def test_a_pod_no_controller_owns_is_not_moved() -> None:
+    """The DefaultEvictor refuses pods without ownerRefs; cfnet refuses any pod without a
+    controller ownerReference for a move or a drain (it creates no pods to replace it), but
+    the pod stays cfnet's own otherwise (``exclusion`` None: alerts still reach it)."""
+    bare = _pod()
+    assert exclusion(bare) is None
+    assert unowned(bare) == move_exclusion(bare)
+    assert move_exclusion(bare) is not None and "no controller recreates it" in move_exclusion(bare)
+    ref = _pod()
+    ref["metadata"]["ownerReferences"] = [{"kind": "ConfigMap", "name": "o", "uid": "u"}]
+    assert move_exclusion(ref) is not None  # an owner that is not a controller recreates nothing
+    assert move_exclusion(_pod(owner="ReplicaSet")) is None
+    assert move_exclusion(_pod(owner="DaemonSet")) == "a DaemonSet pod"  # the first rule says it

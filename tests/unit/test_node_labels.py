@@ -7,7 +7,14 @@ import logging
 import pytest
 
 from cloud_core.errors import CoreError
-from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
+from cloud_core.k8s.registry import (
+    AGENT_ID,
+    RESIDENCY_REGION,
+    SECURITY,
+    NodeRegistry,
+    RegistryConfig,
+    node_protected,
+)
 
 
 def _node(name: str, labels: dict[str, str]) -> dict[str, object]:
@@ -22,16 +29,64 @@ def test_a_cfnet_label_typo_is_named(caplog: pytest.LogCaptureFixture) -> None:
         reg.upsert(_node("n1", {"cfnet.io/security_level": "3", "x": "y"}))  # said once
     assert [r.getMessage() for r in caplog.records] == [
         "node n1: unknown label 'cfnet.io/security_level' (cfnet reads "
-        "'cfnet.io/security-level', 'cfnet.io/agent-id')"]
+        f"{SECURITY!r}, {RESIDENCY_REGION!r}, {AGENT_ID!r})"]
     rec = reg.get("n1")
     assert rec is not None and rec.security_level == 0  # never guessed upwards
-    reg.upsert(_node("n1", {"cfnet.io/security-level": "high"}))
-    assert reg.label_problems["n1"] == (
-        "label 'cfnet.io/security-level': 'high' is not a number (counted as 0)",)
-    reg.upsert(_node("n1", {"cfnet.io/security-level": "3", "cfnet.io/agent-id": "e1"}))
+    reg.upsert(_node("n1", {SECURITY: "high"}))
+    assert reg.label_problems["n1"] == (f"label {SECURITY!r}: 'high' is not a number "
+                                        "(counted as 0)",)
+    reg.upsert(_node("n1", {SECURITY: "3", AGENT_ID: "e1", RESIDENCY_REGION: "eu"}))
     assert "n1" not in reg.label_problems
     rec = reg.get("n1")
-    assert rec is not None and rec.security_level == 3
+    assert rec is not None and (rec.security_level, rec.agent_id, rec.region) == (3, "e1", "eu")
+
+
+def test_node_writable_labels_decide_nothing() -> None:
+    """Issue 26, weakness 9: a kubelet may set any label outside NodeRestriction's
+    ``node-restriction.kubernetes.io/`` on its own Node. The older keys and the topology
+    region are read for no security fact; the node is named, once, through ``on_problems``
+    (the core's Warning event). The same against a real API server with a kubelet identity:
+    tests/k8s/test_node_facts.py."""
+    reg = NodeRegistry()
+    said: list[tuple[str, tuple[str, ...]]] = []
+    reg.on_problems = lambda node, probs: said.append((str(node["metadata"]["name"]), probs))
+    mine = {"cfnet.io/security-level": "5", "cfnet.io/agent-id": "edge-other",
+            "topology.kubernetes.io/region": "eu"}
+    reg.upsert(_node("n1", mine))
+    reg.upsert(_node("n1", mine))  # said once
+    rec = reg.get("n1")
+    assert rec is not None
+    assert (rec.security_level, rec.agent_id, rec.region) == (0, "n1", "")
+    assert reg.node_for_agent("edge-other") is None
+    assert len(said) == 1 and said[0][0] == "n1"
+    assert said[0][1] == (
+        f"label 'cfnet.io/agent-id' ignored: a node can set it on itself; cfnet reads "
+        f"{AGENT_ID!r}, which only an administrator can set",
+        f"label 'cfnet.io/security-level' ignored: a node can set it on itself; cfnet reads "
+        f"{SECURITY!r}, which only an administrator can set")
+    # protected and topology regions disagree: residency reads the protected one, named
+    reg.upsert(_node("n1", {SECURITY: "2", RESIDENCY_REGION: "us",
+                            "topology.kubernetes.io/region": "eu"}))
+    rec = reg.get("n1")
+    assert rec is not None and (rec.security_level, rec.region) == (2, "us")
+    assert said[-1][1] == (f"label 'topology.kubernetes.io/region' is 'eu' but "
+                           f"{RESIDENCY_REGION!r} is 'us': residency reads the latter",)
+
+
+@pytest.mark.parametrize(("key", "protected"), [
+    ("node-restriction.kubernetes.io/cfnet-security-level", True),
+    ("cfnet.node-restriction.kubernetes.io/level", True),  # a subdomain, as upstream
+    ("cfnet.io/security-level", False), ("node-restriction.kubernetes.io.evil/x", False),
+    ("xnode-restriction.kubernetes.io/x", False), ("node-restriction.kubernetes.io", False),
+    ("topology.kubernetes.io/region", False),
+])
+def test_node_protected_as_noderestriction(key: str, protected: bool) -> None:
+    assert node_protected(key) is protected
+
+
+def test_agent_id_label_must_be_protected() -> None:
+    with pytest.raises(CoreError, match=r"agent_id_label 'cfnet\.io/agent-id'"):
+        RegistryConfig(agent_id_label="cfnet.io/agent-id")
 
 
 def test_edge_taint_setting_is_checked() -> None:

@@ -306,3 +306,40 @@ def test_pods_differing_only_in_preferences_are_separate_classes(cfg: EngineConf
     plain, tolerant = wl("plain"), wl("tolerant", tolerations=(Toleration("spot", "Exists"),))
     r = place(snap(cheap_spot), [plain, tolerant], cfg)
     assert r.assignments == {"plain": "x", "tolerant": "y"}
+
+
+def test_unplaced_summary_names_the_constraints_checked_pod_by_pod() -> None:
+    """Issue 26: the unplaced message tallied only the batch filters, so a pod refused for a
+    host port in use or a node's pod count said "2/3 nodes fit". Each node now counts under
+    its first refusal, the pod-by-pod checks included, as kube-scheduler's "0/3 nodes are
+    available: 1 Insufficient cpu, 1 node(s) didn't have free ports for the requested pod
+    ports, 1 Too many pods", and the tally is explain()'s."""
+    from cloud_core.placement.model import HostPort
+
+    nodes = [node("a"), node("b", max_pods=1), node("c", capacity=Resources(500, 8 * GIB, 0))]
+    held = (RunningPod("h", "h", "default", "a", host_ports=(HostPort(80),)),
+            RunningPod("f", "f", "default", "b"))
+    w = wl("w", host_ports=(HostPort(80),))
+    s = snap(nodes, pods=held)
+    r = place(s, [w])
+    (d,) = r.unplaced
+    assert d.summary.startswith(
+        "0/3 nodes fit: 1 host port in use, 1 insufficient cpu, 1 too many pods"), d.summary
+    e = explain(s, w)
+    assert e.summary == "0/3 nodes fit: 1 host port in use, 1 insufficient cpu, 1 too many pods"
+    assert dict(e.examples) == {"a": "host port in use", "b": "too many pods",
+                                "c": "insufficient cpu"}
+
+
+def test_unplaced_in_a_batch_counts_the_batch_s_own_placements() -> None:
+    """Three pods wanting host port 80 on two nodes in one batch: the third is told that both
+    nodes hold the port now (it said "2/2 nodes fit; host port in use")."""
+    from cloud_core.placement.model import HostPort
+
+    r = place(snap([node("a"), node("b")]), [wl(f"w{i}", host_ports=(HostPort(80),))
+                                            for i in range(3)])
+    (d,) = r.unplaced
+    assert d.summary == "0/2 nodes fit: 2 host port in use"
+    r = place(snap([node("a", max_pods=2)]), [wl(f"w{i}") for i in range(3)])
+    (d,) = r.unplaced
+    assert d.summary == "0/1 nodes fit: 1 too many pods"
