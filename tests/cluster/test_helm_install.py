@@ -48,6 +48,7 @@ import pytest
 from tests.cluster.conftest import RealCluster
 from tools import helm as chart
 from tools.envtest.images import PODBIN_IMAGE
+from tools.identity_probe import cannot_publish_as
 
 # The module's install (and, on a machine without the images, their cold build: mmdebstrap
 # base and three podman builds) runs in the first test's setup; every wait in the tests is
@@ -62,8 +63,7 @@ IMAGES = {t: f"localhost/cfnet-{t}:{TAG}" for t in ("core", "agent", "mosquitto"
 PV_NAME = "cfnet-test-mosquitto"
 # The README's install command, as given there (the files are made by tools.certs below).
 README_SET_FILES = {"credentials.caCrt": "ca.crt",
-                    "credentials.corePassword": "clients/core-k8s/password",
-                    "credentials.agentPassword": f"clients/{NODE}/password"}
+                    "credentials.corePassword": "clients/core-k8s/password"}
 README_SET = ["credentials.create=true"]
 
 
@@ -318,7 +318,6 @@ def release(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
     certs = [sys.executable, "-m", "tools.certs"]
     for args in (["init", str(pki), "--san", f"DNS:mosquitto.{NS}.svc"],
                  ["add-core", "core-k8s", "--dir", str(pki)],
-                 ["add-agent", NODE, "--dir", str(pki)],
                  ["add-operator", "ops", "--dir", str(pki)]):
         subprocess.run([*certs, *args], cwd=ROOT, check=True, capture_output=True, timeout=60)
     workload_ns = f"helm-{uuid.uuid4().hex[:6]}"
@@ -422,6 +421,28 @@ def test_agent_reports_ebpf_through_the_broker(release: Release) -> None:
         f"{rc.node.pod_log(NS, agent, 'agent')[-3000:]}")
     # The agent says which probe it loaded (CO-RE: the image has no compiler).
     assert "ebpf probe: loader core" in rc.node.pod_log(NS, agent, "agent")
+
+
+def test_one_agents_certificate_cannot_publish_as_another_node(release: Release) -> None:
+    """One identity per agent (agent.identity: certificate, the chart's default): the agent
+    on the node enrolled through a CSR the leading core approved and signed; with that
+    certificate, on the broker's certificate listener, its own telemetry is accepted and
+    another node's telemetry and status are refused (PUBACK 135)."""
+    rc = release.rc
+    csrs = [c for c in _get(rc, "/apis/certificates.k8s.io/v1/certificatesigningrequests")
+            ["items"] if c["spec"].get("signerName") == "cfnet.io/agent"]
+    issued = [c for c in csrs if (c.get("status") or {}).get("certificate")
+              and c["spec"].get("extra", {}).get("authentication.kubernetes.io/node-name")
+              == [NODE]]
+    assert issued, f"no issued cfnet.io/agent CSR for {NODE}: {json.dumps(csrs)[:2000]}"
+    state = rc.node.dir / "cfnet-agent-state" / "identity"
+    svc = _get(rc, f"/api/v1/namespaces/{NS}/services/mosquitto")
+    port = next(p["port"] for p in svc["spec"]["ports"] if p["port"] == 8884)
+    # The Service's address, reached from the node's network namespace (kube-proxy there);
+    # the broker's certificate names mosquitto.<ns>.svc, so the CA is checked, not the name.
+    cannot_publish_as(svc["spec"]["clusterIP"], port, ca_file=release.pki / "ca.crt",
+                      certfile=state / "client.crt", keyfile=state / "client.key",
+                      node=NODE, other="cfk-other", netns=rc.node.ns, check_hostname=False)
 
 
 def test_cfnet_scheduled_deployment_runs_on_the_node(release: Release) -> None:

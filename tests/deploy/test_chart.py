@@ -127,7 +127,10 @@ def test_defaults_render_the_agent_as_asked() -> None:
     cm = objs[("ConfigMap", "cfnet-agent-config")]
     assert "broker_host: mosquitto.cfnet-system.svc" in cm["data"]["agent.yaml"]
     assert ("Deployment", "mosquitto") in objs and ("Service", "mosquitto") in objs
-    assert not [k for k in objs if k[0] == "Secret"]  # credentials are the operator's
+    # credentials are the operator's; the one Secret is the agent CA's, made empty (the
+    # leading core fills it; the release owns it, so helm uninstall removes it)
+    assert [k for k in objs if k[0] == "Secret"] == [("Secret", "cfnet-agent-ca")]
+    assert not objs[("Secret", "cfnet-agent-ca")].get("data")
 
 
 def test_alternative_values_render() -> None:
@@ -218,9 +221,9 @@ def test_defaults_give_every_agent_its_own_identity() -> None:
     assert all("*" not in r["verbs"] and "secrets" not in r["resources"] for r in enroll)
     ca_role = objs[("Role", "cfnet-core-agent-ca")]
     assert ca_role["metadata"]["namespace"] == "cfnet-system"
-    assert [r for r in ca_role["rules"] if "get" in r["verbs"]] == [
+    assert ca_role["rules"] == [
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["cfnet-agent-ca"],
-         "verbs": ["get"]}]
+         "verbs": ["get", "update"]}]  # no create: the release makes the Secret
     args = objs[("Deployment", "cfnet-core")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--agent-ca-secret=cfnet-system/cfnet-agent-ca" in args
     mq = objs[("ConfigMap", "mosquitto-config")]["data"]

@@ -217,7 +217,8 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      and "--agent-service-account=cfnet-system:edge-id" in core_c(o)["args"]),
     ("agent.caSecretName", ["agent.caSecretName=my-ca"],
      lambda o: "--agent-ca-secret=cfnet-system/my-ca" in core_c(o)["args"]
-     and o[("Role", "cfnet-core-agent-ca")]["rules"][1]["resourceNames"] == ["my-ca"]
+     and o[("Role", "cfnet-core-agent-ca")]["rules"][0]["resourceNames"] == ["my-ca"]
+     and ("Secret", "my-ca") in o
      and {"secret": {"name": "my-ca", "items": [{"key": "tls.crt", "path": "ca.crt"}]}}
      in next(v for v in mosq(o)["volumes"] if v["name"] == "agent-ca")["projected"]["sources"]),
     ("agent.certificateDays", ["agent.certificateDays=30"],
