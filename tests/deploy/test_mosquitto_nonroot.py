@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from tools.broker import MOSQUITTO, free_port, mqtt_connect_probe
 from tools.certs import CertStore, make_agent_ca
 from tools.helm import CHART
 from tools.identity_probe import cannot_publish_as
+from tools.procs import stop_all
 
 SECRET_FILES = ("ca.crt", "broker.crt", "broker.key", "passwd", "acl")
 
@@ -138,12 +138,7 @@ def test_chart_mosquitto_runs_as_its_non_root_user(world_dir: Path) -> None:
         capeff = next(ln for ln in status.splitlines() if ln.startswith("CapEff:")).split()[1]
         assert int(capeff, 16) == 0
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all([proc], grace_s=15)
         log.close()
     # Persistence saved at exit into the fsGroup volume.
     assert (data / "mosquitto.db").exists(), (world_dir / "broker.log").read_text()[-2000:]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -20,6 +19,7 @@ from cloud_core.k8s.client import KubeClient
 from tests.k8s.conftest import Cluster, wait_for
 from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane
+from tools.procs import stop_all
 
 
 def get(url: str) -> tuple[int, str]:
@@ -104,12 +104,7 @@ def test_readyz_follows_broker_and_api_server(control_plane: ControlPlane, admin
     finally:
         if api_down:
             control_plane.start_apiserver()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all([proc], grace_s=20)
         err.close()
     lines = [ln for ln in (tmp_path / "core.stderr").read_text().splitlines() if ln.strip()]
     assert lines, "the core wrote no log"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import queue
-import signal
 import stat
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from tests.k8s.conftest import DEPLOY, Cluster, load_manifests, wait_for
 from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane
 from tools.identity_probe import cannot_publish_as
+from tools.procs import stop_all
 
 NS = "cfnet-system"  # deploy/k8s's namespace: the agent ServiceAccount and its RBAC
 AGENT_SA = "cfnet-agent"
@@ -185,12 +185,7 @@ def stack(control_plane: ControlPlane, admin: KubeClient, cluster: Cluster, ship
                "b": cluster.node(f"id-b-{uuid.uuid4().hex[:6]}", region="eu")["metadata"]
                ["name"]}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all([proc], grace_s=20)
         err.close()
         broker.stop()
         for p in admin.list(f"/api/v1/namespaces/{NS}/pods")[0]:
@@ -233,12 +228,7 @@ def run_agent(control_plane: ControlPlane, broker: Broker, tmp: Path, node: str,
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_all([proc], grace_s=15)
 
 
 def test_agent_enrolls_and_cannot_publish_as_another_node(
