@@ -37,8 +37,11 @@ def _dry_run(admin: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:
     q = {"dryRun": "All", "fieldValidation": "Strict"}
     try:
         out = admin.request("POST", coll, body=obj, query=q)
-    except KubeConflict:  # exists already (the namespace): validate as an update
-        out = admin.request("PUT", f"{coll}/{md['name']}", body=obj, query=q)
+    except KubeConflict:  # exists already (the namespace; the Lease or the agent CA Secret
+        # an earlier test's core made or filled): validate as an update of that version
+        live = admin.get(f"{coll}/{md['name']}")
+        body = {**obj, "metadata": {**md, "resourceVersion": live["metadata"]["resourceVersion"]}}
+        out = admin.request("PUT", f"{coll}/{md['name']}", body=body, query=q)
     return dict(out)
 
 
