@@ -65,6 +65,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, NatsCl
             hub.stop()
 
 
+def _exactly_once(hub: NatsCluster, n: int) -> list[bytes]:
+    """The hub stream holds report-0 .. report-(n-1), each once, in order (asserted)."""
+    got = _hub_payloads(hub)
+    want = [f"report-{i}".encode() for i in range(n)]
+    assert got == want, f"lost: {sorted(set(want) - set(got))}; extra or out of order: {got}"
+    return got
+
+
 def _hub_payloads(hub: NatsCluster) -> list[bytes]:
     """Every message in the hub's ingest stream, in stream order (admin, native NATS)."""
     async def read() -> list[bytes]:
@@ -146,9 +154,7 @@ def test_reports_published_during_a_cut_uplink_reach_the_core_once_after_it_heal
         t_all = time.monotonic() - t_heal
     finally:
         in_netns(leaf.netns, agent.stop)
-    got = _hub_payloads(hub)
-    want = [f"report-{i}".encode() for i in range(total)]
-    assert got == want, f"lost: {sorted(set(want) - set(got))}; extra or out of order: {got}"
+    got = _exactly_once(hub, total)
     print(f"\nleaf: {DURING} reports taken in {cut_s:.2f} s with the uplink cut "
           f"(the leaf's {EDGE_STREAM} then held {stored}); after the heal the "
           f"uplink was back in {t_link:.2f} s and the last report in the hub stream in "

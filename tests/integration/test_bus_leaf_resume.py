@@ -18,7 +18,7 @@ import pytest
 
 from cloud_core.bus_nats import STREAM
 from tests.integration.helpers import wait_for
-from tests.integration.test_bus_leaf import _agent, _hub_payloads, _publish
+from tests.integration.test_bus_leaf import _agent, _exactly_once, _hub_payloads, _publish
 from tests.integration.test_bus_leaf import site as _site_fixture
 from tools.lab import Lab
 from tools.nats.cluster import NatsCluster
@@ -58,9 +58,7 @@ def test_resume_after_a_long_cut_brings_the_backlog_up_at_once(
         t_all = time.monotonic()
     finally:
         in_netns(leaf.netns, agent.stop)
-    got = _hub_payloads(hub)
-    want = [f"report-{i}".encode() for i in range(n)]
-    assert got == want, f"lost: {sorted(set(want) - set(got))}; extra or out of order: {got}"
+    _exactly_once(hub, n)
     print(f"\nleaf, {CUT_S:.0f} s cut, {n - 5} reports during it: uplink back "
           f"{t_resume - t_heal:.2f} s after the heal, all {n} in the hub stream "
           f"{t_all - t_resume:.2f} s after resume_site; 0 lost, 0 duplicated")
