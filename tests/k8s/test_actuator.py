@@ -333,8 +333,11 @@ def test_snapshot_follows_pod_versions(cluster: Cluster, admin: KubeClient,
     wait_for(lambda: (seen() or {}).get("labels") == {"app": "web", "tier": "b"},
              what="the new labels")
     # The pod finishes, written here: kwok completes Job pods only, and at once, before a test
-    # could look at them; this one must finish at a moment the test picks.
-    pod = admin.get(path)
+    # could look at them; this one must finish at a moment the test picks. Only once kwok has
+    # made it Running: kwok's pod-ready stage patches the status of a Pending pod without a
+    # resourceVersion, so a write before that lands would be overwritten with Running.
+    pod = wait_for(lambda: (p := admin.get(path))["status"].get("phase") == "Running" and p,
+                   what="kwok running web")
     pod["status"] = {"phase": "Succeeded"}
     admin.replace(f"{path}/status", pod)
     wait_for(lambda: seen() is None, what="a finished pod no longer counts")

@@ -82,6 +82,19 @@ class Replica:
         self.err.close()
 
 
+def _wait_leading(r: Replica, cluster: Cluster, timeout: float = 45.0) -> None:
+    """Wait for ``r`` to lead; on a timeout, say why: who holds the Lease (another test's
+    core that was killed holds it for a lease duration) and what the replica printed."""
+    try:
+        wait_for(lambda: r.first("leading"), timeout=timeout, what=f"{r.identity} leading")
+    except AssertionError as e:
+        lease = cluster.c.get("/apis/coordination.k8s.io/v1/namespaces/cfnet-system/"
+                              "leases/cfnet-core").get("spec")
+        err = Path(r.err.name).read_bytes()[-3000:].decode(errors="replace")
+        raise AssertionError(f"{e}\nlease: {lease}\nexit: {r.proc.poll()}\n"
+                             f"events: {r.events[-10:]}\nstderr tail:\n{err}") from None
+
+
 def test_leader_killed_mid_burst_hands_over(control_plane: ControlPlane, cluster: Cluster,
                                             service_account_client: KubeClient,
                                             broker: Broker, tmp_path: Path) -> None:
@@ -95,7 +108,7 @@ def test_leader_killed_mid_burst_hands_over(control_plane: ControlPlane, cluster
     a = Replica("core-a", kubeconfig, tmp_path, broker, creds)
     replicas = [a]
     try:
-        wait_for(lambda: a.first("leading"), timeout=30, what="core-a leading")
+        _wait_leading(a, cluster)
         b = Replica("core-b", kubeconfig, tmp_path, broker, creds)
         replicas.append(b)
         wait_for(lambda: b.first("started"), timeout=30, what="core-b started")
