@@ -11,19 +11,18 @@ timeout.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from tools.envtest import ControlPlane, EnvtestError, ensure_binaries
+from tests.envbuild import EnvBuild
+from tools.envtest import ControlPlane, EnvtestError
 from tools.envtest.kwok import Kwok
 from tools.envtest.node import RealNode
 
-BUILD_ERROR = pytest.StashKey[str]()
-BUILD_THREAD = pytest.StashKey[threading.Thread]()
+BUILD = EnvBuild("the test cluster", node=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -43,22 +42,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not any({"real_cluster", "cluster_binaries"} & set(getattr(i, "fixturenames", ()))
                for i in items):
         return
-
-    def build() -> None:
-        try:
-            ensure_binaries(node=True)
-        except EnvtestError as e:
-            config.stash[BUILD_ERROR] = str(e)
-
-    thread = threading.Thread(target=build, name="envtest-node-build")
-    thread.start()
-    config.stash[BUILD_THREAD] = thread
+    BUILD.start(config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    thread = session.config.stash.get(BUILD_THREAD, None)
-    if thread is not None:
-        thread.join()
+    BUILD.join(session)
 
 
 @dataclass
@@ -92,16 +80,12 @@ class RealCluster:
 def cluster_binaries(request: pytest.FixtureRequest) -> None:
     """The test cluster's binaries, built at collection (for a test that starts a cluster in
     a process of its own, as the demo does)."""
-    err = request.config.stash.get(BUILD_ERROR, None)
-    if err is not None:
-        pytest.fail(f"cannot build the test cluster: {err}", pytrace=False)
+    BUILD.check(request.config)
 
 
 @pytest.fixture(scope="session")
 def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
-    err = request.config.stash.get(BUILD_ERROR, None)
-    if err is not None:
-        pytest.fail(f"cannot build the test cluster: {err}", pytrace=False)
+    BUILD.check(request.config)
     cp = ControlPlane(advertise_address=RealNode.host_address(), real_nodes=True)
     try:
         cp.start()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,7 +42,8 @@ import yaml
 from cloud_core.errors import KubeError, KubeNotFound
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.registry import RESIDENCY_REGION, SECURITY
-from tools.envtest import ControlPlane, EnvtestError, ensure_binaries
+from tests.envbuild import EnvBuild
+from tools.envtest import ControlPlane, EnvtestError
 from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
 from tools.envtest.kwok import Kwok
 
@@ -81,8 +81,7 @@ def _established(admin: KubeClient, crd: str) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
 
 
-BUILD_ERROR = pytest.StashKey[str]()
-BUILD_THREAD = pytest.StashKey[threading.Thread]()
+BUILD = EnvBuild("the Kubernetes control plane", kwok=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -98,29 +97,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     if not any("control_plane" in getattr(i, "fixturenames", ()) for i in items):
         return
-
-    def build() -> None:
-        try:
-            ensure_binaries(kwok=True)
-        except EnvtestError as e:
-            config.stash[BUILD_ERROR] = str(e)
-
-    thread = threading.Thread(target=build, name="envtest-build")
-    thread.start()
-    config.stash[BUILD_THREAD] = thread
+    BUILD.start(config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    thread = session.config.stash.get(BUILD_THREAD, None)
-    if thread is not None:
-        thread.join()
+    BUILD.join(session)
 
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
-    err = request.config.stash.get(BUILD_ERROR, None)
-    if err is not None:
-        pytest.fail(f"cannot build the Kubernetes control plane: {err}", pytrace=False)
+    BUILD.check(request.config)
     try:
         cp = ControlPlane()
         cp.start()
