@@ -8,8 +8,12 @@ value of the wrong type (``CFNET_TLS=enabled``, ``tls: "yes"``), is refused with
 from __future__ import annotations
 
 import argparse
+import functools
+import operator
 import os
 import socket
+import types
+import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -73,52 +77,33 @@ class AgentConfig:
         return None
 
 
-class _Source(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """What one source (the file, the environment, the command line) may say: the fields of
-    ``AgentConfig`` as msgspec checks them. A key not listed is refused and named; the file is
-    read strictly (``tls: "yes"`` is not a boolean), the environment and the command line
-    leniently only as far as text must be (``"8883"`` is a port; a boolean is ``true``,
-    ``false``, ``1`` or ``0``, nothing else: ``CFNET_TLS=enabled`` is refused, never read as
-    false)."""
-
-    node: str | UnsetType = UNSET
-    broker_host: str | UnsetType = UNSET
-    broker_port: int | UnsetType = UNSET
-    username: str | UnsetType | None = UNSET
-    password: str | UnsetType | None = UNSET
-    password_file: str | UnsetType | None = UNSET
-    tls: bool | UnsetType = UNSET
-    ca_file: str | UnsetType | None = UNSET
-    certfile: str | UnsetType | None = UNSET
-    keyfile: str | UnsetType | None = UNSET
-    interval_s: float | UnsetType = UNSET
-    keepalive_s: int | UnsetType = UNSET
-    ebpf: bool | UnsetType = UNSET
-    include_loopback: bool | UnsetType = UNSET
-    probe_port: int | UnsetType = UNSET
-    probe_bind: str | UnsetType = UNSET
-    active_probing: bool | UnsetType = UNSET
-    peers: list[str] | UnsetType = UNSET
-    labels: dict[str, str] | UnsetType = UNSET
-    buffer_path: str | UnsetType = UNSET
-    buffer_max_bytes: int | UnsetType = UNSET
-    buffer_max_age_s: float | UnsetType = UNSET
-    metrics_port: int | UnsetType = UNSET
-    log_format: str | UnsetType = UNSET
-    bus: str | UnsetType = UNSET
-    broker_failover: list[str] | UnsetType = UNSET
-    identity: str | UnsetType = UNSET
-    identity_dir: str | UnsetType | None = UNSET
-    api_server: str | UnsetType = UNSET
-    api_token_file: str | UnsetType = UNSET
-    api_ca_file: str | UnsetType = UNSET
-    enroll_timeout_s: float | UnsetType = UNSET
+def _source_type(tp: Any) -> Any:
+    """The type in which a source gives a field of ``AgentConfig`` typed ``tp``: a path as
+    text, a tuple as a list, the label pairs as a mapping."""
+    if tp is Path:
+        return str
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is tuple:
+        return dict[str, str] if args[0] == tuple[str, str] else list.__class_getitem__(args[0])
+    if isinstance(tp, types.UnionType):
+        return functools.reduce(operator.or_, (_source_type(a) for a in args))
+    return tp
 
 
-_PATHS = {"password_file", "ca_file", "certfile", "keyfile", "buffer_path", "identity_dir",
-          "api_token_file", "api_ca_file"}
-_BOOLS = {"tls", "ebpf", "include_loopback", "active_probing"}
-_LISTS = {"peers", "broker_failover"}
+_HINTS = typing.get_type_hints(AgentConfig)
+# What one source (the file, the environment, the command line) may say: the fields of
+# ``AgentConfig`` as msgspec checks them, derived from it so that a new field is declared
+# once. A key not listed is refused and named; the file is read strictly (``tls: "yes"`` is
+# not a boolean), the environment and the command line leniently only as far as text must
+# be (``"8883"`` is a port; a boolean is ``true``, ``false``, ``1`` or ``0``, nothing else:
+# ``CFNET_TLS=enabled`` is refused, never read as false).
+_Source = msgspec.defstruct(
+    "_Source", [(f.name, _source_type(_HINTS[f.name]) | UnsetType, UNSET)
+                for f in fields(AgentConfig)],
+    forbid_unknown_fields=True, kw_only=True)
+_PATHS = {n for n, tp in _HINTS.items() if Path in (tp, *typing.get_args(tp))}
+_BOOLS = {n for n, tp in _HINTS.items() if tp is bool}
+_LISTS = {n for n, tp in _HINTS.items() if _source_type(tp) in (list[str],)}
 _BOOL_HINT = " (a boolean is true, false, 1 or 0)"
 
 
