@@ -227,10 +227,6 @@ def run_agent(control_plane: ControlPlane, broker: Broker, tmp: Path, node: str,
                             stderr=open(tmp / "agent.stderr", "wb"))
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    stop_all([proc], grace_s=15)
-
-
 def test_agent_enrolls_and_cannot_publish_as_another_node(
         control_plane: ControlPlane, admin: KubeClient, stack: dict[str, Any]) -> None:
     broker, tmp, a, b = stack["broker"], stack["tmp"], stack["a"], stack["b"]
@@ -242,10 +238,10 @@ def test_agent_enrolls_and_cannot_publish_as_another_node(
         watcher.wait(wire.telemetry_topic(a))
         watcher.wait(wire.ack_topic(a))
     except AssertionError:
-        stop(agent)
+        stop_all([agent])
         raise AssertionError((tmp / "agent.stderr").read_text()[-3000:]
                              + (tmp / "core.stderr").read_text()[-3000:]) from None
-    stop(agent)
+    stop_all([agent])
     ident = tmp / "agent-state" / "identity"
     assert stat.S_IMODE((ident / "client.key").stat().st_mode) == 0o600
     cert = x509.load_pem_x509_certificate((ident / "client.crt").read_bytes())
