@@ -55,8 +55,10 @@ CRD_NAMES = ("nodepools.apps.openyurt.io", "yurtappsets.apps.openyurt.io",
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 30.0, every: float = 0.1,
-             what: str = "condition") -> Any:
-    """Poll ``pred`` until it returns something truthy (bounded in time)."""
+             what: str = "condition", explain: Callable[[], str] | None = None) -> Any:
+    """Poll ``pred`` until it returns something truthy (bounded in time). On a timeout the
+    error carries ``explain()`` too (e.g. ``Cluster.describe``): what the cluster looked
+    like, so that a failure on a loaded CI machine says which step did not happen."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -68,7 +70,14 @@ def wait_for(pred: Callable[[], Any], timeout: float = 30.0, every: float = 0.1,
             if last:
                 return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+    detail = ""
+    if explain is not None:
+        try:
+            detail = "\n" + explain()
+        except Exception as e:  # the timeout is the error; this only helps to read it
+            detail = f"\n(no description: {e!r})"
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})"
+                         f"{detail}")
 
 
 def load_manifests(path: Path) -> list[dict[str, Any]]:
@@ -255,6 +264,22 @@ class Cluster:
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
         evs = self.c.list(f"/api/v1/namespaces/{self.namespace}/events")[0]
         return [e for e in evs if reason is None or e.get("reason") == reason]
+
+    def describe(self) -> str:
+        """The namespace's pods (node, phase, deletion) and its events, oldest first: the
+        text a timed-out wait adds to its error."""
+        lines = ["pods:"]
+        for p in self.pods():
+            m, st = p["metadata"], p.get("status") or {}
+            lines.append(f"  {m['name']}: node={p['spec'].get('nodeName')} "
+                         f"phase={st.get('phase')} deleting={bool(m.get('deletionTimestamp'))}")
+        lines.append("events:")
+        evs = sorted(self.events(), key=lambda e: e.get("lastTimestamp") or e.get("eventTime")
+                     or "")
+        for e in evs[-40:]:
+            lines.append(f"  {e.get('lastTimestamp') or e.get('eventTime')} {e.get('reason')} "
+                         f"{e['involvedObject'].get('name')}: {(e.get('message') or '')[:160]}")
+        return "\n".join(lines)
 
     def set_node_label(self, name: str, key: str, value: str) -> None:
         self.c.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {key: value}}})

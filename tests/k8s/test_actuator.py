@@ -239,7 +239,8 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
     assert {a["message"] for a in alerts} >= {ev[0]["message"]}  # what cfnet-core's events say
 
     new = wait_for(lambda: [n for p, n in rs_pods().items() if p != moved and n],
-                   timeout=60, what="the ReplicaSet's replacement bound")
+                   timeout=60, what="the ReplicaSet's replacement bound",
+                   explain=cluster.describe)
     assert new == ["eu-2"]
     # moved by the loop's re-planner, in its words (same events and validator as any move)
     (ev,) = cluster.events("Rescheduling")

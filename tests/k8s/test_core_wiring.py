@@ -45,10 +45,11 @@ def test_measured_links_decide_a_latency_bound_pod(broker: Broker, admin: KubeCl
             identity="core-test", lease_namespace=cluster.namespace, lease_duration_s=4,
             renew_deadline_s=3, retry_period_s=1), on_lead=core.connect,
             on_follow=core.disconnect)
-        wait_for(lambda: core.mqtt.connected, timeout=20)
+        wait_for(lambda: core.mqtt.connected, timeout=20, what="the leader connected to MQTT")
         for ag in agents:  # reports published after the leader connected
             ag.report()
-        wait_for(lambda: len(core.state.snapshot(time.time()).links) == 6, timeout=20)
+        wait_for(lambda: len(core.state.snapshot(time.time()).links) == 6, timeout=20,
+                 what="the 6 measured links in the core's state")
         try:
             # 2 CPUs: k-a itself is too small; k-b is 5 ms away, k-c 80 ms.
             cluster.pod("near-a", cpu="2", annotations={"cfnet.io/max-latency-ms": "20",
@@ -61,7 +62,8 @@ def test_measured_links_decide_a_latency_bound_pod(broker: Broker, admin: KubeCl
                 failed = {e["involvedObject"]["name"] for e in cluster.events("FailedScheduling")}
                 return pods if pods.get("near-a") and "too-strict" in failed else None
 
-            pods = wait_for(placed, timeout=30)
+            pods = wait_for(placed, timeout=30, what="near-a bound and too-strict refused",
+                            explain=cluster.describe)
             assert pods["near-a"] == "k-b"
             assert pods["too-strict"] is None
             msg = next(e["message"] for e in cluster.events("FailedScheduling")

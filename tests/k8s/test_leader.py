@@ -143,7 +143,7 @@ def test_leader_killed_mid_burst_hands_over(control_plane: ControlPlane, cluster
         def all_bound() -> bool:
             return all(p["spec"].get("nodeName") for p in cluster.pods())
 
-        wait_for(all_bound, timeout=60, what="all 80 pods bound")
+        wait_for(all_bound, timeout=60, what="all 80 pods bound", explain=cluster.describe)
         lease = cluster.c.get("/apis/coordination.k8s.io/v1/namespaces/cfnet-system/"
                               "leases/cfnet-core")["spec"]
         assert lease["holderIdentity"] == "core-b"
