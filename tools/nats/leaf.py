@@ -44,16 +44,19 @@ from cloud_core.bus_nats import STREAM, STREAM_SUBJECTS
 from tools.broker import free_port, mqtt_connect_probe
 from tools.nats.cluster import (
     ADMIN_USER,
-    STOP_TIMEOUT_S,
     NatsCluster,
     NatsError,
-    _conn_types,
+    account_users,
     build_nats,
-    nats_permissions,
+    log_tail,
+    spawn_server,
+    stop_server,
+    tls_block,
+    write_conf,
 )
 from tools.netns import in_netns
 
-__all__ = ["EDGE_STREAM", "EdgeLeaf", "link_site", "resume_site"]
+__all__ = ["EDGE_STREAM", "EdgeLeaf", "link_site"]
 
 EDGE_STREAM = "CFNET_EDGE"
 START_TIMEOUT_S = 60.0
@@ -70,7 +73,8 @@ class EdgeLeaf:
 
     def __init__(self, workdir: Path, hub: NatsCluster, *, site: str, host: str = "127.0.0.1",
                  netns: str | None = None, max_bytes: int = 256 << 20,
-                 max_age_s: float = 7 * 86400.0) -> None:
+                 max_age_s: float = 7 * 86400.0, uplinks: list[str] | None = None) -> None:
+        """``uplinks``: the hub leafnode URLs to dial (default every hub node's)."""
         if not site.isalnum():
             raise NatsError(f"site {site!r}: a JetStream domain is letters and digits")
         self.workdir = Path(workdir)
@@ -82,6 +86,7 @@ class EdgeLeaf:
         self.netns = netns
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
+        self.uplinks = list(uplinks) if uplinks is not None else None
         self.admin_password = os.urandom(12).hex()
 
         def port() -> int:
@@ -111,21 +116,15 @@ class EdgeLeaf:
 
     def render_conf(self) -> str:
         store = self.hub.store
-        tls = ""
-        if self.tls:
-            tls = (f'tls {{ cert_file: "{store.broker_cert}", key_file: "{store.broker_key}", '
-                   f'ca_file: "{store.ca_file}", timeout: 5 }}')
+        tls = tls_block(store) if self.tls else ""
         users: list[dict[str, Any]] = [
             {"user": ADMIN_USER, "password": self.admin_password,
-             "allowed_connection_types": ["STANDARD", "MQTT"]}]
-        for name, role in sorted(store.accounts().items()):
-            users.append({"user": name, "password": store.credentials(name).password,
-                          "permissions": nats_permissions(name, role),
-                          "allowed_connection_types": _conn_types(role)})
+             "allowed_connection_types": ["STANDARD", "MQTT"]}, *account_users(store)]
+        urls = self.uplinks if self.uplinks is not None else self.hub.leaf_urls
         remote: dict[str, Any] = {
             "urls": [u.replace("nats-leaf://", f"nats-leaf://{self.hub.leaf_user}:"
                                                f"{self.hub.leaf_password}@")
-                     for u in self.hub.leaf_urls],
+                     for u in urls],
             # The site's telemetry and status go up only through the hub stream's source
             # (once each); sent live as well they would land in it twice.
             "deny_exports": list(STREAM_SUBJECTS),
@@ -154,18 +153,8 @@ class EdgeLeaf:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         binary = self.hub.binary or build_nats()
-        self.conf.write_text(self.render_conf())
-        self.conf.chmod(0o600)
-        out = open(self.log, "ab")  # noqa: SIM115 - handed to Popen
-        netns = ["ip", "netns", "exec", self.netns] if self.netns else []
-        try:
-            self.proc = subprocess.Popen([*netns, str(binary), "-c", str(self.conf)],
-                                         stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
-            raise NatsError(f"cannot run {binary}: {exc}") from exc
-        finally:
-            out.close()
+        write_conf(self.conf, self.render_conf())
+        self.proc = spawn_server(binary, self.conf, self.log, self.netns)
         try:
             self._wait(lambda: self._mqtt_ready(), "accept MQTT")
             self._wait(self.uplink_up, "connect to the hub")
@@ -175,21 +164,14 @@ class EdgeLeaf:
 
     def reload(self) -> None:
         """Rewrite the config (accounts added to the hub's store since) and SIGHUP."""
-        self.conf.write_text(self.render_conf())
+        write_conf(self.conf, self.render_conf())
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
         p, self.proc = self.proc, None
-        if p is None:
-            return
-        if p.poll() is None:
-            p.terminate()
-        try:
-            p.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=STOP_TIMEOUT_S)
+        if p is not None:
+            stop_server(p)
 
     def __enter__(self) -> EdgeLeaf:
         self.start()
@@ -232,10 +214,7 @@ class EdgeLeaf:
         return bool(self.monitor("leafz").get("leafnodes"))
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log, lines)
 
 
 def _tls_context(ca_file: Path) -> ssl.SSLContext:
@@ -297,38 +276,3 @@ def link_site(leaf: EdgeLeaf, *, hub_replicas: int = 3, hub_max_age_s: float = 9
     in_netns(leaf.netns, asyncio.run, on_leaf())
     in_netns(hub.netns, asyncio.run, on_hub())
 
-
-def resume_site(leaf: EdgeLeaf) -> bool:
-    """Restart the hub stream's source of this site now (after its uplink came back).
-
-    nats-server re-creates a failed source consumer with a growing back-off (10 s more
-    per failure, up to 2 minutes: ``calculateRetryBackoff`` in server/stream.go), so after
-    a long outage the site's backlog would start flowing only that long after the heal.
-    Removing the source and adding it again makes the hub set it up at once; it resumes
-    after the last message it stored from that source (nothing twice, measured in
-    tests/integration/test_bus_leaf_resume.py). What calls this in a deployment is a
-    watcher of the hub's leafnode-connect advisories; not built. Returns whether the
-    site's source was there to restart.
-    """
-    hub = leaf.hub
-    api = f"$JS.{leaf.site}.API"
-
-    async def run() -> bool:
-        nc = await _connect(hub.nats_urls[0], ADMIN_USER, hub.admin_password,
-                            leaf.ca_file if leaf.tls else None)
-        try:
-            js = nc.jetstream()
-            cfg = (await js.stream_info(STREAM)).config
-            sources = list(cfg.sources or [])
-            mine = [s for s in sources if s.external is not None and s.external.api == api]
-            if not mine:
-                return False
-            cfg.sources = [s for s in sources if s not in mine]
-            await js.update_stream(cfg)
-            cfg.sources = sources
-            await js.update_stream(cfg)
-            return True
-        finally:
-            await nc.close()
-
-    return bool(in_netns(hub.netns, asyncio.run, run()))
