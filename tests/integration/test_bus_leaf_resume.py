@@ -9,7 +9,7 @@ whose ``SourceResumer`` is what re-arms. The leaf dials only hub nodes that do n
 ``CFNET_INGEST``: a leaf connecting to the stream's leader makes that server retry the
 source itself (``checkInternalSyncConsumers``, server/leafnode.go), which would hide
 whether the core did. The cut lasts 45 s with a report every 0.5 s. Asserted: every report
-reaches the hub stream and the core within 6 s of the leaf's uplink being back, each once
+reaches the hub stream and the core within 8 s of the leaf's uplink being back, each once
 and in order, and the core re-armed the site's source exactly once.
 """
 
@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.root]
 NODE = "leaf-agent-1"
 CORE = "core-leaf"
 CUT_S = 45.0
-CATCH_UP_BOUND_S = 6.0
+CATCH_UP_BOUND_S = 8.0  # measured 1.1-3.1 s; without the re-arm 14-15 s
 
 Site = tuple[Lab, NatsCluster, EdgeLeaf, SharedIngest, list[bytes]]
 
