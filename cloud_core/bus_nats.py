@@ -18,17 +18,38 @@ the core's end-to-end ack, and it resends what no core acknowledged.
 
 This runs in the core's MQTT child process, on a thread with its own asyncio loop
 (nats-py, the NATS project's own Python client, is asyncio-only).
+
+**Edge sites' sources** (docs/scale.md, "Edge sites"): an edge site's leaf node keeps its
+agents' reports in its own stream while its uplink is down, and ``CFNET_INGEST`` *sources*
+that stream through the site's JetStream domain. nats-server re-creates a failed source
+consumer with a growing back-off (``calculateRetryBackoff`` in server/stream.go: 10 s more
+per failure, up to 2 minutes) and kicks it at once on a leaf reconnect only on the server
+the leaf happened to connect to, and only if that server leads the stream
+(``checkInternalSyncConsumers`` in server/leafnode.go). The ``$SYS`` leafnode-connect
+advisory is sent only with gateways configured (``sendLeafNodeConnect`` in
+server/events.go), so it cannot tell us either. So the core watches for itself
+(:class:`SourceResumer`): once a second it reads the stream's source info; a source not
+heard from for ``resume_stale_s`` (a healthy one heartbeats every second) whose site
+answers again (``$JS.<site>.API.INFO`` across the leaf connection) is re-armed: removed
+from the stream's config and added back, which makes the stream leader set it up now; it
+resumes after the last message it stored from that source, so nothing arrives twice. At
+most once per site per ``resume_min_interval_s``. It lives in the core because the core
+is what holds the hub's ingest stream and its credentials; a site's leaf node cannot
+reach the hub stream's config, and should not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cloud_core.errors import CoreError
 from edge_agent.wire import STATUS_WILDCARD, TELEMETRY_WILDCARD
@@ -71,6 +92,10 @@ class NatsIngestSettings:
     max_age_s: float = 900.0  # reports older than this are dropped from the stream
     max_bytes: int = 1 << 30
     max_ack_pending: int = 20000
+    resume_sources: bool = True  # re-arm edge sites' stalled sources (SourceResumer)
+    resume_poll_s: float = 1.0
+    resume_stale_s: float = 3.0  # a healthy source heartbeats every second
+    resume_min_interval_s: float = 10.0  # per site
 
 
 def consumer_name(group: str, topic_filter: str) -> str:
@@ -105,6 +130,7 @@ class SharedIngest:
         self._connected = threading.Event()
         self.fetched = 0
         self.errors = 0
+        self.resumer: SourceResumer | None = None
 
     @property
     def connected(self) -> bool:
@@ -212,8 +238,14 @@ class SharedIngest:
         self._connected.set()
         log.info("shared ingest: %s on %s", ", ".join(consumer_name(g, f)
                                                       for g, f in self._shares), STREAM)
+        tasks = [self._fetch(p) for p in subs]
+        if s.resume_sources:
+            if self.resumer is None:  # kept across reconnects: its rate limit and counts
+                self.resumer = SourceResumer(nc, s)
+            self.resumer.nc = nc
+            tasks.append(self.resumer.run(self._stopping))
         try:
-            await asyncio.gather(*(self._fetch(p) for p in subs))
+            await asyncio.gather(*tasks)
         finally:
             self._connected.clear()
             await nc.drain()
@@ -235,3 +267,135 @@ class SharedIngest:
                 self.deliver(subject_to_topic(m.subject), m.data)
                 self.fetched += 1
                 await m.ack()
+
+
+# ---------------------------------------------------------------------- edge sites' sources
+# The most sources one poll looks at (a deployment's edge sites), and the longest domain
+# name taken from the server's answer: bounds on what one poll can cost.
+MAX_SOURCES = 4096
+MAX_DOMAIN = 64
+API_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 0.5
+
+
+def source_domain(source: dict[str, Any]) -> str | None:
+    """The JetStream domain of an edge site's source (``external.api`` is
+    ``$JS.<domain>.API``); None for a local source or a prefix of another form."""
+    ext = source.get("external")
+    api = ext.get("api") if isinstance(ext, dict) else None
+    if not isinstance(api, str):
+        return None
+    parts = api.split(".")
+    if len(parts) != 3 or parts[0] != "$JS" or parts[2] != "API":
+        return None
+    domain = parts[1]
+    return domain if 0 < len(domain) <= MAX_DOMAIN and domain.isalnum() else None
+
+
+def stalled_domains(info: dict[str, Any], stale_s: float) -> list[str]:
+    """The domains of the edge sources in a ``STREAM.INFO`` answer not heard from for
+    ``stale_s`` (``active``: nanoseconds since the source's last message or heartbeat).
+    ``active`` -1 (never heard from: a source just added) is left to the server: a
+    source that has ever worked keeps its last time across its failures."""
+    out = []
+    for src in (info.get("sources") or [])[:MAX_SOURCES]:
+        if not isinstance(src, dict):
+            continue
+        domain = source_domain(src)
+        if domain is None:
+            continue
+        active = src.get("active")
+        if isinstance(active, int) and active > stale_s * 1e9:
+            out.append(domain)
+    return out
+
+
+def without_domain(config: dict[str, Any], domain: str) -> dict[str, Any] | None:
+    """The stream config less that site's source; None if it has none."""
+    sources = list(config.get("sources") or [])
+    kept = [s for s in sources if not (isinstance(s, dict) and source_domain(s) == domain)]
+    if len(kept) == len(sources):
+        return None
+    return {**config, "sources": kept}
+
+
+async def _api(nc: Any, subject: str, body: bytes = b"",
+               timeout: float = API_TIMEOUT_S) -> dict[str, Any]:
+    msg = await nc.request(subject, body, timeout=timeout)
+    data = json.loads(msg.data)
+    if not isinstance(data, dict):
+        raise NatsIngestError(f"{subject}: not a JSON object")
+    if data.get("error"):
+        raise NatsIngestError(f"{subject}: {data['error']}")
+    return data
+
+
+async def rearm_source(nc: Any, domain: str, stream: str = STREAM) -> bool:
+    """Remove the site's source from ``stream`` and add it back (raw JSON, so no field the
+    client library does not know is dropped from the config): the stream leader sets the
+    source consumer up at once, resuming after the last message it stored from it.
+    Whether the site had a source there."""
+    info = await _api(nc, f"$JS.API.STREAM.INFO.{stream}")
+    config = info.get("config")
+    if not isinstance(config, dict):
+        raise NatsIngestError(f"STREAM.INFO {stream}: no config")
+    less = without_domain(config, domain)
+    if less is None:
+        return False
+    update = f"$JS.API.STREAM.UPDATE.{stream}"
+    await _api(nc, update, json.dumps(less).encode())
+    await _api(nc, update, json.dumps(config).encode())
+    return True
+
+
+class SourceResumer:
+    """Re-arms an edge site's stalled source as soon as the site answers again (module
+    docstring). Every core replica runs one: a re-arm by one makes the source active, so
+    the others find nothing to do; two at once still end with the source in place (each
+    adds back what it removed) and with nothing twice (the source resumes from the stream)."""
+
+    def __init__(self, nc: Any, settings: NatsIngestSettings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.clock = clock
+        self.last: dict[str, float] = {}  # domain -> when it was last re-armed
+        self.resumed: dict[str, int] = {}  # domain -> how many times (a counter)
+
+    async def run(self, stopping: threading.Event) -> None:
+        s = self.settings
+        while not stopping.is_set():
+            try:
+                await self.poll()
+            except Exception as exc:  # no leader for the stream yet, a node away: next poll
+                log.debug("edge sources: %s", exc)
+            await asyncio.sleep(s.resume_poll_s)
+
+    async def poll(self) -> list[str]:
+        """One look: the domains re-armed now."""
+        s = self.settings
+        try:
+            info = await _api(self.nc, f"$JS.API.STREAM.INFO.{STREAM}")
+        except NatsIngestError:
+            return []  # no such stream (yet): nothing sourced
+        done = []
+        now = self.clock()
+        for domain in stalled_domains(info, s.resume_stale_s):
+            if now - self.last.get(domain, -1e18) < s.resume_min_interval_s:
+                continue
+            if not await self._site_answers(domain):
+                continue  # uplink still down: the server's own retries are enough
+            self.last[domain] = now
+            if await rearm_source(self.nc, domain):
+                self.resumed[domain] = self.resumed.get(domain, 0) + 1
+                log.info("edge site %s answers again: re-armed its source of %s",
+                         domain, STREAM)
+                done.append(domain)
+        return done
+
+    async def _site_answers(self, domain: str) -> bool:
+        try:
+            await _api(self.nc, f"$JS.{domain}.API.INFO", timeout=PROBE_TIMEOUT_S)
+            return True
+        except Exception:  # no responders (leaf away), timeout, or an error answer
+            return False

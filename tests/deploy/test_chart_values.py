@@ -80,6 +80,20 @@ def nats_c(o: Objs) -> dict[str, Any]:
     return c
 
 
+LEAF = ["nats.mode=deploy", "nats.leaf.enabled=true", "nats.leaf.sites[0].name=s1",
+        "nats.leaf.sites[0].address=10.0.0.9", "nats.leaf.sites[0].nodeSelector.site=s1"]
+
+
+def leaf_pod(o: Objs) -> dict[str, Any]:
+    p: dict[str, Any] = o[("Deployment", "nats-leaf-s1")]["spec"]["template"]["spec"]
+    return p
+
+
+def leaf_conf(o: Objs) -> str:
+    c: str = o[("ConfigMap", "nats-leaf-s1")]["data"]["nats.conf"]
+    return c
+
+
 def nats_pvc(o: Objs) -> dict[str, Any]:
     v: dict[str, Any] = o[("StatefulSet", "nats")]["spec"]["volumeClaimTemplates"][0]["spec"]
     return v
@@ -345,6 +359,26 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      lambda o: "max_file_store: 3GB" in o[("ConfigMap", "nats-config")]["data"]["nats.conf"]),
     ("nats.deploy.resources", ["nats.mode=deploy", "nats.deploy.resources.limits.memory=3Gi"],
      lambda o: nats_c(o)["resources"]["limits"]["memory"] == "3Gi"),
+    # edge sites' leaf nodes (templates/nats-leaf.yaml; tests/deploy/test_chart_nats.py)
+    ("nats.leaf.enabled", ["nats.mode=deploy", "nats.leaf.enabled=true"],
+     lambda o: "leafnodes {" in o[("ConfigMap", "nats-config")]["data"]["nats.conf"]),
+    ("nats.leaf.leafPort", [*LEAF, "nats.leaf.leafPort=17422"],
+     lambda o: {"name": "leafnodes", "containerPort": 17422} in nats_c(o)["ports"]),
+    ("nats.leaf.secretName", [*LEAF, "nats.leaf.secretName=my-leaf"],
+     lambda o: any(v["name"] == "uplink" and v["secret"]["secretName"] == "my-leaf"
+                   for v in leaf_pod(o)["volumes"])),
+    ("nats.leaf.image", [*LEAF, "nats.leaf.image=example.org/nats:leaf"],
+     lambda o: leaf_pod(o)["containers"][0]["image"] == "example.org/nats:leaf"),
+    ("nats.leaf.pingInterval", [*LEAF, "nats.leaf.pingInterval=20s"],
+     lambda o: 'ping_interval: "20s"' in leaf_conf(o)),
+    ("nats.leaf.pingMax", [*LEAF, "nats.leaf.pingMax=7"],
+     lambda o: "ping_max: 7" in leaf_conf(o)),
+    ("nats.leaf.clientPort", [*LEAF, "nats.leaf.clientPort=14223"],
+     lambda o: "listen: 0.0.0.0:14223" in leaf_conf(o)),
+    ("nats.leaf.mqttPort", [*LEAF, "nats.leaf.mqttPort=18884"],
+     lambda o: o[("ConfigMap", "cfnet-bus-s1")]["data"]["CFNET_BROKER_PORT"] == "18884"),
+    ("nats.leaf.sites", LEAF,
+     lambda o: ("Deployment", "nats-leaf-s1") in o and ("ConfigMap", "cfnet-bus-s1") in o),
 ]
 
 
@@ -411,6 +445,8 @@ BAD = [
     ("nats.streamReplicas=0", "nats.streamReplicas"),
     ("nats.deploy.replicas=0", "nats.deploy.replicas"),
     ("nats.deploy.tlsSecretName=Bad_Name", "nats.deploy.tlsSecretName"),
+    ("nats.leaf.pingInterval=soon", "nats.leaf.pingInterval"),
+    ("nats.leaf.leafPort=70000", "nats.leaf.leafPort"),
     ("agent.identity=token", "agent.identity"),
     ("agent.serviceAccount.name=Bad_Name", "agent.serviceAccount.name"),
     ("agent.caSecretName=", "agent.caSecretName"),

@@ -118,3 +118,107 @@ def test_shared_filters_are_refused_on_mqtt311() -> None:
     with pytest.raises(MqttError):
         c.subscribe("$share/g/cfnet/v1/nodes/+/telemetry")
     c.subscribe("cfnet/v1/nodes/+/telemetry")  # an ordinary filter is fine
+
+
+# ---------------------------------------------------------------------- edge sources
+# SourceResumer's decisions on STREAM.INFO answers (the same path against a real hub, leaf
+# and partition: tests/integration/test_bus_leaf_resume.py).
+def _src(api: str | None, active: object) -> dict[str, object]:
+    s: dict[str, object] = {"name": "CFNET_EDGE", "active": active}
+    if api is not None:
+        s["external"] = {"api": api, "deliver": ""}
+    return s
+
+
+def test_only_stale_edge_sources_count_as_stalled() -> None:
+    from cloud_core.bus_nats import stalled_domains
+
+    info = {"sources": [
+        _src("$JS.edgea.API", 9_000_000_000),  # 9 s unheard: stalled
+        _src("$JS.edgeb.API", 800_000_000),  # heartbeat 0.8 s ago: healthy
+        _src("$JS.edgec.API", -1),  # just added, never heard: the server's business
+        _src(None, 60_000_000_000),  # a local source: not an edge site
+        _src("$JS.API", 60_000_000_000),  # no domain
+        _src("$JS.a.b.API", 60_000_000_000),  # not a domain prefix this core made
+        _src("$JS.bad-name.API", 60_000_000_000),  # a domain is letters and digits
+        _src("$JS." + "x" * 65 + ".API", 60_000_000_000),  # longer than any site name
+        _src("$JS.edged.API", "soon"),  # not a number
+        "not a source",
+    ]}
+    assert stalled_domains(info, 3.0) == ["edgea"]
+    assert stalled_domains({}, 3.0) == [] and stalled_domains({"sources": None}, 3.0) == []
+
+
+def test_without_domain_removes_only_that_site_and_keeps_the_rest_of_the_config() -> None:
+    from cloud_core.bus_nats import without_domain
+
+    cfg = {"name": "CFNET_INGEST", "future_field": {"kept": True},
+           "sources": [_src("$JS.edgea.API", 1), _src("$JS.edgeb.API", 1)]}
+    less = without_domain(cfg, "edgea")
+    assert less is not None and less["future_field"] == {"kept": True}
+    assert [s["external"]["api"] for s in less["sources"]] == ["$JS.edgeb.API"]
+    assert len(cfg["sources"]) == 2  # type: ignore[arg-type]  # the original untouched
+    assert without_domain(cfg, "edgez") is None
+
+
+def test_core_may_rearm_its_stream_and_probe_sites_but_not_touch_other_streams() -> None:
+    allow = nats_permissions("core-0", "core")["publish"]["allow"]  # type: ignore[index]
+    assert "$JS.API.STREAM.UPDATE.CFNET_INGEST" in allow and "$JS.*.API.INFO" in allow
+    assert not [s for s in allow if "UPDATE" in s and not s.endswith("CFNET_INGEST")]
+    agent = nats_permissions("edge-a", "agent")["publish"]["allow"]  # type: ignore[index]
+    assert not [s for s in agent if s.startswith("$JS")]
+
+
+class _FakeNats:
+    """A fake NATS connection (the I/O edge): answers the JetStream API requests
+    SourceResumer makes from a dict, records them; a site is reachable or not."""
+
+    def __init__(self, active_ns: int) -> None:
+        self.reachable = False
+        self.requests: list[str] = []
+        self.config = {"name": "CFNET_INGEST", "sources": [_src("$JS.edgea.API", 0)]}
+        self.active_ns = active_ns
+
+    async def request(self, subject: str, body: bytes, timeout: float) -> object:
+        import json
+        from types import SimpleNamespace
+
+        self.requests.append(subject)
+        if subject == "$JS.API.STREAM.INFO.CFNET_INGEST":
+            srcs = [{**s, "active": self.active_ns} for s in self.config["sources"]]  # type: ignore[attr-defined]
+            data: object = {"config": self.config, "sources": srcs}
+        elif subject == "$JS.API.STREAM.UPDATE.CFNET_INGEST":
+            self.config = json.loads(body)
+            data = {"config": self.config}
+        elif subject == "$JS.edgea.API.INFO":
+            if not self.reachable:
+                raise TimeoutError("no responders")
+            data = {"type": "io.nats.jetstream.api.v1.account_info_response"}
+        else:
+            data = {"error": {"code": 403, "description": f"unexpected {subject}"}}
+        return SimpleNamespace(data=json.dumps(data).encode())
+
+
+def test_resumer_rearms_a_stalled_site_once_when_it_answers_and_at_most_once_per_interval(
+        ) -> None:
+    import asyncio
+
+    from cloud_core.bus_nats import NatsIngestSettings, SourceResumer
+
+    nc = _FakeNats(active_ns=30_000_000_000)
+    now = [100.0]
+    r = SourceResumer(nc, NatsIngestSettings(urls=("tls://x:4222",), username="c",
+                                             password="p"), clock=lambda: now[0])
+    assert asyncio.run(r.poll()) == []  # stalled, but the site does not answer: left alone
+    assert "$JS.API.STREAM.UPDATE.CFNET_INGEST" not in nc.requests
+    nc.reachable = True
+    assert asyncio.run(r.poll()) == ["edgea"]
+    updates = [s for s in nc.requests if "UPDATE" in s]
+    assert len(updates) == 2 and nc.config["sources"][0]["external"]["api"] == "$JS.edgea.API"  # type: ignore[index]
+    now[0] += 5.0  # still stalled 5 s later (the server has not set it up yet): not again
+    assert asyncio.run(r.poll()) == []
+    now[0] += 6.0  # past the per-site interval
+    assert asyncio.run(r.poll()) == ["edgea"] and r.resumed == {"edgea": 2}
+    nc.active_ns = 500_000_000  # healthy: nothing to do
+    now[0] += 60.0
+    assert asyncio.run(r.poll()) == []

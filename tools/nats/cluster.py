@@ -42,8 +42,9 @@ from tools.broker import free_port, mqtt_connect_probe
 from tools.certs import CertStore, Credentials, Role, acl_rules
 from tools.netns import in_netns
 
-__all__ = ["NatsCluster", "NatsError", "build_nats", "mqtt_to_subject", "nats_permissions",
-           "render_accounts", "subject_to_topic"]
+__all__ = ["NatsCluster", "NatsError", "account_users", "build_nats", "log_tail",
+           "mqtt_to_subject", "nats_permissions", "render_accounts", "spawn_server",
+           "stop_server", "subject_to_topic", "tls_block", "write_conf"]
 
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
 START_TIMEOUT_S = 60.0
@@ -114,6 +115,9 @@ def nats_permissions(name: str, role: Role) -> dict[str, object]:
         # consumers, fetching and acking, replies on the core's own inbox prefix.
         api = "$JS.API"
         pub += [f"{api}.INFO", f"{api}.STREAM.INFO.{STREAM}", f"{api}.STREAM.CREATE.{STREAM}",
+                # Re-arming an edge site's stalled source (bus_nats.SourceResumer): the
+                # stream's config, and whether the site's JetStream domain answers.
+                f"{api}.STREAM.UPDATE.{STREAM}", "$JS.*.API.INFO",
                 f"{api}.CONSUMER.*.{STREAM}.>", f"{api}.CONSUMER.DURABLE.CREATE.{STREAM}.>",
                 f"{api}.CONSUMER.MSG.NEXT.{STREAM}.>", f"$JS.ACK.{STREAM}.>"]
         sub.append(f"_INBOX_{name}.>")
@@ -124,6 +128,65 @@ def nats_permissions(name: str, role: Role) -> dict[str, object]:
 def _conn_types(role: Role) -> list[str]:
     # Cores may also speak native NATS (queue-group ingest); nobody else.
     return ["MQTT", "STANDARD"] if role == "core" else ["MQTT"]
+
+
+# ---------------------------------------------------------------------- shared by every
+# nats-server this package runs (the hub's nodes here, an edge site's leaf in leaf.py).
+def tls_block(store: CertStore) -> str:
+    """The ``tls { ... }`` block: the store's server certificate, key and CA."""
+    return (f'tls {{ cert_file: "{store.broker_cert}", key_file: "{store.broker_key}", '
+            f'ca_file: "{store.ca_file}", timeout: 5 }}')
+
+
+def account_users(store: CertStore) -> list[dict[str, object]]:
+    """Every account of the store as a NATS user with its cfnet ACL."""
+    return [{"user": name, "password": store.credentials(name).password,
+             "permissions": nats_permissions(name, role),
+             "allowed_connection_types": _conn_types(role)}
+            for name, role in sorted(store.accounts().items())]
+
+
+def write_conf(path: Path, text: str) -> None:
+    """A server config holds passwords: 0600 before anything is written."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(text)
+
+
+def spawn_server(binary: Path, conf: Path, log: Path,
+                 netns: str | None) -> subprocess.Popen[bytes]:
+    """``nats-server -c conf``, output appended to ``log``, in ``netns`` if given (``ip
+    netns exec`` execs the server in place: the pid is nats-server's)."""
+    out = open(log, "ab")  # noqa: SIM115 - handed to Popen
+    try:
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        return subprocess.Popen([*prefix, str(binary), "-c", str(conf)],
+                                stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        raise NatsError(f"cannot run {binary}: {exc}") from exc
+    finally:
+        out.close()
+
+
+def stop_server(p: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within :data:`STOP_TIMEOUT_S`."""
+    if p.poll() is None:
+        p.terminate()
+    try:
+        p.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=STOP_TIMEOUT_S)
+
+
+def log_tail(log: Path, lines: int = 15) -> str:
+    """The last lines of a server's log on one line (for error messages)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(text.strip().splitlines()[-lines:])
 
 
 @dataclass
@@ -221,22 +284,15 @@ class NatsCluster(BusAccounts):
 
     # ------------------------------------------------------------------ config
     def render_conf(self, node: _Node) -> str:
-        tls = ""
-        if self.tls:
-            tls = (f'tls {{ cert_file: "{self.store.broker_cert}", '
-                   f'key_file: "{self.store.broker_key}", ca_file: "{self.store.ca_file}", '
-                   'timeout: 5 }')
+        tls = tls_block(self.store) if self.tls else ""
         routes = ", ".join(f'"nats-route://{self.host}:{n.cluster_port}"'
                            for n in self.nodes if n is not node)
         users = [{"user": READY_USER, "password": self._ready_password,
                   "permissions": {"publish": {"deny": [">"]}, "subscribe": {"deny": [">"]}},
                   "allowed_connection_types": ["MQTT"]},
                  {"user": ADMIN_USER, "password": self.admin_password,
-                  "allowed_connection_types": ["STANDARD"]}]
-        for name, role in sorted(self.store.accounts().items()):
-            users.append({"user": name, "password": self.store.credentials(name).password,
-                          "permissions": nats_permissions(name, role),
-                          "allowed_connection_types": _conn_types(role)})
+                  "allowed_connection_types": ["STANDARD"]},
+                 *account_users(self.store)]
         # JSON is valid NATS config syntax for these values (quoted strings, lists, maps).
         return "\n".join([
             "# Generated by tools/nats/cluster.py (tests and benchmarks).",
@@ -271,8 +327,7 @@ class NatsCluster(BusAccounts):
 
     def _write_confs(self) -> None:
         for n in self.nodes:
-            n.conf.write_text(self.render_conf(n))
-            n.conf.chmod(0o600)
+            write_conf(n.conf, self.render_conf(n))
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -289,17 +344,8 @@ class NatsCluster(BusAccounts):
         if n.proc is not None and n.proc.poll() is None:
             return
         n.store_dir.mkdir(parents=True, exist_ok=True)
-        out = open(n.log, "ab")  # noqa: SIM115 - handed to Popen
-        try:
-            # `ip netns exec` execs the server in place: the pid is nats-server's.
-            netns = ["ip", "netns", "exec", self.netns] if self.netns else []
-            n.proc = subprocess.Popen([*netns, str(self.binary), "-c", str(n.conf)],
-                                      stdin=subprocess.DEVNULL, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
-            raise NatsError(f"cannot run {self.binary}: {exc}") from exc
-        finally:
-            out.close()
+        assert self.binary is not None  # start() set it
+        n.proc = spawn_server(self.binary, n.conf, n.log, self.netns)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _terminate_all,
                                            [x.proc for x in self.nodes if x.proc is not None])
@@ -338,14 +384,8 @@ class NatsCluster(BusAccounts):
             if p is not None and p.poll() is None:
                 p.terminate()
         for n in self.nodes:
-            p = n.proc
-            if p is None:
-                continue
-            try:
-                p.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=STOP_TIMEOUT_S)
+            if n.proc is not None:
+                stop_server(n.proc)
             n.proc = None
         self._finalizer.detach()
 
@@ -402,11 +442,7 @@ class NatsCluster(BusAccounts):
 
     # ------------------------------------------------------------------ diagnostics
     def log_tail(self, n: _Node, lines: int = 15) -> str:
-        try:
-            text = n.log.read_text(errors="replace")
-        except OSError:
-            return ""
-        return " | ".join(text.strip().splitlines()[-lines:])
+        return log_tail(n.log, lines)
 
     def log_text(self) -> str:
         out = []
@@ -421,11 +457,7 @@ def render_accounts(store: CertStore) -> str:
     accounts.conf a deployed NATS cluster includes (the chart's Secret
     ``nats.deploy.accountsSecretName``). Passwords as the store holds them; keep the
     Secret as private as the store."""
-    users = [{"user": name, "password": store.credentials(name).password,
-              "permissions": nats_permissions(name, role),
-              "allowed_connection_types": _conn_types(role)}
-             for name, role in sorted(store.accounts().items())]
-    return f"authorization {{ users: {json.dumps(users, indent=1)} }}\n"
+    return f"authorization {{ users: {json.dumps(account_users(store), indent=1)} }}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
