@@ -397,6 +397,12 @@ class PoolController:
                 self._forget_now()
             if not self.is_leader():
                 continue
+            if not (self.deployments.synced.is_set() and self.actuator.wait_ready(0)):
+                # a plan on part of the nodes would re-split what a whole view keeps, and a
+                # Deployment not listed yet would look gone: wait for both lists
+                self._stop.wait(0.2)
+                self._wake.set()
+                continue
             self._stop.wait(0.2)  # let a burst of changes gather
             try:
                 self.reconcile()

@@ -106,13 +106,15 @@ def test_new_leader_finishes_the_move_to_the_planned_node(
             return "mover-0" not in names
 
         wait_for(evicted, timeout=60, what="mover-0 evicted by core-a (and finished by kwok)")
+        # core-a writes its Rescheduling event after the eviction: kill it once that is out
+        moved = wait_for(lambda: _events(cluster, "Rescheduling", "mover-0"), timeout=30,
+                         what="core-a's Rescheduling event for mover-0")
         _kill(a)
+        assert dst in (moved[0].get("message") or moved[0].get("note") or ""), moved
         planned = decode(cluster.c.get(LEASE)["metadata"].get("annotations", {})
                          .get(ANNOTATION))
         mine = [e for e in planned if ref["uid"] in e[0]]
         assert [e[1] for e in mine] == [dst], f"the Lease's planned moves: {planned}"
-        moved = _events(cluster, "Rescheduling", "mover-0")
-        assert moved and dst in (moved[0].get("message") or moved[0].get("note") or ""), moved
 
         pod("mover-1")  # the controller's replacement, after core-a is gone
         _wait_leading(b, cluster)
@@ -153,11 +155,13 @@ def test_new_leader_keeps_the_pool_split(control_plane: ControlPlane, cluster: C
         first = wait_for(lambda: _events(cluster, "PoolPlan", "split"), timeout=60,
                          what="core-a's PoolPlan for split")
         assert first[0].get("reportingInstance") == "core-a", first[0]
+        wait_for(lambda: b.first("started"), timeout=30, what="core-b started")
+        _kill(a)
+        # read once core-a is gone (core-b cannot lead for a lease duration after its last
+        # renewal): whatever core-a wrote last is what core-b must keep
         before = cluster.c.get(f"{sets}/split")
         note = json.loads(before["metadata"]["annotations"][PLAN_NOTE])
         assert sum(note["per_pool"].values()) == 6, note
-        wait_for(lambda: b.first("started"), timeout=30, what="core-b started")
-        _kill(a)
         _wait_leading(b, cluster)
         # a second Deployment: once core-b has planned it, it has reconciled the first too
         # (a round takes them in the order its cache holds them, and the name sorts last)
