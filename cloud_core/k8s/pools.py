@@ -235,6 +235,7 @@ def read_note(obj: JSON, app: str, flavour: str) -> tuple[PoolPlan, str, str] | 
             or not isinstance(per_pool, dict) or len(per_pool) > MAX_POOL_REPLICAS
             or not all(isinstance(k, str) and type(v) is int and 0 <= v <= reps
                        for k, v in per_pool.items())
+            or sum(per_pool.values()) > reps
             or not isinstance(members, str) or not isinstance(template, str)):
         log.warning("%s on %s is malformed: ignored", PLAN_NOTE, obj_key(obj))
         return None
