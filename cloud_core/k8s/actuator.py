@@ -204,6 +204,7 @@ class Actuator(PodCache, Source, Binder, Moves):
         # ... also on the leader's Lease when set (wiring.py), read back on leading (moves.py)
         self.ledger: MoveLedger | None = None
         self._restore_due = True
+        self._forget_due = False
         self._obs_pods: dict[str, JSON] = {}  # uid -> pod, of the step being decided
         self._obs_gen = 0  # the cluster generation that step saw
         self._more = False

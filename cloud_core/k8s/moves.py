@@ -83,11 +83,11 @@ class Moves(ActuatorState):
             log.info("restored %d planned move(s) of an earlier leader", len(entries))
 
     def forget_moves(self) -> None:
-        """Leadership lost: what the next leader does with the reservations is its own (the
-        Lease has them); they are read again from there on leading again."""
-        with self._lock:
-            self._reserved.clear()
-            self._restore_due = True
+        """Leadership taken or lost (the elector's thread: sets flags only, never waits for
+        the loop's lock): the reservations in memory may be stale, the Lease has the ones
+        that hold; the next step as leader forgets the former and reads the latter."""
+        self._forget_due = True
+        self._restore_due = True
 
     def _ledger_entries(self) -> list[Entry]:
         mono, wall = time.monotonic(), time.time()
@@ -110,6 +110,10 @@ class Moves(ActuatorState):
 
     def _pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
                 ) -> dict[str, tuple[str, str]]:
+        if self._forget_due:
+            self._forget_due = False
+            with self._lock:
+                self._reserved.clear()
         if self._restore_due:
             self.restore_moves()
         now = time.monotonic()
