@@ -56,6 +56,7 @@ from cloud_core.k8s.binder import Binder
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.gc_tuning import _GC_TUNED, settle_listed, tune_gc
 from cloud_core.k8s.informer import Reflector
+from cloud_core.k8s.ledger import MoveLedger
 from cloud_core.k8s.moves import (
     PLANNED_FROM,
     PLANNED_NODE,
@@ -137,6 +138,8 @@ class ActuatorStats:
     replaced: int = 0
     moves: int = 0
     evictions_blocked: int = 0
+    moves_unrecorded: int = 0  # moves not made: their reservation could not go on the Lease
+    moves_restored: int = 0  # times planned moves of an earlier leader were read back
     pinned_bound: int = 0
     uncountable: int = 0  # bound pods whose requests cfnet clamped (RequestsUncountable)
     bound_pods: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
@@ -198,6 +201,10 @@ class Actuator(PodCache, Source, Binder, Moves):
         self._uncountable_warned: set[str] = set()  # pod uids told RequestsUncountable
         # A move's destination per replacement key: [(node, moved pod uid, expiry)].
         self._reserved: dict[tuple[str, ...], list[tuple[str, str, float]]] = {}
+        # ... also on the leader's Lease when set (wiring.py), read back on leading (moves.py)
+        self.ledger: MoveLedger | None = None
+        self._restore_due = True
+        self._forget_due = False
         self._obs_pods: dict[str, JSON] = {}  # uid -> pod, of the step being decided
         self._obs_gen = 0  # the cluster generation that step saw
         self._more = False

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from cloud_core.errors import KubeUnavailable
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.informer import Reflector
+from cloud_core.k8s.ledger import MoveLedger
 from cloud_core.k8s.queue import SchedulingQueue
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
 from cloud_core.loop import DecisionLoop
@@ -77,6 +78,9 @@ class ActuatorState:
     _uncountable_warned: set[str]
     # a move's destination per replacement key: [(node, moved pod uid, expiry)] (moves.py)
     _reserved: dict[tuple[str, ...], list[tuple[str, str, float]]]
+    ledger: MoveLedger | None  # where the reservations outlive this leader (ledger.py)
+    _restore_due: bool  # read the ledger back at the next step (taking the Lease)
+    _forget_due: bool  # drop the reservations in memory at the next step (leadership changed)
     _obs_pods: dict[str, JSON]  # uid -> pod, of the step being decided
     _obs_gen: int  # the cluster generation that step saw
     _more: bool

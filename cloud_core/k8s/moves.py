@@ -9,6 +9,11 @@ of that controller and template (the replacement its controller creates) is pinn
 event; cfnet creates no pods, k8s/evict.py); a copy an older leader made (annotated with what
 it replaces and where the move planned it) is still bound where its plan says. Running pods that no
 longer fit a changed node raise an alert (``report_misfits``) before they are moved.
+
+The reservations are also kept on the leader's Lease (``ledger.py``): written before the
+eviction (a move whose reservation could not be written is not made: retried later), dropped
+when the replacement is bound or the reservation expires, and read back by a new leader
+(``restore_moves``), which thus binds the replacement where the old one planned it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from cloud_core.k8s.actuator_state import ActuatorState
 from cloud_core.k8s.client import JSON
 from cloud_core.k8s.evict import unowned
 from cloud_core.k8s.informer import obj_key
+from cloud_core.k8s.ledger import Entry
 from cloud_core.k8s.registry import LabelChange
 from cloud_core.loop import Move, Observation
 from cloud_core.placement.model import Workload
@@ -55,13 +61,70 @@ def replacement_key(pod: Mapping[str, Any]) -> tuple[str, ...] | None:
 class Moves(ActuatorState):
     """Evictions, reservations, copies and alerts (see the module docstring)."""
 
+    def restore_moves(self) -> None:
+        """Read the planned moves of an earlier leader back into the reservations (on taking
+        the Lease; a failed read is retried at the next step)."""
+        if self.ledger is None:
+            return
+        try:
+            entries = self.ledger.read()
+        except KubeError as e:
+            log.info("reading the planned moves failed, will retry: %s", e)
+            return
+        mono, wall = time.monotonic(), time.time()
+        with self._lock:
+            self._restore_due = False
+            for key, node, uid, exp in entries:
+                slots = self._reserved.setdefault(key, [])
+                if all(r[1] != uid for r in slots):
+                    slots.append((node, uid, mono + (exp - wall)))
+        if entries:
+            self._count("moves_restored")
+            log.info("restored %d planned move(s) of an earlier leader", len(entries))
+
+    def forget_moves(self) -> None:
+        """Leadership taken or lost (the elector's thread: sets flags only, never waits for
+        the loop's lock): the reservations in memory may be stale, the Lease has the ones
+        that hold; the next step as leader forgets the former and reads the latter."""
+        self._forget_due = True
+        self._restore_due = True
+
+    def _ledger_entries(self) -> list[Entry]:
+        mono, wall = time.monotonic(), time.time()
+        with self._lock:
+            return [(k, n, u, wall + (e - mono)) for k, v in self._reserved.items()
+                    for n, u, e in v if e >= mono]
+
+    def _sync_ledger(self, required: bool = False) -> bool:
+        """Write the reservations to the Lease; False if that failed (``required``: logged
+        as the reason a move waits; otherwise the stale entry just expires there)."""
+        if self.ledger is None:
+            return True
+        try:
+            self.ledger.write(self._ledger_entries())
+            return True
+        except KubeError as e:
+            log.log(logging.WARNING if required else logging.INFO,
+                    "planned moves not written to the Lease: %s", e)
+            return False
+
     def _pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
                 ) -> dict[str, tuple[str, str]]:
+        if self._forget_due:
+            self._forget_due = False
+            with self._lock:
+                self._reserved.clear()
+        if self._restore_due:
+            self.restore_moves()
         now = time.monotonic()
         out: dict[str, tuple[str, str]] = {}
         with self._lock:
-            for k in [k for k, v in self._reserved.items() if all(e < now for *_, e in v)]:
+            expired = [k for k, v in self._reserved.items() if all(e < now for *_, e in v)]
+            for k in expired:
                 del self._reserved[k]
+        if expired:
+            self._sync_ledger()
+        with self._lock:
             taken: dict[tuple[str, ...], int] = {}
             for w in pending:
                 key = replacement_key(pods[w.uid])
@@ -82,10 +145,12 @@ class Moves(ActuatorState):
     def _consume_reservation(self, pod: JSON | None, moved_uid: str) -> None:
         key = replacement_key(pod) if pod is not None else None
         with self._lock:
-            if key in self._reserved:
-                self._reserved[key] = [r for r in self._reserved[key] if r[1] != moved_uid]
-                if not self._reserved[key]:
-                    del self._reserved[key]
+            if key not in self._reserved:
+                return
+            self._reserved[key] = [r for r in self._reserved[key] if r[1] != moved_uid]
+            if not self._reserved[key]:
+                del self._reserved[key]
+        self._sync_ledger()
 
     def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]:
         if not self.is_leader():
@@ -117,13 +182,20 @@ class Moves(ActuatorState):
         assert rkey is not None
         with self._lock:  # before evicting: the replacement may appear at once
             self._reserved.setdefault(rkey, []).append(slot)
-        if not self._replace(pod, m):
+        # ... and on the Lease, so that a new leader finishes the move (ledger.py); not
+        # written (not the holder any more, API server away): no eviction, retried later
+        written = self._sync_ledger(required=True)
+        if not written or not self._replace(pod, m):
             with self._lock:
                 left = [r for r in self._reserved.get(rkey, []) if r != slot]
                 if left:
                     self._reserved[rkey] = left
                 else:
                     self._reserved.pop(rkey, None)
+            if not written:
+                self._count("moves_unrecorded")
+                return False
+            self._sync_ledger()
             self._count("evictions_blocked")
             self._event(pod, "EvictionBlocked", "Warning",
                         f"cfnet would move {key} from {m.src} to {m.dst} ({m.reason}), but a "

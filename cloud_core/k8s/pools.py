@@ -21,11 +21,18 @@ annotation goes. Pool membership comes from the node labels and from the NodePoo
 itself is the template: create it with ``spec.paused: true`` so its own ReplicaSet makes no
 pods (a Warning event says so when it is not); ``paused`` and ``replicas`` are not copied into
 the framework object.
+
+The last plan is kept on the pool object itself (annotation ``cfnet.io/pool-plan``: the
+per-pool split, the replica count and digests of the pools' nodes and of the template it was
+made on). A new leader reads it back from the object cfnet owns (label and ownerReference
+checked, as for every write) before it plans, so it keeps the split across a failover instead
+of re-splitting replicas between equal pools.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import threading
@@ -63,6 +70,10 @@ MAX_POOL_REPLICAS = 1000
 # that name (the platform team's, another tool's) is never adopted.
 MANAGED_BY = "app.kubernetes.io/managed-by"
 CFNET = "cfnet"
+
+# On the pool object: the plan it carries and what it was made on (read back by a new leader)
+PLAN_NOTE = "cfnet.io/pool-plan"
+MAX_NOTE_BYTES = 64 * 1024
 
 YURT_API = "apps.openyurt.io/v1beta1"
 KUBEEDGE_API = "apps.kubeedge.io/v1alpha1"
@@ -201,7 +212,44 @@ def edge_application(deployment: JSON, plan: PoolPlan) -> JSON:
     }
 
 
-def apply_pool_plan(client: KubeClient, deployment: JSON, plan: PoolPlan) -> JSON:
+def plan_note(plan: PoolPlan, members: str, template: str) -> str:
+    """The ``cfnet.io/pool-plan`` annotation: the split and the digests it was made on."""
+    return json.dumps({"replicas": plan.replicas, "per_pool": plan.per_pool,
+                       "members": members, "template": template}, sort_keys=True)
+
+
+def read_note(obj: JSON, app: str, flavour: str) -> tuple[PoolPlan, str, str] | None:
+    """The plan, members and template digests ``obj`` carries (None: none, or malformed)."""
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(PLAN_NOTE)
+    if not isinstance(raw, str) or len(raw) > MAX_NOTE_BYTES:
+        return None
+    try:
+        note = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(note, dict):
+        return None
+    reps, per_pool = note.get("replicas"), note.get("per_pool")
+    members, template = note.get("members"), note.get("template")
+    if (type(reps) is not int or not 0 <= reps <= MAX_POOL_REPLICAS
+            or not isinstance(per_pool, dict) or len(per_pool) > MAX_POOL_REPLICAS
+            or not all(isinstance(k, str) and type(v) is int and 0 <= v <= reps
+                       for k, v in per_pool.items())
+            or sum(per_pool.values()) > reps
+            or not isinstance(members, str) or not isinstance(template, str)):
+        log.warning("%s on %s is malformed: ignored", PLAN_NOTE, obj_key(obj))
+        return None
+    plan = PoolPlan(app=app, flavour=flavour, replicas=reps, per_pool=dict(per_pool),
+                    assignments={}, unplaced={})
+    return plan, members, template
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def apply_pool_plan(client: KubeClient, deployment: JSON, plan: PoolPlan,
+                    note: str | None = None) -> JSON:
     """Create or update the framework object for ``plan``; returns what the server stored.
 
     An existing object is replaced only when cfnet created it for this Deployment
@@ -210,6 +258,8 @@ def apply_pool_plan(client: KubeClient, deployment: JSON, plan: PoolPlan) -> JSO
     obj = yurt_app_set(deployment, plan) if plan.flavour == "openyurt" else \
         edge_application(deployment, plan)
     obj["metadata"].setdefault("labels", {})[MANAGED_BY] = CFNET
+    if note is not None:
+        obj["metadata"]["annotations"][PLAN_NOTE] = note
     if (deployment.get("metadata") or {}).get("uid"):
         obj = _owned(obj, deployment)
     md = obj["metadata"]
@@ -258,8 +308,9 @@ class PoolController:
         self._warned: set[str] = set()
         self._owner: dict[tuple[str, str], str] = {}  # (ns, name) -> Deployment uid written for
         self._failed: dict[tuple[str, str], str] = {}  # (ns, name) -> last failure told
-        self._members: dict[tuple[str, str], dict[str, str]] = {}  # pool membership planned on
-        self._template: dict[tuple[str, str], str] = {}  # the Deployment template planned
+        self._members: dict[tuple[str, str], str] = {}  # digest of the pools planned on
+        self._template: dict[tuple[str, str], str] = {}  # digest of the template planned
+        self._forget = False  # leadership changed: read the plans back from the objects
         self.plans: dict[str, PoolPlan] = {}  # "ns/name" -> last plan written
         self.deployments = Reflector(client, "/apis/apps/v1/deployments", self._changed,
                                      name="deployments")
@@ -343,13 +394,54 @@ class PoolController:
                 return
             if self._unread:
                 self._read_pool_objects()
+            if self._forget:
+                self._forget_now()
             if not self.is_leader():
+                continue
+            if not (self.deployments.synced.is_set() and self.actuator.wait_ready(0)):
+                # a plan on part of the nodes would re-split what a whole view keeps, and a
+                # Deployment not listed yet would look gone: wait for both lists
+                self._stop.wait(0.2)
+                self._wake.set()
                 continue
             self._stop.wait(0.2)  # let a burst of changes gather
             try:
                 self.reconcile()
             except Exception:
                 log.exception("pool reconcile failed")
+
+    def forget_plans(self) -> None:
+        """Leadership changed (any thread): the plans in memory may be stale; the pool
+        objects hold the last ones (read back before planning, ``_restore``)."""
+        self._forget = True
+        self._wake.set()
+
+    def _forget_now(self) -> None:
+        self._forget = False
+        for d in (self._written, self._owner, self._members, self._template, self.plans):
+            d.clear()
+
+    def _restore(self, dep: JSON, key: tuple[str, str], flavour: str) -> bool:
+        """Take the last plan from the pool object cfnet wrote for ``dep`` (a new leader);
+        False if it could not be read (the Deployment waits for the next round)."""
+        try:
+            live = self.client.get(_pool_path(flavour, *key))
+        except KubeNotFound:
+            return True
+        except KubeError as e:
+            log.info("reading the %s object of %s failed, will retry: %s", flavour,
+                     obj_key(dep), e)
+            return False
+        if not owned_by(live, dep):
+            return True  # never adopted: the write says NotOwned
+        got = read_note(live, key[1], flavour)
+        if got is not None:
+            plan, members, template = got
+            self._written[key] = (flavour, "")
+            self._owner[key] = str((dep.get("metadata") or {}).get("uid") or "")
+            self._members[key], self._template[key] = members, template
+            self.plans[obj_key(dep)] = plan
+        return True
 
     def reconcile(self) -> int:
         """Write what changed; delete objects whose Deployment left pool mode. Returns writes."""
@@ -383,16 +475,19 @@ class PoolController:
                        snap: ClusterSnapshot) -> int:
         """Plan and write one Deployment's pool object; 1 if written (raises what stops it:
         the caller turns that into this Deployment's event)."""
+        if key not in self._written and not self._restore(dep, key, flavour):
+            return 0
         plan = plan_pools(snap, self.registry, dep, flavour,
                           engine_config=self.actuator.config.engine_config)
         pool_of = self.registry.membership(flavour)
-        members = {n.name: f"{pool_of[n.name]} {n.capacity} {n.health}"
-                   for n in snap.nodes if n.name in pool_of}
+        members = _digest({n.name: f"{pool_of[n.name]} {n.capacity} {n.health}"
+                           for n in snap.nodes if n.name in pool_of})
+        template = _digest(_template_digest(dep))
         last = self.plans.get(obj_key(dep))
         if (last is not None and self._written.get(key, ("",))[0] == flavour
                 and last.replicas == plan.replicas and plan.placed == last.placed
                 and self._members.get(key) == members
-                and self._template.get(key) == _template_digest(dep)):
+                and self._template.get(key) == template):
             # Nothing that decides the plan changed (the template, the replica count,
             # the pools' nodes, their capacity and health) and the new one places no
             # more replicas: a time-limited solver may split equal pools differently from
@@ -403,7 +498,7 @@ class PoolController:
         if self._written.get(key) == (flavour, digest):
             return 0
         try:
-            apply_pool_plan(self.client, dep, plan)
+            apply_pool_plan(self.client, dep, plan, plan_note(plan, members, template))
         except KubeError as e:  # NotOwned is no KubeError: the caller tells the tenant
             log.warning("writing the %s object for %s failed: %s", flavour, obj_key(dep), e)
             return 0  # retried on the next round
@@ -414,7 +509,7 @@ class PoolController:
         self._written[key] = (flavour, digest)
         self._owner[key] = str((dep.get("metadata") or {}).get("uid") or "")
         self._members[key] = members
-        self._template[key] = _template_digest(dep)
+        self._template[key] = template
         self.plans[obj_key(dep)] = plan
         self._event(dep, "PoolPlan", "Normal",
                     f"cfnet placed {plan.placed}/{plan.replicas} replicas per pool "

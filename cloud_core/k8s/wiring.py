@@ -24,6 +24,7 @@ from cloud_core.k8s.actuator import Actuator, ActuatorConfig, tune_gc
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.leader import LeaderElector
+from cloud_core.k8s.ledger import MoveLedger
 from cloud_core.k8s.lines import no_line
 from cloud_core.k8s.pools import PoolController
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
@@ -130,11 +131,15 @@ def start_kubernetes(
             on_lead()
         events.emit("health", f"{settings.identity} is the leader")
         line("leading", identity=settings.identity)
+        actuator.forget_moves()  # read the planned moves back from the Lease (moves.py)
+        pools.forget_plans()  # ... and the pool plans from the pool objects (pools.py)
         actuator.wake()  # pods that arrived while following are waiting: don't sleep on them
 
     def following() -> None:
         events.emit("health", f"{settings.identity} stopped leading")
         line("following", identity=settings.identity)
+        actuator.forget_moves()
+        pools.forget_plans()
         if on_follow is not None:
             on_follow()
 
@@ -155,6 +160,9 @@ def start_kubernetes(
         on_bound=bound,
         events=events, agent_health=agent_health,
     )
+    # planned moves outlive this leader on its Lease (ledger.py)
+    actuator.ledger = MoveLedger(client, settings.lease_namespace, settings.lease_name,
+                                 settings.identity)
     def agent_probes() -> dict[str, str]:
         """Node name -> the probe its agent reports with (the console's ``nodes``)."""
         names = registry.agent_names()
