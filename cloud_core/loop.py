@@ -146,6 +146,9 @@ def with_placements(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
 
 
 _SEVERITY = {"down": "critical", "unreachable": "warning", "suspect": "warning"}
+# Nodes first seen online in one step are each an event up to this many; more (a cluster
+# listed at start-up) are one event that names the first of them
+ARRIVALS_SAID_SINGLY = 16
 
 
 def what_if(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
@@ -191,8 +194,11 @@ class DecisionLoop:
                  replan_max_share: float | None = None,
                  clock: Callable[[], float] = time.time,
                  on_placement: Callable[[float, int, dict[str, float]], None] | None = None,
-                 ) -> None:
+                 report_assignments: bool = True) -> None:
         self.source = source
+        # an event per placed workload; off where the actuator says the same once the
+        # placement is made (Kubernetes: "bound to", cloud_core.k8s.wiring)
+        self.report_assignments = report_assignments
         self.actuator = actuator
         self.events = events
         self.engine_config = engine_config or EngineConfig()
@@ -222,12 +228,26 @@ class DecisionLoop:
     # ------------------------------------------------------------------ stages
 
     def note_health(self, now: Mapping[str, Health]) -> None:
+        arrived: list[str] = []  # first seen, online
         for node, h in sorted(now.items()):
             old = self.health.get(node)
             if old != h and not (old is None and h is Health.UNKNOWN):
                 self._health_changed = True
+                if old is None and h is Health.ONLINE:
+                    arrived.append(node)
+                    continue
                 self.events.emit("health", f"node {node}: {old or 'new'} -> {h}",
                                  severity=_SEVERITY.get(str(h), "info"), node=node)
+        if len(arrived) > ARRIVALS_SAID_SINGLY:
+            # A cluster listed at start-up (5,000 Nodes) is not 5,000 changes: one event, not
+            # one each (each is logged and published: 0.5 s of CPU before the first decision,
+            # and the ring of recent events flushed of everything else)
+            shown = ", ".join(arrived[:ARRIVALS_SAID_SINGLY])
+            more = f" (+{len(arrived) - ARRIVALS_SAID_SINGLY} more)"
+            self.events.emit("health", f"{len(arrived)} nodes new -> online: {shown}{more}")
+        else:
+            for node in arrived:
+                self.events.emit("health", f"node {node}: new -> online", node=node)
         self.health = dict(now)
 
     def note_changes(self, revalidate: Mapping[str, str]) -> None:
@@ -341,8 +361,9 @@ class DecisionLoop:
         """The placement events, in the engine's words (an unchanged failure is said once)."""
         for u, node in outcome.assignments.items():
             self._reported.pop(u, None)
-            self.events.emit("placement", f"{u} -> {node}: {outcome.summaries.get(u, '')}",
-                             node=node, workload=u)
+            if self.report_assignments:
+                self.events.emit("placement", f"{u} -> {node}: {outcome.summaries.get(u, '')}",
+                                 node=node, workload=u)
         for u, why in outcome.failures.items():
             if self._reported.get(u) != why:
                 self._reported[u] = why

@@ -295,6 +295,7 @@ class Run:
     first_s: float = float("nan")
     last_s: float = float("nan")
     sched_cpu_s: float = float("nan")
+    first_cpu_s: float = float("nan")  # the scheduler's CPU when its first binding is seen
     api_cpu_s: float = float("nan")
     violations: list[str] = field(default_factory=list)
     assignment: dict[str, str] = field(default_factory=dict)
@@ -402,6 +403,7 @@ class Bench:
         items, rv = self.admin.list(f"/api/v1/namespaces/{ns}/pods")
         bound: dict[str, str] = {}
         first: list[float] = []
+        pid: list[int] = []  # the scheduler's, once started
         last_bind = [float("nan")]
         done = threading.Event()
         stop = threading.Event()
@@ -416,6 +418,9 @@ class Bench:
                             now = time.monotonic()
                             if not first:
                                 first.append(now)
+                                if pid:  # start-up CPU: load-independent, unlike the clock
+                                    r.first_cpu_s = cpu_seconds(
+                                        pid[0], children=name.startswith("cfnet"))
                             last_bind[0] = now
                             bound[obj["metadata"]["name"]] = node
                             if len(bound) >= self.args.pods:
@@ -436,10 +441,12 @@ class Bench:
             api0 = cpu_seconds(self.api_pid)
             t0 = time.monotonic()
             assert proc.stdin is not None
+            pid.append(proc.pid)
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
         else:
             proc = self._start(name, tag)
+            pid.append(proc.pid)
         try:
             last = (0, time.monotonic())
             while not done.wait(0.2):
@@ -486,10 +493,28 @@ class Bench:
                         ev = json.loads(line)
                         marks += f" {ev['event']}@{ev['t'] - wall0:.2f}"
         print(f"# {name} rep {rep}:{marks} {r.bound}/{r.pods} bound in {r.wall_s:.2f} s "
-              f"({r.rate:.0f} pods/s), first {r.first_s:.2f} s, cpu {r.sched_cpu_s:.1f} s, "
+              f"({r.rate:.0f} pods/s), first {r.first_s:.2f} s (cpu {r.first_cpu_s:.2f} s), "
+              f"cpu {r.sched_cpu_s:.1f} s, "
               f"apiserver {r.api_cpu_s:.1f} s, {len(r.violations)} violations "
               f"{r.violations[:3]}", file=sys.stderr, flush=True)
         return r
+
+    def rep(self, rep: int, want: Sequence[str], label: str = "") -> list[Run]:
+        """One repetition of the schedulers in ``want`` (order alternated by ``rep``), then the
+        ceiling replaying the last complete, valid assignment; runs named ``label`` + name."""
+        order = [s for s in (*SCHEDULERS, BASELINE) if s in want]
+        if rep % 2:
+            order.reverse()
+        rep_runs = [self.run(s, rep) for s in order]
+        if "ceiling" in want:
+            good = [r for r in rep_runs if not r.violations and r.bound == self.args.pods]
+            if good:
+                rep_runs.append(self.run("ceiling", rep, good[-1].assignment))
+            else:
+                print("# ceiling: no complete, valid assignment to replay", file=sys.stderr)
+        for r in rep_runs:
+            r.scheduler = label + r.scheduler
+        return rep_runs
 
     def _start_binder(self, ns: str, items: list[dict[str, Any]], replay: dict[str, str],
                       tag: str) -> subprocess.Popen[bytes]:
@@ -581,6 +606,32 @@ def sampled(out: str, argv: list[str]) -> int:
     return 0
 
 
+def authz(a: argparse.Namespace, want: Sequence[str]) -> int:
+    """The same schedulers on one control plane per ``--authorization-mode`` in ``a.authz``
+    (all started, each with its nodes), repetitions alternated between them: what the
+    authorizer costs the API server (its CPU per pod is the figure a loaded machine keeps)."""
+    modes = [m.strip() for m in a.authz.split("/") if m.strip()]
+    runs: list[Run] = []
+    with contextlib.ExitStack() as stack:
+        benches = []
+        for m in modes:
+            cp = stack.enter_context(ControlPlane(authorization_mode=m))
+            b = Bench(cp, a)
+            stack.callback(b.broker.stop)
+            b.setup()
+            benches.append((m, b))
+        for rep in range(a.reps):
+            for m, b in (benches if rep % 2 == 0 else benches[::-1]):
+                runs.extend(b.rep(rep, want, f"[{m}] "))
+    names = [f"[{m}] {s}" for m in modes for s in (*SCHEDULERS, BASELINE, "ceiling")]
+    print(table(runs, names, a.nodes, a.pods))
+    print()
+    print(f"Median (min–max) of {a.reps} repetitions per authorization mode, modes "
+          "alternated; kube-apiserver CPU per pod is the figure that holds on a loaded "
+          "machine.")
+    return 0 if all(not r.violations for r in runs) else 1
+
+
 # -- report ------------------------------------------------------------------------------------
 def _med(xs: Sequence[float], fmt: str) -> str:
     xs = [x for x in xs if x == x]
@@ -594,20 +645,25 @@ def _med(xs: Sequence[float], fmt: str) -> str:
 
 def table(runs: Sequence[Run], names: Sequence[str], nodes: int, pods: int) -> str:
     lines = [f"| scheduler ({nodes} nodes / {pods} pods) | pods/s | pods/s after 1st | "
-             "first binding s | scheduler CPU s | scheduler ms/pod | kube-apiserver CPU s | "
+             "first binding s | CPU s to 1st binding | scheduler CPU s | "
+             "scheduler ms/pod | ms/pod after 1st | kube-apiserver CPU s | apiserver ms/pod | "
              "bound | violations |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n in names:
         rs = [r for r in runs if r.scheduler == n]
         if not rs:
             continue
+        after = [1000 * (r.sched_cpu_s - r.first_cpu_s) / max(r.bound - 1, 1) for r in rs]
         lines.append(
             f"| {n} | {_med([r.rate for r in rs], '.0f')} | "
             f"{_med([r.steady for r in rs], '.0f')} | "
             f"{_med([r.first_s for r in rs], '.2f')} | "
+            f"{_med([r.first_cpu_s for r in rs], '.2f')} | "
             f"{_med([r.sched_cpu_s for r in rs], '.1f')} | "
             f"{_med([1000 * r.sched_cpu_s / max(r.bound, 1) for r in rs], '.2f')} | "
+            f"{_med(after, '.2f')} | "
             f"{_med([r.api_cpu_s for r in rs], '.1f')} | "
+            f"{_med([1000 * r.api_cpu_s / max(r.bound, 1) for r in rs], '.2f')} | "
             f"{min(r.bound for r in rs)}/{pods} | {max(len(r.violations) for r in rs)} |")
     return "\n".join(lines)
 
@@ -635,6 +691,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also run cfnet from this source tree (e.g. /work/main: before/after)")
     ap.add_argument("--profile", action="store_true",
                     help="sample cfnet's threads every 2 ms (tables in the run's temp dir)")
+    ap.add_argument("--authz", default="",
+                    help="compare API server authorizers, e.g. 'Node,RBAC/RBAC': one control "
+                         "plane each (the same nodes), repetitions alternated between them")
     ap.add_argument("--sample-to", help=argparse.SUPPRESS)
     ap.add_argument("--binder", help=argparse.SUPPRESS)
     ap.add_argument("--kubeconfig", help=argparse.SUPPRESS)
@@ -656,23 +715,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # turn SIGTERM into SystemExit as well, so the finally blocks stop them and the control
     # plane instead of leaving them running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if a.authz:
+        return authz(a, want)
     with ControlPlane() as cp:
         b = Bench(cp, a)
         try:
             b.setup()
             for rep in range(a.reps):
-                order = [s for s in (*SCHEDULERS, BASELINE) if s in want]
-                if rep % 2:
-                    order.reverse()
-                rep_runs = [b.run(s, rep) for s in order]
-                runs.extend(rep_runs)
-                if "ceiling" in want:
-                    good = [r for r in rep_runs if not r.violations and r.bound == a.pods]
-                    if good:
-                        runs.append(b.run("ceiling", rep, good[-1].assignment))
-                    else:
-                        print("# ceiling: no complete, valid assignment to replay",
-                              file=sys.stderr)
+                runs.extend(b.rep(rep, want))
         finally:
             b.broker.stop()
     print(table(runs, [*SCHEDULERS, BASELINE, "ceiling"], a.nodes, a.pods))

@@ -122,6 +122,10 @@ class ActuatorConfig:
     # re-planning (a snapshot and plan_moves over every running pod) takes at most this share
     # of the loop's time: at 10,000 pods the interval stretches to a few seconds
     replan_max_share: float = 0.1
+    # an event per decided placement (the loop's "uid -> node: why"); cfnet-core turns it
+    # off: its event per binding made ("ns/pod bound to node: why", wiring.py) says the same
+    # a moment later, and each event is logged and published (half the events of a burst)
+    placement_events: bool = True
 
 
 @dataclass
@@ -213,7 +217,8 @@ class Actuator(PodCache, Source, Binder, Moves):
             self, self, events or EventLog(lambda ev: None),
             engine_config=self.config.engine_config, replan_config=self.config.replan_config,
             replan_interval_s=self.config.replan_interval_s,
-            replan_max_share=self.config.replan_max_share)
+            replan_max_share=self.config.replan_max_share,
+            report_assignments=self.config.placement_events)
         self._pool = ThreadPoolExecutor(self.config.bind_workers, thread_name_prefix="bind")
         # The pods already on a node are listed first: with them and the nodes the engine can
         # decide, so the first bindings go out while the backlog's pages still arrive. Those

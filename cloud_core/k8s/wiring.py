@@ -155,7 +155,9 @@ def start_kubernetes(
     )
     actuator = Actuator(
         client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan,
-                                         engine_config=settings.engine),
+                                         engine_config=settings.engine,
+                                         # bound() says each placement once it is made
+                                         placement_events=False),
         is_leader=elector.is_leader, on_alert=alert_to_event(events, line), links=links,
         on_bound=bound,
         events=events, agent_health=agent_health,

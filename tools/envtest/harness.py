@@ -213,8 +213,12 @@ class ControlPlane:
 
     def __init__(self, workdir: Path | None = None, *, log_stream: Any = None,
                  controllers: bool = True, priority_and_fairness: bool = False,
-                 advertise_address: str = "127.0.0.1", real_nodes: bool = False) -> None:
+                 advertise_address: str = "127.0.0.1", real_nodes: bool = False,
+                 authorization_mode: str = "Node,RBAC") -> None:
         self.controllers = controllers
+        # Node: kubelets (tools/envtest/node.py); tools/bench_k8s --authz measures its cost
+        # against RBAC alone
+        self.authorization_mode = authorization_mode
         # With nodes whose kubelet (or kwok) posts heartbeats: the node-lifecycle controller
         # (removes the not-ready taint, marks silent nodes unreachable), the EndpointSlice
         # controller (kube-proxy and CoreDNS route Services by them) and kube-scheduler.
@@ -347,7 +351,7 @@ class ControlPlane:
              f"--service-account-signing-key-file={pki / 'sa.key'}",
              "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
              "--api-audiences=https://kubernetes.default.svc.cluster.local",
-             "--authorization-mode=Node,RBAC",  # Node: kubelets (tools/envtest/node.py)
+             f"--authorization-mode={self.authorization_mode}",
              "--anonymous-auth=false",
              # ServiceAccount admission on: kube-controller-manager creates the "default"
              # accounts (ControlPlane(controllers=False) turns it off, as nothing would).
