@@ -228,6 +228,10 @@ class DecisionLoop:
     # ------------------------------------------------------------------ stages
 
     def note_health(self, now: Mapping[str, Health]) -> None:
+        if now == self.health:
+            # The usual step: nothing changed. A dict comparison (in C) instead of sorting
+            # and walking 5,000 nodes every step.
+            return
         arrived: list[str] = []  # first seen, online
         for node, h in sorted(now.items()):
             old = self.health.get(node)
