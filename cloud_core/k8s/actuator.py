@@ -54,6 +54,7 @@ from cloud_core.errors import KubeUnavailable
 from cloud_core.events import EventLog
 from cloud_core.k8s.binder import Binder
 from cloud_core.k8s.client import JSON, KubeClient
+from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
 from cloud_core.k8s.gc_tuning import _GC_TUNED, settle_listed, tune_gc
 from cloud_core.k8s.informer import Reflector
 from cloud_core.k8s.moves import (
@@ -121,6 +122,9 @@ class ActuatorConfig:
     # re-planning (a snapshot and plan_moves over every running pod) takes at most this share
     # of the loop's time: at 10,000 pods the interval stretches to a few seconds
     replan_max_share: float = 0.1
+    # what is never evicted, for a move or the console's drain (k8s/evict.py; the chart's
+    # core.eviction.excludeNamespaces is its excluded_namespaces)
+    eviction: EvictionPolicy = DEFAULT_POLICY
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from placement_helpers import GIB
 
 from cloud_core.errors import SpecError
 from cloud_core.placement import ClusterSnapshot, NodeInfo, Resources
@@ -24,8 +25,6 @@ from cloud_core.placement.engine import PreparedCluster
 from cloud_core.placement.model import RunningPod
 from cloud_core.placement.scores import interpod_scores
 from cloud_core.placement.spec import parse_pod
-
-from placement_helpers import GIB
 
 
 def _sel(*exprs: tuple[str, str, list[str]]) -> dict[str, Any]:
