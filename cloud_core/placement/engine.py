@@ -99,6 +99,10 @@ class PlacementResult:
 SymTerm = tuple[RunningPod, PodAffinityTerm, int, bool]
 
 
+def _scores_others(p: RunningPod) -> bool:
+    return bool(p.affinity or p.preferred_affinity or p.preferred_anti_affinity)
+
+
 def _as_running(w: Workload, node: str) -> RunningPod:
     return RunningPod.of(w, node)
 
@@ -118,10 +122,15 @@ class PodIndex:
         self.sym_by_label: dict[tuple[str, str, str], list[SymTerm]] = {}
         self.sym_other: list[SymTerm] = []
         self._todo: list[RunningPod] = list(pods)
+        # how many pods carry terms that score newcomers: while none does, symmetric() answers
+        # without indexing anything (every cost asks it)
+        self.n_sym = sum(1 for p in self._todo if _scores_others(p))
 
     def add(self, p: RunningPod) -> None:
         # indexed on first use: a batch adds thousands, most calls never look
         self._todo.append(p)
+        if _scores_others(p):
+            self.n_sym += 1
 
     def _flush(self) -> None:
         todo, self._todo = self._todo, []
@@ -160,10 +169,10 @@ class PodIndex:
                   ) -> list[tuple[RunningPod, PodAffinityTerm, int]]:
         """Running pods' terms that select ``w``, with the weight each adds to its domain's
         InterPodAffinity score (required affinity: ``hard_weight``; 0 leaves them out)."""
+        if not self.n_sym:
+            return []
         if self._todo:
             self._flush()
-        if not self.sym_by_label and not self.sym_other:
-            return []
         cands = list(self.sym_other)
         for k, v in w.labels.items():
             cands.extend(self.sym_by_label.get((w.namespace, k, v), []))
