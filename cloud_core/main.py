@@ -19,7 +19,12 @@ import yaml
 from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.bus_nats import NatsIngestSettings
 from cloud_core.errors import CoreError
-from cloud_core.k8s.flags import add_scheduler_args, scheduler_engine_config
+from cloud_core.k8s.flags import (
+    add_eviction_args,
+    add_scheduler_args,
+    eviction_policy,
+    scheduler_engine_config,
+)
 from cloud_core.k8s.lines import no_line, say_line
 from cloud_core.metrics import int_fields
 from cloud_core.readiness import Check
@@ -105,6 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="lifetime of an agent certificate (the agent renews it in its "
                         "last third)")
     add_scheduler_args(k)
+    add_eviction_args(k)
     p.add_argument("--table-every", type=float, default=10.0,
                    help="log the node and link tables every N seconds (0: never)")
     return p.parse_args(argv)
@@ -211,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             lease_duration_s=a.lease_duration,
             renew_deadline_s=a.renew_deadline or a.lease_duration * 2 / 3,
             retry_period_s=a.retry_period or max(1.0, a.lease_duration / 7.5),
-            edge_taint=a.edge_taint, engine=scheduler_engine_config(a)),
+            edge_taint=a.edge_taint, engine=scheduler_engine_config(a),
+            eviction=eviction_policy(a)),
             on_lead=core.connect, on_follow=core.disconnect, console=core.console,
             say=say if a.json_lines else None, say_bindings=a.log_bindings)
         say("started", identity=a.identity)

@@ -54,6 +54,7 @@ from cloud_core.errors import KubeUnavailable
 from cloud_core.events import EventLog
 from cloud_core.k8s.binder import Binder
 from cloud_core.k8s.client import JSON, KubeClient
+from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
 from cloud_core.k8s.gc_tuning import _GC_TUNED, settle_listed, tune_gc
 from cloud_core.k8s.informer import Reflector
 from cloud_core.k8s.ledger import MoveLedger
@@ -126,6 +127,9 @@ class ActuatorConfig:
     # off: its event per binding made ("ns/pod bound to node: why", wiring.py) says the same
     # a moment later, and each event is logged and published (half the events of a burst)
     placement_events: bool = True
+    # what is never evicted, for a move or the console's drain (k8s/evict.py; the chart's
+    # core.eviction.excludeNamespaces is its excluded_namespaces)
+    eviction: EvictionPolicy = DEFAULT_POLICY
 
 
 @dataclass

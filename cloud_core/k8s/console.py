@@ -212,7 +212,7 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
             if (p.get("spec") or {}).get("nodeName") != node or md.get("deletionTimestamp"):
                 continue
             # the descheduler's DefaultEvictor defaults, and no pod that nothing recreates
-            why = move_exclusion(p)
+            why = move_exclusion(p, actuator.config.eviction)
             if why is not None:
                 kept.append(f"{obj_key(p)}: {why}")
                 continue

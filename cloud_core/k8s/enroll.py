@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -75,6 +76,12 @@ class Decision:
     message: str
     node: str = ""
     csr: x509.CertificateSigningRequest | None = None
+
+
+def _printable(text: str, n: int = 128) -> str:
+    """``text`` cut to ``n`` characters, control characters escaped (it goes into a condition
+    message and an event)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:n])
 
 
 def _deny(reason: str, message: str) -> Decision:
@@ -128,12 +135,15 @@ def decide(obj: JSON, *, agent_user: str, node_exists: Callable[[str], bool]) ->
         return _deny("RequestTooLarge", f"the request is over {MAX_REQUEST_BYTES} bytes")
     try:
         csr = x509.load_pem_x509_csr(pem)
-    except ValueError:
+    except (ValueError, x509.InvalidVersion, UnsupportedAlgorithm):
+        # InvalidVersion is no ValueError (found by fuzzing: a flipped version byte)
         return _deny("BadRequest", "the request is not a PEM certificate request")
     try:
         key = csr.public_key()
-    except (ValueError, TypeError) as e:
-        return _deny("BadKey", f"unsupported public key: {str(e)[:128]}")
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        # a mangled key OID is UnsupportedAlgorithm, not a ValueError (found by fuzzing:
+        # tests/unit/test_enroll_fuzz.py); the request is refused like any bad key
+        return _deny("BadKey", f"unsupported public key: {_printable(str(e))}")
     if isinstance(key, ec.EllipticCurvePublicKey):
         if key.curve.name not in EC_CURVES:
             return _deny("BadKey", f"EC curve {key.curve.name} is not one of {EC_CURVES}")
@@ -143,9 +153,16 @@ def decide(obj: JSON, *, agent_user: str, node_exists: Callable[[str], bool]) ->
                                    f"{RSA_BITS[1]}")
     else:
         return _deny("BadKey", f"key type {type(key).__name__} is not EC or RSA")
-    if not csr.is_signature_valid:
+    try:
+        signed = csr.is_signature_valid
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        return _deny("BadSignature", f"unsupported signature: {_printable(str(e))}")
+    if not signed:
         return _deny("BadSignature", "the request's signature does not verify")
-    attrs = list(csr.subject)
+    try:
+        attrs = list(csr.subject)
+    except ValueError as e:
+        return _deny("BadSubject", f"the subject does not parse: {_printable(str(e))}")
     if len(attrs) != 1 or attrs[0].oid != NameOID.COMMON_NAME:
         return _deny("BadSubject", "the subject must be exactly CN=<node name>")
     cn = attrs[0].value

@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_agent.names import ID_MAX, name_problem
+
 MIRROR = "kubernetes.io/config.mirror"
 SOURCE = "kubernetes.io/config.source"
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000  # scheduling.SystemCriticalPriority
@@ -49,6 +51,20 @@ class EvictionPolicy:
 
 
 DEFAULT_POLICY = EvictionPolicy()
+MAX_EXCLUDED_NAMESPACES = 256
+
+
+def parse_namespaces(text: str) -> frozenset[str]:
+    """``a,b,c`` as a set of namespace names (the chart's ``core.eviction.excludeNamespaces``
+    joined): each a DNS label, at most ``MAX_EXCLUDED_NAMESPACES``; '' is none. Raises
+    ``ValueError`` naming the bad entry (argparse turns it into a usage error)."""
+    names = [n.strip() for n in text.split(",") if n.strip()] if text else []
+    if len(names) > MAX_EXCLUDED_NAMESPACES:
+        raise ValueError(f"more than {MAX_EXCLUDED_NAMESPACES} namespaces")
+    for n in names:
+        if (why := name_problem(n, ID_MAX)) is not None:
+            raise ValueError(f"namespace {n[:64]!r}: {why}")
+    return frozenset(names)
 
 
 def exclusion(pod: Mapping[str, Any], policy: EvictionPolicy = DEFAULT_POLICY) -> str | None:

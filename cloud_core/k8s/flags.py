@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cloud_core.k8s.evict import EvictionPolicy, parse_namespaces
 from cloud_core.placement.config import EngineConfig
 from cloud_core.placement.spec import POLICIES
 
@@ -24,6 +25,19 @@ def add_scheduler_args(p: argparse.ArgumentParser | Any) -> None:
                         "batch; default: the min-cost-flow / packing answer improved by "
                         "bounded CP-SAT neighbourhoods, which also look for room for pods "
                         "left out)")
+
+
+def add_eviction_args(p: argparse.ArgumentParser | Any) -> None:
+    """``--evict-exclude-namespaces``: the descheduler's ``namespaces.exclude``."""
+    p.add_argument("--evict-exclude-namespaces", default="kube-system", metavar="NS[,NS...]",
+                   type=parse_namespaces,
+                   help="namespaces whose pods cfnet never evicts, to re-place them or for "
+                        "the console's drain (comma-separated; default kube-system; '' none)")
+
+
+def eviction_policy(args: argparse.Namespace) -> EvictionPolicy:
+    """The eviction policy the flags select (the DefaultEvictor's other defaults kept)."""
+    return EvictionPolicy(excluded_namespaces=args.evict_exclude_namespaces)
 
 
 def scheduler_engine_config(args: argparse.Namespace) -> EngineConfig:

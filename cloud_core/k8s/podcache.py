@@ -271,7 +271,8 @@ class PodCache(ActuatorState):
         # the re-planner's candidates: cfnet's own live pods that may be evicted (never a
         # DaemonSet, mirror/static, system-critical, kube-system or local-storage pod)
         mine = (live and spec.get("schedulerName") == self.config.scheduler_name
-                and not md.get("deletionTimestamp") and exclusion(pod) is None)
+                and not md.get("deletionTimestamp")
+                and exclusion(pod, self.config.eviction) is None)
         if live and w is not None and _uncountable(w):
             self._warn_uncountable(pod, node, w)
         return _Bound(rv=rv, node=node, key=obj_key(pod), live=live,

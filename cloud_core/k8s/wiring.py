@@ -23,6 +23,7 @@ from cloud_core.health import HealthConfig, all_health
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig, tune_gc
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import register_kubernetes_commands
+from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
 from cloud_core.k8s.leader import LeaderElector
 from cloud_core.k8s.ledger import MoveLedger
 from cloud_core.k8s.lines import no_line
@@ -47,6 +48,8 @@ class KubeSettings:
     # None: EngineConfig's defaults; cfnet-core passes what --placement-policy and
     # --exact-packing select (k8s/flags.py), as python -m cloud_core.k8s does
     engine: EngineConfig | None = None
+    # what cfnet never evicts (--evict-exclude-namespaces; None: the DefaultEvictor's defaults)
+    eviction: EvictionPolicy | None = None
     # how agents' silence, will and peers' links are judged (as in local mode)
     health: HealthConfig = field(default_factory=HealthConfig)
 
@@ -157,7 +160,8 @@ def start_kubernetes(
         client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan,
                                          engine_config=settings.engine,
                                          # bound() says each placement once it is made
-                                         placement_events=False),
+                                         placement_events=False,
+                                         eviction=settings.eviction or DEFAULT_POLICY),
         is_leader=elector.is_leader, on_alert=alert_to_event(events, line), links=links,
         on_bound=bound,
         events=events, agent_health=agent_health,

@@ -29,6 +29,10 @@ class ScoreWeights:
     # ScheduleAnyway topology spread ($/hour for the fullest domain, 0 for the emptiest):
     # the same scale as a preference, so spreading wins over small price differences.
     spread: float = 0.05
+    # Preferred inter-pod (anti-)affinity ($/hour for the node with the lowest normalised
+    # InterPodAffinity score, 0 for the highest): the same scale as soft node affinity, as
+    # kube-scheduler weighs NodeAffinity and InterPodAffinity alike (2 each).
+    pod_affinity: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,9 @@ class EngineConfig:
     # annotation): "cost" packs by price/energy/carbon (the solver); "spread" places pod by
     # pod with kube-scheduler's default scores (least-allocated + balanced), see scores.py.
     policy: str = "cost"
+    # InterPodAffinity's hardPodAffinityWeight (kube's default 1, 0..100): a running pod whose
+    # REQUIRED pod affinity selects the newcomer adds this to its domain's score (0: off).
+    hard_pod_affinity_weight: int = 1
     carbon_price_per_g: float = 0.0001  # $100 per tonne CO2
     intra_region_per_gb: float = 0.01
     inter_region_per_gb: float = 0.09

@@ -96,6 +96,13 @@ class PlacementResult:
         return tuple(d for d in self.decisions if d.node is None)
 
 
+SymTerm = tuple[RunningPod, PodAffinityTerm, int, bool]
+
+
+def _scores_others(p: RunningPod) -> bool:
+    return bool(p.affinity or p.preferred_affinity or p.preferred_anti_affinity)
+
+
 def _as_running(w: Workload, node: str) -> RunningPod:
     return RunningPod.of(w, node)
 
@@ -110,11 +117,20 @@ class PodIndex:
         self.anti_by_label: dict[tuple[str, str, str], list[tuple[RunningPod,
                                                                   PodAffinityTerm]]] = {}
         self.anti_other: list[tuple[RunningPod, PodAffinityTerm]] = []
+        # terms of running pods that score newcomers they select (InterPodAffinity's
+        # symmetry): (pod, term, signed weight, required?), by (namespace, first matchLabel)
+        self.sym_by_label: dict[tuple[str, str, str], list[SymTerm]] = {}
+        self.sym_other: list[SymTerm] = []
         self._todo: list[RunningPod] = list(pods)
+        # how many pods carry terms that score newcomers: while none does, symmetric() answers
+        # without indexing anything (every cost asks it)
+        self.n_sym = sum(1 for p in self._todo if _scores_others(p))
 
     def add(self, p: RunningPod) -> None:
         # indexed on first use: a batch adds thousands, most calls never look
         self._todo.append(p)
+        if _scores_others(p):
+            self.n_sym += 1
 
     def _flush(self) -> None:
         todo, self._todo = self._todo, []
@@ -137,6 +153,31 @@ class PodIndex:
                     self.anti_by_label.setdefault((ns, k, v), []).append((p, t))
             else:
                 self.anti_other.append((p, t))
+        sym: list[SymTerm] = [(p, t, 0, True) for t in p.affinity]
+        sym += [(p, t, wt, False) for wt, t in p.preferred_affinity]
+        sym += [(p, t, -wt, False) for wt, t in p.preferred_anti_affinity]
+        for e in sym:
+            t = e[1]
+            if t.selector.match_labels:
+                k, v = next(iter(t.selector.match_labels.items()))
+                for ns in t.namespaces or (p.namespace,):
+                    self.sym_by_label.setdefault((ns, k, v), []).append(e)
+            else:
+                self.sym_other.append(e)
+
+    def symmetric(self, w: Workload, hard_weight: int
+                  ) -> list[tuple[RunningPod, PodAffinityTerm, int]]:
+        """Running pods' terms that select ``w``, with the weight each adds to its domain's
+        InterPodAffinity score (required affinity: ``hard_weight``; 0 leaves them out)."""
+        if not self.n_sym:
+            return []
+        if self._todo:
+            self._flush()
+        cands = list(self.sym_other)
+        for k, v in w.labels.items():
+            cands.extend(self.sym_by_label.get((w.namespace, k, v), []))
+        return [(p, t, hard_weight if hard else wt) for p, t, wt, hard in cands
+                if (not hard or hard_weight > 0) and scores.matches_newcomer(p, t, w)]
 
     def matching(self, term: PodAffinityTerm, owner_ns: str) -> list[RunningPod]:
         if self._todo:
@@ -332,18 +373,33 @@ class PreparedCluster:
             res.append(self.resources_result(w, free))
         return res
 
+    def interpod_raw(self, w: Workload) -> np.ndarray | None:
+        """InterPodAffinity's raw score of ``w`` per node on the current pods (None: no term
+        of ``w`` or of a running pod is involved, the score is the same everywhere)."""
+        own = bool(w.preferred_pod_affinity or w.preferred_pod_anti_affinity)
+        sym = self.pods.symmetric(w, self.cfg.hard_pod_affinity_weight)
+        if not own and not sym:
+            return None
+        return scores.interpod_raw(w, self.ix, self.pods.matching, sym)
+
+    def pod_cost(self, w: Workload, mask: np.ndarray | None = None) -> np.ndarray | None:
+        """``scores.interpod_cost`` of ``w``, normalised over ``mask`` (kube: the nodes that
+        passed the filters; None: all nodes)."""
+        sel = slice(None) if mask is None else np.flatnonzero(mask)
+        return scores.interpod_cost(self.interpod_raw(w), self.ix.n, sel)
+
     def cost(self, w: Workload, mask: np.ndarray | None = None) -> np.ndarray:
         """Per-node cost of ``w``; with ``mask``, only there (inf elsewhere, not cached)."""
         if mask is not None:
             out = np.full(self.ix.n, np.inf)
             sel = np.flatnonzero(mask)
             if sel.size:
-                out[sel] = scores.total_cost(w, self.ix, sel)
+                out[sel] = scores.total_cost(w, self.ix, sel, self.pod_cost(w, mask))
             return out
         key = class_key(w)
         c = self._cost.get(key)
         if c is None:
-            c = scores.total_cost(w, self.ix)
+            c = scores.total_cost(w, self.ix, slice(None), self.pod_cost(w))
             self._cost[key] = c
         return c
 
@@ -561,7 +617,7 @@ class PreparedCluster:
                            examples)
 
     def _terms(self, w: Workload, i: int) -> dict[str, float]:
-        comp = scores.components(w, self.ix, np.array([i]))
+        comp = scores.components(w, self.ix, np.array([i]), self.pod_cost(w))
         return {k: float(v[0]) for k, v in comp.items()}
 
 

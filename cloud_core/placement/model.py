@@ -282,6 +282,12 @@ class RunningPod:
     # being deleted (metadata.deletionTimestamp): still holds its resources and host ports,
     # but topology spread does not count it (PodTopologySpread skips terminating pods)
     terminating: bool = False
+    # Its own pod affinity terms, for InterPodAffinity's symmetric score (scores.py): a
+    # newcomer its required affinity selects scores ``hard_pod_affinity_weight`` in its
+    # domain, one its preferred (anti-)affinity selects +/- the term's weight.
+    affinity: tuple[PodAffinityTerm, ...] = ()
+    preferred_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    preferred_anti_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
 
     def __post_init__(self) -> None:
         _freeze(self, "labels")
@@ -304,7 +310,9 @@ class RunningPod:
                    namespace=w.namespace if namespace is None else namespace, node=node,
                    labels=w.labels if labels is None else labels, requests=w.requests,
                    anti_affinity=w.pod_anti_affinity, host_ports=w.host_ports,
-                   extended=w.extended, terminating=terminating)
+                   extended=w.extended, terminating=terminating, affinity=w.pod_affinity,
+                   preferred_affinity=w.preferred_pod_affinity,
+                   preferred_anti_affinity=w.preferred_pod_anti_affinity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +343,10 @@ class Workload:
     tolerations: tuple[Toleration, ...] = ()
     pod_affinity: tuple[PodAffinityTerm, ...] = ()
     pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    # Soft pod (anti-)affinity: (weight 1..100, term) pairs; InterPodAffinity's score, a cost
+    # (scores.interpod_raw), never a filter.
+    preferred_pod_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    preferred_pod_anti_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
     max_latency_ms: float | None = None
     latency_to: str | None = None
     residency: frozenset[str] = frozenset()
@@ -359,20 +371,25 @@ class Workload:
         _freeze_counts(self, "extended")
         if self.preferred_node_affinity:
             check_preferences(self.preferred_node_affinity)
+        for name in ("preferred_pod_affinity", "preferred_pod_anti_affinity"):
+            if getattr(self, name):
+                check_preferences(getattr(self, name), name, PodAffinityTerm)
 
 
-def check_preferences(prefs: tuple[tuple[int, NodeSelectorTerm], ...]) -> None:
+def check_preferences(prefs: tuple[tuple[int, Any], ...],
+                      name: str = "preferred_node_affinity",
+                      kind: type = NodeSelectorTerm) -> None:
     """Weights are whole numbers in 1..100 (Kubernetes): the affinity cost divides by their
     sum, so a zero, negative or non-numeric weight must be refused here, not crash a solve."""
     if not isinstance(prefs, tuple):
-        raise PlacementError(f"preferred_node_affinity must be a tuple, got {prefs!r}")
+        raise PlacementError(f"{name} must be a tuple, got {prefs!r}")
     for i, p in enumerate(prefs):
-        if not (isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], NodeSelectorTerm)):
-            raise PlacementError(f"preferred_node_affinity[{i}] must be a (weight, "
-                                 f"NodeSelectorTerm) pair, got {p!r}")
+        if not (isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], kind)):
+            raise PlacementError(f"{name}[{i}] must be a (weight, "
+                                 f"{kind.__name__}) pair, got {p!r}")
         w = p[0]
         if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
-            raise PlacementError(f"preferred_node_affinity[{i}] weight must be an integer "
+            raise PlacementError(f"{name}[{i}] weight must be an integer "
                                  f"from 1 to 100, got {w!r}")
 
 

@@ -6,15 +6,19 @@ or 1-element arrays, for explanations and tests) and all nodes at once (for the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numpy as np
 
 from .config import EngineConfig
-from .filters import tolerates
+from .filters import term_matches_pod, tolerates
 from .index import ClusterIndex
-from .model import Taint, Toleration, Workload
+from .model import PodAffinityTerm, RunningPod, Taint, Toleration, Workload
 
 Arr = np.ndarray
-TERMS = ("price", "energy", "carbon", "data", "latency", "balance", "affinity", "taint")
+TERMS = ("price", "energy", "carbon", "data", "latency", "balance", "affinity", "taint",
+         "pod_affinity")
+MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
 SOFT_EFFECT = "PreferNoSchedule"
 
 
@@ -83,6 +87,87 @@ def preferred_weight(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(Non
     return matched, total
 
 
+# -- InterPodAffinity (kube-scheduler's Score plugin, interpodaffinity/scoring.go) ----------
+def interpod_raw(w: Workload, ix: ClusterIndex,
+                 matching: Callable[[PodAffinityTerm, str], Iterable[RunningPod]],
+                 symmetric: Iterable[tuple[RunningPod, PodAffinityTerm, int]]) -> Arr | None:
+    """Per node, InterPodAffinity's raw score of ``w`` (PreScore + Score), or None when
+    nothing contributes (kube's Skip: every node scores the same).
+
+    For every running pod, the score of its topology domain changes by:
+
+    * +weight for each of ``w``'s preferred affinity terms it matches, -weight for each of
+      ``w``'s preferred anti-affinity terms (``matching(term, w.namespace)``: the pods a
+      term selects);
+    * its own terms that select ``w`` (``symmetric``: (pod, term, signed weight) triples,
+      already filtered to terms that match ``w``): ``hard_pod_affinity_weight`` for its
+      required affinity, +/- weight for its preferred affinity / anti-affinity.
+
+    A node's raw score is the sum, over the topology keys, of its domain's score (nodes
+    lacking a key take nothing from it). Terminating pods count, as they do upstream."""
+    acc: dict[str, dict[int, int]] = {}
+
+    def add(key: str, node: str, weight: int) -> None:
+        i = ix.pos.get(node)
+        if i is None:
+            return
+        dom = ix.domain_ids(key)[0]
+        d = int(dom[i])
+        if d >= 0:
+            m = acc.setdefault(key, {})
+            m[d] = m.get(d, 0) + weight
+
+    for sign, terms in ((1, w.preferred_pod_affinity), (-1, w.preferred_pod_anti_affinity)):
+        for weight, t in terms:
+            for p in matching(t, w.namespace):
+                add(t.topology_key, p.node, sign * weight)
+    for p, t, weight in symmetric:
+        add(t.topology_key, p.node, weight)
+    if not acc:
+        return None
+    raw = np.zeros(ix.n, dtype=np.int64)
+    for key, m in acc.items():
+        dom = ix.domain_ids(key)[0]
+        per = np.zeros(int(dom.max()) + 2, dtype=np.int64)  # last entry: lacks the key
+        for d, v in m.items():
+            per[d] = v
+        raw += per[dom]
+    return raw
+
+
+def matches_newcomer(p: RunningPod, t: PodAffinityTerm, w: Workload) -> bool:
+    """Does the running pod ``p``'s term ``t`` select ``w`` (namespaces relative to ``p``)."""
+    return term_matches_pod(t, p.namespace, w.namespace, w.labels)
+
+
+def interpod_scores(raw: Arr, sel: Arr | slice = slice(None)) -> Arr:
+    """NormalizeScore over the nodes ``sel`` (kube: the nodes that passed the filters):
+    ``int64(MaxNodeScore * (float64(s - min) / float64(max - min)))``, 0 when all are
+    equal. In float64 as Go computes it, so a ratio such as 0.29 truncates as it does there
+    (28, not 29); raw scores stay far below 2^53, where float64 is exact."""
+    s = raw[sel]
+    if s.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    lo, hi = int(s.min()), int(s.max())
+    if hi <= lo:
+        return np.zeros(s.shape, dtype=np.int64)
+    ratio = (s - lo).astype(np.float64) / float(hi - lo)
+    return np.trunc(float(MAX_NODE_SCORE) * ratio).astype(np.int64)
+
+
+def interpod_cost(raw: Arr | None, n: int, sel: Arr | slice = slice(None)) -> Arr | None:
+    """Per node (length ``n``): the share of the best normalised score the node misses
+    (``(max - score) / 100``: 0 on the best nodes, 1 on the worst when scores differ), with
+    the normalisation over ``sel``; None when nothing contributes."""
+    if raw is None:
+        return None
+    out = np.zeros(n, dtype=np.float64)
+    sc = interpod_scores(raw, sel)
+    if sc.size:
+        out[sel] = (int(sc.max()) - sc) / MAX_NODE_SCORE
+    return out
+
+
 def untolerated_soft_taints(tolerations: tuple[Toleration, ...],
                             taints: tuple[Taint, ...]) -> int:
     """How many ``PreferNoSchedule`` taints no toleration covers (same matching as the
@@ -102,9 +187,10 @@ def taint_counts(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)) 
     return per_set[sub]
 
 
-def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
-               ) -> dict[str, Arr]:
-    """Weighted cost terms of ``w`` on nodes ``ix.nodes[sel]`` (a dict of arrays)."""
+def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None),
+               pod_cost: Arr | None = None) -> dict[str, Arr]:
+    """Weighted cost terms of ``w`` on nodes ``ix.nodes[sel]`` (a dict of arrays).
+    ``pod_cost``: ``interpod_cost`` over all nodes (None: no InterPodAffinity score)."""
     cfg, wt = ix.cfg, ix.cfg.weights
     req = np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus],
                    dtype=np.float64)
@@ -146,12 +232,15 @@ def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)
     else:
         out["affinity"] = np.zeros_like(share)
     out["taint"] = wt.taint * taint_counts(w, ix, sel)
+    out["pod_affinity"] = (wt.pod_affinity * pod_cost[sel] if pod_cost is not None
+                           else np.zeros_like(share))
     return out
 
 
-def total_cost(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)) -> Arr:
+def total_cost(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None),
+               pod_cost: Arr | None = None) -> Arr:
     """Sum of the weighted terms: the per-pod cost the solver minimises."""
-    c = components(w, ix, sel)
+    c = components(w, ix, sel, pod_cost)
     out = c["price"].copy()
     for t in TERMS[1:]:
         out += c[t]
@@ -177,11 +266,13 @@ def spread_soft_cost(skews: list[tuple[Arr, int]], sel: Arr) -> Arr:
     return out
 
 
-def kube_default_cost(w: Workload, ix: ClusterIndex, sel: Arr) -> Arr:
+def kube_default_cost(w: Workload, ix: ClusterIndex, sel: Arr,
+                      pod_cost: Arr | None = None) -> Arr:
     """kube-scheduler's default scores as a cost in 0..~4 (lower is better), for the
     ``spread`` policy: NodeResourcesFit LeastAllocated (mean cpu/memory utilisation after
     placing) + NodeResourcesBalancedAllocation (cpu/memory imbalance after placing), each
-    weight 1, and NodeAffinity's preferred terms (weight 2) -- kube's relative weights. Price,
+    weight 1, NodeAffinity's preferred terms and InterPodAffinity (weight 2 each) -- kube's
+    relative weights. Price,
     energy and carbon play no part: this policy spreads as kube-scheduler does."""
     req = np.array([w.requests.cpu_milli, w.requests.mem_bytes], dtype=np.float64)
     cap = ix.cap[sel][:, :2].astype(np.float64)
@@ -194,11 +285,13 @@ def kube_default_cost(w: Workload, ix: ClusterIndex, sel: Arr) -> Arr:
     if w.preferred_node_affinity:
         matched, total = preferred_weight(w, ix, sel)
         out = out + 2.0 * affinity_cost(matched, total)
+    if pod_cost is not None:
+        out = out + 2.0 * pod_cost[sel]
     return np.asarray(out + taint_counts(w, ix, sel))
 
 
 def sequential_cost(w: Workload, ix: ClusterIndex, mask: Arr, default_policy: str,
-                    soft_spread: list[tuple[Arr, int]]) -> Arr:
+                    soft_spread: list[tuple[Arr, int]], pod_cost: Arr | None = None) -> Arr:
     """Per-node cost for the pod-by-pod path (inf outside ``mask``), by the workload's
     policy (``w.policy``, else ``default_policy``):
 
@@ -209,21 +302,21 @@ def sequential_cost(w: Workload, ix: ClusterIndex, mask: Arr, default_policy: st
     out = np.full(ix.n, np.inf)
     sel = np.flatnonzero(mask)
     if sel.size:
-        out[sel] = policy_cost(w, ix, sel, default_policy, soft_spread)
+        out[sel] = policy_cost(w, ix, sel, default_policy, soft_spread, pod_cost)
     return out
 
 
 def policy_cost(w: Workload, ix: ClusterIndex, sel: Arr, default_policy: str,
-                soft_spread: list[tuple[Arr, int]]) -> Arr:
+                soft_spread: list[tuple[Arr, int]], pod_cost: Arr | None = None) -> Arr:
     """``sequential_cost`` on the nodes ``sel`` (non-empty) only. Without soft spread every
     term is per node, so a node's cost does not depend on which others are in ``sel``."""
     policy = w.policy or default_policy
     if policy == "spread":
-        c = kube_default_cost(w, ix, sel)
+        c = kube_default_cost(w, ix, sel, pod_cost)
         if soft_spread:
             c = c + 2.0 * spread_soft_cost(soft_spread, sel)
     else:
-        c = total_cost(w, ix, sel)
+        c = total_cost(w, ix, sel, pod_cost)
         if soft_spread:
             c = c + ix.cfg.weights.spread * spread_soft_cost(soft_spread, sel)
     return c

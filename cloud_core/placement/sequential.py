@@ -39,8 +39,8 @@ BIG = np.iinfo(np.int64).max // 4
 
 def needs_sequential(w: Workload, default_policy: str) -> bool:
     """Whether ``w``'s class must be placed pod by pod (see the module docstring)."""
-    return bool(w.spread or w.host_ports or w.extended) or \
-        (w.policy or default_policy) == "spread"
+    return bool(w.spread or w.host_ports or w.extended or w.preferred_pod_affinity
+                or w.preferred_pod_anti_affinity) or (w.policy or default_policy) == "spread"
 
 
 def ports_conflict(a: HostPort, b: HostPort) -> bool:
@@ -174,7 +174,12 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
     # Placing a pod changes its node only: what fits and, without ScheduleAnyway spread (its
     # cost is relative to the candidates), the cost are computed once and kept per node.
     fits: np.ndarray = np.asarray((pc.free >= req).all(axis=1))
-    soft = any(not c.hard for c in w.spread)
+    # InterPodAffinity: each pod placed moves its whole domain's score, and the score is
+    # normalised over the candidates: recomputed for every pod, as kube-scheduler does
+    # (a class with required affinity may attract its own later pods: hardPodAffinityWeight)
+    interpod = bool(w.pod_affinity or w.preferred_pod_affinity
+                    or w.preferred_pod_anti_affinity) or pc.interpod_raw(w) is not None
+    soft = interpod or any(not c.hard for c in w.spread)
     full = None if soft or not pc.ix.n else scores.policy_cost(w, pc.ix, np.arange(pc.ix.n),
                                                                policy, [])
     for k in range(count):
@@ -199,7 +204,8 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
         if full is None:
             cost = scores.sequential_cost(w, pc.ix, mask, policy,
                                           [(s.skew(), s.c.max_skew) for s in spreads
-                                           if not s.c.hard])
+                                           if not s.c.hard],
+                                          pc.pod_cost(w, mask) if interpod else None)
         else:
             cost = np.where(mask, full, np.inf)
         if first_mask is None:

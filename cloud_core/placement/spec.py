@@ -214,18 +214,37 @@ def _selector(obj: Any, field: str) -> LabelSelector:
     return LabelSelector(_str_map(m.get("matchLabels"), f"{field}.matchLabels"), exprs)
 
 
+def _pod_term(obj: Any, f: str) -> PodAffinityTerm:
+    tm = _map(obj, f)
+    key = tm.get("topologyKey")
+    if not isinstance(key, str) or not key:
+        raise SpecError(f"{f}.topologyKey", "is required")
+    if "labelSelector" not in tm:
+        raise SpecError(f"{f}.labelSelector", "is required")
+    ns = tuple(str(x) for x in _list(tm.get("namespaces"), f"{f}.namespaces"))
+    return PodAffinityTerm(_selector(tm["labelSelector"], f"{f}.labelSelector"), key, ns)
+
+
 def _pod_terms(obj: Any, field: str) -> tuple[PodAffinityTerm, ...]:
+    return tuple(_pod_term(t, f"{field}[{i}]") for i, t in enumerate(_list(obj, field)))
+
+
+def _weighted_pod_terms(obj: Any, field: str) -> tuple[tuple[int, PodAffinityTerm], ...]:
+    """``[{weight: 1..100, podAffinityTerm: <term>}]`` (Kubernetes'
+    ``WeightedPodAffinityTerm``) as (weight, term) pairs; the term parsed like a required
+    one."""
     out = []
     for i, t in enumerate(_list(obj, field)):
         f = f"{field}[{i}]"
         tm = _map(t, f)
-        key = tm.get("topologyKey")
-        if not isinstance(key, str) or not key:
-            raise SpecError(f"{f}.topologyKey", "is required")
-        if "labelSelector" not in tm:
-            raise SpecError(f"{f}.labelSelector", "is required")
-        ns = tuple(str(x) for x in _list(tm.get("namespaces"), f"{f}.namespaces"))
-        out.append(PodAffinityTerm(_selector(tm["labelSelector"], f"{f}.labelSelector"), key, ns))
+        w = tm.get("weight")
+        if w is None:
+            raise SpecError(f"{f}.weight", "is required")
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
+            raise SpecError(f"{f}.weight", f"{_clip(w)!r} must be an integer from 1 to 100")
+        if tm.get("podAffinityTerm") is None:
+            raise SpecError(f"{f}.podAffinityTerm", "is required")
+        out.append((w, _pod_term(tm["podAffinityTerm"], f"{f}.podAffinityTerm")))
     return tuple(out)
 
 
@@ -291,13 +310,13 @@ POD_SPEC_FIELDS = frozenset({
 })
 AFFINITY_FIELDS = {
     "nodeAffinity": frozenset({"requiredDuringSchedulingIgnoredDuringExecution", PREFERRED}),
-    # preferred pod (anti-)affinity is a score in kube-scheduler; cfnet accepts and does not
-    # score it (documented) -- it can never make a placement invalid
+    # preferred pod (anti-)affinity: InterPodAffinity's score (scores.interpod_raw)
     "podAffinity": frozenset({"requiredDuringSchedulingIgnoredDuringExecution", PREFERRED}),
     "podAntiAffinity": frozenset({"requiredDuringSchedulingIgnoredDuringExecution",
                                   PREFERRED}),
 }
 POD_TERM_FIELDS = frozenset({"labelSelector", "namespaces", "topologyKey"})
+WEIGHTED_TERM_FIELDS = frozenset({"weight", "podAffinityTerm"})
 SPREAD_FIELDS = frozenset({"maxSkew", "topologyKey", "whenUnsatisfiable", "labelSelector",
                            "minDomains", "nodeAffinityPolicy", "nodeTaintsPolicy",
                            "matchLabelKeys"})
@@ -332,11 +351,18 @@ def check_supported(spec: Mapping[str, Any], sp: str = "spec") -> None:
                 continue
             for i, t in enumerate(_list(terms, f)):
                 tm = _map(t, f"{f}[{i}]")
+                where = f"{f}[{i}]"
                 if kk == PREFERRED:
-                    tm = _map(tm.get("podAffinityTerm"), f"{f}[{i}].podAffinityTerm")
+                    for x in tm:
+                        if x not in WEIGHTED_TERM_FIELDS:
+                            raise SpecError(f"{where}.{x}", NOT_SUPPORTED)
+                    where += ".podAffinityTerm"
+                    tm = _map(tm.get("podAffinityTerm"), where)
+                # a preferred term is scored now: a field cfnet cannot honour is refused there
+                # too (namespaceSelector, matchLabelKeys), never scored as if absent
                 for x in tm:
-                    if x not in POD_TERM_FIELDS and kk != PREFERRED:
-                        raise SpecError(f"{f}[{i}].{x}", NOT_SUPPORTED)
+                    if x not in POD_TERM_FIELDS:
+                        raise SpecError(f"{where}.{x}", NOT_SUPPORTED)
     for i, c in enumerate(_list(spec.get("topologySpreadConstraints"),
                                 f"{sp}.topologySpreadConstraints")):
         for x in _map(c, f"{sp}.topologySpreadConstraints[{i}]"):
@@ -677,6 +703,10 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
         tolerations=_tolerations(spec.get("tolerations"), f"{sp}.tolerations"),
         pod_affinity=_pod_terms(pa.get(rq), f"{sp}.affinity.podAffinity.{rq}"),
         pod_anti_affinity=_pod_terms(paa.get(rq), f"{sp}.affinity.podAntiAffinity.{rq}"),
+        preferred_pod_affinity=_weighted_pod_terms(
+            pa.get(PREFERRED), f"{sp}.affinity.podAffinity.{PREFERRED}"),
+        preferred_pod_anti_affinity=_weighted_pod_terms(
+            paa.get(PREFERRED), f"{sp}.affinity.podAntiAffinity.{PREFERRED}"),
         labels=labels,
         **extras,
     )
@@ -755,7 +785,8 @@ def _key_spec(spec: Any) -> Any:
 
 _PLAIN_KEYS = {"name", "namespace", "uid", "replicas", "requests", "nodeSelector", "nodeAffinity",
                "preferredNodeAffinity", "tolerations", "podAffinity", "podAntiAffinity",
-               "labels", "maxLatencyMs", "latencyTo", "residency", "minSecurityLevel", "data",
+               "preferredPodAffinity", "preferredPodAntiAffinity", "labels", "maxLatencyMs",
+               "latencyTo", "residency", "minSecurityLevel", "data",
                "dataGb", "dataLocation", "costWeight", "gang"}
 _CAMEL = {"max-latency-ms": "maxLatencyMs", "latency-to": "latencyTo", "residency": "residency",
           "min-security-level": "minSecurityLevel", "data": "data", "data-gb": "dataGb",
@@ -790,6 +821,10 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
         tolerations=_tolerations(doc.get("tolerations"), f"{where}tolerations"),
         pod_affinity=_pod_terms(doc.get("podAffinity"), f"{where}podAffinity"),
         pod_anti_affinity=_pod_terms(doc.get("podAntiAffinity"), f"{where}podAntiAffinity"),
+        preferred_pod_affinity=_weighted_pod_terms(doc.get("preferredPodAffinity"),
+                                                   f"{where}preferredPodAffinity"),
+        preferred_pod_anti_affinity=_weighted_pod_terms(doc.get("preferredPodAntiAffinity"),
+                                                        f"{where}preferredPodAntiAffinity"),
         labels=_str_map(doc.get("labels"), f"{where}labels"), **extras)
     uid = doc.get("uid") or f"{ns}/{name}"
     if why := uid_problem(uid):
@@ -855,8 +890,8 @@ def parse_workload_yaml(text: str) -> list[Workload]:
 
 def usage_workload(pod: Mapping[str, Any]) -> Workload | None:
     """What a pod bound by anyone (kube-scheduler too, or a pod cfnet refuses to place) takes
-    from its node: requests, extended resources, host ports, labels and required
-    anti-affinity, read leniently (a part that does not parse is left out) so that the
+    from its node: requests, extended resources, host ports, labels and pod (anti-)affinity
+    terms, read leniently (a part that does not parse is left out) so that the
     node's usage is counted whatever else the pod says. None: not even a name."""
     if not isinstance(pod, Mapping):
         return None
@@ -875,11 +910,17 @@ def usage_workload(pod: Mapping[str, Any]) -> Workload | None:
         parts["host_ports"] = host_ports(spec)
     with contextlib.suppress(SpecError):
         parts["labels"] = _str_map(meta.get("labels"), "metadata.labels")
-    try:
-        paa = _map(_map(spec.get("affinity"), "a").get("podAntiAffinity"), "a")
-        parts["pod_anti_affinity"] = _pod_terms(
-            paa.get("requiredDuringSchedulingIgnoredDuringExecution"), "a")
-    except SpecError:
-        pass
+    rq = "requiredDuringSchedulingIgnoredDuringExecution"
+    # its pod (anti-)affinity terms: required anti-affinity repels newcomers (a filter); the
+    # others score them (InterPodAffinity's symmetry, scores.interpod_raw); each read apart
+    for part, kind, key, parse in (
+            ("pod_anti_affinity", "podAntiAffinity", rq, _pod_terms),
+            ("pod_affinity", "podAffinity", rq, _pod_terms),
+            ("preferred_pod_affinity", "podAffinity", PREFERRED, _weighted_pod_terms),
+            ("preferred_pod_anti_affinity", "podAntiAffinity", PREFERRED,
+             _weighted_pod_terms)):
+        with contextlib.suppress(SpecError):
+            aff = _map(_map(spec.get("affinity"), "a").get(kind), "a")
+            parts[part] = parse(aff.get(key), "a")
     return Workload(uid=str(meta.get("uid") or f"{ns}/{name}"), name=name, namespace=ns,
                     **parts)

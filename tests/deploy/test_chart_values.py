@@ -351,6 +351,8 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      ["nats.mode=deploy", "nats.deploy.accountsSecretName=my-accounts"],
      lambda o: any(v.get("secret", {}).get("secretName") == "my-accounts"
                    for v in nats_pod(o)["volumes"])),
+    ("core.eviction.excludeNamespaces", ["core.eviction.excludeNamespaces={kube-system,team-a}"],
+     lambda o: "--evict-exclude-namespaces=kube-system,team-a" in core_c(o)["args"]),
     ("nats.deploy.storage", ["nats.mode=deploy", "nats.deploy.storage=3Gi"],
      lambda o: nats_pvc(o)["resources"]["requests"]["storage"] == "3Gi"),
     ("nats.deploy.storageClassName", ["nats.mode=deploy", "nats.deploy.storageClassName=fast"],
@@ -453,6 +455,7 @@ BAD = [
     ("agent.certificateDays=0", "agent.certificateDays"),
     ("broker.certPort=0", "broker.certPort"),
     ("mosquitto.service.certNodePort=30002", "certNodePort"),  # a ClusterIP would ignore it
+    ("core.eviction.excludeNamespaces[0]=Bad_NS", "core.eviction.excludeNamespaces"),
     ("core.typo=1", "typo"),
     ("agentt.enabled=true", "agentt"),
 ]

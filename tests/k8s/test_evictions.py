@@ -25,6 +25,7 @@ its rule and evicts only a second plain pod.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import uuid
 from typing import Any
@@ -37,7 +38,10 @@ from cloud_core.errors import KubeError
 from cloud_core.events import EventLog
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import register_kubernetes_commands
+from cloud_core.k8s.flags import add_eviction_args, eviction_policy
 from cloud_core.k8s.registry import RESIDENCY_REGION
+from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
+from cloud_core.state import ClusterState
 from tests.k8s.conftest import Cluster, wait_for
 from tests.k8s.test_node_facts import kubelet_client
 from tests.k8s.test_tenancy import bound_within, running_core
@@ -211,3 +215,52 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
             admin.delete(f"/api/v1/namespaces/kube-system/pods/{sys_pod}", grace_period_s=0)
         with contextlib.suppress(KubeError):
             admin.delete(f"/api/v1/namespaces/kube-system/replicationcontrollers/{sys_pod}")
+
+
+def test_tenant_namespace_excluded_from_drain(cluster: Cluster, admin: KubeClient,
+                                              service_account_client: KubeClient) -> None:
+    """The descheduler's ``namespaces.exclude`` (the chart's
+    ``core.eviction.excludeNamespaces``, ``--evict-exclude-namespaces``): a tenant namespace
+    listed there keeps its pods through a drain, with the rule named; kube-system stays
+    listed with it."""
+    ns = cluster.namespace
+    node = f"ex-{uuid.uuid4().hex[:6]}"
+    cluster.node(node, region=REGION)
+    rc = admin.create(f"/api/v1/namespaces/{ns}/replicationcontrollers", {
+        "apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "own"},
+        "spec": {"replicas": 0, "selector": {"app": "none"}, "template": {
+            "metadata": {"labels": {"app": "none"}},
+            "spec": {"containers": [{"name": "c", "image": IMAGE}]}}}})
+    admin.create(f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tenant-pod", "ownerReferences": _owner(
+            rc, "ReplicationController", "v1")},
+        "spec": _spec(node)})
+    policy = eviction_policy(_flags(["--evict-exclude-namespaces", f"kube-system,{ns}"]))
+    assert policy.excluded_namespaces == {"kube-system", ns}
+    runner = start_kubernetes(service_account_client, ClusterState(), EventLog(), KubeSettings(
+        identity=f"core-{ns}", lease_duration_s=4, renew_deadline_s=3, retry_period_s=1,
+        eviction=policy))
+    try:
+        wait_for(runner.elector.is_leader, timeout=30, what="the core leading")
+        wait_for(lambda: "tenant-pod" in {(p.get("metadata") or {}).get("name")
+                                          for p in runner.actuator.pods.items()},
+                 what="tenant-pod in the core's informer")
+        svc = ConsoleService({"op": "operator"}.get)
+        register_kubernetes_commands(svc, runner.actuator, admin, EventLog(lambda ev: None))
+        r = svc.handle("op", Request("drain", {"node": node}))
+        assert r.ok, r.error
+        assert r.data["evicted"] == [], r.data
+        assert [k for k in r.data["not_evictable"] if k.startswith(f"{ns}/tenant-pod")] == [
+            f"{ns}/tenant-pod: in namespace {ns}"], r.data
+        pod = admin.get(f"/api/v1/namespaces/{ns}/pods/tenant-pod")
+        assert not pod["metadata"].get("deletionTimestamp")
+    finally:
+        runner.stop()
+
+
+def _flags(argv: list[str]) -> argparse.Namespace:
+    """cfnet-core's eviction flag as its parser reads it."""
+    p = argparse.ArgumentParser()
+    add_eviction_args(p)
+    return p.parse_args(argv)

@@ -4,11 +4,20 @@ the console's drain against a real API server: tests/k8s/test_evictions.py."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
 
-from cloud_core.k8s.evict import EvictionPolicy, exclusion, move_exclusion, unowned
+from cloud_core.k8s.evict import (
+    DEFAULT_POLICY,
+    EvictionPolicy,
+    exclusion,
+    move_exclusion,
+    parse_namespaces,
+    unowned,
+)
+from cloud_core.k8s.flags import add_eviction_args, eviction_policy
 
 
 def _pod(ns: str = "app", ann: dict[str, str] | None = None, owner: str | None = None,
@@ -63,3 +72,31 @@ def test_a_pod_no_controller_owns_is_not_moved() -> None:
     assert move_exclusion(ref) is not None  # an owner that is not a controller recreates nothing
     assert move_exclusion(_pod(owner="ReplicaSet")) is None
     assert move_exclusion(_pod(owner="DaemonSet")) == "a DaemonSet pod"  # the first rule says it
+
+
+def test_tenant_namespace_exclusion_from_the_flag() -> None:
+    """``--evict-exclude-namespaces`` (the chart's ``core.eviction.excludeNamespaces``) is
+    the descheduler's ``namespaces.exclude``: the list replaces the default kube-system."""
+    p = argparse.ArgumentParser()
+    add_eviction_args(p)
+    assert eviction_policy(p.parse_args([])) == DEFAULT_POLICY
+    pol = eviction_policy(p.parse_args(["--evict-exclude-namespaces=kube-system,team-a"]))
+    assert exclusion(_pod(ns="team-a", owner="ReplicaSet"), pol) == "in namespace team-a"
+    assert move_exclusion(_pod(ns="team-a", owner="ReplicaSet"), pol) == "in namespace team-a"
+    assert exclusion(_pod(ns="team-b", owner="ReplicaSet"), pol) is None
+    assert exclusion(_pod(ns="kube-system"), pol) is not None
+    none = eviction_policy(p.parse_args(["--evict-exclude-namespaces="]))
+    assert exclusion(_pod(ns="kube-system"), none) is None
+
+
+@pytest.mark.parametrize("text", ["Bad_NS", "a,,b,-x", "x" * 64, ",".join(["n"] * 257),
+                                  "a\nb", "ns/other"])
+def test_bad_namespace_lists_refused_with_the_reason(text: str) -> None:
+    with pytest.raises(ValueError) as e:
+        parse_namespaces(text)
+    assert "namespace" in str(e.value)
+
+
+def test_namespace_list_parsed() -> None:
+    assert parse_namespaces(" kube-system , team-a ") == {"kube-system", "team-a"}
+    assert parse_namespaces("") == frozenset()

@@ -174,7 +174,7 @@ def test_explain() -> None:
     assert e.node_reasons == ("residency",)
     assert e.best[0][0] == "a"
     assert set(e.breakdown) == {"price", "energy", "carbon", "data", "latency", "balance",
-                                "affinity", "taint"} == set(TERMS)
+                                "affinity", "taint", "pod_affinity"} == set(TERMS)
     assert "b: residency" in str(e)
     with pytest.raises(PlacementError):
         explain(snap(nodes), w, node="zz")
