@@ -30,6 +30,9 @@ twice), ``cooldown_s`` lowered from 600 s to
 ``--cooldown`` (3 s) because the same workload moves every ~10 s here.
 
     python -m tools.bench_reaction [--runs 20 --sla-ms 20 --quick]
+
+``--kubernetes``: the same degradation on the deployed Kubernetes path, timed per stage to
+the replacement's binding (``tools.bench_reaction_k8s``).
 """
 
 from __future__ import annotations
@@ -231,6 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cooldown", type=float, default=3.0, help="ReplanConfig.cooldown_s")
     ap.add_argument("--quick", action="store_true", help="20 runs, no loss runs")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--delay-ms", type=float, default=None,
+                    help="with --kubernetes: add this one-way delay instead of the rate cut")
+    ap.add_argument("--kubernetes", action="store_true",
+                    help="cfnet-core --kubernetes's wiring on a control plane with kwok Nodes, "
+                         "per stage to the replacement's binding (tools.bench_reaction_k8s)")
     a = ap.parse_args(argv)
     if a.quick:
         a.loss_runs = 0
@@ -238,6 +246,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         stream=sys.stderr)
     for name in ("tools.lab", "cloud_core", "edge_agent"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if a.kubernetes:
+        from tools import bench_reaction_k8s as k8s
+
+        with tempfile.TemporaryDirectory(prefix="cfnet-bench-reaction-k8s-") as tmp:
+            runs = k8s.bench(a.runs, a.sla_ms, a.degraded_mbit, a.cooldown, a.flow_mbit,
+                             Path(tmp), a.delay_ms)
+        print()
+        print(k8s.table(runs, a.sla_ms, a.degraded_mbit, a.delay_ms))
+        print(f"\n(cfnet-core --kubernetes wiring, kwok Nodes; agents: eBPF probe, 1 s "
+              f"interval; replan every 1 s; violation_intervals 3; cooldown {a.cooldown:g} s; "
+              f"2 shared CPUs)")
+        if a.json:
+            print(json.dumps([{"src": r.src, "dst": r.dst, **{s: r.since(s) for s in k8s.STAGES}}
+                              for r in runs], indent=1))
+        return 0
     with tempfile.TemporaryDirectory(prefix="cfnet-bench-reaction-") as tmp:
         results = bench(a.runs, a.loss_runs, a.sla_ms, a.degraded_mbit, a.loss, a.cooldown,
                         a.flow_mbit, Path(tmp))
