@@ -225,11 +225,13 @@ def table(results: list[Run], sla_ms: float, degraded_mbit: float, loss: float) 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_reaction",
                                  description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=None, help="20; 10 with --kubernetes")
     ap.add_argument("--loss-runs", type=int, default=2)
     ap.add_argument("--sla-ms", type=float, default=20.0)
     ap.add_argument("--degraded-mbit", type=float, default=1.0)
-    ap.add_argument("--flow-mbit", type=float, default=3.0, help="each paced flow, each way")
+    ap.add_argument("--flow-mbit", type=float, default=3.0,
+                    help="each paced flow, each way (--kubernetes: 0 for none, active probing "
+                         "only)")
     ap.add_argument("--loss", type=float, default=0.1)
     ap.add_argument("--cooldown", type=float, default=3.0, help="ReplanConfig.cooldown_s")
     ap.add_argument("--quick", action="store_true", help="20 runs, no loss runs")
@@ -240,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="cfnet-core --kubernetes's wiring on a control plane with kwok Nodes, "
                          "per stage to the replacement's binding (tools.bench_reaction_k8s)")
     a = ap.parse_args(argv)
+    if a.runs is None:
+        a.runs = 10 if a.kubernetes else 20
     if a.quick:
         a.loss_runs = 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",

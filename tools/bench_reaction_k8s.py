@@ -30,7 +30,7 @@ The loop's ``commit_moves`` is wrapped here to time stages 4 and 5 (the product 
 ``move`` event only after the eviction). Settings as ``tools.bench_reaction`` (local mode):
 ``ReplanConfig`` defaults but ``cooldown_s`` ``--cooldown`` (3 s), so the table compares.
 
-    python -m tools.bench_reaction --kubernetes [--runs 10]
+    python -m tools.bench_reaction --kubernetes [--runs 10]  # = python -m tools.bench_reaction_k8s
 """
 
 from __future__ import annotations
@@ -185,6 +185,8 @@ def _kwok_node(admin: KubeClient, kwok: Any, name: str) -> None:
 @contextlib.contextmanager
 def rig(workdir: Path, sla_ms: float, cooldown_s: float, flow_mbit: float,
         budget_s: float) -> Iterator[Rig]:
+    """``flow_mbit`` 0: no flows; the agents measure the links by active probing only
+    (``edge_agent.active``: an idle peer at most every 30 s), as in ``tools.demo``."""
     from tools.envtest import ControlPlane, ensure_binaries
     from tools.envtest.kwok import Kwok
 
@@ -218,7 +220,7 @@ def rig(workdir: Path, sla_ms: float, cooldown_s: float, flow_mbit: float,
                             "--buffer-path", str(workdir / f"{node}.db"), "--interval-s", "1",
                             "--peers", ",".join(a for s, a in peers.items() if s != site),
                         ], stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO)))
-                for i, cand in enumerate(("edgea", "edgeb")):
+                for i, cand in enumerate(("edgea", "edgeb") if flow_mbit > 0 else ()):
                     procs.extend(_traffic(lab, cand, "users", budget_s, 5201 + i, flow_mbit))
                 cc = broker.add_account("core-k8s", "core")
                 core = CoreService(CoreConfig(
@@ -342,13 +344,14 @@ def bench(runs: int, sla_ms: float, degraded_mbit: float, cooldown_s: float, flo
     budget_s = runs * 40.0 + 120.0
     with rig(workdir, sla_ms, cooldown_s, flow_mbit, budget_s) as r:
         wait_until(lambda: r.runner.actuator.wait_ready(0.1), 120, "the actuator ready")
-        wait_until(lambda: all(r.worse_better(n) < math.inf for n in ("edge-a", "edge-b")), 90,
+        wait_until(lambda: all(r.worse_better(n) < math.inf for n in ("edge-a", "edge-b")), 120,
                    "both candidates' links to edge-u measured by the agents")
         r.admin.create(f"/apis/apps/v1/namespaces/{NS}/deployments", _deployment(sla_ms))
         last_move = 0.0
         for i in range(runs):
             old, node = _settle(r, cooldown_s, last_move)
-            run = one_run(r, old, node, degraded_mbit, delay_ms, 30.0)
+            run = one_run(r, old, node, degraded_mbit, delay_ms,
+                          30.0 if flow_mbit > 0 else 75.0)
             out.append(run)
             log.info("run %d: %s -> %s: %s; re-plan interval max %.2f s; re-plans after the "
                      "report (s after it, strikes; -1: moved) %s", i + 1, node, run.dst,
@@ -390,3 +393,15 @@ def table(runs: list[Run], sla_ms: float, degraded_mbit: float,
     lines.append(f"\n(the loop's re-plan interval while a run waited for its decision: p50 "
                  f"{pct(every, 0.5):.2f} s, max {max(every, default=math.nan):.2f} s)")
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tools.bench_reaction_k8s [...]``: ``tools.bench_reaction --kubernetes``
+    (its options; ``make bench`` runs it with ``--runs 5``)."""
+    from tools.bench_reaction import main as reaction
+
+    return reaction(["--kubernetes", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
