@@ -113,7 +113,8 @@ def rig(broker: Broker, admin: KubeClient, cluster: Cluster,
         renew_deadline_s=3, retry_period_s=1),
         on_lead=core.connect, on_follow=core.disconnect)
     try:
-        wait_for(lambda: core.mqtt.connected, timeout=20, what="the leader's MQTT connection")
+        # 60 s: the Lease, then the MQTT child process starting on a machine at load 20+
+        wait_for(lambda: core.mqtt.connected, timeout=60, what="the leader's MQTT connection")
         yield core, agents, runner
     finally:
         runner.stop()
@@ -288,8 +289,10 @@ def test_notready_edge_whose_will_fired_is_replaced_in_seconds(
     ns, app = cluster.namespace, "nr-app"
     try:
         for node in ("nr-edge", "nr-other"):
-            wait_for(partial(_is, runner, node, Health.ONLINE), timeout=30,
-                     what=f"{node} online from its agent's reports")
+            # 60 s: the Lease, the MQTT child process, the first reports (a loaded machine)
+            wait_for(partial(_is, runner, node, Health.ONLINE), timeout=60,
+                     what=f"{node} online from its agent's reports (leader's MQTT "
+                          f"connected: {core.mqtt.connected})")
         admin.patch("/api/v1/nodes/nr-other", {"spec": {"unschedulable": True}})
         admin.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns, app, 1))
         first = wait_for(partial(_first_node, cluster, app), timeout=90,
