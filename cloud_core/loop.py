@@ -212,9 +212,13 @@ class DecisionLoop:
         self.replan_interval_s = replan_interval_s
         # At scale an observation plus plan_moves over every running pod costs a good part
         # of a second (10,000 pods: 0.1-0.5 s): with ``replan_max_share`` set, the interval
-        # stretches so that re-planning takes at most that share of the loop's time.
+        # stretches so that re-planning takes at most that share of the loop's time. The cost
+        # is this thread's CPU time (time.thread_time), not the wall clock: on a machine
+        # whose CPUs other processes share (load 17-22 on 2 cores), a three-node re-plan's
+        # wall time reached 0.43 s, stretched the interval to 4.25 s and delayed an SLA move
+        # by as much (tools/bench_reaction_k8s.py), while the core spent no more of its CPU.
         self.replan_max_share = replan_max_share
-        self._replan_cost = 0.0  # seconds the last re-planning step took (observe + plan)
+        self._replan_cost = 0.0  # CPU seconds the last re-planning step took (observe + plan)
         self._last_replan = -1e18
         self._health_changed = False
         self.replan_state = ReplanState()
@@ -383,6 +387,13 @@ class DecisionLoop:
             return max(self.replan_interval_s, self._replan_cost / self.replan_max_share)
         return self.replan_interval_s
 
+    def replan_in(self) -> float:
+        """Seconds until a re-plan is due (0: due now), for a caller that sleeps between
+        steps: waking on time keeps the strikes one report interval apart."""
+        if self._health_changed:
+            return 0.0
+        return max(0.0, self._last_replan + self.replan_every() - self._clock())
+
     def replan_due(self) -> bool:
         return (self._clock() - self._last_replan >= self.replan_every()
                 or self._health_changed)
@@ -457,9 +468,9 @@ class DecisionLoop:
     # ------------------------------------------------------------------ the step
 
     def step(self) -> StepReport:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         obs = self.source.observe()
-        observed = time.perf_counter() - t0
+        observed = time.thread_time() - t0
         self.note_health(obs.health)
         if obs.revalidate:
             self.note_changes(obs.revalidate)
@@ -467,10 +478,10 @@ class DecisionLoop:
         self.report(outcome, obs.pending)
         placed = self.actuator.commit_placements(obs, outcome)
         applied = self.actuator.apply()
-        last, t1 = self._last_replan, time.perf_counter()
+        last, t1 = self._last_replan, time.thread_time()
         moves = self.replan(obs, outcome)
         if self._last_replan != last:  # it ran
-            self._replan_cost = observed + time.perf_counter() - t1
+            self._replan_cost = observed + time.thread_time() - t1
         if moves:
             applied += self.actuator.apply()
         return StepReport(placed, len(outcome.failures) + len(obs.invalid), applied, moves,

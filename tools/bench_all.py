@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "scale.md"
 README = REPO / "README.md"
 BEGIN, END = "<!-- bench_all:begin -->", "<!-- bench_all:end -->"
-ORDER = ("placement", "k8s", "agent", "offline", "ingest", "reaction")
+ORDER = ("placement", "k8s", "agent", "offline", "ingest", "reaction", "reaction_k8s")
 # Short modes; each benchmark's own defaults are its full run (--full).
 QUICK: dict[str, list[str]] = {
     "placement": ["--quick"],
@@ -41,11 +41,12 @@ QUICK: dict[str, list[str]] = {
     "offline": ["--kills", "5", "--cuts", "3", "--partitions", "2", "--no-doc"],
     "ingest": ["--quick"],
     "reaction": ["--quick"],
+    "reaction_k8s": ["--runs", "5"],
 }
 FULL_EXTRA: dict[str, list[str]] = {"offline": ["--no-doc"]}
-NEEDS_ROOT = {"agent", "offline", "reaction"}
+NEEDS_ROOT = {"agent", "offline", "reaction", "reaction_k8s"}
 TIMEOUT_S = {"placement": 600, "k8s": 900, "agent": 300, "offline": 600, "ingest": 600,
-             "reaction": 900}
+             "reaction": 900, "reaction_k8s": 600}
 
 
 @dataclass

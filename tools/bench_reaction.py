@@ -30,6 +30,9 @@ twice), ``cooldown_s`` lowered from 600 s to
 ``--cooldown`` (3 s) because the same workload moves every ~10 s here.
 
     python -m tools.bench_reaction [--runs 20 --sla-ms 20 --quick]
+
+``--kubernetes``: the same degradation on the deployed Kubernetes path, timed per stage to
+the replacement's binding (``tools.bench_reaction_k8s``).
 """
 
 from __future__ import annotations
@@ -222,22 +225,46 @@ def table(results: list[Run], sla_ms: float, degraded_mbit: float, loss: float) 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_reaction",
                                  description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=None, help="20; 10 with --kubernetes")
     ap.add_argument("--loss-runs", type=int, default=2)
     ap.add_argument("--sla-ms", type=float, default=20.0)
     ap.add_argument("--degraded-mbit", type=float, default=1.0)
-    ap.add_argument("--flow-mbit", type=float, default=3.0, help="each paced flow, each way")
+    ap.add_argument("--flow-mbit", type=float, default=3.0,
+                    help="each paced flow, each way (--kubernetes: 0 for none, active probing "
+                         "only)")
     ap.add_argument("--loss", type=float, default=0.1)
     ap.add_argument("--cooldown", type=float, default=3.0, help="ReplanConfig.cooldown_s")
     ap.add_argument("--quick", action="store_true", help="20 runs, no loss runs")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--delay-ms", type=float, default=None,
+                    help="with --kubernetes: add this one-way delay instead of the rate cut")
+    ap.add_argument("--kubernetes", action="store_true",
+                    help="cfnet-core --kubernetes's wiring on a control plane with kwok Nodes, "
+                         "per stage to the replacement's binding (tools.bench_reaction_k8s)")
     a = ap.parse_args(argv)
+    if a.runs is None:
+        a.runs = 10 if a.kubernetes else 20
     if a.quick:
         a.loss_runs = 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stderr)
     for name in ("tools.lab", "cloud_core", "edge_agent"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if a.kubernetes:
+        from tools import bench_reaction_k8s as k8s
+
+        with tempfile.TemporaryDirectory(prefix="cfnet-bench-reaction-k8s-") as tmp:
+            runs = k8s.bench(a.runs, a.sla_ms, a.degraded_mbit, a.cooldown, a.flow_mbit,
+                             Path(tmp), a.delay_ms)
+        print()
+        print(k8s.table(runs, a.sla_ms, a.degraded_mbit, a.delay_ms))
+        print(f"\n(cfnet-core --kubernetes wiring, kwok Nodes; agents: eBPF probe, 1 s "
+              f"interval; replan every 1 s; violation_intervals 3; cooldown {a.cooldown:g} s; "
+              f"2 shared CPUs)")
+        if a.json:
+            print(json.dumps([{"src": r.src, "dst": r.dst, **{s: r.since(s) for s in k8s.STAGES}}
+                              for r in runs], indent=1))
+        return 0
     with tempfile.TemporaryDirectory(prefix="cfnet-bench-reaction-") as tmp:
         results = bench(a.runs, a.loss_runs, a.sla_ms, a.degraded_mbit, a.loss, a.cooldown,
                         a.flow_mbit, Path(tmp))

@@ -9,7 +9,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from edge_agent.mqtt import MqttClient, MqttSettings
+from edge_agent.agent import offline_status
+from edge_agent.mqtt import MqttClient, MqttSettings, Will
 from edge_agent.wire import (
     LinkSample,
     NodeStatus,
@@ -53,14 +54,17 @@ class FakeAgent:
 
     def __init__(self, broker: Broker, creds: Credentials, addr: str,
                  peers: dict[str, float] | None = None, cores: int = 8,
-                 mem_gib: int = 16) -> None:
+                 mem_gib: int = 16, will: bool = False) -> None:
         self.node = creds.username
         self.addr = addr
         self.peers = peers or {}  # peer address -> rtt ms
         self.cores, self.mem = cores, mem_gib << 30
         self.boot = uuid.uuid4().hex[:8]
         self.seq = 0
-        self.client = MqttClient(settings(broker, creds))
+        # will: the retained 'offline' status the real agent leaves with the broker
+        # (edge_agent.main), sent by the broker when the connection drops (crash())
+        self.client = MqttClient(settings(broker, creds), will=Will(
+            status_topic(self.node), offline_status(self.node, self.boot)) if will else None)
         self.client.start()
         assert self.client.wait_connected(10), self.client.last_refusal
 
@@ -83,6 +87,10 @@ class FakeAgent:
             links=links,
         )
         assert self.client.publish(telemetry_topic(self.node), encode_report(r)).wait(5)
+
+    def crash(self) -> None:
+        """Drop the connection without DISCONNECT, as a crashed agent does (its will fires)."""
+        self.client.stop(graceful=False)
 
     def close(self) -> None:
         self.client.stop()

@@ -117,7 +117,7 @@ def test_a_move_that_did_not_happen_starts_no_cool_down() -> None:
 
 @dataclass
 class SlowFakeSource(FakeSource):
-    """A fake source whose observation costs a (monotonic-clock) second: a big cluster."""
+    """A fake source whose observation costs a (CPU-clock) second: a big cluster."""
 
     t: list[float] = field(default_factory=lambda: [0.0])
 
@@ -135,7 +135,7 @@ def test_replan_interval_stretches_with_its_cost(monkeypatch: pytest.MonkeyPatch
     for share, due_after in ((0.1, 10.0), (None, 1.0)):
         src = SlowFakeSource(obs)
         clock = [100.0]
-        monkeypatch.setattr(loop_mod.time, "perf_counter",
+        monkeypatch.setattr(loop_mod.time, "thread_time",
                             lambda src=src: src.t[0])
         loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
                             replan_interval_s=1.0, replan_max_share=share,
