@@ -62,8 +62,10 @@ def controller(request: pytest.FixtureRequest) -> Iterator[tuple[PoolController,
     fake = FakeClient(*request.param)
     reg = NodeRegistry()
     reg.upsert(edge_node("e-1"))
+    # A fake actuator (the controller reads these four): listed, no Deployments, so
+    # reconcile plans nothing
     act = SimpleNamespace(registry=reg, config=SimpleNamespace(identity="t"),
-                          snapshot=lambda: None)  # no Deployments: reconcile plans nothing
+                          snapshot=lambda: None, wait_ready=lambda timeout=None: True)
     pc = PoolController(fake, act)  # type: ignore[arg-type]
     yield pc, fake
     for r in pc.extra:
