@@ -48,6 +48,7 @@ from tools.broker import Broker
 from tools.lab import Lab, SiteSpec, _run
 from tools.netns import in_netns
 from tools.procs import stop_all
+from tools.stats import pct
 
 log = logging.getLogger("tools.bench_offline")
 
@@ -304,15 +305,6 @@ def bench(kills: int, cuts: int, partitions: int, workdir: Path) -> list[Trial]:
     return trials
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def table(trials: list[Trial], hc: HealthConfig, keepalive_s: int) -> str:
     rows = [
         "| fault | n | verdicts | p50 (s) | p95 (s) | max (s) | Kubernetes default |",
@@ -327,8 +319,8 @@ def table(trials: list[Trial], hc: HealthConfig, keepalive_s: int) -> str:
         xs = [t.seconds for t in ts if t.verdict != "missed"]
         verdicts = ", ".join(f"{v} {n}" for v, n in sorted(
             {v: sum(1 for t in ts if t.verdict == v) for v in {t.verdict for t in ts}}.items()))
-        rows.append(f"| {what[kind]} | {len(ts)} | {verdicts} | {_pct(xs, 0.5):.2f} | "
-                    f"{_pct(xs, 0.95):.2f} | {max(xs) if xs else float('nan'):.2f} | "
+        rows.append(f"| {what[kind]} | {len(ts)} | {verdicts} | {pct(xs, 0.5):.2f} | "
+                    f"{pct(xs, 0.95):.2f} | {max(xs) if xs else float('nan'):.2f} | "
                     f"NotReady after {K8S_GRACE_S:.0f} s ({K8S_GRACE_NEW_S:.0f} s in some "
                     f"releases), eviction {K8S_EVICT_S:.0f} s later |")
     rows.append("")

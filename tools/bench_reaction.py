@@ -52,6 +52,7 @@ from pathlib import Path
 from cloud_core.placement import ReplanConfig
 from cloud_core.scheduler import expand_doc
 from tools.bench_offline import Rig, rig, wait_until
+from tools.stats import pct
 
 log = logging.getLogger("tools.bench_reaction")
 
@@ -184,17 +185,6 @@ def bench(runs: int, loss_runs: int, sla_ms: float, degraded_mbit: float, loss: 
             if got is not None:
                 last_move = got[0]
     return out
-
-
-def pct(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), NaN for no data."""
-    s = sorted(x for x in xs if not math.isnan(x))
-    if not s:
-        return math.nan
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def table(results: list[Run], sla_ms: float, degraded_mbit: float, loss: float) -> str:

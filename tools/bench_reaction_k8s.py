@@ -56,6 +56,7 @@ from tools.broker import Broker
 from tools.lab import Lab, SiteSpec
 from tools.netns import in_netns
 from tools.procs import stop_all
+from tools.stats import pct
 
 log = logging.getLogger("tools.bench_reaction_k8s")
 
@@ -360,17 +361,6 @@ def bench(runs: int, sla_ms: float, degraded_mbit: float, cooldown_s: float, flo
             if "loop decision" in run.at:
                 last_move = run.at["loop decision"]
     return out
-
-
-def pct(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), NaN for no data."""
-    s = sorted(x for x in xs if not math.isnan(x))
-    if not s:
-        return math.nan
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def table(runs: list[Run], sla_ms: float, degraded_mbit: float,
