@@ -34,7 +34,7 @@ import pytest
 
 from cloud_core.console.protocol import Request
 from cloud_core.console.service import ConsoleService
-from cloud_core.errors import KubeError
+from cloud_core.errors import KubeConflict, KubeError
 from cloud_core.events import EventLog
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import register_kubernetes_commands
@@ -140,10 +140,25 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
             # a Pending pod go whatever its budget says: canIgnorePDB), so the budget counts
             # it healthy and allows no disruption
             path = f"/api/v1/namespaces/{ns}/pods/budgeted"
-            bp = admin.get(path)
-            bp["status"] = {"phase": "Running", "conditions": [
-                {"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}]}
-            admin.replace(f"{path}/status", bp)
+
+            def running_and_ready() -> bool:
+                # kwok runs the pod too, and may write its status in the same moment (a 409
+                # on our PUT): whichever write lands, the pod is Running and Ready
+                bp = admin.get(path)
+                st = bp.get("status") or {}
+                conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+                if st.get("phase") == "Running" and conds.get("Ready") == "True":
+                    return True
+                bp["status"] = {"phase": "Running", "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "PodScheduled", "status": "True"}]}
+                try:
+                    admin.replace(f"{path}/status", bp)
+                except KubeConflict:
+                    return False
+                return True
+
+            wait_for(running_and_ready, what="the budgeted pod Running and Ready")
             pdb = f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/all"
             wait_for(lambda: (admin.get(pdb).get("status") or {}).get("currentHealthy") == 1,
                      what="the disruption controller counting the budgeted pod healthy")
