@@ -118,6 +118,17 @@ def _clip(v: object, n: int = 64) -> str:
     s = s if len(s) <= n else s[: n - 3] + "..."
     return "".join(c if c.isprintable() else "?" for c in s)
 
+def _weight(tm: Mapping[str, Any], f: str) -> int:
+    """A preferred term's ``weight``: required, an integer from 1 to 100 (no strings or
+    floats: Kubernetes' weight is an int32, and "50" is a typo to report)."""
+    w = tm.get("weight")
+    if w is None:
+        raise SpecError(f"{f}.weight", "is required")
+    if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
+        raise SpecError(f"{f}.weight", f"{_clip(w)!r} must be an integer from 1 to 100")
+    return w
+
+
 
 def _requirement(obj: Any, field: str, ops: tuple[str, ...] = OPERATORS,
                  key_check: bool = True) -> NodeSelectorRequirement:
@@ -194,12 +205,7 @@ def _preferred_terms(obj: Any, field: str) -> tuple[tuple[int, NodeSelectorTerm]
     for i, t in enumerate(_list(obj, field)):
         f = f"{field}[{i}]"
         tm = _map(t, f)
-        w = tm.get("weight")
-        if w is None:
-            raise SpecError(f"{f}.weight", "is required")
-        # no strings or floats: Kubernetes' weight is an int32, and "50" is a typo to report
-        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
-            raise SpecError(f"{f}.weight", f"{w!r} must be an integer from 1 to 100")
+        w = _weight(tm, f)
         if tm.get("preference") is None:
             raise SpecError(f"{f}.preference", "is required")
         out.append((w, _node_term(tm["preference"], f"{f}.preference")))
@@ -237,11 +243,7 @@ def _weighted_pod_terms(obj: Any, field: str) -> tuple[tuple[int, PodAffinityTer
     for i, t in enumerate(_list(obj, field)):
         f = f"{field}[{i}]"
         tm = _map(t, f)
-        w = tm.get("weight")
-        if w is None:
-            raise SpecError(f"{f}.weight", "is required")
-        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
-            raise SpecError(f"{f}.weight", f"{_clip(w)!r} must be an integer from 1 to 100")
+        w = _weight(tm, f)
         if tm.get("podAffinityTerm") is None:
             raise SpecError(f"{f}.podAffinityTerm", "is required")
         out.append((w, _pod_term(tm["podAffinityTerm"], f"{f}.podAffinityTerm")))
