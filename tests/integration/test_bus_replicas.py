@@ -119,9 +119,18 @@ def test_replicas_split_ingest_converge_and_take_over(cluster: NatsCluster,
         before = cores[0].ingest.counters().accepted
         seq += 1
         assert all(h.wait(10) for h in send(seq))
-        wait_for(lambda: cores[0].ingest.counters().accepted >= before + N, 30,
-                 "the surviving replica taking the dead one's share")
+        last = seq
+
+        # Wait for the newest report of every node, not a count: the dead replica's
+        # unacknowledged older reports come back to the survivor too and fill a count
+        # before the newest ones are in (CI failed on exactly that).
+        def survivor_has_all_new() -> bool:
+            snap = cores[0].state.snapshot(time.time())
+            return all(n in snap.nodes and snap.nodes[n].seq >= last for n in nodes)
+
+        wait_for(survivor_has_all_new, 30, "the surviving replica taking the dead one's share")
         took = time.monotonic() - t_kill
+        assert cores[0].ingest.counters().accepted >= before + N
         snap = cores[0].state.snapshot(time.time())
         assert all(snap.nodes[n].reports > 0 for n in nodes)
         print(f"\nshares {shares}; after the kill the survivor had all {N} new reports "
