@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -131,7 +131,15 @@ def load_roles(path: Path | None) -> dict[str, str]:
 
 
 def build_config(a: argparse.Namespace) -> CoreConfig:
-    settings = broker_settings(a, a.username, client_id=a.username, keepalive_s=5)
+    session: dict[str, Any] = {}
+    if a.share_group and a.bus == "mosquitto":
+        # A `$share` member with a persistent session keeps being handed its share while it
+        # is gone (Mosquitto queues for the offline session), so a dead replica's nodes went
+        # stale on the others until the session expired (1 h; docs/scale.md). Without a
+        # session a member leaves the group as its connection drops; what it took and had
+        # not acknowledged, the agents resend (end-to-end acks).
+        session = {"session_expiry_s": 0, "clean_start": True}
+    settings = broker_settings(a, a.username, client_id=a.username, keepalive_s=5, **session)
     nats = None
     if a.bus == "nats" and a.share_group:
         urls = tuple(u.strip() for u in a.nats_url.split(",") if u.strip())

@@ -48,8 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloud_core.bus_nats import NatsIngestSettings
-from cloud_core.service import CoreConfig, CoreService
+from cloud_core.service import CoreService
 from tools.bench_ingest import process_cpu_s, quantile, sample_core
 from tools.broker import Broker
 from tools.nats.cluster import NatsCluster
@@ -100,22 +99,24 @@ def cpu(pids: list[int]) -> float:
 
 
 def start_cores(b: Bus, work: Path) -> list[CoreService]:
+    """Leader and follower configured as ``cfnet-core --share-group`` configures them
+    (``build_config``: on Mosquitto that includes the non-persistent session a `$share`
+    member needs to leave the group when it dies)."""
+    from cloud_core.main import build_config, parse_args
+
     cores = []
     for i in (1, 2):
         creds = b.add_account(f"core-b{i}", "core")
-        nats = None
-        kw: dict[str, Any] = {}
+        argv = ["--broker-host", b.host, "--broker-port", str(b.port),
+                "--ca-file", str(b.ca_file), "--username", creds.username,
+                "--password", creds.password, "--db", str(work / f"core{i}.db"),
+                "--share-group", "cfnet"]
         if isinstance(b, NatsCluster):
-            nats = NatsIngestSettings(urls=tuple(b.nats_urls), username=creds.username,
-                                      password=creds.password, ca_file=b.ca_file)
-            kw = {"protocol": "mqtt311", "failover": b.failover}
-        from edge_agent.mqtt import MqttSettings
-
-        mqtt = MqttSettings(host=b.host, port=b.port, username=creds.username,
-                            password=creds.password, tls=True, ca_file=b.ca_file,
-                            client_id=creds.username, keepalive_s=5, **kw)
-        c = CoreService(CoreConfig(mqtt=mqtt, db_path=work / f"core{i}.db", share_group="cfnet",
-                                   place=i == 1, console=i == 1, nats=nats))
+            argv += ["--bus", "nats", "--nats-url", ",".join(b.nats_urls),
+                     "--broker-failover", ",".join(f"{h}:{p}" for h, p in b.failover)]
+        if i == 2:
+            argv.append("--no-place")
+        c = CoreService(build_config(parse_args(argv)))
         c.start()
         if not c.mqtt.wait_connected(30):
             raise RuntimeError(f"core-b{i} did not connect to {type(b).__name__}")
