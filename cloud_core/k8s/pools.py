@@ -20,24 +20,24 @@ equal pools. One tenant's Deployment (a refused spec, a name taken, a failed wri
 stops the others': its failure is its own event.
 
 Which file to touch: this one for the controller (watching, leadership, events, deleting);
-``pool_loop.py`` for how the counts are decided; ``pool_objects.py`` for what is written.
+``pool_loop.py`` for how the counts are decided; ``pool_writer.py`` for writing, reading back
+and deleting the objects (ownership, events); ``pool_objects.py`` for what they hold.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from cloud_core.errors import KubeError, KubeNotFound, SpecError
+from cloud_core.errors import KubeError, KubeNotFound
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator
 from cloud_core.k8s.client import JSON, KubeClient
-from cloud_core.k8s.informer import Reflector, obj_key
-from cloud_core.k8s.pool_loop import Key, PoolApp, PoolSide, _WithoutHealth
+from cloud_core.k8s.informer import Reflector
+from cloud_core.k8s.pool_loop import Key, PoolSide, _WithoutHealth
 from cloud_core.k8s.pool_objects import (
     CFNET,
     FLAVOURS,
@@ -49,15 +49,12 @@ from cloud_core.k8s.pool_objects import (
     NotOwned,
     PoolPlan,
     apply_pool_plan,
-    digest,
     edge_application,
-    owned_by,
     plan_note,
-    pool_path,
     read_note,
-    template_digest,
     yurt_app_set,
 )
+from cloud_core.k8s.pool_writer import PoolWriter
 from cloud_core.k8s.registry import NodeRegistry
 from cloud_core.loop import DecisionLoop
 from cloud_core.placement.model import ClusterSnapshot
@@ -78,12 +75,14 @@ NOT_SERVED_RETRY_S = 60.0
 
 
 def pool_loop(side: PoolSide, events: EventLog | None = None, engine_config: Any = None,
-              replan_config: Any = None, replan_interval_s: float = 1.0) -> DecisionLoop:
+              replan_config: Any = None, replan_interval_s: float = 1.0,
+              replan_max_share: float | None = None) -> DecisionLoop:
     """The decision loop of one framework's pool replicas (its node health is the pod loop's
     to say: those events are not repeated)."""
     return DecisionLoop(side, side, _WithoutHealth(events or EventLog()),
                         engine_config=engine_config, replan_config=replan_config,
-                        replan_interval_s=replan_interval_s, report_assignments=False)
+                        replan_interval_s=replan_interval_s, replan_max_share=replan_max_share,
+                        report_assignments=False)
 
 
 def plan_pools(snapshot: ClusterSnapshot, registry: NodeRegistry, deployment: JSON,
@@ -110,13 +109,9 @@ class PoolController:
         self.resync_s = resync_s
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._written: dict[Key, tuple[str, str]] = {}  # (ns, name) -> (flavour, object digest)
-        self._warned: set[str] = set()
-        self._owner: dict[Key, str] = {}  # (ns, name) -> Deployment uid written for
-        self._failed: dict[Key, str] = {}  # (ns, name) -> last failure told
+        self.writer = PoolWriter(client, lambda: str(self.actuator.config.identity))
         self._forget = False  # leadership changed: read the plans back from the objects
         self._last_resync = 0.0
-        self.plans: dict[str, PoolPlan] = {}  # "ns/name" -> last plan written
         self.sides: dict[str, PoolSide] = {}
         self.loops: dict[str, DecisionLoop] = {}
         self._new_loops()
@@ -134,11 +129,13 @@ class PoolController:
         events = getattr(getattr(self.actuator, "loop", None), "events", None)
         for flavour in FLAVOURS:
             side = PoolSide(flavour, self.actuator.snapshot, self.registry.membership,
-                            write=self._write, retry_s=self.resync_s)
+                            write=self.writer.write, retry_s=self.resync_s)
             self.sides[flavour] = side
             self.loops[flavour] = pool_loop(
                 side, events, getattr(cfg, "engine_config", None),
-                getattr(cfg, "replan_config", None), getattr(cfg, "replan_interval_s", 1.0))
+                getattr(cfg, "replan_config", None), getattr(cfg, "replan_interval_s", 1.0),
+                # as the pod loop: re-planning thousands of replicas takes at most this share
+                getattr(cfg, "replan_max_share", None))
 
     def start(self) -> None:
         self.deployments.start()
@@ -239,46 +236,21 @@ class PoolController:
             except Exception:
                 log.exception("pool reconcile failed")
 
+    @property
+    def plans(self) -> dict[str, PoolPlan]:
+        """"ns/name" -> the last plan written (or read back)."""
+        return self.writer.plans
+
     def forget_plans(self) -> None:
         """Leadership changed (any thread): the plans in memory may be stale; the pool
-        objects hold the last ones (read back before planning, ``_restore``)."""
+        objects hold the last ones (read back before planning, ``PoolWriter.restore``)."""
         self._forget = True
         self._wake.set()
 
     def _forget_now(self) -> None:
         self._forget = False
-        for d in (self._written, self._owner, self.plans):
-            d.clear()
+        self.writer.forget()
         self._new_loops()
-
-    def _restore(self, dep: JSON, key: Key, flavour: str) -> dict[int, str] | None:
-        """The nodes of the last plan on the pool object cfnet wrote for ``dep`` (a new
-        leader), replica index -> node, to pin its replicas to; None if it could not be read
-        (the Deployment waits for the next round)."""
-        try:
-            live = self.client.get(pool_path(flavour, *key))
-        except KubeNotFound:
-            return {}
-        except KubeError as e:
-            log.info("reading the %s object of %s failed, will retry: %s", flavour,
-                     obj_key(dep), e)
-            return None
-        if not owned_by(live, dep):
-            return {}  # never adopted: the write says NotOwned
-        got = read_note(live, key[1], flavour)
-        if got is None or got[2] != digest(template_digest(dep)):
-            return {}  # no note, or made for another template: planned afresh
-        plan = got[0]
-        self._written[key] = (flavour, self._digest(dep, flavour, plan))
-        self._owner[key] = str((dep.get("metadata") or {}).get("uid") or "")
-        self.plans[obj_key(dep)] = plan
-        nodes = [n for n, c in sorted(plan.per_node.items()) for _ in range(c)]
-        return dict(enumerate(nodes))
-
-    @staticmethod
-    def _digest(dep: JSON, flavour: str, plan: PoolPlan) -> str:
-        obj = yurt_app_set(dep, plan) if flavour == "openyurt" else edge_application(dep, plan)
-        return json.dumps(obj, sort_keys=True)
 
     def reconcile(self) -> int:
         """Hand the pool-mode Deployments to their loops, step each loop that has some,
@@ -294,12 +266,12 @@ class PoolController:
             try:
                 self._keep(dep, key, str(flavour))
             except Exception as e:
-                self._refused(dep, key, str(flavour), e)
+                self.writer.refused(dep, key, str(flavour), e)
         for flavour, side in self.sides.items():
             for key in [k for k in side.apps if seen.get(k) != flavour]:
                 side.drop(key)
-        for key in [k for k in self._written if k not in seen]:
-            self._delete(key, self._written[key][0])
+        for key in [k for k in self.writer.written if k not in seen]:
+            self.writer.delete(key, self.writer.written[key][0])
         now = time.monotonic()
         if now - self._last_resync >= self.resync_s:
             self._last_resync = now
@@ -315,87 +287,8 @@ class PoolController:
         """``dep``'s replicas in its loop (raises what stops it: SpecError)."""
         side = self.sides[flavour]
         pins: dict[int, str] | None = {}
-        if key not in side.apps and key not in self._written:
-            pins = self._restore(dep, key, flavour)
+        if key not in side.apps and key not in self.writer.written:
+            pins = self.writer.restore(dep, key, flavour)
             if pins is None:
                 return
         side.set_app(key, dep, pins)
-
-    def _refused(self, dep: JSON, key: Key, flavour: str, e: Exception) -> None:
-        """``dep``'s own Warning event, once per distinct failure."""
-        reason = ("PoolObjectNotOwned" if isinstance(e, NotOwned) else
-                  "PoolPlanRefused" if isinstance(e, SpecError) else "PoolPlanFailed")
-        msg = f"cfnet did not write the {flavour} pool object: {e}"
-        if self._failed.get(key) != msg:
-            self._failed[key] = msg
-            log.warning("%s: %s", obj_key(dep), msg)
-            self._event(dep, reason, "Warning", msg)
-
-    def _write(self, key: Key, app: PoolApp, plan: PoolPlan) -> int:
-        """The sink's writer: the object for ``plan`` if it changed (1), nothing to write (0),
-        or a failed write, retried on the next step (-1)."""
-        dep = app.deployment
-        flavour = plan.flavour
-        obj_digest = self._digest(dep, flavour, plan)
-        if self._written.get(key) == (flavour, obj_digest):
-            return 0
-        try:
-            apply_pool_plan(self.client, dep, plan,
-                            plan_note(plan, "", digest(template_digest(dep))))
-        except NotOwned as e:
-            self._refused(dep, key, flavour, e)
-            return 0  # tried again at the next resync
-        except KubeError as e:
-            log.warning("writing the %s object for %s failed: %s", flavour, obj_key(dep), e)
-            return -1
-        self._failed.pop(key, None)
-        old = self._written.get(key)
-        if old is not None and old[0] != flavour:
-            self._delete(key, old[0])
-        self._written[key] = (flavour, obj_digest)
-        self._owner[key] = str((dep.get("metadata") or {}).get("uid") or "")
-        self.plans[obj_key(dep)] = plan
-        self._event(dep, "PoolPlan", "Normal",
-                    f"cfnet placed {plan.placed}/{plan.replicas} replicas per pool "
-                    f"({flavour}): " + (", ".join(f"{p} {n}" for p, n in
-                                                  plan.per_pool.items()) or "none")
-                    + (f"; {len(plan.unplaced)} unplaced: "
-                       f"{next(iter(plan.unplaced.values()))}" if plan.unplaced else ""))
-        if not (dep.get("spec") or {}).get("paused") and obj_key(dep) not in self._warned:
-            self._warned.add(obj_key(dep))
-            self._event(dep, "PoolModeNotPaused", "Warning",
-                        "pool-mode Deployment is not paused: its own ReplicaSet runs "
-                        "replicas too; set spec.paused: true to use it as a template only")
-        return 1
-
-    def _delete(self, key: tuple[str, str], flavour: str) -> None:
-        """Delete the pool object cfnet wrote for ``key``, only if it still is cfnet's (its
-        label and an ownerReference to the Deployment it was written for), with the uid and
-        resourceVersion read as preconditions: never an object that changed hands."""
-        path = pool_path(flavour, *key)
-        try:
-            live = self.client.get(path)
-            lmd = live.get("metadata") or {}
-            if owned_by(live, {"metadata": {"uid": self._owner.get(key)}}):
-                self.client.request("DELETE", path, body={
-                    "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {
-                        "uid": lmd.get("uid"), "resourceVersion": lmd.get("resourceVersion")}})
-            else:
-                log.warning("not deleting %s: it is not the object cfnet wrote", path)
-        except KubeNotFound:
-            pass
-        except KubeError as e:
-            log.warning("deleting the %s object %s/%s failed: %s", flavour, *key, e)
-            return
-        self._written.pop(key, None)
-        self._owner.pop(key, None)
-        self._failed.pop(key, None)
-        self.plans.pop("/".join(key), None)
-
-    def _event(self, dep: JSON, reason: str, event_type: str, message: str) -> None:
-        obj = {**dep, "apiVersion": "apps/v1", "kind": "Deployment"}
-        try:
-            self.client.emit_event(obj, reason=reason, message=message, event_type=event_type,
-                                   instance=self.actuator.config.identity)
-        except KubeError as e:
-            log.warning("%s event for %s lost: %s", reason, obj_key(dep), e)
