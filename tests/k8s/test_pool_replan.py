@@ -105,8 +105,12 @@ def test_counts_follow_the_sla_and_node_health(admin: KubeClient, cluster: Clust
              what="YurtAppSet moved back to rp-pa 4",
              explain=lambda: f"written: {split()}")
     down = time.monotonic() - t0
-    evs: list[dict[str, Any]] = [e for e in cluster.events("PoolPlan")
-                                 if e["involvedObject"]["name"] == "rp"]
-    assert len(evs) >= 3, [e["message"] for e in evs]
+
+    def plans() -> list[dict[str, Any]]:
+        return [e for e in cluster.events("PoolPlan") if e["involvedObject"]["name"] == "rp"]
+
+    # the event follows the write the test saw first
+    wait_for(lambda: len(plans()) >= 3, timeout=15, what="three PoolPlan events for rp",
+             explain=lambda: str([e["message"] for e in plans()]))
     print(f"\npool counts re-planned: SLA breach -> written {sla:.2f} s, "
           f"pool down -> written {down:.2f} s")
