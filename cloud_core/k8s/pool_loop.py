@@ -19,8 +19,10 @@ edge framework) whose source and sink are a :class:`PoolSide`:
 So the loop's place + validate decide the counts, and its re-planner moves replicas between
 pools on SLA breaches (a replica's ``cfnet.io/max-latency-ms`` against the measured links)
 and node health (a down node's replicas leave it), with the loop's strikes, cool-down and
-events. What moves nothing: a node joining a pool, capacity changing (the split is kept:
-moving replicas between equal pools would churn the edge).
+events. The pods the frameworks run for a Deployment (its selector's ``matchLabels``, in its
+namespace) are left out of the view: its replicas stand for them. What moves nothing: a node
+joining a pool, capacity changing (the split is kept: moving replicas between equal pools
+would churn the edge).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from cloud_core.k8s.client import JSON
 from cloud_core.k8s.podcache import parse_workload
 from cloud_core.k8s.pool_objects import PoolPlan, digest, pool_replicas, template_digest
 from cloud_core.loop import Move, Observation, PlaceOutcome, with_placements
-from cloud_core.placement.model import ClusterSnapshot, Health, Taint, Workload
+from cloud_core.placement.model import ClusterSnapshot, Health, Resources, Taint, Workload
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,7 @@ class PoolSide:
     def observe(self) -> Observation:
         pool_of = self._membership(self.flavour)
         self.pool_of = pool_of
-        snap = self._snapshot()
+        snap = self._without_app_pods(self._snapshot())
         # The nodes outside the framework's pools stay in the view, tainted so that no replica
         # goes there: a latency SLA may name one of them (a gateway, a site's other nodes),
         # and their pods count for (anti-)affinity.
@@ -208,6 +210,32 @@ class PoolSide:
                   for n in nodes if n.name in names}
         return Observation(health=health, snapshot=with_placements(snap, every, placed),
                            pending=pending, running=running, pinned=pinned)
+
+    def _without_app_pods(self, snap: ClusterSnapshot) -> ClusterSnapshot:
+        """``snap`` without the pods the frameworks run for these Deployments (in their
+        namespace, matching their ``spec.selector.matchLabels``) and what they request: the
+        replicas stand for them, and counting both would see their nodes twice as full (a
+        pinned replica refused on a full node after a failover, a move refused by load)."""
+        sel: dict[str, list[Mapping[str, Any]]] = {}
+        for (ns, _), app in self.apps.items():
+            ml = ((app.deployment.get("spec") or {}).get("selector") or {}).get("matchLabels")
+            if isinstance(ml, dict) and ml:
+                sel.setdefault(ns, []).append(ml)
+        if not sel:
+            return snap
+        freed: dict[str, Resources] = {}
+        kept = []
+        for p in snap.pods:
+            if p.namespace in sel and any(all(p.labels.get(k) == v for k, v in m.items())
+                                          for m in sel[p.namespace]):
+                freed[p.node] = freed.get(p.node, Resources()) + p.requests
+            else:
+                kept.append(p)
+        if not freed:
+            return snap
+        nodes = tuple(dataclasses.replace(n, allocated=n.allocated - freed[n.name])
+                      if n.name in freed else n for n in snap.nodes)
+        return dataclasses.replace(snap, nodes=nodes, pods=tuple(kept))
 
     # ------------------------------------------------------------ sink
 

@@ -26,6 +26,7 @@ from cloud_core.placement.model import (
     LinkInfo,
     NodeInfo,
     Resources,
+    RunningPod,
 )
 
 POOLS = {"a1": "pa", "a2": "pa", "b1": "pb", "b2": "pb"}
@@ -36,7 +37,8 @@ def deployment(replicas: int, sla_ms: int | None = None) -> dict[str, Any]:
     ann = {} if sla_ms is None else {"cfnet.io/max-latency-ms": str(sla_ms),
                                      "cfnet.io/latency-to": "gw"}
     return {"metadata": {"name": "web", "namespace": "t1", "uid": "dep-uid"},
-            "spec": {"replicas": replicas, "template": {
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {
                 "metadata": {"labels": {"app": "web"}, "annotations": ann},
                 "spec": {"containers": [{"name": "c", "image": "i", "resources": {
                     "requests": {"cpu": "1", "memory": "64Mi"}}}]}}}}
@@ -50,12 +52,17 @@ class World:
         self.health = dict.fromkeys([*POOLS, "other"], Health.ONLINE)
         self.p95 = {"a1": 10.0, "a2": 10.0, "b1": 100.0, "b2": 100.0, "other": 1.0}
         self.written: list[PoolPlan] = []
+        self.pods: tuple[RunningPod, ...] = ()
 
     def snapshot(self) -> ClusterSnapshot:
-        nodes = tuple(NodeInfo(n, "eu", "eu-1", capacity=CAP, health=h)
+        used: dict[str, Resources] = {}
+        for p in self.pods:
+            used[p.node] = used.get(p.node, Resources()) + p.requests
+        nodes = tuple(NodeInfo(n, "eu", "eu-1", capacity=CAP, health=h,
+                               allocated=used.get(n, Resources()))
                       for n, h in self.health.items())
         links = {(n, "gw"): LinkInfo(v * 0.8, v) for n, v in self.p95.items()}
-        return ClusterSnapshot(nodes=nodes, links=links, now=self.now)
+        return ClusterSnapshot(nodes=nodes, links=links, now=self.now, pods=self.pods)
 
     def membership(self, flavour: str) -> dict[str, str]:
         return dict(POOLS)
@@ -149,3 +156,21 @@ def test_plan_pools_is_one_step_of_the_loop(world: World) -> None:
     full = replace(snap, nodes=tuple(replace(n, allocated=CAP) for n in snap.nodes))
     plan = plan_pools(full, reg, deployment(3), "openyurt")
     assert plan.placed == 0 and len(plan.unplaced) == 3
+
+
+def test_the_frameworks_pods_of_the_app_are_not_counted_twice(world: World) -> None:
+    """The pods yurt-manager / cloudcore run for the Deployment fill pa's nodes: the replicas
+    stand for them, so they are placed there all the same; another tenant's pods with the
+    same labels, or another app's in the namespace, still count."""
+    big = Resources(4000, 1 << 30, 0)
+    world.pods = (RunningPod("p1", "web-x", "t1", "a1", labels={"app": "web"}, requests=big),
+                  RunningPod("p2", "web-y", "t1", "a2", labels={"app": "web"}, requests=big))
+    side = _side(world)
+    pool_loop(side, replan_interval_s=0.0).step()
+    assert world.written[-1].per_pool == {"pa": 4}
+    world.pods = (RunningPod("p1", "web-x", "t2", "a1", labels={"app": "web"}, requests=big),
+                  RunningPod("p2", "db", "t1", "a2", labels={"app": "db"}, requests=big))
+    world.written.clear()
+    side = _side(world)
+    pool_loop(side, replan_interval_s=0.0).step()
+    assert world.written[-1].per_pool == {} and len(world.written[-1].unplaced) == 4
