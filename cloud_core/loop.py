@@ -46,7 +46,6 @@ __all__ = [
     "SourceOfTruth",
     "StepActuator",
     "StepReport",
-    "place_checked",
     "what_if",
     "with_placements",
 ]
@@ -151,40 +150,6 @@ _SEVERITY = {"down": "critical", "unreachable": "warning", "suspect": "warning"}
 ARRIVALS_SAID_SINGLY = 16
 
 
-def what_if(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
-            config: EngineConfig | None = None) -> PlacementResult:
-    """The engine's answer for ``workloads`` on ``snapshot``, decided nothing and acted on
-    nothing (the consoles' ``what-if``). Here so that this module is the only caller of the
-    engine's ``place`` and ``plan_moves`` in the core (grep-able)."""
-    return place(snapshot, list(workloads), config or EngineConfig())
-
-
-@dataclass(frozen=True)
-class Checked:
-    """A batch placed and validated outside a step (pool planning): validated assignments,
-    the reasons for the rest, the validator's complaints."""
-
-    assignments: dict[str, str]  # workload uid -> node
-    failures: dict[str, str]  # workload uid -> why it was not placed
-    violations: dict[str, list[str]]  # workload uid -> validator complaints about a choice
-
-
-def place_checked(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
-                  config: EngineConfig | None = None) -> Checked:
-    """Engine + validator for a batch, as a step places one (the validator is the last line
-    of defence: a choice it rejects is a failure), without events or effects."""
-    result = place(snapshot, list(workloads), config or EngineConfig())
-    problems: dict[str, list[str]] = {}
-    for v in validate(snapshot, list(workloads), result.assignments, config):
-        problems.setdefault(v.workload_uid, []).append(f"{v.constraint}: {v.detail}")
-    assignments = {u: n for u, n in result.assignments.items() if n and u not in problems}
-    failures = {d.workload_uid: d.summary for d in result.decisions
-                if not d.node and d.workload_uid not in assignments}
-    for u, p in problems.items():
-        failures[u] = "validator rejected the engine's choice: " + "; ".join(p)
-    return Checked(assignments, failures, problems)
-
-
 class DecisionLoop:
     """One step of deciding, the same in every mode (see the module docstring)."""
 
@@ -228,6 +193,15 @@ class DecisionLoop:
         # until none there is left that no longer fits (a move a budget refused is retried)
         self._revalidate: dict[str, str] = {}
         self._misfits_said: set[str] = set()
+
+    @staticmethod
+    def what_if(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
+                config: EngineConfig | None = None) -> PlacementResult:
+        """The engine's answer for ``workloads`` on ``snapshot``, decided nothing and acted on
+        nothing (the consoles' ``what-if``). A member of the loop so that the loop is the only
+        caller of the engine's ``place`` and ``plan_moves`` in the core
+        (tests/unit/test_one_loop.py)."""
+        return place(snapshot, list(workloads), config or EngineConfig())
 
     # ------------------------------------------------------------------ stages
 
@@ -486,3 +460,7 @@ class DecisionLoop:
             applied += self.actuator.apply()
         return StepReport(placed, len(outcome.failures) + len(obs.invalid), applied, moves,
                           len(outcome.rejected))
+
+
+# the consoles' what-if (k8s/console.py, scheduler.py), by its old name
+what_if = DecisionLoop.what_if

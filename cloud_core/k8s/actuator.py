@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,34 +70,17 @@ from cloud_core.k8s.podcache import PodCache, _Bound, parse_workload
 from cloud_core.k8s.queue import SchedulingQueue
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
 from cloud_core.k8s.source import Source
-from cloud_core.loop import DecisionLoop, place_checked
-from cloud_core.placement.model import ClusterSnapshot, Health, RunningPod, Workload
+from cloud_core.loop import DecisionLoop
+from cloud_core.placement.model import Health, RunningPod, Workload
 from cloud_core.placement.spec import PodParser
 
 __all__ = ["PLANNED_FROM", "PLANNED_NODE", "REPLACES", "RESERVATION_TTL_S", "SCHEDULER_NAME",
-           "_GC_TUNED", "Actuator", "ActuatorConfig", "ActuatorStats", "EngineOutcome",
-           "parse_workload", "replacement_key", "run_engine", "settle_listed", "tune_gc"]
+           "_GC_TUNED", "Actuator", "ActuatorConfig", "ActuatorStats",
+           "parse_workload", "replacement_key", "settle_listed", "tune_gc"]
 
 log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "cfnet-scheduler"
-
-
-@dataclass(frozen=True)
-class EngineOutcome:
-    """What the engine decided for one batch: validated bindings and reasons for the rest."""
-
-    assignments: dict[str, str]  # workload uid → node
-    failures: dict[str, str]  # workload uid → FailedScheduling message
-    violations: dict[str, list[str]]  # workload uid → validator complaints about a binding
-
-
-def run_engine(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
-               config: Any = None) -> EngineOutcome:
-    """Place a batch and validate the result (pool planning), with the loop's own
-    engine + validator (``loop.place_checked``)."""
-    c = place_checked(snapshot, workloads, config)
-    return EngineOutcome(c.assignments, c.failures, c.violations)
 
 
 @dataclass

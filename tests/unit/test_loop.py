@@ -181,26 +181,6 @@ def test_replan_waits_for_a_backlog_but_not_for_ever() -> None:
     assert loop._last_replan == clock[0]
 
 
-def test_the_loop_is_the_only_caller_of_place_and_plan_moves() -> None:
-    """Every decision goes through cloud_core/loop.py: outside the engine's own package, no
-    other module of the core calls ``place(`` or ``plan_moves(`` (what-if and pool planning
-    use the loop's ``what_if`` / ``place_checked``)."""
-    import re
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "cloud_core"
-    call = re.compile(r"(?<![\w.])(place|plan_moves)\(")
-    found = []
-    for f in sorted(root.rglob("*.py")):
-        rel = f.relative_to(root).as_posix()
-        if rel.startswith("placement/") or rel == "loop.py":
-            continue
-        for i, line in enumerate(f.read_text().splitlines(), 1):
-            if call.search(line) and not line.lstrip().startswith(("def ", "#")):
-                found.append(f"{rel}:{i}: {line.strip()}")
-    assert not found, found
-
-
 def test_a_node_fact_change_is_a_move_the_replanner_makes() -> None:
     """A node's region changes under a resident workload: the loop finds it no longer fits,
     reports it once, and the re-planner moves it (destination checked by the validator, the
