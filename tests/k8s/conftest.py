@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -46,6 +46,9 @@ from tests.envbuild import EnvBuild
 from tools.envtest import ControlPlane, EnvtestError
 from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
 from tools.envtest.kwok import Kwok
+
+if TYPE_CHECKING:
+    from tests.k8s.tenants import Tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "k8s"
@@ -301,6 +304,17 @@ def cluster(admin: KubeClient) -> Iterator[Cluster]:
     c = Cluster(admin)
     yield c
     c.cleanup()
+
+
+@pytest.fixture
+def tenant(control_plane: ControlPlane, admin: KubeClient) -> Iterator[Tenant]:
+    """A tenant: a namespace and a ServiceAccount with ``admin`` there only
+    (tests/k8s/tenants.py)."""
+    from tests.k8s.tenants import Tenant  # that module uses this one's Cluster and wait_for
+
+    t = Tenant(control_plane, admin)
+    yield t
+    t.close()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,11 @@ Its re-planner evicts only the plain pod, is refused by the budget (``EvictionBl
 ``NotMoved`` for the unowned one and leaves the rest untouched; then the console's ``drain``
 (as admin: the chart's role holds no ``nodes patch`` for the cordon) lists each kept pod with
 its rule and evicts only a second plain pod.
+
+The pods outside kube-system, their owners and the budget are a tenant's, written under its
+own identity (a ServiceAccount with ``admin`` in its namespace only); a canary pod in another
+namespace is bound within 10 s and the core's memory stays within the chart's limit
+(``tests/k8s/tenants.py``).
 """
 
 from __future__ import annotations
@@ -40,11 +45,9 @@ from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.flags import add_eviction_args, eviction_policy
 from cloud_core.k8s.registry import RESIDENCY_REGION
-from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
-from cloud_core.state import ClusterState
 from tests.k8s.conftest import Cluster, wait_for
+from tests.k8s.tenants import Tenant, bound_within, running_core
 from tests.k8s.test_node_facts import kubelet_client
-from tests.k8s.test_tenancy import bound_within, running_core
 from tools.envtest import ControlPlane
 
 pytestmark = pytest.mark.slow
@@ -70,9 +73,9 @@ def _owner(obj: dict[str, Any], kind: str, api: str) -> list[dict[str, Any]]:
 
 
 def test_replanner_and_drain_keep_what_the_descheduler_keeps(
-        control_plane: ControlPlane, cluster: Cluster, admin: KubeClient,
+        control_plane: ControlPlane, cluster: Cluster, admin: KubeClient, tenant: Tenant,
         service_account_client: KubeClient) -> None:
-    ns = cluster.namespace
+    ns = tenant.ns  # the tenant writes its own objects; the canary is in cluster.namespace
     node = f"ev-{uuid.uuid4().hex[:6]}"
     cluster.node(node, region=REGION)
     spare = f"{ns}-spare"  # made once cfnet has bound everything to ``node``
@@ -80,9 +83,9 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
                "spec": {"replicas": 0, "selector": {"app": "none"}, "template": {
                    "metadata": {"labels": {"app": "none"}},
                    "spec": {"containers": [{"name": "c", "image": IMAGE}]}}}}
-    rc = admin.create(f"/api/v1/namespaces/{ns}/replicationcontrollers", rc_body)
+    rc = tenant.c.create(f"/api/v1/namespaces/{ns}/replicationcontrollers", rc_body)
     owned = _owner(rc, "ReplicationController", "v1")
-    ds = admin.create(f"/apis/apps/v1/namespaces/{ns}/daemonsets", {
+    ds = tenant.c.create(f"/apis/apps/v1/namespaces/{ns}/daemonsets", {
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
         "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
             "metadata": {"labels": {"app": "agent"}},
@@ -93,7 +96,8 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
     def pod(name: str, *, namespace: str = ns, labels: dict[str, str] | None = None,
             owners: list[dict[str, Any]] | None = None, resident: bool = True,
             on: str | None = None, **extra: Any) -> None:
-        admin.create(f"/api/v1/namespaces/{namespace}/pods", {
+        who = tenant.c if namespace == ns else admin
+        who.create(f"/api/v1/namespaces/{namespace}/pods", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "annotations": RESIDENT if resident else {},
                          "labels": labels or {},
@@ -112,7 +116,7 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
     pod("unowned", owners=[])
     sys_pod = f"cfnet-test-{node}"
     pod(sys_pod, namespace="kube-system", owners=_owner(sys_rc, "ReplicationController", "v1"))
-    admin.create(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
+    tenant.c.create(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "all"},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "budgeted"}}}})
     # The mirror pod: the node's kubelet writes it, bound to itself and owned by its Node,
@@ -172,7 +176,7 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
                         for p in admin.list(f"/api/v1/namespaces/{namespace}/pods")[0]}
 
             def reasons() -> set[str]:
-                return {e["reason"] for e in cluster.events()}
+                return {e["reason"] for e in tenant.events()}
 
             before = set(live())
 
@@ -202,11 +206,11 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
             for name in ("budgeted", *kept):
                 assert not pods[name]["metadata"].get("deletionTimestamp"), name
             assert not live("kube-system")[sys_pod]["metadata"].get("deletionTimestamp")
-            moved = {e["involvedObject"]["name"] for e in cluster.events("Rescheduling")}
+            moved = {e["involvedObject"]["name"] for e in tenant.events("Rescheduling")}
             assert moved == {"plain", "plain-2"}, moved
-            blocked = {e["involvedObject"]["name"] for e in cluster.events("EvictionBlocked")}
+            blocked = {e["involvedObject"]["name"] for e in tenant.events("EvictionBlocked")}
             assert blocked == {"budgeted"}, blocked
-            not_moved = {e["involvedObject"]["name"] for e in cluster.events("NotMoved")}
+            not_moved = {e["involvedObject"]["name"] for e in tenant.events("NotMoved")}
             assert not_moved == {"unowned"}, not_moved
 
             # The console's drain, the same rules (as admin, who may cordon)
@@ -253,11 +257,7 @@ def test_tenant_namespace_excluded_from_drain(cluster: Cluster, admin: KubeClien
         "spec": _spec(node)})
     policy = eviction_policy(_flags(["--evict-exclude-namespaces", f"kube-system,{ns}"]))
     assert policy.excluded_namespaces == {"kube-system", ns}
-    runner = start_kubernetes(service_account_client, ClusterState(), EventLog(), KubeSettings(
-        identity=f"core-{ns}", lease_duration_s=4, renew_deadline_s=3, retry_period_s=1,
-        eviction=policy))
-    try:
-        wait_for(runner.elector.is_leader, timeout=30, what="the core leading")
+    with running_core(service_account_client, f"core-{ns}", eviction=policy) as runner:
         wait_for(lambda: "tenant-pod" in {(p.get("metadata") or {}).get("name")
                                           for p in runner.actuator.pods.items()},
                  what="tenant-pod in the core's informer")
@@ -270,8 +270,6 @@ def test_tenant_namespace_excluded_from_drain(cluster: Cluster, admin: KubeClien
             f"{ns}/tenant-pod: in namespace {ns}"], r.data
         pod = admin.get(f"/api/v1/namespaces/{ns}/pods/tenant-pod")
         assert not pod["metadata"].get("deletionTimestamp")
-    finally:
-        runner.stop()
 
 
 def _flags(argv: list[str]) -> argparse.Namespace:

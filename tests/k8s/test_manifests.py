@@ -129,3 +129,50 @@ def test_chart_applies_and_controllers_act(control_plane: ControlPlane, admin: K
     # Neither pod runs (nothing schedules them here), so no disruption is allowed: the PDB
     # protects the leader.
     assert st["disruptionsAllowed"] == 0 and st["desiredHealthy"] == 1
+
+
+def _template_pod(docs: list[dict[str, Any]], kind: str, name: str, ns: str) -> dict[str, Any]:
+    """The pod a controller would make from the chart's ``kind``/``name`` template."""
+    obj = next(d for d in docs if (d["kind"], d["metadata"]["name"]) == (kind, name))
+    tpl = obj["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {**tpl.get("metadata", {}), "name": f"{name}-x", "namespace": ns},
+            "spec": tpl["spec"]}
+
+
+def test_pod_security_admission_on_the_charts_pods(control_plane: ControlPlane,
+                                                   admin: KubeClient) -> None:
+    """Issue 26, weakness 10, on the real API server's PodSecurity admission: in a namespace
+    enforcing ``restricted``, the chart's Mosquitto pod is admitted as rendered (non-root,
+    seccomp, no capabilities, no privilege escalation) while the agent's is refused (so the
+    enforcement is on); the agent's refusal names ``privileged`` only on the documented
+    fallback (``agent.privileged=true``), not with the default capabilities."""
+    ns = f"psa-{uuid.uuid4().hex[:6]}"
+    admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": {"pod-security.kubernetes.io/enforce": "restricted",
+                               "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    try:
+        # ServiceAccount admission runs first and needs the accounts the pods name
+        wait_for(lambda: admin.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
+                 timeout=120, every=0.2, what="the namespace's default ServiceAccount")
+        admin.create(f"/api/v1/namespaces/{ns}/serviceaccounts", {
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "cfnet-agent"}})
+        q = {"dryRun": "All"}
+        default = chart.documents(chart.template(namespace=ns))
+        mq = _template_pod(default, "Deployment", "mosquitto", ns)
+        out = admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=mq, query=q)
+        assert out["spec"]["securityContext"]["runAsNonRoot"] is True
+        refusals: dict[str, str] = {}
+        for label, values in (("default", []), ("fallback", ["agent.privileged=true"])):
+            docs = default if not values else chart.documents(
+                chart.template(namespace=ns, values=values))
+            agent = _template_pod(docs, "DaemonSet", "cfnet-agent", ns)
+            with pytest.raises(KubeError) as e:
+                admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=agent, query=q)
+            refusals[label] = str(e.value)
+            assert 'violates PodSecurity "restricted:latest"' in refusals[label], refusals
+        assert "privileged (" not in refusals["default"], refusals["default"]
+        assert "privileged (" in refusals["fallback"], refusals["fallback"]
+    finally:
+        with contextlib.suppress(KubeError):
+            admin.delete(f"/api/v1/namespaces/{ns}")

@@ -13,7 +13,9 @@ Shown: the node may write ``cfnet.io/security-level``, ``cfnet.io/agent-id`` and
 residency region or gives it another agent's identity; the NodeRestriction plugin refuses the
 node the ``node-restriction.kubernetes.io/`` keys cfnet does read, on create and on update;
 the node is named in a Warning event; an administrator's protected label is what places the
-pods there; a canary pod in another namespace is bound within 10 s throughout.
+pods (a tenant's: a ServiceAccount with ``admin`` in its namespace only) there; a canary pod
+in another namespace is bound within 10 s throughout, and the core's memory stays within
+the chart's limit (``tests/k8s/tenants.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from cloud_core.errors import KubeForbidden
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.registry import AGENT_ID, RESIDENCY_REGION, SECURITY
 from tests.k8s.conftest import Cluster, wait_for
-from tests.k8s.test_tenancy import bound_within, running_core
+from tests.k8s.tenants import Tenant, bound_within, running_core
 from tools.envtest import ControlPlane, Credentials
 from tools.envtest.harness import sign_client_cert
 
@@ -75,7 +77,7 @@ def node_events(admin: KubeClient, node: str, reason: str) -> list[dict[str, Any
 
 def test_a_node_cannot_raise_its_own_security_level_or_region(
         control_plane: ControlPlane, cluster: Cluster, rogue: tuple[str, KubeClient],
-        service_account_client: KubeClient) -> None:
+        tenant: Tenant, service_account_client: KubeClient) -> None:
     name, kubelet = rogue
     canary_node = f"{cluster.namespace}-c"
     cluster.node(canary_node, region="eu", security=1)
@@ -108,12 +110,15 @@ def test_a_node_cannot_raise_its_own_security_level_or_region(
     assert not any(k in labels for k in (SECURITY, RESIDENCY_REGION, AGENT_ID))
 
     with running_core(service_account_client, f"core-{cluster.namespace}") as core:
-        cluster.pod("secret", annotations={"cfnet.io/min-security-level": "5"})
-        cluster.pod("resident", annotations={"cfnet.io/residency": "vault"})
+        # a tenant's pods (its own identity) ask for what the rogue node claims
+        app = {"name": "app", "image": "registry.example/app:1",
+               "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}}}
+        tenant.pod("secret", [app], annotations={"cfnet.io/min-security-level": "5"})
+        tenant.pod("resident", [app], annotations={"cfnet.io/residency": "vault"})
         msgs: dict[str, str] = {}
 
         def refused() -> bool:
-            for e in cluster.events("FailedScheduling"):
+            for e in tenant.events("FailedScheduling"):
                 msgs[e["involvedObject"]["name"]] = e["message"]
             return {"secret", "resident"} <= set(msgs)
 
@@ -131,7 +136,11 @@ def test_a_node_cannot_raise_its_own_security_level_or_region(
         assert all(k in ev[0]["message"] for k in ("cfnet.io/security-level", SECURITY,
                                                    "cfnet.io/agent-id", AGENT_ID)), ev[0]
         bound_within(cluster, "canary-0")
-        pods = {p["metadata"]["name"]: p for p in cluster.pods()}
+        def tenant_pods() -> dict[str, dict[str, Any]]:
+            return {p["metadata"]["name"]: p
+                    for p in tenant.c.list(f"/api/v1/namespaces/{tenant.ns}/pods")[0]}
+
+        pods = tenant_pods()
         assert not pods["secret"]["spec"].get("nodeName")
         assert not pods["resident"]["spec"].get("nodeName")
 
@@ -140,7 +149,7 @@ def test_a_node_cannot_raise_its_own_security_level_or_region(
             SECURITY: "5", RESIDENCY_REGION: "vault"}}})
 
         def placed() -> dict[str, str] | None:
-            got = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.pods()}
+            got = {n: p["spec"].get("nodeName") for n, p in tenant_pods().items()}
             both = {k: got[k] for k in ("secret", "resident")}
             return both if all(both.values()) else None
 

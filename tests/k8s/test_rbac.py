@@ -15,6 +15,7 @@ from cloud_core.errors import KubeForbidden, KubeNotFound
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.leader import LeaderElector
 from tests.k8s.conftest import DEPLOY, ROOT, Cluster, load_manifests, wait_for
+from tests.k8s.tenants import Tenant, bound_within, running_core
 
 DOCS = ROOT / "docs"
 
@@ -237,3 +238,32 @@ def test_role_is_kube_schedulers_plus_the_documented_table(
         ("", "pods/eviction"), ("apps", "deployments"), ("apps.openyurt.io", "yurtappsets"),
         ("apps.kubeedge.io", "edgeapplications"), ("apps.openyurt.io", "nodepools"),
         ("apps.kubeedge.io", "nodegroups")}, extra
+
+
+def test_the_core_serves_a_tenant_and_its_token_runs_no_pod(
+        cluster: Cluster, tenant: Tenant, service_account_client: KubeClient) -> None:
+    """Issue 26, weakness 7, on a shared cluster: the core, running under the chart's role,
+    binds a tenant's pod (the tenant a ServiceAccount with ``admin`` in its namespace only) and
+    a canary in another namespace within 10 s, its memory within the chart's limit; the same
+    token creates no pod in the tenant's namespace nor one that would run as kube-system's
+    ``generic-garbage-collector`` (dry runs: nothing is made either way), and writes nothing
+    to the tenant's pod but its binding."""
+    sa = service_account_client
+    cluster.node(f"{cluster.namespace}-n1", region="eu")
+    app = {"name": "app", "image": "registry.example/app:1",
+           "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}
+    with running_core(sa, f"core-{cluster.namespace}"):
+        tenant.pod("app", [app])
+        path = f"/api/v1/namespaces/{tenant.ns}/pods/app"
+        wait_for(lambda: tenant.c.get(path)["spec"].get("nodeName"), timeout=10,
+                 what="the tenant's pod bound by the core")
+        bound_within(cluster, "canary")
+        for where, account in ((tenant.ns, "tenant"),
+                               ("kube-system", "generic-garbage-collector")):
+            msg = _refused(lambda w=where, a=account: sa.create(
+                f"/api/v1/namespaces/{w}/pods?dryRun=All", {
+                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stolen"},
+                    "spec": {"serviceAccountName": a, "containers": [app]}}))
+            assert 'cannot create resource "pods"' in msg, msg
+        _refused(lambda: sa.patch(path, {"metadata": {"labels": {"x": "y"}}}))
+        _refused(lambda: sa.delete(path))

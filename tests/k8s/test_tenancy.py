@@ -4,116 +4,29 @@ Each tenant is a real RBAC identity: a ServiceAccount bound to the ``admin`` Clu
 its own namespace only. The core runs as ``cfnet-core --kubernetes`` runs it
 (``start_kubernetes``: leader election, actuator, pool controller) with the ServiceAccount
 and RBAC of ``deploy/k8s``. In each test a canary pod in another namespace must be bound
-within 10 s while the tenant does its worst.
+within 10 s while the tenant does its worst, and the core's memory stays within what the
+chart's limit allows (``tests/k8s/tenants.py``: ``running_core``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from cloud_core.errors import KubeError
-from cloud_core.events import EventLog
 from cloud_core.k8s.client import KubeClient
-from cloud_core.k8s.wiring import KubeRunner, KubeSettings, start_kubernetes
 from cloud_core.placement.model import COUNT_MAX
-from cloud_core.state import ClusterState
 from tests.k8s.conftest import Cluster, wait_for
+from tests.k8s.tenants import CANARY_S, MIB, Tenant, bound_within, rss_bytes, running_core
 from tools.envtest import ControlPlane
 
 MAX64 = 2**63 - 1
-CANARY_S = 10.0
-
-
-class Tenant:
-    """A namespace and a ServiceAccount with ``admin`` there (and nowhere else)."""
-
-    def __init__(self, cp: ControlPlane, admin: KubeClient) -> None:
-        self.admin = admin
-        self.ns = f"tenant-{uuid.uuid4().hex[:6]}"
-        admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                            "metadata": {"name": self.ns}})
-        token = cp.service_account_token(self.ns, "tenant")
-        # ``admin`` is an aggregated ClusterRole: its rules are the union of these three
-        # bootstrap roles, which kube-controller-manager's clusterrole-aggregation controller
-        # copies into it (not run here); binding them is binding what ``admin`` grants
-        for part in ("admin", "edit", "view"):
-            admin.create(
-                f"/apis/rbac.authorization.k8s.io/v1/namespaces/{self.ns}/rolebindings", {
-                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                    "metadata": {"name": f"tenant-{part}", "namespace": self.ns},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
-                                "kind": "ClusterRole", "name": f"system:aggregate-to-{part}"},
-                    "subjects": [{"kind": "ServiceAccount", "name": "tenant",
-                                  "namespace": self.ns}]})
-        assert cp.admin is not None
-        self.c = KubeClient.from_token(cp.admin.host, token, cp.admin.ca_file)
-        wait_for(lambda: self._can_list(), timeout=30, what="the tenant's RoleBinding in force")
-        wait_for(lambda: admin.get(f"/api/v1/namespaces/{self.ns}/serviceaccounts/default"),
-                 timeout=120, every=0.2, what="the tenant namespace's default ServiceAccount")
-
-    def _can_list(self) -> bool:
-        try:
-            self.c.list(f"/api/v1/namespaces/{self.ns}/pods")
-            return True
-        except KubeError:
-            return False
-
-    def pod(self, name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-        return self.c.create(f"/api/v1/namespaces/{self.ns}/pods", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": self.ns,
-                         "annotations": spec.pop("annotations", {})},
-            "spec": {"schedulerName": "cfnet-scheduler", "containers": containers, **spec}})
-
-    def events(self, reason: str) -> list[dict[str, Any]]:
-        evs = self.admin.list(f"/api/v1/namespaces/{self.ns}/events")[0]
-        return [e for e in evs if e.get("reason") == reason]
-
-    def close(self) -> None:
-        self.c.close()
-        with contextlib.suppress(KubeError):
-            self.admin.delete(f"/api/v1/namespaces/{self.ns}")
 
 
 def _container(cpu: str, name: str = "app") -> dict[str, Any]:
     return {"name": name, "image": "registry.example/app:1",
             "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}
-
-
-@pytest.fixture
-def tenant(control_plane: ControlPlane, admin: KubeClient) -> Iterator[Tenant]:
-    t = Tenant(control_plane, admin)
-    yield t
-    t.close()
-
-
-@contextlib.contextmanager
-def running_core(client: KubeClient, ident: str) -> Iterator[KubeRunner]:
-    """The core as ``cfnet-core --kubernetes`` runs it, with deploy/k8s's identity."""
-    runner = start_kubernetes(client, ClusterState(), EventLog(), KubeSettings(
-        identity=ident, lease_duration_s=4, renew_deadline_s=3, retry_period_s=1))
-    try:
-        wait_for(runner.elector.is_leader, timeout=30, what=f"{ident} leading")
-        wait_for(lambda: runner.actuator.wait_ready(0.1), timeout=30, what="caches ready")
-        yield runner
-    finally:
-        runner.stop()
-
-
-def bound_within(cluster: Cluster, name: str, timeout: float = CANARY_S) -> str:
-    """Create canary pod ``name`` in the cluster fixture's namespace; its node."""
-    cluster.pod(name, cpu="100m", memory="64Mi")
-    path = f"/api/v1/namespaces/{cluster.namespace}/pods/{name}"
-    node: str = wait_for(lambda: cluster.c.get(path)["spec"].get("nodeName"),
-                         timeout=timeout, every=0.05,
-                         what=f"canary {name} bound within {timeout:g} s")
-    return node
 
 
 def test_int64_requests_of_another_schedulers_pod(
@@ -267,7 +180,7 @@ def test_pool_controller_owns_isolates_and_bounds(
                                                    "name": "p",
                                                    "image": "platform/img:1"}]}}}}}}}})
         with running_core(service_account_client, f"core-{cluster.namespace}") as core:
-            rss0 = _rss_mib()
+            rss0 = rss_bytes()
             deps = "/apis/apps/v1/namespaces/{}/deployments"
             thief.c.create(deps.format(thief.ns), _pool_deployment(thief.ns, "web", 2))
             broken.c.create(deps.format(broken.ns), _pool_deployment(
@@ -299,15 +212,8 @@ def test_pool_controller_owns_isolates_and_bounds(
             core.pools.reconcile()
             assert admin.get(_yas(thief.ns, "web"))["metadata"]["uid"] == \
                 platform["metadata"]["uid"]
-            assert _rss_mib() - rss0 < 200, "replicas: 2000000 was expanded"
+            assert rss_bytes() - rss0 < 200 * MIB, "replicas: 2000000 was expanded"
     finally:
         for t in (thief, broken, huge, good):
             t.close()
 
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")

@@ -25,6 +25,7 @@ from cloud_core.placement import (
 )
 from cloud_core.placement.model import COUNT_MAX
 from cloud_core.placement.spec import usage_workload
+from tests.unit.agreement import fitting_nodes
 
 MAX64 = 2**63 - 1
 
@@ -55,6 +56,7 @@ def test_another_schedulers_int64_pod_fills_only_its_node() -> None:
     assert set(result.assignments.values()) == {"n2"}
     assert validate(snap, pods, result.assignments) == []
     assert "insufficient cpu" in explain(snap, pods[0], node="n1").node_reasons
+    assert fitting_nodes(snap, pods[0]) == {"n2"}
 
 
 def test_raw_sums_past_int64_in_a_snapshot_never_raise() -> None:
@@ -87,9 +89,8 @@ def test_zero_request_fits_an_over_committed_node() -> None:
     snap = ClusterSnapshot(nodes=(node,), links={}, now=0.0, pods=(running,))
     w = Workload(uid="w", name="w", namespace="a", extended={ext: 1})
     assert place(snap, [w]).assignments == {"w": "n1"}
-    assert validate(snap, [w], {"w": "n1"}) == []
-    assert explain(snap, w).fit == 1
-    assert explain(snap, w, node="n1").node_reasons == ()
+    assert fitting_nodes(snap, w) == {"n1"}
     # and one that asks for 1m of cpu does not
     w2 = Workload(uid="w2", name="w2", namespace="a", requests=Resources(1, 0, 0))
+    assert fitting_nodes(snap, w2) == set()
     assert place(snap, [w2]).assignments == {}

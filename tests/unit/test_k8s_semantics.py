@@ -26,6 +26,7 @@ from cloud_core.placement.model import (
 )
 from cloud_core.placement.spec import parse_pod, parse_quantity
 from cloud_core.placement.validate import validate
+from tests.unit.agreement import fitting_nodes
 
 MAX = 2**63 - 1
 
@@ -219,7 +220,7 @@ def _node(**labels: str) -> NodeInfo:
 
 def _filter(name: str, spec: dict[str, Any], node: NodeInfo) -> bool:
     """The engine's filter's answer; the independent validator (validate.py, which the core
-    runs before acting) must give the same one."""
+    runs before acting) and ``explain`` must give the same one (tests/unit/agreement.py)."""
     pod = {"kind": "Pod", "metadata": {"name": "p"},
            "spec": {"containers": [{"name": "c"}], **spec}}
     w = parse_pod(pod)
@@ -229,6 +230,8 @@ def _filter(name: str, spec: dict[str, Any], node: NodeInfo) -> bool:
     violations = [v for v in validate(snap, [w], {w.uid: node.name})
                   if v.constraint == name]
     assert (not violations) is ok, (name, violations)
+    # and explain says the same of the node (the whole verdict: nothing else fails here)
+    assert (node.name in fitting_nodes(snap, w)) is ok, name
     return ok
 
 

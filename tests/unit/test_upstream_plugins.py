@@ -15,23 +15,10 @@ from cloud_core.placement import (
     Resources,
     RunningPod,
     Workload,
-    explain,
     parse_pod,
-    place,
-    validate,
 )
 from cloud_core.placement.model import HostPort
-
-
-def _agree(snap: ClusterSnapshot, w: Workload) -> set[str]:
-    """Nodes that fit ``w``: the engine's, the validator's and explain's answers, which
-    must be the same on every node."""
-    by_validator = {n.name for n in snap.nodes if not validate(snap, [w], {w.uid: n.name})}
-    by_explain = {n.name for n in snap.nodes if not explain(snap, w, node=n.name).node_reasons}
-    assert by_explain == by_validator, (by_explain, by_validator)
-    got = place(snap, [w]).assignments.get(w.uid)
-    assert (got in by_validator) if by_validator else got is None
-    return by_validator
+from tests.unit.agreement import fitting_nodes
 
 
 def _pod(init: list[dict[str, Any]]) -> dict[str, Any]:
@@ -55,7 +42,7 @@ def test_nodeports_init_containers(case: str, sidecar: bool, fits: bool) -> None
                       host_ports=(HostPort(8001, "TCP", "0.0.0.0"),))
     snap = ClusterSnapshot(nodes=(NodeInfo("n1", "r", "z", capacity=Resources(4000, 1 << 30)),),
                            links={}, now=0.0, pods=(held,))
-    assert (_agree(snap, w) == {"n1"}) is fits, case
+    assert (fitting_nodes(snap, w) == {"n1"}) is fits, case
 
 
 # pkg/scheduler/framework/plugins/noderesources/fit_test.go, TestEnoughRequests
@@ -66,7 +53,8 @@ def test_fit_skip_checking_resource_request_with_quantity_zero() -> None:
     running = RunningPod(uid="r", name="r", namespace="a", node="n1", labels={},
                          requests=Resources(20, 30, 0), extended={ext: 1})
     snap = ClusterSnapshot(nodes=(node,), links={}, now=0.0, pods=(running,))
-    assert _agree(snap, Workload(uid="w", name="w", namespace="a", extended={ext: 1})) == {"n1"}
+    w = Workload(uid="w", name="w", namespace="a", extended={ext: 1})
+    assert fitting_nodes(snap, w) == {"n1"}
 
 
 def _affine_pod() -> Workload:
@@ -100,7 +88,7 @@ def test_interpodaffinity_multiple_terms_first_pod(case: str, zone_key: str,
     p1 = RunningPod(uid="p1", name="p1", namespace="default", node="nodeA",
                     labels={"foo": "bar"})  # matches the first term only
     snap = ClusterSnapshot(nodes=nodes, links={}, now=0.0, pods=(p1,))
-    assert _agree(snap, _affine_pod()) == want, case
+    assert fitting_nodes(snap, _affine_pod()) == want, case
 
 
 # pkg/scheduler/framework/plugins/podtopologyspread/filtering_test.go, TestSingleConstraint
@@ -119,4 +107,4 @@ def test_podtopologyspread_terminating_pods_should_be_excluded() -> None:
             RunningPod(uid="p-b", name="p-b", namespace="default", node="node-b",
                        labels={"foo": ""}))
     snap = ClusterSnapshot(nodes=nodes, links={}, now=0.0, pods=pods)
-    assert _agree(snap, w) == {"node-a"}
+    assert fitting_nodes(snap, w) == {"node-a"}

@@ -25,6 +25,7 @@ from cloud_core.placement.engine import PreparedCluster
 from cloud_core.placement.model import RunningPod
 from cloud_core.placement.scores import interpod_scores
 from cloud_core.placement.spec import parse_pod
+from tests.unit.agreement import fitting_nodes
 
 
 def _sel(*exprs: tuple[str, str, list[str]]) -> dict[str, Any]:
@@ -160,13 +161,16 @@ def _pod(name: str, labels: dict[str, str], affinity: dict[str, Any] | None,
             "spec": spec}
 
 
-def _scores(incoming: dict[str, Any], pods: list[Pod], nodes: list[tuple[str, dict[str, str]]],
-            cfg: EngineConfig | None = None) -> list[int]:
+def _snap(pods: list[Pod], nodes: list[tuple[str, dict[str, str]]]) -> ClusterSnapshot:
     running = tuple(RunningPod.of(parse_pod(_pod(f"p{i}", labels, aff)), node)
                     for i, (node, labels, aff) in enumerate(pods))
-    snap = ClusterSnapshot(tuple(NodeInfo(n, "", "", labels=lab) for n, lab in nodes), {},
+    return ClusterSnapshot(tuple(NodeInfo(n, "", "", labels=lab) for n, lab in nodes), {},
                            pods=running)
-    pc = PreparedCluster(snap, cfg)
+
+
+def _scores(incoming: dict[str, Any], pods: list[Pod], nodes: list[tuple[str, dict[str, str]]],
+            cfg: EngineConfig | None = None) -> list[int]:
+    pc = PreparedCluster(_snap(pods, nodes), cfg)
     raw = pc.interpod_raw(parse_pod(incoming))
     if raw is None:  # kube's Skip: no score differs
         return [0] * len(nodes)
@@ -178,6 +182,16 @@ def test_upstream_preferred_affinity(name: str, incoming: tuple[dict[str, str], 
                                      pods: list[Pod], nodes: list[tuple[str, dict[str, str]]],
                                      want: list[int]) -> None:
     assert _scores(_pod("in", *incoming), pods, nodes) == want, name
+
+
+@pytest.mark.parametrize("name,incoming,pods,nodes,want", CASES, ids=[c[0][:60] for c in CASES])
+def test_upstream_cases_explain_agrees_with_the_validator(
+        name: str, incoming: tuple[dict[str, str], Any], pods: list[Pod],
+        nodes: list[tuple[str, dict[str, str]]], want: list[int]) -> None:
+    """Preferences never filter: the incoming pod fits every node of the case, and the engine,
+    the validator and ``explain`` say so of each (tests/unit/agreement.py)."""
+    w = parse_pod(_pod("in", *incoming))
+    assert fitting_nodes(_snap(pods, nodes), w) == {n for n, _ in nodes}, name
 
 
 @pytest.mark.parametrize("ns,want", [("subteam1.team2", [0, 0, 0]),
