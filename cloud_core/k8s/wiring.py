@@ -29,10 +29,13 @@ from cloud_core.k8s.ledger import MoveLedger
 from cloud_core.k8s.lines import no_line
 from cloud_core.k8s.pools import PoolController
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
-from cloud_core.placement import EngineConfig, ReplanConfig
+from cloud_core.placement import EngineConfig, ReplanConfig, solver
 from cloud_core.placement.model import Health
 from cloud_core.snapshot import translated_links
 from cloud_core.state import ClusterState
+
+# Seconds after the caches are synced before CP-SAT is imported in the background.
+WARM_UP_DELAY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,14 @@ def start_kubernetes(
     actuator.start()
     pools.start()
     elector.start()
+    def warm() -> None:
+        # once the caches hold whole lists, and the first batch has had its moment
+        # (first binding ~1 s after start), so the import does not compete with it
+        if actuator.wait_synced(600):
+            time.sleep(WARM_UP_DELAY_S)
+            solver.warm_up()
+
+    threading.Thread(target=warm, daemon=True, name="warm-up").start()
     if say is not None:
         def synced() -> None:
             if actuator.wait_ready(600):

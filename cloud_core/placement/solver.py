@@ -42,6 +42,15 @@ if TYPE_CHECKING:
 HOST = "kubernetes.io/hostname"
 
 
+def warm_up() -> None:
+    """Import CP-SAT now, off the decision path. It is imported lazily (it pulls in pandas:
+    0.8 s of CPU with compiled files, far more without), so a scheduler's first bindings do
+    not wait for it; but the first batch that needs it then stalled the loop for that long
+    mid-step (the starvation benchmark's canary p99). A long-running core calls this once its
+    first decisions are out (``k8s/wiring.py``)."""
+    from ortools.sat.python import cp_model  # noqa: F401
+
+
 @dataclass
 class ClassSpec:
     """One equivalence class of workloads in a round: identical requests and constraints."""
