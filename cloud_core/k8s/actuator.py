@@ -52,6 +52,7 @@ from typing import Any
 
 from cloud_core.errors import KubeUnavailable
 from cloud_core.events import EventLog
+from cloud_core.k8s import objects
 from cloud_core.k8s.binder import Binder
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
@@ -228,9 +229,11 @@ class Actuator(PodCache, Source, Binder, Moves):
         # decide, so the first bindings go out while the backlog's pages still arrive. Those
         # pages are asked for once the nodes are in: nothing can be placed before, and until
         # then they only compete with the node list for the interpreter.
+        # decoded into what cfnet reads of them (objects.py): the rest is most of the bytes
         self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes",
-                               after_page=settle_listed)
+                               after_page=settle_listed, schema=objects.NODE)
         self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods",
+                              schema=objects.POD,
                               prime={"fieldSelector": "spec.nodeName!="},
                               pages_after=self.nodes.synced, after_page=settle_listed)
         self._thread: threading.Thread | None = None
