@@ -135,3 +135,80 @@ def test_watch_events() -> None:
 def test_odd_watch_events_read_as_before(body: Any) -> None:
     data = _encode(body)
     assert objects.POD.event(data) == _generic(data)
+
+
+# -- the spec of a pod another scheduler places (PodSchema) -----------------------------------
+
+OURS = objects.PodSchema(frozenset({"cfnet-scheduler"}))
+
+
+def _other_pods() -> list[dict[str, Any]]:
+    """Pods of another scheduler with every part usage_workload reads, plus some it does not."""
+    base = pod(0, 1)  # i % 2 == 0: default-scheduler
+    sidecar = {"name": "side", "restartPolicy": "Always", "image": "x",
+               "ports": [{"containerPort": 9000, "hostPort": 9000, "protocol": "UDP"}],
+               "resources": {"requests": {"cpu": "50m"}}}
+    init = {"name": "init", "image": "y", "resources": {"limits": {"cpu": "2", "memory": "1Gi"}},
+            "ports": [{"containerPort": 1, "hostPort": 1}]}
+    aff = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "a"}}, "topologyKey": "kubernetes.io/hostname"}]},
+        "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 5, "podAffinityTerm": {"labelSelector": {}, "topologyKey": "zone"}}]}}
+    out = []
+    for extra in ({}, {"initContainers": [init, sidecar]}, {"affinity": aff},
+                  {"hostNetwork": True, "overhead": {"cpu": "10m"}},
+                  {"resources": {"requests": {"memory": "2Gi"}}, "schedulingGates": [{"name": "g"}],
+                   "someFutureField": 1},
+                  {"containers": [{"name": "bad", "resources": {"requests": {"cpu": "lots"}},
+                                   "ports": [{"hostPort": 99999}]}]}):
+        o = dict(base, spec={**base["spec"], **extra})
+        o["metadata"] = dict(base["metadata"], name=f"p{len(out)}", uid=f"u{len(out)}")
+        out.append(o)
+    return out
+
+
+def test_other_schedulers_pods_count_on_their_node_exactly_as_before() -> None:
+    from cloud_core.errors import SpecError
+    from cloud_core.placement.spec import parse_pod, usage_workload
+
+    objs = _other_pods()
+    full = _generic(pages(objs, "Pod")[0])["items"]
+    lean = OURS.page(pages(objs, "Pod")[0])["items"]
+    for f, le in zip(full, lean, strict=True):
+        assert le["spec"]["schedulerName"] == "default-scheduler"
+        assert "volumes" not in le["spec"] and "tolerations" not in le["spec"]
+        assert usage_workload(le) == usage_workload(f)
+        with pytest.raises(SpecError) as a:
+            parse_pod(f)
+        with pytest.raises(SpecError) as b:
+            parse_pod(le)
+        assert str(a.value) == str(b.value)
+
+
+def test_cfnet_pods_keep_the_whole_spec_so_unsupported_fields_are_refused() -> None:
+    from cloud_core.errors import SpecError
+    from cloud_core.placement.spec import parse_pod
+
+    o = pod(1, 1)  # i % 2 == 1: cfnet-scheduler
+    o["spec"]["someFutureField"] = {"a": 1}
+    unnamed = pod(3, 1)
+    del unnamed["spec"]["schedulerName"]  # the parser reads past an absent one: whole too
+    items = OURS.page(pages([o, unnamed], "Pod")[0])["items"]
+    assert items[0]["spec"] == o["spec"] and items[1]["spec"] == unnamed["spec"]
+    with pytest.raises(SpecError, match=r"spec\.someFutureField"):
+        parse_pod(items[0])
+    # a watch event's pod is decoded the same way
+    ev = OURS.event(_encode({"type": "ADDED", "object": o}))
+    assert ev["object"]["spec"] == o["spec"]
+
+
+@pytest.mark.parametrize("spec", [
+    {"schedulerName": "other", "containers": {"a": 1}},     # containers not a list
+    {"schedulerName": "other", "containers": [1, "x"]},     # containers not objects
+    {"schedulerName": "other", "initContainers": None},     # null where a list goes
+    {"schedulerName": 7, "containers": []},                 # schedulerName not a string
+    "a string", None, [1],
+])
+def test_an_odd_spec_is_kept_whole(spec: Any) -> None:
+    data = _encode({"items": [{"metadata": {"name": "p"}, "spec": spec}]})
+    assert OURS.page(data)["items"][0]["spec"] == spec
