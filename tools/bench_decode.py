@@ -49,10 +49,11 @@ def node(i: int) -> dict[str, Any]:
          "available"),
         ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
         ("NetworkUnavailable", "False", "RouteCreated", "RouteController created a route"))]
-    cond_fields = {f'k:{{"type":"{c["type"]}"}}': {".": {}, "f:lastHeartbeatTime": {},
-                                                   "f:lastTransitionTime": {}, "f:message": {},
-                                                   "f:reason": {}, "f:status": {},
-                                                   "f:type": {}} for c in conds}
+    cond_fields: dict[str, Any] = {
+        f'k:{{"type":"{c["type"]}"}}': {".": {}, "f:lastHeartbeatTime": {},
+                                        "f:lastTransitionTime": {}, "f:message": {},
+                                        "f:reason": {}, "f:status": {}, "f:type": {}}
+        for c in conds}
     labels = {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
               "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
               "kubernetes.io/os": "linux", "node-role.kubernetes.io/edge": "",
