@@ -232,7 +232,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("--pods", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true",
+                    help="1,000 nodes, 2,000 pods, 3 repetitions (make bench)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.nodes, a.pods, a.reps = 1000, 2000, 3
     node_pages = pages([node(i) for i in range(a.nodes)], "Node")
     pod_pages = pages([pod(i, a.nodes) for i in range(a.pods)], "Pod")
     mib = (sum(map(len, node_pages)) + sum(map(len, pod_pages))) / (1 << 20)
