@@ -52,6 +52,7 @@ from typing import Any
 
 from cloud_core.errors import KubeUnavailable
 from cloud_core.events import EventLog
+from cloud_core.k8s import objects
 from cloud_core.k8s.binder import Binder
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
@@ -72,6 +73,7 @@ from cloud_core.k8s.registry import LabelChange, NodeRegistry
 from cloud_core.k8s.source import Source
 from cloud_core.loop import DecisionLoop
 from cloud_core.placement.model import Health, RunningPod, Workload
+from cloud_core.placement.spec import SCHEDULER_NAME as PARSER_SCHEDULER
 from cloud_core.placement.spec import PodParser
 
 __all__ = ["PLANNED_FROM", "PLANNED_NODE", "REPLACES", "RESERVATION_TTL_S", "SCHEDULER_NAME",
@@ -211,9 +213,14 @@ class Actuator(PodCache, Source, Binder, Moves):
         # decide, so the first bindings go out while the backlog's pages still arrive. Those
         # pages are asked for once the nodes are in: nothing can be placed before, and until
         # then they only compete with the node list for the interpreter.
+        # Decoded into what cfnet reads of them (objects.py): the rest is most of the bytes.
+        # A pod's spec is whole when this scheduler places it, or when the spec parser
+        # would read past its schedulerName (which refuses any other).
         self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes",
-                               after_page=settle_listed)
+                               after_page=settle_listed, schema=objects.NODE)
         self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods",
+                              schema=objects.PodSchema(frozenset(
+                                  {self.config.scheduler_name, PARSER_SCHEDULER})),
                               prime={"fieldSelector": "spec.nodeName!="},
                               pages_after=self.nodes.synced, after_page=settle_listed)
         self._thread: threading.Thread | None = None

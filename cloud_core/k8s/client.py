@@ -52,6 +52,7 @@ from cloud_core.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
+from cloud_core.k8s.objects import Schema
 
 log = logging.getLogger(__name__)
 
@@ -489,9 +490,11 @@ class LeanHTTP:
 
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json", *, decode: bool = True,
-                timeout_s: float | None = None, retry_after: bool = True) -> Any:
+                timeout_s: float | None = None, retry_after: bool = True,
+                decoder: Callable[[bytes], Any] = _decode) -> Any:
         """One call with a JSON body (or raw bytes); the decoded answer, or None with
-        ``decode=False`` (an answer nobody reads is not parsed)."""
+        ``decode=False`` (an answer nobody reads is not parsed). ``decoder``: a lean schema's
+        (``objects.Schema.page``) instead of the generic one."""
         raw = body if body is None or isinstance(body, bytes) else _encode(body)
         status, data = self.call(method, path, raw, content_type, timeout_s,
                                  retry_after=retry_after)
@@ -500,7 +503,7 @@ class LeanHTTP:
         if not decode or not data:
             return None
         try:
-            return _decode(data)
+            return decoder(data)
         except msgspec.DecodeError as e:
             raise KubeError(f"{method} {path}: the answer is not JSON: {e}", status) from e
 
@@ -689,16 +692,18 @@ class KubeClient:
     def get(self, path: str, **query: Any) -> JSON:
         return dict(self.request("GET", path, query=query))
 
-    def list(self, path: str, **query: Any) -> tuple[list[JSON], str]:
+    def list(self, path: str, *, schema: Schema | None = None,
+             **query: Any) -> tuple[list[JSON], str]:
         """All items (following ``continue``) and the list's resourceVersion."""
         items: list[JSON] = []
         rv = ""
-        for page, page_rv in self.list_pages(path, **query):  # limit= in query: page size
+        # limit= in query: page size
+        for page, page_rv in self.list_pages(path, schema=schema, **query):
             items.extend(page)
             rv = page_rv  # the last page's (all pages carry the list's)
         return items, rv
 
-    def list_pages(self, path: str, *, limit: int = 500,
+    def list_pages(self, path: str, *, limit: int = 500, schema: Schema | None = None,
                    **query: Any) -> Iterator[Page]:
         """The pages of one list, as they arrive: ``(items, resourceVersion)``.
 
@@ -706,11 +711,15 @@ class KubeClient:
         its resourceVersion), so a caller may act on the first page while the rest is still
         on its way. Over the lean connections: the generated client's response handling
         doubled the time of a 5,000-node list (0.50 s against 0.23 s, measured).
+
+        ``schema`` (``objects.POD``, ``objects.NODE``): the items hold only what cfnet reads
+        of that kind, the rest skipped while decoding (a quarter of the CPU; ``objects.py``).
         """
         cont: str | None = None
+        decoder = _decode if schema is None else schema.page
         while True:
             q = _query_string({"limit": limit, "continue": cont, **query})
-            page = self.lean.request("GET", f"{path}?{q}")
+            page = self.lean.request("GET", f"{path}?{q}", decoder=decoder)
             meta = page.get("metadata") or {}
             cont = meta.get("continue")
             yield [*(page.get("items") or [])], str(meta.get("resourceVersion", ""))
@@ -734,13 +743,16 @@ class KubeClient:
         self.request("DELETE", path, body=body)
 
     def watch(self, path: str, resource_version: str, *, timeout_s: int = 60,
-              stop: threading.Event | None = None, **query: Any) -> Iterator[tuple[str, JSON]]:
+              stop: threading.Event | None = None, schema: Schema | None = None,
+              **query: Any) -> Iterator[tuple[str, JSON]]:
         """Stream ``(type, object)`` from ``resource_version`` until the server ends the watch.
 
         Bookmarks come through as ``("BOOKMARK", obj)`` so the caller can advance its
         resourceVersion. A 410 (as a status or as an ERROR event) raises ``KubeGone``. The
-        stream has a connection of its own, closed when the watch ends.
+        stream has a connection of its own, closed when the watch ends. ``schema``: the
+        objects as ``list_pages`` gives them.
         """
+        decode = _decode if schema is None else schema.event
         q = _query_string({"watch": True, "resourceVersion": resource_version,
                            "allowWatchBookmarks": True, "timeoutSeconds": timeout_s, **query})
         what = f"WATCH {path}"
@@ -775,7 +787,7 @@ class KubeClient:
                     if not line.strip():
                         continue
                     try:
-                        ev = _decode(line)
+                        ev = decode(line)
                     except msgspec.DecodeError as e:
                         raise KubeUnavailable(f"{what}: not a JSON event: {e}") from e
                     kind, obj = str(ev.get("type")), ev.get("object") or {}

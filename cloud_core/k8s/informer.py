@@ -15,6 +15,7 @@ from typing import Any
 
 from cloud_core.errors import KubeError, KubeGone, KubeUnavailable
 from cloud_core.k8s.client import JSON, KubeClient
+from cloud_core.k8s.objects import Schema
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +41,23 @@ class Reflector:
     handler as it arrives), and whatever vanished between the two lists is removed at its
     end. Without ``prime``, ``ready`` is set with ``synced``. ``pages_after``: the first full
     list waits for this event (the primed list does not). ``after_page`` is called once
-    each listed page is in the store (and its changes handled).
+    each listed page is in the store (and its changes handled). ``schema``
+    (``objects.POD``, ``objects.NODE``): the objects hold only what cfnet reads of that kind
+    (lists and watch events alike; ``objects.py``).
     """
 
     def __init__(self, client: KubeClient, path: str, handler: Handler, *,
                  name: str = "", watch_timeout_s: int = 30, max_backoff_s: float = 5.0,
                  resume_from: str | None = None, prime: dict[str, str] | None = None,
                  page_size: int = 500, pages_after: threading.Event | None = None,
-                 after_page: Callable[[], None] | None = None, **query: Any) -> None:
+                 after_page: Callable[[], None] | None = None, schema: Schema | None = None,
+                 **query: Any) -> None:
         self.client = client
         self.path = path
         self.handler = handler
         self.name = name or path
         self.query = query
+        self.schema = schema
         self.watch_timeout_s = watch_timeout_s
         self.max_backoff_s = max_backoff_s
         self.store: dict[str, JSON] = {}
@@ -85,8 +90,8 @@ class Reflector:
     def _relist(self) -> None:
         fresh: dict[str, JSON] = {}
         if self.prime is not None and not self.ready.is_set():
-            items, _ = self.client.list(self.path, limit=self.page_size, **self.query,
-                                        **self.prime)
+            items, _ = self.client.list(self.path, limit=self.page_size, schema=self.schema,
+                                        **self.query, **self.prime)
             for o in items:
                 self._merge(o)
             self.after_page()
@@ -97,7 +102,7 @@ class Reflector:
                     return
         rv = ""
         for page, page_rv in self.client.list_pages(self.path, limit=self.page_size,
-                                                    **self.query):
+                                                    schema=self.schema, **self.query):
             rv = page_rv
             for o in page:
                 fresh[obj_key(o)] = o
@@ -153,7 +158,8 @@ class Reflector:
                 self.stats["watches"] += 1
                 for kind, obj in self.client.watch(self.path, self.rv,
                                                    timeout_s=self.watch_timeout_s,
-                                                   stop=self.stop_event, **self.query):
+                                                   stop=self.stop_event, schema=self.schema,
+                                                   **self.query):
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if rv:
                         self.rv = str(rv)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from cloud_core.k8s import objects
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.informer import Reflector
@@ -310,6 +311,91 @@ def test_primed_reflector_real_apiserver(cluster: Cluster, admin: KubeClient,
         wait_for(lambda: len(r.items()) == 16, what="the watch after the paged list")
     finally:
         r.stop()
+
+
+def _lean(obj: dict[str, Any], status: tuple[str, ...], whole: bool) -> dict[str, Any]:
+    """``obj`` (as the generic decoder gives it) as objects.py should: no managedFields,
+    status cut to ``status``, and unless ``whole`` the spec cut to OtherSpec's fields."""
+    out = dict(obj, metadata={k: v for k, v in obj["metadata"].items() if k != "managedFields"},
+               status={k: v for k, v in (obj.get("status") or {}).items() if k in status})
+    if not whole:
+        spec = {k: v for k, v in obj["spec"].items() if k in objects.OtherSpec.__annotations__}
+        for part in ("containers", "initContainers"):
+            if part in spec:
+                spec[part] = [{k: v for k, v in c.items() if k in objects.Container.__annotations__}
+                              for c in spec[part]]
+        out["spec"] = spec
+    return out
+
+
+def test_lean_schemas_real_apiserver(cluster: Cluster, admin: KubeClient) -> None:
+    """The lean Pod/Node decoding (objects.py) on the real API server's answers, lists and
+    watch events: what cfnet reads comes through as the generic decoder gives it; a cfnet
+    pod keeps its whole spec (an unsupported volume is still refused by name), another
+    scheduler's pod only what its node counts (the same usage)."""
+    from cloud_core.errors import SpecError
+    from cloud_core.placement.spec import usage_workload
+
+    cluster.node("lean-n1", region="eu", kubeedge_group="g1")  # kwok's, with a taint
+    path = f"/api/v1/namespaces/{cluster.namespace}/pods"
+    schema = objects.PodSchema(frozenset({"cfnet-scheduler"}))
+    spec_extra = {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}],
+                  "tolerations": [{"key": "k", "operator": "Exists"}]}
+    for name, sched, node in (("mine", "cfnet-scheduler", None),
+                              ("theirs", "other-scheduler", "somewhere")):
+        spec: dict[str, Any] = {
+            "schedulerName": sched, **spec_extra,
+            "containers": [{"name": "app", "image": "registry.example/app:1",
+                            "ports": [{"containerPort": 80, "hostPort": 8080}],
+                            "env": [{"name": "A", "value": "b"}],
+                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
+        if node:
+            spec["nodeName"] = node
+        admin.create(path, {"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": name, "labels": {"app": name}}, "spec": spec})
+    full = {o["metadata"]["name"]: o for o in admin.list(path)[0]}
+    lean = {o["metadata"]["name"]: o for o in admin.list(path, schema=schema)[0]}
+    assert full["mine"]["metadata"].get("managedFields"), "the API server sent no managedFields"
+    assert lean["mine"] == _lean(full["mine"], ("phase",), whole=True)
+    assert lean["theirs"] == _lean(full["theirs"], ("phase",), whole=False)
+    assert "volumes" not in lean["theirs"]["spec"]
+    assert usage_workload(lean["theirs"]) == usage_workload(full["theirs"])
+    with pytest.raises(SpecError, match=r"spec\.volumes\[0\]\.persistentVolumeClaim"):
+        parse_pod(lean["mine"])
+    # watch events: the same decoding, and the watch's own resourceVersion kept
+    rv = admin.list(path)[1]
+    got: list[tuple[str, dict[str, Any]]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        for kind, obj in admin.watch(path, rv, timeout_s=10, stop=stop, schema=schema):
+            if kind != "BOOKMARK":
+                got.append((kind, obj))
+                stop.set()
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        admin.patch(f"{path}/theirs", {"metadata": {"labels": {"v": "2"}}})
+        wait_for(lambda: got, what="the MODIFIED event of pod theirs")
+    finally:
+        stop.set()
+        t.join(20)
+    kind, obj = got[0]
+    assert kind == "MODIFIED" and obj["metadata"]["labels"] == {"app": "theirs", "v": "2"}
+    assert obj == _lean(admin.get(f"{path}/theirs"), ("phase",), whole=False) | {
+        "apiVersion": "v1", "kind": "Pod"}
+    # nodes (kwok's): labels, taints, capacity, conditions as listed; images and the rest not
+    nodes_full = {o["metadata"]["name"]: o for o in admin.list("/api/v1/nodes")[0]}
+    nodes_lean = admin.list("/api/v1/nodes", schema=objects.NODE)[0]
+    assert "lean-n1" in {n["metadata"]["name"] for n in nodes_lean}
+    compared = 0
+    for n in nodes_lean:
+        f = nodes_full.get(n["metadata"]["name"])
+        if f and f["metadata"]["resourceVersion"] == n["metadata"]["resourceVersion"]:
+            assert n == _lean(f, ("capacity", "allocatable", "conditions"), whole=True)
+            compared += 1  # (a node kwok updated between the two lists is skipped)
+    assert compared, "every node changed between the two lists"
 
 
 def test_snapshot_follows_pod_versions(cluster: Cluster, admin: KubeClient,

@@ -67,8 +67,8 @@ def test_ready_before_the_whole_list() -> None:
         names = {o["metadata"]["name"] for o in r.items()}
         assert {"gone", "b"} <= names  # every bound pod is in before deciding starts
         # the primed query first, with its field selector; then the full list
-        assert fake.asked[0] == {"limit": 3, "fieldSelector": "spec.nodeName!="}
-        assert fake.asked[1] == {"limit": 3}
+        assert fake.asked[0] == {"limit": 3, "schema": None, "fieldSelector": "spec.nodeName!="}
+        assert fake.asked[1] == {"limit": 3, "schema": None}
         fake.gate.set()
         assert r.synced.wait(5)
         assert {o["metadata"]["name"] for o in r.items()} == {"b", "p1", "p2", "p3"}
