@@ -166,17 +166,25 @@ def read_interfaces() -> list[InterfaceSample]:
     return out
 
 
-def _operstate(name: str) -> str:
+def _sysfs(name: str, attr: str) -> str | None:
+    """``/sys/class/net/<name>/<attr>``, stripped, or None. Plain ``open``: the sampler
+    reads two of these per interface every report, and pathlib's path parsing was most
+    of that time (issue 27)."""
     try:
-        return Path(f"/sys/class/net/{name}/operstate").read_text().strip()
-    except OSError:
-        return "unknown"
+        with open(f"/sys/class/net/{name}/{attr}") as f:
+            return f.read().strip()
+    except OSError:  # includes EINVAL: a virtual link has no speed
+        return None
+
+
+def _operstate(name: str) -> str:
+    return _sysfs(name, "operstate") or "unknown"
 
 
 def _speed(name: str) -> int | None:
     try:
-        v = int(Path(f"/sys/class/net/{name}/speed").read_text())
-    except (OSError, ValueError):
+        v = int(_sysfs(name, "speed") or "")
+    except ValueError:
         return None
     return v if v > 0 else None
 

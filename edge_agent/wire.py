@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from edge_agent.names import label_key_problem, label_value_problem
@@ -205,9 +205,34 @@ def _drop_none(obj: Any) -> Any:
     return obj
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(obj: Any) -> Any:
+    """``_drop_none(asdict(obj))`` without ``asdict``'s deep copy of every leaf: the same
+    dicts and lists, about 5x faster. An agent encodes a report every second, and
+    ``asdict`` was a fifth of its sampler's time (issue 27)."""
+    if obj is None or isinstance(obj, (str, int, float)):
+        return obj
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None and hasattr(type(obj), "__dataclass_fields__"):
+        names = _FIELD_NAMES.setdefault(type(obj), tuple(f.name for f in fields(obj)))
+    if names is not None:
+        out = {}
+        for name in names:
+            v = getattr(obj, name)
+            if v is not None:
+                out[name] = _plain(v)
+        return out
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    return obj
+
+
 def encode_report(report: TelemetryReport) -> bytes:
-    d = asdict(report)
-    return json.dumps(_drop_none(d), separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(_plain(report), separators=(",", ":"), allow_nan=False).encode()
 
 
 def encode_status(status: NodeStatus) -> bytes:
