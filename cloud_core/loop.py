@@ -71,6 +71,12 @@ class Observation:
     # (region, zone, security level): the running workloads there are checked again, and one
     # that no longer fits is moved by the re-planner like any other move.
     revalidate: Mapping[str, str] = field(default_factory=dict)
+    # What the sink needs to act on this step's decisions, carried here rather than parked
+    # on the adapter between observe() and commit: uid -> the source's own object for that
+    # workload (a Pod on Kubernetes; opaque to the loop), and the source's version of the
+    # world the observation was taken at (events written for it say which one they saw).
+    objects: Mapping[str, Any] = field(default_factory=dict)
+    generation: int = 0
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,6 @@ class Actuator(PodCache, Source, Binder, Moves):
         self.ledger: MoveLedger | None = None
         self._restore_due = True
         self._forget_due = False
-        self._obs_pods: dict[str, JSON] = {}  # uid -> pod, of the step being decided
         self._obs_gen = 0  # the cluster generation that step saw
         self._more = False
         self._binding = 0  # bindings submitted and not yet done

@@ -81,7 +81,6 @@ class ActuatorState:
     ledger: MoveLedger | None  # where the reservations outlive this leader (ledger.py)
     _restore_due: bool  # read the ledger back at the next step (taking the Lease)
     _forget_due: bool  # drop the reservations in memory at the next step (leadership changed)
-    _obs_pods: dict[str, JSON]  # uid -> pod, of the step being decided
     _obs_gen: int  # the cluster generation that step saw
     _more: bool
     _binding: int  # bindings submitted and not yet done

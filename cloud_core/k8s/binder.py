@@ -29,9 +29,9 @@ class Binder(ActuatorState):
     """Binding placed pods, and the events of a batch (see the module docstring)."""
 
     def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
-        gen = self._obs_gen
+        gen, pods = obs.generation, obs.objects
         for uid, msg in obs.invalid.items():
-            self._unschedulable_now(self._obs_pods[uid], gen, msg)
+            self._unschedulable_now(pods[uid], gen, msg)
         if not obs.pending:
             return 0
         self._count("batches")
@@ -42,8 +42,8 @@ class Binder(ActuatorState):
         # computed while these bind and counts them (snapshot() reads ``_assumed``); a binding
         # that fails forgets its pod, and a KubeUnavailable is re-raised at the next step.
         now = time.monotonic()
-        todo = [(self._obs_pods[u], node, wl[u]) for u, node in outcome.assignments.items()
-                if u in self._obs_pods and u in wl]
+        todo = [(pods[u], node, wl[u]) for u, node in outcome.assignments.items()
+                if u in pods and u in wl]
         with self._lock:
             for pod, node, w in todo:
                 key = obj_key(pod)
@@ -54,16 +54,16 @@ class Binder(ActuatorState):
             self._pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
                               w.uid in obs.pinned)
         for u, msg in outcome.failures.items():
-            if u in self._obs_pods:
+            if u in pods:
                 g = wl[u].gang if u in wl else None
                 if g is not None and f"gang {g}" not in msg:
                     msg = f"gang {g}: {msg}"  # say which gang (namespace/name) waits
-                self._unschedulable_now(self._obs_pods[u], gen, msg)
+                self._unschedulable_now(pods[u], gen, msg)
         # A pinned replacement takes its reservation now: its binding is assumed, and a
         # failed one is placed again by a later step like any pending pod.
         for u in outcome.assignments:
             if u in obs.pinned:
-                self._consume_reservation(self._obs_pods.get(u), obs.pinned[u][1])
+                self._consume_reservation(pods.get(u), obs.pinned[u][1])
         return len(todo)
 
     def apply(self) -> int:

@@ -157,7 +157,7 @@ class Moves(ActuatorState):
             return []
         done = []
         for m in moves:
-            pod = self._obs_pods.get(m.workload_uid)
+            pod = obs.objects.get(m.workload_uid)
             if pod is None:
                 continue
             try:
@@ -229,7 +229,7 @@ class Moves(ActuatorState):
         (``on_alert`` and a ``ConstraintViolated`` Warning event) before the re-planner moves
         them (its ``Rescheduling`` event, eviction, the replacement bound where it planned)."""
         for uid, (node, problems) in misfits.items():
-            pod = self._obs_pods.get(uid)
+            pod = obs.objects.get(uid)
             if pod is not None and uid not in self._alerted:
                 with self._lock:
                     changes = list(self._changes.get(node, ()))

@@ -145,12 +145,11 @@ class Source(ActuatorState):
                 what = f"{c.key}: {c.old} -> {c.new}"
                 revalidate[c.node] = f"{revalidate[c.node]}, {what}" \
                     if c.node in revalidate else what
-        self._obs_pods = obs_pods
-        self._obs_gen = gen
+        self._obs_gen = gen  # the source's own: _work_waiting compares against it
         return Observation(health=health, snapshot=snap, pending=pending, running=running,
                            invalid=invalid, pinned=pinned,
                            # more than the binding workers take at once still queued:
                            # the end of a burst is still on its way out
                            backlog=(self._more or not self.pods.synced.is_set()
                                     or self._binding > self.config.bind_workers),
-                           revalidate=revalidate)
+                           revalidate=revalidate, objects=obs_pods, generation=gen)
