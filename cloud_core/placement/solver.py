@@ -338,6 +338,12 @@ def _pack_order(classes: Sequence[ClassSpec], free: np.ndarray, big: float = 0.0
     return out
 
 
+def _first_least(key: np.ndarray, tie: np.ndarray) -> int:
+    """``np.lexsort((tie, key))[0]`` in linear time: the first position of the least
+    ``tie`` among the least ``key`` (one pick per pod placed: no sort needed)."""
+    return int(np.where(key == key.min(), tie, np.iinfo(np.int64).max).argmin())
+
+
 class _Pack:
     """Count-first packing: best fit by normalised residual, then ejection repair.
 
@@ -375,9 +381,7 @@ class _Pack:
         self.work += 1
         after = (self.pk.free[idx] - self.classes[ci].req) * self.inv[idx]
         fit = np.einsum("ij,ij->i", after, after)
-        ic = self.icost[ci][idx]
-        order = np.lexsort((ic, np.round(fit, 6)))
-        return int(idx[order[0]])
+        return int(idx[_first_least(np.round(fit, 6), self.icost[ci][idx])])
 
     def greedy(self, order: Sequence[int], beta: float = 0.0, gamma: float = 0.0) -> None:
         """Largest first, each pod to the node that fits it most tightly -- discounted by
@@ -409,7 +413,7 @@ class _Pack:
                 ic = self.icost[ci][idx].astype(np.float64)
                 lo = ic.min()
                 score = score + gamma * (ic - lo) / max(lo, 1.0)
-            n = int(idx[np.lexsort((self.icost[ci][idx], np.round(score, 6)))[0]])
+            n = int(idx[_first_least(np.round(score, 6), self.icost[ci][idx])])
             self.put(ci, n)
 
     def insert(self, ci: int, max_nodes: int) -> bool:
