@@ -137,9 +137,7 @@ def yurt_app_set(deployment: JSON, plan: PoolPlan) -> JSON:
     pools = [p for p, n in plan.per_pool.items() if n > 0]
     return {
         "apiVersion": YURT_API, "kind": "YurtAppSet",
-        "metadata": {"name": md.get("name"), "namespace": md.get("namespace", "default"),
-                     "annotations": {"cfnet.io/placed-replicas": str(plan.placed),
-                                     "cfnet.io/requested-replicas": str(plan.replicas)}},
+        "metadata": _object_metadata(md, plan),
         "spec": {
             "pools": pools,
             "workload": {
@@ -149,6 +147,13 @@ def yurt_app_set(deployment: JSON, plan: PoolPlan) -> JSON:
             },
         },
     }
+
+
+def _object_metadata(md: JSON, plan: PoolPlan) -> JSON:
+    """The pool object's name and namespace (the Deployment's) and the plan's counts."""
+    return {"name": md.get("name"), "namespace": md.get("namespace", "default"),
+            "annotations": {"cfnet.io/placed-replicas": str(plan.placed),
+                            "cfnet.io/requested-replicas": str(plan.replicas)}}
 
 
 def edge_application(deployment: JSON, plan: PoolPlan) -> JSON:
@@ -163,9 +168,7 @@ def edge_application(deployment: JSON, plan: PoolPlan) -> JSON:
     _template_spec(manifest)
     return {
         "apiVersion": KUBEEDGE_API, "kind": "EdgeApplication",
-        "metadata": {"name": md.get("name"), "namespace": md.get("namespace", "default"),
-                     "annotations": {"cfnet.io/placed-replicas": str(plan.placed),
-                                     "cfnet.io/requested-replicas": str(plan.replicas)}},
+        "metadata": _object_metadata(md, plan),
         "spec": {
             "workloadTemplate": {"manifests": [manifest]},
             "workloadScope": {"targetNodeGroups": [

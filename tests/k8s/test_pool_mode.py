@@ -17,6 +17,7 @@ yurt-manager / cloudcore runs: nothing acts on these objects here.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -46,17 +47,29 @@ def pool_deployment(ns: str, name: str, replicas: int, flavour: str,
                      "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}
 
 
+@contextmanager
+def pool_controller(client: KubeClient, identity: str, **actuator_kw: Any
+                    ) -> Iterator[PoolController]:
+    """An actuator with its caches synced and a pool controller on it (resync 1 s)."""
+    act = Actuator(client, NodeRegistry(), ActuatorConfig(identity=identity), **actuator_kw)
+    act.start()
+    try:
+        assert act.wait_synced(30)
+        pc = PoolController(client, act, resync_s=1.0)
+        pc.start()
+        try:
+            yield pc
+        finally:
+            pc.stop()
+    finally:
+        act.stop()
+
+
 @pytest.fixture
 def pools(core_client: KubeClient, cluster: Cluster) -> Iterator[PoolController]:
     """The controller as cluster admin, and under deploy/k8s's ServiceAccount as written."""
-    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="pool-test"))
-    act.start()
-    assert act.wait_synced(30)
-    pc = PoolController(core_client, act, resync_s=1.0)
-    pc.start()
-    yield pc
-    pc.stop()
-    act.stop()
+    with pool_controller(core_client, "pool-test") as pc:
+        yield pc
 
 
 def test_yurtappset_follows_the_deployment(admin: KubeClient, cluster: Cluster,

@@ -18,13 +18,11 @@ from typing import Any
 import pytest
 
 from cloud_core.errors import KubeNotFound
-from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.pools import PoolController
-from cloud_core.k8s.registry import NodeRegistry
 from cloud_core.placement.model import Health, LinkInfo
 from tests.k8s.conftest import Cluster, wait_for
-from tests.k8s.test_pool_mode import pool_deployment
+from tests.k8s.test_pool_mode import pool_controller, pool_deployment
 
 pytestmark = pytest.mark.slow
 
@@ -52,15 +50,9 @@ def agents() -> Agents:
 
 @pytest.fixture
 def pools(core_client: KubeClient, agents: Agents) -> Iterator[PoolController]:
-    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="pool-replan"),
-                   links=agents.links, agent_health=agents.verdicts)
-    act.start()
-    assert act.wait_synced(30)
-    pc = PoolController(core_client, act, resync_s=1.0)
-    pc.start()
-    yield pc
-    pc.stop()
-    act.stop()
+    with pool_controller(core_client, "pool-replan", links=agents.links,
+                         agent_health=agents.verdicts) as pc:
+        yield pc
 
 
 def test_counts_follow_the_sla_and_node_health(admin: KubeClient, cluster: Cluster,
