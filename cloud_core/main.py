@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     say = say_line if a.json_lines else no_line
     if a.kubernetes:
         # Imported here: the kubernetes client is only needed in this mode.
+        from cloud_core.k8s import objects
         from cloud_core.k8s.client import KubeClient
         from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
 
@@ -233,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
         core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
                                   "event", int_fields(kube.actuator.stats))
+        # List pages / watch events that did not fit the lean schemas (decoded generically):
+        # a rise says the API server answers in a shape objects.py does not expect.
+        core.metrics.add_counters("cfnet_kube_decode", "Kubernetes objects decoded "
+                                  "generically (shape outside the lean schema)", "what",
+                                  lambda: dict(objects.STATS))
         elector = kube.elector
         core.metrics.set_leader(elector.is_leader)
         ready = core.metrics.readiness

@@ -80,6 +80,9 @@ def test_readyz_follows_broker_and_api_server(control_plane: ControlPlane, admin
         assert "cfnet_leader 1.0" in metrics
         assert 'cfnet_build_info{python="' in metrics and 'version="0.1.0"' in metrics
         assert "process_resident_memory_bytes" in metrics
+        # every list page and watch event so far fitted the lean schemas (k8s/objects.py)
+        assert 'cfnet_kube_decode_total{what="fallback"} 0' in metrics, \
+            [ln for ln in metrics.splitlines() if "decode" in ln]
         lease = admin.get(f"/apis/coordination.k8s.io/v1/namespaces/{cluster.namespace}/"
                           "leases/probe-lease")
         assert lease["spec"]["holderIdentity"] == "core-probe"
