@@ -36,6 +36,13 @@ resumes after the last message it stored from that source, so nothing arrives tw
 most once per site per ``resume_min_interval_s``. It lives in the core because the core
 is what holds the hub's ingest stream and its credentials; a site's leaf node cannot
 reach the hub stream's config, and should not.
+
+**Linking the sites** (``--nats-sites``, :func:`parse_sites`, :func:`link_sites`): the same
+look links each configured site that is not linked yet or whose source has gone from
+``CFNET_INGEST``: the site's ``CFNET_EDGE`` on its leaf, through its domain
+(``$JS.<site>.API.STREAM.INFO``/``CREATE``), then one update of ``CFNET_INGEST`` adding
+the missing sources. A site that does not answer is counted and tried again after a
+doubling back-off (at most :data:`LINK_BACKOFF_MAX_S`); the others and the fetchers go on.
 """
 
 from __future__ import annotations
