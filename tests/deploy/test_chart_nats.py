@@ -182,8 +182,13 @@ def test_the_core_is_told_the_sites_to_link() -> None:
     cm = kinds(two)[("ConfigMap", "cfnet-bus")]["data"]
     assert cm["CFNET_NATS_SITES"] == "siteA,siteB"  # type: ignore[index]
     assert parse_sites(cm["CFNET_NATS_SITES"]) == ("siteA", "siteB")  # type: ignore[index]
+    # A site's reports reach the core only through CFNET_INGEST: shared ingest on.
+    assert cm["CFNET_SHARE_GROUP"] == "cfnet-core"  # type: ignore[index]
     off = kinds([*two[:1], *two[2:]])[("ConfigMap", "cfnet-bus")]["data"]  # leaf not enabled
-    assert off["CFNET_NATS_SITES"] == ""  # type: ignore[index]
+    assert off["CFNET_NATS_SITES"] == "" and "CFNET_SHARE_GROUP" not in off  # type: ignore[operator,index]
+    r = chart.helm("template", "t", str(chart.CHART), "--set", "nats.mode=external",
+                   "--set", "nats.external.mqttHost=m", *_sets(two[1:]), check=False)
+    assert r.returncode != 0 and "nats.external.urls" in r.stderr, r.stderr
     core = kinds(two)[("Deployment", "cfnet-core")]["spec"]["template"]["spec"]  # type: ignore[index]
     assert {"configMapRef": {"name": "cfnet-bus"}} in core["containers"][0]["envFrom"]
 
