@@ -36,11 +36,19 @@ resumes after the last message it stored from that source, so nothing arrives tw
 most once per site per ``resume_min_interval_s``. It lives in the core because the core
 is what holds the hub's ingest stream and its credentials; a site's leaf node cannot
 reach the hub stream's config, and should not.
+
+**Linking the sites** (``--nats-sites``, :func:`parse_sites`, :func:`link_sites`): the same
+look links each configured site that is not linked yet or whose source has gone from
+``CFNET_INGEST``: the site's ``CFNET_EDGE`` on its leaf, through its domain
+(``$JS.<site>.API.STREAM.INFO``/``CREATE``), then one update of ``CFNET_INGEST`` adding
+the missing sources. A site that does not answer is counted and tried again after a
+doubling back-off (at most :data:`LINK_BACKOFF_MAX_S`); the others and the fetchers go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import ssl
@@ -57,6 +65,9 @@ from edge_agent.wire import STATUS_WILDCARD, TELEMETRY_WILDCARD
 log = logging.getLogger(__name__)
 
 STREAM = "CFNET_INGEST"
+EDGE_STREAM = "CFNET_EDGE"  # an edge site's stream, on its leaf node (tools/nats/leaf.py)
+EDGE_MAX_BYTES = 256 << 20  # what a site keeps while its uplink is down, at most
+EDGE_MAX_AGE_S = 7 * 86400.0
 FETCH_BATCH = 512
 SHARE_PREFIX = "$share/"
 
@@ -96,6 +107,11 @@ class NatsIngestSettings:
     resume_poll_s: float = 1.0
     resume_stale_s: float = 3.0  # a healthy source heartbeats every second
     resume_min_interval_s: float = 10.0  # per site
+    # Edge sites this core links (``--nats-sites``; :func:`parse_sites`): each site's
+    # ``CFNET_EDGE`` on its leaf, and ``CFNET_INGEST``'s source of it (:class:`SourceResumer`).
+    sites: tuple[str, ...] = ()
+    edge_max_bytes: int = EDGE_MAX_BYTES
+    edge_max_age_s: float = EDGE_MAX_AGE_S
 
 
 def consumer_name(group: str, topic_filter: str) -> str:
@@ -239,7 +255,7 @@ class SharedIngest:
         log.info("shared ingest: %s on %s", ", ".join(consumer_name(g, f)
                                                       for g, f in self._shares), STREAM)
         tasks = [self._fetch(p) for p in subs]
-        if s.resume_sources:
+        if s.resume_sources or s.sites:
             if self.resumer is None:  # kept across reconnects: its rate limit and counts
                 self.resumer = SourceResumer(nc, s)
             self.resumer.nc = nc
@@ -276,6 +292,132 @@ MAX_SOURCES = 4096
 MAX_DOMAIN = 64
 API_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 0.5
+
+
+# Edge site names: the JetStream domain of the site's leaf. nats-server refuses a domain
+# with ".", "*", ">" or whitespace, and the reserved ACK, FC, SNAPSHOT, EVENT
+# (validateJetStreamOptions, server/jetstream.go); cfnet keeps to ASCII letters and digits,
+# at most 32 (the chart's nats.leaf.sites[].name), so a name is also a Kubernetes name part.
+MAX_SITES = 1000
+MAX_SITE_LEN = 32
+RESERVED_DOMAINS = frozenset({"ACK", "FC", "SNAPSHOT", "EVENT"})
+LINK_BACKOFF_MAX_S = 30.0  # a site not answering is tried again at most this far apart
+LINK_CONCURRENCY = 32  # sites linked at once in one poll
+
+
+def valid_site(name: str) -> bool:
+    return (0 < len(name) <= MAX_SITE_LEN and name.isascii() and name.isalnum()
+            and name not in RESERVED_DOMAINS)
+
+
+def parse_sites(text: str) -> tuple[str, ...]:
+    """``a,b,...`` (``--nats-sites``) as site names; a bad, reserved or repeated name, or
+    too many, is a :class:`NatsIngestError` naming it. The length is bounded before the
+    split."""
+    if len(text) > MAX_SITES * (MAX_SITE_LEN + 2):
+        raise NatsIngestError(f"--nats-sites: {len(text)} characters; at most {MAX_SITES} "
+                              f"sites of {MAX_SITE_LEN}")
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if len(names) > MAX_SITES:
+        raise NatsIngestError(f"--nats-sites: {len(names)} sites; at most {MAX_SITES}")
+    seen: set[str] = set()
+    for n in names:
+        if not valid_site(n):
+            raise NatsIngestError(
+                f"--nats-sites: {n[:MAX_SITE_LEN + 8]!r} is not a site name (a JetStream "
+                f"domain: 1-{MAX_SITE_LEN} ASCII letters and digits, not "
+                f"{'/'.join(sorted(RESERVED_DOMAINS))})")
+        if n in seen:
+            raise NatsIngestError(f"--nats-sites: {n!r} is given twice")
+        seen.add(n)
+    return tuple(names)
+
+
+def edge_stream_config(settings: NatsIngestSettings) -> dict[str, Any]:
+    """A site's ``CFNET_EDGE`` (on its leaf): the site's telemetry and status, in its
+    own file store, bounded in bytes and age (the oldest go first)."""
+    return {"name": EDGE_STREAM, "subjects": list(STREAM_SUBJECTS), "retention": "limits",
+            "storage": "file", "num_replicas": 1, "discard": "old",
+            "max_bytes": settings.edge_max_bytes,
+            "max_age": int(settings.edge_max_age_s * 1e9)}
+
+
+def edge_source(site: str) -> dict[str, Any]:
+    """``CFNET_INGEST``'s source of a site's ``CFNET_EDGE``, through the site's domain."""
+    return {"name": EDGE_STREAM, "external": {"api": f"$JS.{site}.API"}}
+
+
+async def ensure_edge_stream(nc: Any, site: str, settings: NatsIngestSettings) -> bool:
+    """The site's ``CFNET_EDGE`` exists on its leaf (created through the site's JetStream
+    domain, ``$JS.<site>.API``, if not); whether it was created now. An existing one is
+    left as it is (its limits may have been set by hand). A site that does not answer
+    raises (no responders, a timeout)."""
+    api = f"$JS.{site}.API"
+    try:
+        await _api(nc, f"{api}.STREAM.INFO.{EDGE_STREAM}")
+        return False
+    except JsApiError as exc:
+        if exc.err_code != JS_STREAM_NOT_FOUND:
+            raise
+    await _api(nc, f"{api}.STREAM.CREATE.{EDGE_STREAM}",
+               json.dumps(edge_stream_config(settings)).encode())
+    return True
+
+
+def with_sources(config: dict[str, Any], sites: list[str]) -> dict[str, Any] | None:
+    """The stream config with a source for each of ``sites`` it lacks (the rest of the
+    config as it was); None if it has them all."""
+    sources = list(config.get("sources") or [])
+    have = {source_domain(s) for s in sources if isinstance(s, dict)}
+    missing = [site for site in sites if site not in have]
+    if not missing:
+        return None
+    return {**config, "sources": [*sources, *(edge_source(site) for site in missing)]}
+
+
+async def ensure_sources(nc: Any, sites: list[str], stream: str = STREAM) -> list[str]:
+    """``stream`` sources each site's ``CFNET_EDGE`` (one read and at most one update for
+    all: two updates at once from this process would lose one); the sites added now.
+    The stream must exist (:class:`SharedIngest` creates it before it links)."""
+    info = await _api(nc, f"$JS.API.STREAM.INFO.{stream}")
+    config = info.get("config")
+    if not isinstance(config, dict):
+        raise NatsIngestError(f"STREAM.INFO {stream}: no config")
+    more = with_sources(config, sites)
+    if more is None:
+        return []
+    have = {source_domain(s) for s in config.get("sources") or [] if isinstance(s, dict)}
+    await _api(nc, f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(more).encode())
+    return [site for site in sites if site not in have]
+
+
+async def link_sites(nc: Any, sites: list[str], settings: NatsIngestSettings,
+                     ) -> tuple[list[str], dict[str, Exception]]:
+    """Link edge sites: each one's ``CFNET_EDGE`` first (at most
+    :data:`LINK_CONCURRENCY` at once; a source of a stream that does not exist yet would
+    fail and wait out the server's back-off), then ``CFNET_INGEST``'s sources of those that
+    answered, in one update. Idempotent. (linked, {site: why not})."""
+    failed: dict[str, Exception] = {}
+    gate = asyncio.Semaphore(LINK_CONCURRENCY)
+
+    async def edge(site: str) -> None:
+        async with gate:
+            try:
+                if await ensure_edge_stream(nc, site, settings):
+                    log.info("edge site %s: created its %s", site, EDGE_STREAM)
+            except Exception as exc:  # no responders (leaf away), timeout, API error
+                failed[site] = exc
+
+    await asyncio.gather(*(edge(site) for site in sites))
+    ready = [site for site in sites if site not in failed]
+    if ready:
+        try:
+            for site in await ensure_sources(nc, ready):
+                log.info("edge site %s: %s now sources its %s", site, STREAM, EDGE_STREAM)
+        except Exception as exc:  # no leader for the stream yet: all of them next time
+            for site in ready:
+                failed[site] = exc
+    return [site for site in sites if site not in failed], failed
 
 
 def source_domain(source: dict[str, Any]) -> str | None:
@@ -319,6 +461,17 @@ def without_domain(config: dict[str, Any], domain: str) -> dict[str, Any] | None
     return {**config, "sources": kept}
 
 
+class JsApiError(NatsIngestError):
+    """The JetStream API answered with an error (``err_code``: the server's error code)."""
+
+    def __init__(self, message: str, err_code: int | None) -> None:
+        super().__init__(message)
+        self.err_code = err_code
+
+
+JS_STREAM_NOT_FOUND = 10059  # JSStreamNotFoundErr, server/errors.json
+
+
 async def _api(nc: Any, subject: str, body: bytes = b"",
                timeout: float = API_TIMEOUT_S) -> dict[str, Any]:
     msg = await nc.request(subject, body, timeout=timeout)
@@ -326,7 +479,9 @@ async def _api(nc: Any, subject: str, body: bytes = b"",
     if not isinstance(data, dict):
         raise NatsIngestError(f"{subject}: not a JSON object")
     if data.get("error"):
-        raise NatsIngestError(f"{subject}: {data['error']}")
+        err = data["error"]
+        code = err.get("err_code") if isinstance(err, dict) else None
+        raise JsApiError(f"{subject}: {err}", code if isinstance(code, int) else None)
     return data
 
 
@@ -361,6 +516,13 @@ class SourceResumer:
         self.clock = clock
         self.last: dict[str, float] = {}  # domain -> when it was last re-armed
         self.resumed: dict[str, int] = {}  # domain -> how many times (a counter)
+        # Linking the configured sites (settings.sites): counters, and when each unlinked
+        # one is tried next (a doubling back-off up to LINK_BACKOFF_MAX_S).
+        self.linked: dict[str, int] = {}  # site -> times it was linked (source added or found)
+        self.link_failures: dict[str, int] = {}  # site -> attempts that failed
+        self.unlinked: set[str] = set(settings.sites)
+        self._next_try: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
 
     async def run(self, stopping: threading.Event) -> None:
         s = self.settings
@@ -372,12 +534,17 @@ class SourceResumer:
             await asyncio.sleep(s.resume_poll_s)
 
     async def poll(self) -> list[str]:
-        """One look: the domains re-armed now."""
+        """One look: link the configured sites not linked yet (:meth:`link`); the domains
+        re-armed now."""
         s = self.settings
         try:
             info = await _api(self.nc, f"$JS.API.STREAM.INFO.{STREAM}")
         except NatsIngestError:
             return []  # no such stream (yet): nothing sourced
+        if s.sites:
+            await self.link(info)
+        if not s.resume_sources:
+            return []
         done = []
         now = self.clock()
         for domain in stalled_domains(info, s.resume_stale_s):
@@ -386,12 +553,52 @@ class SourceResumer:
             if not await self._site_answers(domain):
                 continue  # uplink still down: the server's own retries are enough
             self.last[domain] = now
+            if domain in s.sites:
+                # It answers again: its stream may be new (a wiped store), make sure.
+                with contextlib.suppress(Exception):
+                    await ensure_edge_stream(self.nc, domain, s)
             if await rearm_source(self.nc, domain):
                 self.resumed[domain] = self.resumed.get(domain, 0) + 1
                 log.info("edge site %s answers again: re-armed its source of %s",
                          domain, STREAM)
                 done.append(domain)
         return done
+
+    async def link(self, info: dict[str, Any]) -> list[str]:
+        """Link the configured sites that are due: those never linked, and those whose
+        source has gone from ``CFNET_INGEST`` (``info``: its ``STREAM.INFO``). A site that
+        does not answer (its leaf not up yet, its uplink down) is counted, logged and
+        tried again after a doubling back-off; the others, and ingest, go on. The sites
+        linked now."""
+        s = self.settings
+        config = info.get("config")
+        sources = config.get("sources") if isinstance(config, dict) else None
+        have = {source_domain(x) for x in (sources or [])[:MAX_SOURCES] if isinstance(x, dict)}
+        self.unlinked |= {site for site in s.sites if site not in have}
+        now = self.clock()
+        due = [site for site in s.sites
+               if site in self.unlinked and self._next_try.get(site, -1e18) <= now]
+        if not due:
+            return []
+        ok, failed = await link_sites(self.nc, due, s)
+        for site in ok:
+            self.unlinked.discard(site)
+            self._backoff.pop(site, None)
+            self._next_try.pop(site, None)
+            self.linked[site] = self.linked.get(site, 0) + 1
+            log.info("edge site %s linked: %s on its leaf, sourced by %s", site,
+                     EDGE_STREAM, STREAM)
+        for site, exc in failed.items():
+            n = self.link_failures[site] = self.link_failures.get(site, 0) + 1
+            wait = min(self._backoff.get(site, s.resume_poll_s / 2) * 2, LINK_BACKOFF_MAX_S)
+            self._backoff[site] = wait
+            self._next_try[site] = now + wait
+            # The first failure and then one in ten: a site down for hours says so, not
+            # every few seconds.
+            (log.warning if n == 1 or n % 10 == 0 else log.debug)(
+                "edge site %s not linked (%d attempts): %s; next try in %.0f s", site, n,
+                exc or type(exc).__name__, wait)
+        return ok
 
     async def _site_answers(self, domain: str) -> bool:
         try:

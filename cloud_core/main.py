@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from cloud_core.broker_args import add_broker_args, broker_settings
-from cloud_core.bus_nats import NatsIngestSettings
+from cloud_core.bus_nats import NatsIngestSettings, parse_sites
 from cloud_core.errors import CoreError
 from cloud_core.k8s.flags import (
     add_eviction_args,
@@ -61,6 +61,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(tls://host:4222,...) for ingest shared through JetStream")
     p.add_argument("--nats-replicas", type=int, default=int(env("CFNET_NATS_REPLICAS", "3")),
                    help="replicas of the shared-ingest stream (the NATS cluster's size)")
+    p.add_argument("--nats-sites", default=env("CFNET_NATS_SITES", ""),
+                   help="with --bus nats and --share-group: edge sites (their leaf nodes' "
+                        "JetStream domains, a,b,...) whose stream the core creates on the "
+                        "leaf and sources into its ingest stream (docs/scale.md)")
     p.add_argument("--step-interval", type=float, default=0.5)
     p.add_argument("--apply-interval", type=float, default=0.0,
                    help="pause between node applies (paces large roll-outs)")
@@ -141,6 +145,10 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
         session = {"session_expiry_s": 0, "clean_start": True}
     settings = broker_settings(a, a.username, client_id=a.username, keepalive_s=5, **session)
     nats = None
+    sites = parse_sites(a.nats_sites or "")
+    if sites and not (a.bus == "nats" and a.share_group):
+        raise CoreError("--nats-sites needs --bus nats and --share-group (the core links "
+                        "sites from its shared-ingest connection)")
     if a.bus == "nats" and a.share_group:
         urls = tuple(u.strip() for u in a.nats_url.split(",") if u.strip())
         if not urls:
@@ -149,7 +157,7 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
             raise CoreError("--share-group on NATS needs the MQTT process "
                             "(drop --mqtt-in-process)")
         nats = NatsIngestSettings(urls=urls, username=a.username, password=settings.password,
-                                  ca_file=a.ca_file, replicas=a.nats_replicas)
+                                  ca_file=a.ca_file, replicas=a.nats_replicas, sites=sites)
     return CoreConfig(
         mqtt=settings, db_path=a.db, registry=load_registry(a.registry),
         roles=load_roles(a.roles), step_interval_s=a.step_interval,

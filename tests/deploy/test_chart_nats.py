@@ -162,10 +162,35 @@ def test_leaf_off_by_default_and_bad_sites_refused_with_a_reason() -> None:
              "name"),
             ([*SITE[:3], "nats.leaf.sites[0].nodeSelector.a=b"], "address"),
             ([*SITE[:4]], "nodeSelector"),
-            ([*SITE, "nats.leaf.sites[0].hostPath=relative/dir"], "hostPath")):
+            ([*SITE, "nats.leaf.sites[0].hostPath=relative/dir"], "hostPath"),
+            ([*SITE, "nats.leaf.sites[1].name=sitea", "nats.leaf.sites[1].address=x",
+              "nats.leaf.sites[1].nodeSelector.a=b"], "given twice"),
+            ([*SITE[:2], "nats.leaf.sites[0].name=ACK", *SITE[3:]], "sites/0/name")):
         r = chart.helm("template", "t", str(chart.CHART),
                        *_sets(values), check=False)
         assert r.returncode != 0 and reason in r.stderr, (values, r.stderr)
+
+
+def test_the_core_is_told_the_sites_to_link() -> None:
+    """cfnet-bus (the core's envFrom) carries CFNET_NATS_SITES, what `cfnet-core
+    --nats-sites` reads (tests/unit/test_bus_adapter.py; linked on a real leaf:
+    tests/integration/test_bus_leaf_resume.py)."""
+    from cloud_core.bus_nats import parse_sites
+
+    two = [*SITE, "nats.leaf.sites[1].name=siteB", "nats.leaf.sites[1].address=10.1.0.6",
+           "nats.leaf.sites[1].nodeSelector.a=b"]
+    cm = kinds(two)[("ConfigMap", "cfnet-bus")]["data"]
+    assert cm["CFNET_NATS_SITES"] == "siteA,siteB"  # type: ignore[index]
+    assert parse_sites(cm["CFNET_NATS_SITES"]) == ("siteA", "siteB")  # type: ignore[index]
+    # A site's reports reach the core only through CFNET_INGEST: shared ingest on.
+    assert cm["CFNET_SHARE_GROUP"] == "cfnet-core"  # type: ignore[index]
+    off = kinds([*two[:1], *two[2:]])[("ConfigMap", "cfnet-bus")]["data"]  # leaf not enabled
+    assert off["CFNET_NATS_SITES"] == "" and "CFNET_SHARE_GROUP" not in off  # type: ignore[operator,index]
+    r = chart.helm("template", "t", str(chart.CHART), "--set", "nats.mode=external",
+                   "--set", "nats.external.mqttHost=m", *_sets(two[1:]), check=False)
+    assert r.returncode != 0 and "nats.external.urls" in r.stderr, r.stderr
+    core = kinds(two)[("Deployment", "cfnet-core")]["spec"]["template"]["spec"]  # type: ignore[index]
+    assert {"configMapRef": {"name": "cfnet-bus"}} in core["containers"][0]["envFrom"]
 
 
 def test_leaf_remote_conf_is_rendered_for_the_secret(tmp_path: Path,

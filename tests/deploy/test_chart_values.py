@@ -380,7 +380,8 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
     ("nats.leaf.mqttPort", [*LEAF, "nats.leaf.mqttPort=18884"],
      lambda o: o[("ConfigMap", "cfnet-bus-s1")]["data"]["CFNET_BROKER_PORT"] == "18884"),
     ("nats.leaf.sites", LEAF,
-     lambda o: ("Deployment", "nats-leaf-s1") in o and ("ConfigMap", "cfnet-bus-s1") in o),
+     lambda o: ("Deployment", "nats-leaf-s1") in o and ("ConfigMap", "cfnet-bus-s1") in o
+     and bus(o)["CFNET_NATS_SITES"] == "s1"),  # the core links it (cfnet-core --nats-sites)
 ]
 
 

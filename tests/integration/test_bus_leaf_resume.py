@@ -3,9 +3,14 @@ site's backlog reaches the core within seconds of the heal instead of after nats
 retry back-off (docs/scale.md measured 15.2 s after a 45 s cut and 50.6 s after 120 s).
 
 Same lab as tests/integration/test_bus_leaf.py (hub cluster in ``cloud``, the site's leaf
-node in ``edge``, the site linked), plus the core's shared ingest on the hub
-(cloud_core/bus_nats.py ``SharedIngest``, a core account with the chart's permissions),
-whose ``SourceResumer`` is what re-arms. The leaf dials only hub nodes that do not lead
+node in ``edge``), plus the core's shared ingest on the hub (cloud_core/bus_nats.py
+``SharedIngest``, a core account with the chart's permissions) configured as
+``cfnet-core --bus nats --share-group ... --nats-sites edge`` configures it
+(``build_config(parse_args(...))``). The core links the site by itself: it starts before
+the site's leaf, counts the site as not answering and goes on (its ingest connected),
+then creates the leaf's ``CFNET_EDGE`` through the site's JetStream domain and adds
+``CFNET_INGEST``'s source of it once the leaf is up (no ``link_site``). Its
+``SourceResumer`` is also what re-arms. The leaf dials only hub nodes that do not lead
 ``CFNET_INGEST``: a leaf connecting to the stream's leader makes that server retry the
 source itself (``checkInternalSyncConsumers``, server/leafnode.go), which would hide
 whether the core did. The cut lasts 45 s with a report every 0.5 s. Asserted: every report
@@ -24,13 +29,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from cloud_core.bus_nats import STREAM, NatsIngestSettings, SharedIngest
+from cloud_core.bus_nats import EDGE_STREAM, STREAM, SharedIngest
+from cloud_core.main import build_config, parse_args
 from edge_agent.wire import TELEMETRY_WILDCARD
 from tests.integration.helpers import wait_for
 from tests.integration.test_bus_leaf import _agent, _exactly_once, _hub_payloads, _publish
 from tools.lab import Lab, SiteSpec
 from tools.nats.cluster import ADMIN_USER, NatsCluster
-from tools.nats.leaf import EdgeLeaf, link_site
+from tools.nats.leaf import EdgeLeaf
 from tools.netns import in_netns
 
 pytestmark = [pytest.mark.root]
@@ -39,6 +45,7 @@ NODE = "leaf-agent-1"
 CORE = "core-leaf"
 CUT_S = 45.0
 CATCH_UP_BOUND_S = 8.0  # measured 1.1-3.1 s; without the re-arm 14-15 s
+LINK_BOUND_S = 45.0  # the core's back-off is at most 30 s (bus_nats.LINK_BACKOFF_MAX_S)
 
 Site = tuple[Lab, NatsCluster, EdgeLeaf, SharedIngest, list[bytes]]
 
@@ -81,9 +88,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
                 got.append(payload)
 
         creds = hub.credentials(CORE)
-        ingest = SharedIngest(NatsIngestSettings(
-            urls=tuple(hub.nats_urls), username=creds.username, password=creds.password,
-            ca_file=hub.ca_file), deliver)
+        cfg = build_config(parse_args([
+            "--bus", "nats", "--share-group", "cfnet-core", "--username", creds.username,
+            "--password", str(creds.password), "--ca-file", str(hub.ca_file),
+            "--broker-host", hub.host, "--broker-port", str(hub.port),
+            "--nats-url", ",".join(hub.nats_urls), "--nats-sites", "edge",
+            "--db", str(work / "core.db")]))
+        assert cfg.nats is not None and cfg.nats.sites == ("edge",), cfg.nats
+        ingest = SharedIngest(cfg.nats, deliver)
         ingest.add("cfnet-core", TELEMETRY_WILDCARD)
         leaf: EdgeLeaf | None = None
         try:
@@ -98,12 +110,24 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
                 return bool(leader)
 
             wait_for(led, 15, f"a leader for {STREAM}")
+            # No leaf yet: the site does not answer; counted, and ingest goes on.
+            wait_for(lambda: ingest.resumer is not None
+                     and ingest.resumer.link_failures.get("edge", 0) >= 1, 15,
+                     "the core's first attempt to link site edge (before its leaf is up)")
+            assert ingest.connected and ingest.resumer is not None
+            assert not ingest.resumer.linked, ingest.resumer.linked
             uplinks = [f"nats-leaf://{hub.host}:{n.leaf_port}" for n in hub.nodes
                        if n.name != leader]
             leaf = EdgeLeaf(work / "leaf", hub, site="edge", host=lab.addr("edge"),
                             netns=lab.ns("edge"), uplinks=uplinks)
             leaf.start()
-            link_site(leaf)
+            t_up = time.monotonic()
+            resumer = ingest.resumer
+            wait_for(lambda: resumer.linked.get("edge") == 1, LINK_BOUND_S,
+                     f"the core to link site edge once its leaf is up ({EDGE_STREAM} on the "
+                     f"leaf, {STREAM}'s source; failures: {resumer.link_failures})")
+            print(f"\nsite edge linked by the core {time.monotonic() - t_up:.2f} s after its "
+                  f"leaf was up ({resumer.link_failures['edge']} failed attempts before)")
             yield lab, hub, leaf, ingest, got
         finally:
             ingest.stop()
@@ -143,6 +167,7 @@ def test_the_core_rearms_a_stalled_site_source_once_after_a_long_cut(site: Site)
     want = [f"report-{i}".encode() for i in range(n)]
     assert got == want, f"the core got {len(got)} reports, not each of {n} once in order"
     assert ingest.resumer.resumed == {"edge": 1}, ingest.resumer.resumed
+    assert ingest.resumer.linked == {"edge": 1}, "linked again: its source never went away"
     print(f"\nleaf, {CUT_S:.0f} s cut, {n - 5} reports during it: uplink back "
           f"{t_link - t_heal:.2f} s after the heal, all {n} at the core "
           f"{t_all - t_heal:.2f} s after the heal (core re-armed the source once); "

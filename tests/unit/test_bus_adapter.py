@@ -222,3 +222,152 @@ def test_resumer_rearms_a_stalled_site_once_when_it_answers_and_at_most_once_per
     nc.active_ns = 500_000_000  # healthy: nothing to do
     now[0] += 60.0
     assert asyncio.run(r.poll()) == []
+
+
+# ---------------------------------------------------------------- linking edge sites
+# (--nats-sites; the real leaf and hub: tests/integration/test_bus_leaf_resume.py)
+def test_site_names_are_jetstream_domains_bounded_and_each_refusal_names_the_site() -> None:
+    from cloud_core.bus_nats import MAX_SITES, NatsIngestError, parse_sites
+
+    assert parse_sites("") == () and parse_sites(" a , B2 ,") == ("a", "B2")
+    assert parse_sites("x" * 32) == ("x" * 32,)
+    for bad in ("a.b", "a*", "a>", "a b", "edge-1", "é", "x" * 33, "ACK", "SNAPSHOT"):
+        with pytest.raises(NatsIngestError, match="not a site name") as e:
+            parse_sites(f"ok,{bad}")
+        assert repr(bad[:40]) in str(e.value)
+    with pytest.raises(NatsIngestError, match="'a' is given twice"):
+        parse_sites("a,b,a")
+    with pytest.raises(NatsIngestError, match=f"at most {MAX_SITES}"):
+        parse_sites(",".join(f"s{i}" for i in range(MAX_SITES + 1)))
+    with pytest.raises(NatsIngestError, match="characters"):
+        parse_sites("a" * 100_000)  # refused before it is split
+
+
+def test_cfnet_core_takes_sites_only_with_shared_ingest_on_nats(monkeypatch: pytest.MonkeyPatch,
+                                                                ) -> None:
+    from cloud_core.errors import CoreError
+    from cloud_core.main import build_config, parse_args
+
+    base = ["--password", "p", "--db", "/nonexistent/core.db"]
+    nats = ["--bus", "nats", "--share-group", "g", "--nats-url", "tls://h:4222"]
+    cfg = build_config(parse_args([*base, *nats, "--nats-sites", "siteA,siteB"]))
+    assert cfg.nats is not None and cfg.nats.sites == ("siteA", "siteB")
+    monkeypatch.setenv("CFNET_NATS_SITES", "s1")  # the chart's cfnet-bus ConfigMap
+    cfg = build_config(parse_args([*base, *nats]))
+    assert cfg.nats is not None and cfg.nats.sites == ("s1",)
+    with pytest.raises(CoreError, match="'bad-site' is not a site name"):
+        build_config(parse_args([*base, *nats, "--nats-sites", "bad-site"]))
+    with pytest.raises(CoreError, match="needs --bus nats and --share-group"):
+        build_config(parse_args([*base, "--nats-sites", "s1"]))
+
+
+def test_core_may_create_and_read_only_the_edge_stream_on_sites() -> None:
+    allow = nats_permissions("core-0", "core")["publish"]["allow"]  # type: ignore[index]
+    site = [s for s in allow if s.startswith("$JS.*.")]
+    assert sorted(site) == ["$JS.*.API.INFO", "$JS.*.API.STREAM.CREATE.CFNET_EDGE",
+                            "$JS.*.API.STREAM.INFO.CFNET_EDGE"]
+
+
+class _FakeHubAndLeaves:
+    """A fake NATS connection (the I/O edge) for linking: the hub's CFNET_INGEST and each
+    answering site's leaf streams as dicts; a site not in ``leaves`` has no responders.
+    Records every request."""
+
+    def __init__(self, leaves: dict[str, dict[str, object]]) -> None:
+        self.leaves = leaves
+        self.requests: list[str] = []
+        self.config: dict[str, object] = {"name": "CFNET_INGEST", "max_age": 9,
+                                          "sources": [_src("$JS.other.API", 1)]}
+
+    async def request(self, subject: str, body: bytes, timeout: float) -> object:
+        import json
+        from types import SimpleNamespace
+
+        self.requests.append(subject)
+        data: object
+        if subject == "$JS.API.STREAM.INFO.CFNET_INGEST":
+            data = {"config": self.config, "sources": self.config["sources"]}
+        elif subject == "$JS.API.STREAM.UPDATE.CFNET_INGEST":
+            self.config = json.loads(body)
+            data = {"config": self.config}
+        else:
+            site, api = subject.split(".")[1], ".".join(subject.split(".")[3:])
+            if site not in self.leaves:
+                raise TimeoutError("no responders")
+            streams = self.leaves[site]
+            if api == "STREAM.INFO.CFNET_EDGE":
+                data = ({"config": streams["CFNET_EDGE"]} if "CFNET_EDGE" in streams else
+                        {"error": {"code": 404, "err_code": 10059,
+                                   "description": "stream not found"}})
+            elif api == "STREAM.CREATE.CFNET_EDGE":
+                streams["CFNET_EDGE"] = json.loads(body)
+                data = {"config": streams["CFNET_EDGE"]}
+            else:
+                data = {"error": {"code": 403, "description": f"unexpected {subject}"}}
+        return SimpleNamespace(data=json.dumps(data).encode())
+
+
+def _apis(config: dict[str, object]) -> list[str]:
+    return [s["external"]["api"] for s in config["sources"]]  # type: ignore[attr-defined,index]
+
+
+def test_linking_creates_the_edge_stream_then_adds_the_source_once_and_is_idempotent() -> None:
+    import asyncio
+
+    from cloud_core.bus_nats import EDGE_MAX_BYTES, NatsIngestSettings, link_sites
+
+    nc = _FakeHubAndLeaves({"a": {}, "b": {"CFNET_EDGE": {"name": "CFNET_EDGE",
+                                                          "max_bytes": 5}}})
+    s = NatsIngestSettings(urls=("tls://x:4222",), username="c", password="p",
+                           sites=("a", "b"))
+    ok, failed = asyncio.run(link_sites(nc, ["a", "b"], s))
+    assert ok == ["a", "b"] and not failed
+    edge = nc.leaves["a"]["CFNET_EDGE"]
+    assert edge["max_bytes"] == EDGE_MAX_BYTES and edge["max_age"] == 7 * 86400 * 10**9  # type: ignore[index]
+    assert edge["subjects"] and edge["discard"] == "old"  # type: ignore[index]
+    assert nc.leaves["b"]["CFNET_EDGE"] == {"name": "CFNET_EDGE", "max_bytes": 5}  # left as is
+    # The site's stream exists before the hub sources it; both sources in one update,
+    # the rest of the hub stream's config kept.
+    assert nc.requests.index("$JS.a.API.STREAM.CREATE.CFNET_EDGE") < \
+        nc.requests.index("$JS.API.STREAM.UPDATE.CFNET_INGEST")
+    assert nc.requests.count("$JS.API.STREAM.UPDATE.CFNET_INGEST") == 1
+    assert _apis(nc.config) == ["$JS.other.API", "$JS.a.API", "$JS.b.API"]
+    assert nc.config["max_age"] == 9
+    nc.requests.clear()
+    assert asyncio.run(link_sites(nc, ["a", "b"], s)) == (["a", "b"], {})  # again: no change
+    assert not [r for r in nc.requests if "CREATE" in r or "UPDATE" in r], nc.requests
+
+
+def test_a_site_that_does_not_answer_backs_off_and_does_not_hold_up_the_others() -> None:
+    import asyncio
+
+    from cloud_core.bus_nats import LINK_BACKOFF_MAX_S, NatsIngestSettings, SourceResumer
+
+    nc = _FakeHubAndLeaves({"up": {}})
+    now = [100.0]
+    r = SourceResumer(nc, NatsIngestSettings(urls=("tls://x:4222",), username="c",
+                                             password="p", sites=("down", "up")),
+                      clock=lambda: now[0])
+    asyncio.run(r.poll())
+    assert r.linked == {"up": 1} and r.link_failures == {"down": 1}
+    assert _apis(nc.config) == ["$JS.other.API", "$JS.up.API"]
+    tries = []
+    for _ in range(100):  # 100 polls a second apart: tried at growing intervals, bounded
+        now[0] += 1.0
+        before = r.link_failures["down"]
+        asyncio.run(r.poll())
+        if r.link_failures["down"] > before:
+            tries.append(now[0])
+    gaps = [b - a for a, b in zip([100.0, *tries], tries, strict=False)]
+    assert gaps == [1.0, 2.0, 4.0, 8.0, 16.0, LINK_BACKOFF_MAX_S, LINK_BACKOFF_MAX_S], gaps
+    assert r.linked == {"up": 1}  # linked once: found in place on every poll since
+    nc.leaves["down"] = {}  # the site answers
+    now[0] += LINK_BACKOFF_MAX_S
+    asyncio.run(r.poll())
+    assert r.linked == {"up": 1, "down": 1} and "CFNET_EDGE" in nc.leaves["down"]
+    assert _apis(nc.config) == ["$JS.other.API", "$JS.up.API", "$JS.down.API"]
+    # A source removed from the hub stream (by hand, a re-created stream) is added back.
+    nc.config["sources"] = [_src("$JS.other.API", 1), _src("$JS.down.API", 1)]
+    now[0] += 1.0
+    asyncio.run(r.poll())
+    assert r.linked["up"] == 2 and "$JS.up.API" in _apis(nc.config)

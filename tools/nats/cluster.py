@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from cloud_core.bus_nats import STREAM, subject_to_topic, topic_to_subject
+from cloud_core.bus_nats import EDGE_STREAM, STREAM, subject_to_topic, topic_to_subject
 from tools.accounts import BusAccounts
 from tools.broker import free_port, mqtt_connect_probe
 from tools.certs import CertStore, Credentials, Role, acl_rules
@@ -118,6 +118,10 @@ def nats_permissions(name: str, role: Role) -> dict[str, object]:
                 # Re-arming an edge site's stalled source (bus_nats.SourceResumer): the
                 # stream's config, and whether the site's JetStream domain answers.
                 f"{api}.STREAM.UPDATE.{STREAM}", "$JS.*.API.INFO",
+                # Linking the edge sites it is configured with (--nats-sites): the site's
+                # CFNET_EDGE on its leaf, through the site's domain; that stream only.
+                # Any domain: a site is added without re-rendering this file.
+                f"$JS.*.API.STREAM.INFO.{EDGE_STREAM}", f"$JS.*.API.STREAM.CREATE.{EDGE_STREAM}",
                 f"{api}.CONSUMER.*.{STREAM}.>", f"{api}.CONSUMER.DURABLE.CREATE.{STREAM}.>",
                 f"{api}.CONSUMER.MSG.NEXT.{STREAM}.>", f"$JS.ACK.{STREAM}.>"]
         sub.append(f"_INBOX_{name}.>")

@@ -40,7 +40,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cloud_core.bus_nats import STREAM, STREAM_SUBJECTS
+from cloud_core.bus_nats import (
+    EDGE_MAX_AGE_S,
+    EDGE_MAX_BYTES,
+    EDGE_STREAM,
+    STREAM,
+    STREAM_SUBJECTS,
+    NatsIngestSettings,
+    link_sites,
+    valid_site,
+)
 from tools.broker import free_port, mqtt_connect_probe
 from tools.nats.cluster import (
     ADMIN_USER,
@@ -58,7 +67,6 @@ from tools.netns import in_netns
 
 __all__ = ["EDGE_STREAM", "EdgeLeaf", "link_site", "render_remote"]
 
-EDGE_STREAM = "CFNET_EDGE"
 START_TIMEOUT_S = 60.0
 # How fast a cut uplink is noticed and retried: the leaf pings every second and gives up
 # after 3 missed pongs, then redials every second (NATS's defaults are minutes).
@@ -95,11 +103,12 @@ class EdgeLeaf:
     manager; :meth:`start` waits until agents can connect and the uplink is up."""
 
     def __init__(self, workdir: Path, hub: NatsCluster, *, site: str, host: str = "127.0.0.1",
-                 netns: str | None = None, max_bytes: int = 256 << 20,
-                 max_age_s: float = 7 * 86400.0, uplinks: list[str] | None = None) -> None:
+                 netns: str | None = None, max_bytes: int = EDGE_MAX_BYTES,
+                 max_age_s: float = EDGE_MAX_AGE_S, uplinks: list[str] | None = None) -> None:
         """``uplinks``: the hub leafnode URLs to dial (default every hub node's)."""
-        if not site.isalnum():
-            raise NatsError(f"site {site!r}: a JetStream domain is letters and digits")
+        if not valid_site(site):
+            raise NatsError(f"site {site!r}: a JetStream domain is 1-32 ASCII letters and "
+                            "digits, not a reserved name")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o700)
@@ -231,65 +240,48 @@ class EdgeLeaf:
         return log_tail(self.log, lines)
 
 
-def _tls_context(ca_file: Path) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(ca_file))
-
-
 async def _connect(url: str, user: str, password: str, ca_file: Path | None) -> Any:
     import nats
 
     return await nats.connect(servers=[url], user=user, password=password,
-                              tls=_tls_context(ca_file) if ca_file else None,
+                              tls=ssl.create_default_context(cafile=str(ca_file))
+                              if ca_file else None,
                               connect_timeout=5, max_reconnect_attempts=0,
                               allow_reconnect=False)
 
 
 def link_site(leaf: EdgeLeaf, *, hub_replicas: int = 3, hub_max_age_s: float = 900.0) -> None:
-    """Provision the site's store-and-forward: the leaf's ``CFNET_EDGE`` stream, and the
-    hub's ``CFNET_INGEST`` sourcing it through the site's JetStream domain (created as the
-    core would create it if it is not there yet, else updated to add the source).
-    Idempotent."""
-    from nats.js.api import ExternalStream, StorageType, StreamConfig, StreamSource
+    """Link the site without a core (tests of the hub stream alone): create the hub's
+    ``CFNET_INGEST`` as the core would if it is not there yet, then the core's own
+    linking (:func:`cloud_core.bus_nats.link_sites`: the leaf's ``CFNET_EDGE`` through
+    the site's JetStream domain, and the hub stream's source of it), as the harness's
+    admin. A core run with ``--nats-sites`` does this by itself. Idempotent."""
+    from nats.js.api import StorageType, StreamConfig
 
-    ca = leaf.ca_file if leaf.tls else None
     hub = leaf.hub
-
-    async def on_leaf() -> None:
-        nc = await _connect(leaf.url, ADMIN_USER, leaf.admin_password, ca)
-        try:
-            js = nc.jetstream()
-            await js.add_stream(StreamConfig(
-                name=EDGE_STREAM, subjects=list(STREAM_SUBJECTS), storage=StorageType.FILE,
-                num_replicas=1, max_bytes=leaf.max_bytes, max_age=leaf.max_age_s))
-        finally:
-            await nc.close()
+    settings = NatsIngestSettings(urls=tuple(hub.nats_urls), username=ADMIN_USER,
+                                  password=hub.admin_password, sites=(leaf.site,),
+                                  edge_max_bytes=leaf.max_bytes, edge_max_age_s=leaf.max_age_s)
 
     async def on_hub() -> None:
-        nc = await _connect(hub.nats_urls[0], ADMIN_USER, hub.admin_password, ca)
+        nc = await _connect(hub.nats_urls[0], ADMIN_USER, hub.admin_password,
+                            hub.ca_file if hub.tls else None)
         try:
             js = nc.jetstream()
-            source = StreamSource(name=EDGE_STREAM,
-                                  external=ExternalStream(api=f"$JS.{leaf.site}.API"))
             try:
-                cfg = (await js.stream_info(STREAM)).config
+                await js.stream_info(STREAM)
             except Exception:  # nats-py NotFoundError, or an API error: create it
-                cfg = StreamConfig(name=STREAM, subjects=list(STREAM_SUBJECTS),
-                                   num_replicas=min(hub_replicas, len(hub.nodes)),
-                                   max_age=hub_max_age_s, storage=StorageType.FILE)
-                cfg.sources = [source]
-                await js.add_stream(cfg)
-                return
-            have = [s for s in (cfg.sources or []) if s.external is not None
-                    and s.external.api == source.external.api]  # type: ignore[union-attr]
-            if not have:
-                cfg.sources = [*(cfg.sources or []), source]
-                await js.update_stream(cfg)
+                await js.add_stream(StreamConfig(
+                    name=STREAM, subjects=list(STREAM_SUBJECTS),
+                    num_replicas=min(hub_replicas, len(hub.nodes)), max_age=hub_max_age_s,
+                    storage=StorageType.FILE))
+            _, failed = await link_sites(nc, [leaf.site], settings)
+            if failed:
+                raise NatsError(f"linking site {leaf.site}: {failed[leaf.site]}")
         finally:
             await nc.close()
 
-    in_netns(leaf.netns, asyncio.run, on_leaf())
     in_netns(hub.netns, asyncio.run, on_hub())
-
 
 
 def main(argv: list[str] | None = None) -> int:
