@@ -375,14 +375,20 @@ def with_sources(config: dict[str, Any], sites: list[str]) -> dict[str, Any] | N
     return {**config, "sources": [*sources, *(edge_source(site) for site in missing)]}
 
 
-async def ensure_sources(nc: Any, sites: list[str], stream: str = STREAM) -> list[str]:
-    """``stream`` sources each site's ``CFNET_EDGE`` (one read and at most one update for
-    all: two updates at once from this process would lose one); the sites added now.
-    The stream must exist (:class:`SharedIngest` creates it before it links)."""
+async def _stream_config(nc: Any, stream: str) -> dict[str, Any]:
+    """The stream's config as the server holds it (raw JSON: no field dropped)."""
     info = await _api(nc, f"$JS.API.STREAM.INFO.{stream}")
     config = info.get("config")
     if not isinstance(config, dict):
         raise NatsIngestError(f"STREAM.INFO {stream}: no config")
+    return config
+
+
+async def ensure_sources(nc: Any, sites: list[str], stream: str = STREAM) -> list[str]:
+    """``stream`` sources each site's ``CFNET_EDGE`` (one read and at most one update for
+    all: two updates at once from this process would lose one); the sites added now.
+    The stream must exist (:class:`SharedIngest` creates it before it links)."""
+    config = await _stream_config(nc, stream)
     more = with_sources(config, sites)
     if more is None:
         return []
@@ -490,10 +496,7 @@ async def rearm_source(nc: Any, domain: str, stream: str = STREAM) -> bool:
     client library does not know is dropped from the config): the stream leader sets the
     source consumer up at once, resuming after the last message it stored from it.
     Whether the site had a source there."""
-    info = await _api(nc, f"$JS.API.STREAM.INFO.{stream}")
-    config = info.get("config")
-    if not isinstance(config, dict):
-        raise NatsIngestError(f"STREAM.INFO {stream}: no config")
+    config = await _stream_config(nc, stream)
     less = without_domain(config, domain)
     if less is None:
         return False
