@@ -347,10 +347,14 @@ def _pack_order(classes: Sequence[ClassSpec], free: np.ndarray, big: float = 0.0
     return out
 
 
-def _first_least(key: np.ndarray, tie: np.ndarray) -> int:
-    """``np.lexsort((tie, key))[0]`` in linear time: the first position of the least
-    ``tie`` among the least ``key`` (one pick per pod placed: no sort needed)."""
-    return int(np.where(key == key.min(), tie, np.iinfo(np.int64).max).argmin())
+def _first_least(key: np.ndarray, tie: np.ndarray, at: np.ndarray) -> int:
+    """``np.lexsort((tie[at], key))[0]`` in linear time: the first position of the least
+    ``tie[at]`` among the least ``key`` (one pick per pod placed: no sort needed). ``tie``
+    is read only where ``key`` ties, and usually it does not."""
+    least = (key == key.min()).nonzero()[0]
+    if least.size == 1:
+        return int(least[0])
+    return int(least[tie[at[least]].argmin()])
 
 
 class _Pack:
@@ -390,7 +394,7 @@ class _Pack:
         self.work += 1
         after = (self.pk.free[idx] - self.classes[ci].req) * self.inv[idx]
         fit = np.einsum("ij,ij->i", after, after)
-        return int(idx[_first_least(np.round(fit, 6), self.icost[ci][idx])])
+        return int(idx[_first_least(np.round(fit, 6), self.icost[ci], idx)])
 
     def greedy(self, order: Sequence[int], beta: float = 0.0, gamma: float = 0.0) -> None:
         """Largest first, each pod to the node that fits it most tightly -- discounted by
@@ -400,13 +404,16 @@ class _Pack:
         classes = self.classes
         press = np.zeros_like(self.inv)
         share: list[np.ndarray] = []
-        for c in classes:
-            k = max(int(c.mask.sum()), 1)
+        # each class's allowed nodes as indices: the per-pod update below indexes them
+        # (the same elements, and the same arithmetic, as the boolean mask; 2x cheaper)
+        where = [np.flatnonzero(c.mask) for c in classes]
+        for c, w in zip(classes, where, strict=True):
+            k = max(int(w.size), 1)
             share.append(c.req.astype(np.float64) / k)
-            press[c.mask] += share[-1] * c.count
+            press[w] += share[-1] * c.count
         for ci in order:
             c = classes[ci]
-            press[c.mask] -= share[ci]
+            press[where[ci]] -= share[ci]
             cand = self.pk.candidates(ci)
             idx = np.flatnonzero(cand)
             if idx.size == 0:
@@ -422,7 +429,7 @@ class _Pack:
                 ic = self.icost[ci][idx].astype(np.float64)
                 lo = ic.min()
                 score = score + gamma * (ic - lo) / max(lo, 1.0)
-            n = int(idx[_first_least(np.round(score, 6), self.icost[ci][idx])])
+            n = int(idx[_first_least(np.round(score, 6), self.icost[ci], idx)])
             self.put(ci, n)
 
     def insert(self, ci: int, max_nodes: int) -> bool:
