@@ -1102,6 +1102,7 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
     ez = np.full((2, p_cls.size), -1, dtype=np.int64)
     ec = np.full((2, p_cls.size), _BIG, dtype=np.int64)  # _BIG: no target
     reqs_l = reqs.tolist()
+    p_cls_l = p_cls.tolist()
     reqs_t = np.ascontiguousarray(reqs.T)
 
     def chain_targets(sel: np.ndarray) -> None:
@@ -1116,16 +1117,21 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
 
     def chain_targets_of(sel: list[int]) -> None:
         # the same for a few pods (a move's, a refreshed class's): plain Python is cheaper
+        rows: dict[int, list[tuple[int, int]]] = {}  # per class, read once a call
         for p in sel:
-            c, own = int(p_cls[p]), int(p_node[p])
-            picks = [(z, v) for z, v in zip(best_z[c].tolist(), best_c[c].tolist(),
-                                            strict=True) if z != own]
+            c, own = p_cls_l[p], int(p_node[p])
+            zc = rows.get(c)
+            if zc is None:
+                zc = rows[c] = list(zip(best_z[c].tolist(), best_c[c].tolist(), strict=True))
+            picks = [(z, v) for z, v in zc if z != own]
             picks += [(-1, int(_NEVER))] * (2 - len(picks))
             (ez[0, p], c0), (ez[1, p], c1) = picks[0], picks[1]
             ec[0, p] = c0 if c0 < _NEVER else _BIG
             ec[1, p] = c1 if c1 < _NEVER else _BIG
 
     every = np.arange(p_cls.size)
+    cx_key: tuple[int, int, int, int] | None = None
+    cx = cost_t[0]
     work = 0
     moves = 0
     for _ in range(cfg.descent_rounds):
@@ -1182,11 +1188,14 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
                 g = cp[idx] - p_cost[idx] - here
                 # per class: its cost at x if it fits there once a is gone, else _BIG
                 c0, c1, c2 = fr[:, x].tolist()
-                fx = reqs_t[0] <= c0 + ra0
-                fx &= reqs_t[1] <= c1 + ra1
-                fx &= reqs_t[2] <= c2 + ra2
-                fx &= allowed_t[x]
-                d_sw = g + np.where(fx, cost_t[x], _BIG)[cb]
+                key = (x, c0 + ra0, c1 + ra1, c2 + ra2)
+                if key != cx_key:  # pods of a class on one node often come one after another
+                    fx = reqs_t[0] <= key[1]
+                    fx &= reqs_t[1] <= key[2]
+                    fx &= reqs_t[2] <= key[3]
+                    fx &= allowed_t[x]
+                    cx, cx_key = np.where(fx, cost_t[x], _BIG), key
+                d_sw = g + cx[cb]
                 z1 = ez[0][idx]
                 first = z1 != x
                 d_ch = g + np.where(first, ec[0][idx], ec[1][idx])
