@@ -191,6 +191,14 @@ def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None),
                pod_cost: Arr | None = None) -> dict[str, Arr]:
     """Weighted cost terms of ``w`` on nodes ``ix.nodes[sel]`` (a dict of arrays).
     ``pod_cost``: ``interpod_cost`` over all nodes (None: no InterPodAffinity score)."""
+    return _terms(w, ix, sel, pod_cost, zeros=True)
+
+
+def _terms(w: Workload, ix: ClusterIndex, sel: Arr | slice, pod_cost: Arr | None,
+           zeros: bool) -> dict[str, Arr]:
+    """``components``; with ``zeros=False`` the terms that are zero on every node by
+    construction (no data, no latency bound, ...) are left out (``total_cost`` adds only
+    the others: adding 0.0 changes no sum)."""
     cfg, wt = ix.cfg, ix.cfg.weights
     req = np.array([w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus],
                    dtype=np.float64)
@@ -217,33 +225,41 @@ def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None),
         same_zone = ix.zone_id[sel] == zid if zone else same_region
         out["data"] = wt.data * w.cost_weight * data_cost(w.data_gb, same_zone, same_region,
                                                           cfg)
-    else:
+    elif zeros:
         out["data"] = np.zeros_like(share)
     if w.max_latency_ms is not None and w.latency_to is not None:
         out["latency"] = wt.latency * latency_cost(ix.latency_to(w.latency_to)[sel],
                                                    w.max_latency_ms)
-    else:
+    elif zeros:
         out["latency"] = np.zeros_like(share)
-    after = (ix.alloc[sel] + req) * inv
-    out["balance"] = wt.balance * np.minimum(after.max(axis=1), 1.0)
+    # the largest share after placing, column by column (no (N, 3) temporaries)
+    alloc = ix.alloc[sel]
+    after = (alloc[:, 0] + req[0]) * inv[:, 0]
+    for r in (1, 2):
+        np.maximum(after, (alloc[:, r] + req[r]) * inv[:, r], out=after)
+    out["balance"] = wt.balance * np.minimum(after, 1.0)
     if w.preferred_node_affinity:
         matched, total = preferred_weight(w, ix, sel)
         out["affinity"] = wt.affinity * affinity_cost(matched, total)
-    else:
+    elif zeros:
         out["affinity"] = np.zeros_like(share)
-    out["taint"] = wt.taint * taint_counts(w, ix, sel)
-    out["pod_affinity"] = (wt.pod_affinity * pod_cost[sel] if pod_cost is not None
-                           else np.zeros_like(share))
+    if zeros or len(ix.soft_taints()[1]) > 1:
+        out["taint"] = wt.taint * taint_counts(w, ix, sel)
+    if pod_cost is not None:
+        out["pod_affinity"] = wt.pod_affinity * pod_cost[sel]
+    elif zeros:
+        out["pod_affinity"] = np.zeros_like(share)
     return out
 
 
 def total_cost(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None),
                pod_cost: Arr | None = None) -> Arr:
     """Sum of the weighted terms: the per-pod cost the solver minimises."""
-    c = components(w, ix, sel, pod_cost)
+    c = _terms(w, ix, sel, pod_cost, zeros=False)
     out = c["price"].copy()
     for t in TERMS[1:]:
-        out += c[t]
+        if t in c:
+            out += c[t]
     return out
 
 

@@ -347,10 +347,14 @@ def _pack_order(classes: Sequence[ClassSpec], free: np.ndarray, big: float = 0.0
     return out
 
 
-def _first_least(key: np.ndarray, tie: np.ndarray) -> int:
-    """``np.lexsort((tie, key))[0]`` in linear time: the first position of the least
-    ``tie`` among the least ``key`` (one pick per pod placed: no sort needed)."""
-    return int(np.where(key == key.min(), tie, np.iinfo(np.int64).max).argmin())
+def _first_least(key: np.ndarray, tie: np.ndarray, at: np.ndarray) -> int:
+    """``np.lexsort((tie[at], key))[0]`` in linear time: the first position of the least
+    ``tie[at]`` among the least ``key`` (one pick per pod placed: no sort needed). ``tie``
+    is read only where ``key`` ties, and usually it does not."""
+    least = (key == key.min()).nonzero()[0]
+    if least.size == 1:
+        return int(least[0])
+    return int(least[tie[at[least]].argmin()])
 
 
 class _Pack:
@@ -390,7 +394,7 @@ class _Pack:
         self.work += 1
         after = (self.pk.free[idx] - self.classes[ci].req) * self.inv[idx]
         fit = np.einsum("ij,ij->i", after, after)
-        return int(idx[_first_least(np.round(fit, 6), self.icost[ci][idx])])
+        return int(idx[_first_least(np.round(fit, 6), self.icost[ci], idx)])
 
     def greedy(self, order: Sequence[int], beta: float = 0.0, gamma: float = 0.0) -> None:
         """Largest first, each pod to the node that fits it most tightly -- discounted by
@@ -400,13 +404,16 @@ class _Pack:
         classes = self.classes
         press = np.zeros_like(self.inv)
         share: list[np.ndarray] = []
-        for c in classes:
-            k = max(int(c.mask.sum()), 1)
+        # each class's allowed nodes as indices: the per-pod update below indexes them
+        # (the same elements, and the same arithmetic, as the boolean mask; 2x cheaper)
+        where = [np.flatnonzero(c.mask) for c in classes]
+        for c, w in zip(classes, where, strict=True):
+            k = max(int(w.size), 1)
             share.append(c.req.astype(np.float64) / k)
-            press[c.mask] += share[-1] * c.count
+            press[w] += share[-1] * c.count
         for ci in order:
             c = classes[ci]
-            press[c.mask] -= share[ci]
+            press[where[ci]] -= share[ci]
             cand = self.pk.candidates(ci)
             idx = np.flatnonzero(cand)
             if idx.size == 0:
@@ -422,7 +429,7 @@ class _Pack:
                 ic = self.icost[ci][idx].astype(np.float64)
                 lo = ic.min()
                 score = score + gamma * (ic - lo) / max(lo, 1.0)
-            n = int(idx[_first_least(np.round(score, 6), self.icost[ci][idx])])
+            n = int(idx[_first_least(np.round(score, 6), self.icost[ci], idx)])
             self.put(ci, n)
 
     def insert(self, ci: int, max_nodes: int) -> bool:
@@ -1031,6 +1038,9 @@ def _improve_cost(classes: Sequence[ClassSpec], free: np.ndarray,
 
 
 _NEVER = np.int64(1) << 60  # integer cost of a node a class may not use
+# a move that cannot be made, in the descent's per-candidate sums: any saving added to it
+# (> -2^60) stays above every cost that can win, so no mask has to be applied after the sum
+_BIG = np.int64(1) << 61
 
 
 def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndarray],
@@ -1090,7 +1100,10 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
     best_z = np.full((n_cls, 3), -1, dtype=np.int64)  # padded: -1 never has room
     best_c = np.full((n_cls, 3), _NEVER, dtype=np.int64)
     ez = np.full((2, p_cls.size), -1, dtype=np.int64)
-    ec = np.full((2, p_cls.size), _NEVER, dtype=np.int64)
+    ec = np.full((2, p_cls.size), _BIG, dtype=np.int64)  # _BIG: no target
+    reqs_l = reqs.tolist()
+    p_cls_l = p_cls.tolist()
+    reqs_t = np.ascontiguousarray(reqs.T)
 
     def chain_targets(sel: np.ndarray) -> None:
         # the first two of its class's cheapest nodes with room that are not its own node
@@ -1099,18 +1112,26 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
         o = np.argsort(~other, axis=1, kind="stable")[:, :2]
         ok = np.take_along_axis(other, o, axis=1)
         ez[:, sel] = np.where(ok, np.take_along_axis(zs, o, axis=1), -1).T
-        ec[:, sel] = np.where(ok, np.take_along_axis(cs, o, axis=1), _NEVER).T
+        ok &= np.take_along_axis(cs, o, axis=1) < _NEVER
+        ec[:, sel] = np.where(ok, np.take_along_axis(cs, o, axis=1), _BIG).T
 
     def chain_targets_of(sel: list[int]) -> None:
         # the same for a few pods (a move's, a refreshed class's): plain Python is cheaper
+        rows: dict[int, list[tuple[int, int]]] = {}  # per class, read once a call
         for p in sel:
-            c, own = int(p_cls[p]), int(p_node[p])
-            picks = [(z, v) for z, v in zip(best_z[c].tolist(), best_c[c].tolist(),
-                                            strict=True) if z != own]
+            c, own = p_cls_l[p], int(p_node[p])
+            zc = rows.get(c)
+            if zc is None:
+                zc = rows[c] = list(zip(best_z[c].tolist(), best_c[c].tolist(), strict=True))
+            picks = [(z, v) for z, v in zc if z != own]
             picks += [(-1, int(_NEVER))] * (2 - len(picks))
-            (ez[0, p], ec[0, p]), (ez[1, p], ec[1, p]) = picks[0], picks[1]
+            (ez[0, p], c0), (ez[1, p], c1) = picks[0], picks[1]
+            ec[0, p] = c0 if c0 < _NEVER else _BIG
+            ec[1, p] = c1 if c1 < _NEVER else _BIG
 
     every = np.arange(p_cls.size)
+    cx_key: tuple[int, int, int, int] | None = None
+    cx = cost_t[0]
     work = 0
     moves = 0
     for _ in range(cfg.descent_rounds):
@@ -1142,38 +1163,42 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
                 break
             work += 1
             ra = reqs[ca]
-            ra0, ra1, ra2 = int(ra[0]), int(ra[1]), int(ra[2])
-            dims = [r for r, v in ((0, ra0), (1, ra1), (2, ra2)) if v]
+            ra0, ra1, ra2 = reqs_l[ca]
+            dims = [(r, v) for r, v in ((0, ra0), (1, ra1), (2, ra2)) if v]
             crow = cost[ca]
             if dims:
-                fits = fr[dims[0]] >= ra[dims[0]]
-                for r in dims[1:]:
-                    fits &= fr[r] >= ra[r]
+                fits = fr[dims[0][0]] >= dims[0][1]
+                for r, v in dims[1:]:
+                    fits &= fr[r] >= v
                 row = np.where(fits, crow, _NEVER)
             else:
                 row = crow
             y0 = int(row.argmin())
             best_d, kind, best_b, z_chain = int(row[y0]) - here, 0, -1, -1
             # candidates b: movable, on a node where a is cheaper, a fits there once b left
-            m = crow[p_node] < here
+            cp = crow[p_node]
+            m = cp < here
             m &= p_mov
-            for r in dims:
-                m &= slot[r] >= ra[r]
-            idx = np.flatnonzero(m)
+            for r, v in dims:
+                m &= slot[r] >= v
+            idx = m.nonzero()[0]
             if idx.size:
                 cb = p_cls[idx]
-                ga = crow[p_node[idx]] - here  # what a saves on b's node (< 0)
-                pc = p_cost[idx]
-                sw = allowed_t[x][cb]
-                # b fits where a was, once a is gone
-                sw &= p_req[0][idx] <= fr[0, x] + ra0
-                sw &= p_req[1][idx] <= fr[1, x] + ra1
-                sw &= p_req[2][idx] <= fr[2, x] + ra2
-                d_sw = np.where(sw, ga + cost_t[x][cb] - pc, _NEVER)
+                # what a saves on b's node (< 0), less what b pays now
+                g = cp[idx] - p_cost[idx] - here
+                # per class: its cost at x if it fits there once a is gone, else _BIG
+                c0, c1, c2 = fr[:, x].tolist()
+                key = (x, c0 + ra0, c1 + ra1, c2 + ra2)
+                if key != cx_key:  # pods of a class on one node often come one after another
+                    fx = reqs_t[0] <= key[1]
+                    fx &= reqs_t[1] <= key[2]
+                    fx &= reqs_t[2] <= key[3]
+                    fx &= allowed_t[x]
+                    cx, cx_key = np.where(fx, cost_t[x], _BIG), key
+                d_sw = g + cx[cb]
                 z1 = ez[0][idx]
                 first = z1 != x
-                cz_b = np.where(first, ec[0][idx], ec[1][idx])
-                d_ch = np.where(cz_b < _NEVER, ga + cz_b - pc, _NEVER)
+                d_ch = g + np.where(first, ec[0][idx], ec[1][idx])
                 j1, j2 = int(d_sw.argmin()), int(d_ch.argmin())
                 if d_sw[j1] < best_d:
                     best_d, kind, best_b = int(d_sw[j1]), 1, int(idx[j1])
