@@ -112,7 +112,7 @@ def start_cores(b: Bus, work: Path) -> list[CoreService]:
         creds = b.add_account(f"core-b{i}", "core")
         argv = ["--broker-host", b.host, "--broker-port", str(b.port),
                 "--ca-file", str(b.ca_file), "--username", creds.username,
-                "--password", creds.password, "--db", str(work / f"core{i}.db"),
+                f"--password={creds.password}", "--db", str(work / f"core{i}.db"),
                 "--share-group", "cfnet"]
         if isinstance(b, NatsCluster):
             argv += ["--bus", "nats", "--nats-url", ",".join(b.nats_urls),

@@ -186,7 +186,7 @@ def test_core_and_agent_images_in_a_lab(images: dict[str, str], lab: Lab,
                                cwd=str(REPO)))
         ops = broker.add_account("ops-img", "operator")
         ctl = [str(VENV_BIN / "cfnetctl"), "--broker-host", broker.host, "--broker-port",
-               str(broker.port), "--user", "ops-img", "--password", ops.password,
+               str(broker.port), "--user", "ops-img", f"--password={ops.password}",
                "--ca-file", str(broker.ca_file)]
         deadline = time.monotonic() + 150
         nodes = links = ""

@@ -90,7 +90,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         creds = hub.credentials(CORE)
         cfg = build_config(parse_args([
             "--bus", "nats", "--share-group", "cfnet-core", "--username", creds.username,
-            "--password", str(creds.password), "--ca-file", str(hub.ca_file),
+            f"--password={creds.password}", "--ca-file", str(hub.ca_file),
             "--broker-host", hub.host, "--broker-port", str(hub.port),
             "--nats-url", ",".join(hub.nats_urls), "--nats-sites", "edge",
             "--db", str(work / "core.db")]))

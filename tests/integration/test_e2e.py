@@ -117,7 +117,7 @@ def test_two_agents_to_core_state(lab: Lab, cloud_broker: Broker, tmp_path: Path
         ops = cloud_broker.add_account(f"ops{tag}", "operator")
         ctl = [str(VENV_BIN / "cfnetctl"), "--broker-host", cloud_broker.host,
                "--broker-port", str(cloud_broker.port), "--user", f"ops{tag}",
-               "--password", ops.password, "--ca-file", str(cloud_broker.ca_file)]
+               f"--password={ops.password}", "--ca-file", str(cloud_broker.ca_file)]
         r = lab.run("cloud", [*ctl, "links", a], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         rows = [line.split() for line in r.stdout.splitlines()[1:]]

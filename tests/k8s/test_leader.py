@@ -46,7 +46,7 @@ class Replica:
              "--lease-duration", str(LEASE_S), "--renew-deadline", str(RENEW_S),
              "--retry-period", str(RETRY_S), "--log-bindings", "--edge-taint", "ignore",
              "--broker-host", "127.0.0.1", "--broker-port", str(broker.port),
-             "--username", creds.username, "--password", creds.password,
+             "--username", creds.username, f"--password={creds.password}",
              "--ca-file", str(creds.ca_file), "--db", str(log_dir / f"{identity}.db"),
              "--table-every", "0"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self.err,
