@@ -821,8 +821,9 @@ class KubeClient:
         p += f"/{plural}"
         return f"{p}/{name}" if name else p
 
-    def apply(self, obj: JSON) -> JSON:
-        """Create ``obj``, or replace it (carrying the live resourceVersion) when it exists."""
+    def apply(self, obj: JSON, guard: Callable[[JSON], None] | None = None) -> JSON:
+        """Create ``obj``, or replace it (carrying the live resourceVersion) when it exists;
+        ``guard`` sees the live object first and raises to refuse the replace."""
         md = obj.get("metadata") or {}
         coll = self.resource_path(str(obj["apiVersion"]), str(obj["kind"]), md.get("namespace"))
         try:
@@ -830,6 +831,8 @@ class KubeClient:
         except KubeConflict:
             path = f"{coll}/{md['name']}"
             live = self.get(path)
+            if guard is not None:
+                guard(live)
             body = {**obj, "metadata": {**md, "resourceVersion":
                                         live["metadata"]["resourceVersion"]}}
             return self.replace(path, body)

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from cloud_core.errors import CoreError, KubeConflict, SpecError
+from cloud_core.errors import CoreError, SpecError
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.informer import obj_key
 
@@ -240,20 +240,15 @@ def apply_pool_plan(client: KubeClient, deployment: JSON, plan: PoolPlan,
     if (deployment.get("metadata") or {}).get("uid"):
         obj = _owned(obj, deployment)
     md = obj["metadata"]
-    coll = client.resource_path(str(obj["apiVersion"]), str(obj["kind"]), md.get("namespace"))
-    try:
-        return client.create(coll, obj)
-    except KubeConflict:
-        path = f"{coll}/{md['name']}"
-        live = client.get(path)
+
+    def mine(live: JSON) -> None:
         if not owned_by(live, deployment):
             raise NotOwned(f"{obj['kind']} {md.get('namespace')}/{md['name']} exists and was "
                            f"not created by cfnet for this Deployment (label {MANAGED_BY}="
                            f"{CFNET} and an ownerReference to it): cfnet does not adopt "
                            "it") from None
-        body = {**obj, "metadata": {**md, "resourceVersion":
-                                    live["metadata"]["resourceVersion"]}}
-        return client.replace(path, body)
+
+    return client.apply(obj, guard=mine)
 
 
 def template_digest(deployment: JSON) -> str:
