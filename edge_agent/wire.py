@@ -197,14 +197,6 @@ class NodeStatus:
 # --------------------------------------------------------------------------- encode
 
 
-def _drop_none(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
-    if isinstance(obj, list | tuple):
-        return [_drop_none(v) for v in obj]
-    return obj
-
-
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
