@@ -43,12 +43,17 @@ look links each configured site that is not linked yet or whose source has gone 
 (``$JS.<site>.API.STREAM.INFO``/``CREATE``), then one update of ``CFNET_INGEST`` adding
 the missing sources. A site that does not answer is counted and tried again after a
 doubling back-off (at most :data:`LINK_BACKOFF_MAX_S`); the others and the fetchers go on.
+The sites whose sources the core manages are named in ``CFNET_INGEST``'s metadata
+(:data:`SITES_META`); one named there that ``--nats-sites`` no longer names has its source
+removed (:meth:`SourceResumer.drop`); a source added by hand is never touched. A stalled
+site that answers again without its ``CFNET_EDGE`` (a wiped leaf store) gets it created
+again before the re-arm, and nats-server's source reads the new stream from its start
+(it tells a re-created stream by its identity).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import ssl
@@ -151,6 +156,11 @@ class SharedIngest:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    def edge_counts(self) -> dict[str, dict[str, int]]:
+        """The edge sites' counters (:meth:`SourceResumer.counts`); empty before it runs."""
+        r = self.resumer
+        return r.counts() if r is not None else {}
 
     def add(self, group: str, topic_filter: str) -> None:
         """Serve ``$share/<group>/<topic_filter>`` (before :meth:`start`)."""
@@ -364,15 +374,57 @@ async def ensure_edge_stream(nc: Any, site: str, settings: NatsIngestSettings) -
     return True
 
 
+# ``CFNET_INGEST``'s metadata key naming the sites whose sources the core manages (those it
+# added, or found there for a site it is configured with): a site dropped from
+# ``--nats-sites`` has its source removed only if it is named here, so a source someone
+# added by hand is never touched. Stream metadata is replicated with the stream's config,
+# so every replica, and the next core after a restart, reads the same record.
+SITES_META = "cfnet.sites"
+
+
+def claimed_sites(config: dict[str, Any]) -> set[str]:
+    """The sites ``SITES_META`` names in a stream config (bounded; bad names ignored)."""
+    meta = config.get("metadata")
+    raw = meta.get(SITES_META) if isinstance(meta, dict) else None
+    if not isinstance(raw, str) or len(raw) > MAX_SITES * (MAX_SITE_LEN + 1):
+        return set()
+    return {n for n in raw.split(",") if valid_site(n)}
+
+
+def _with_claimed(config: dict[str, Any], claimed: set[str]) -> dict[str, Any]:
+    meta = config.get("metadata")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    if claimed:
+        meta[SITES_META] = ",".join(sorted(claimed))
+    else:
+        meta.pop(SITES_META, None)
+    return {**config, "metadata": meta}
+
+
 def with_sources(config: dict[str, Any], sites: list[str]) -> dict[str, Any] | None:
-    """The stream config with a source for each of ``sites`` it lacks (the rest of the
-    config as it was); None if it has them all."""
+    """The stream config with a source for each of ``sites`` it lacks and every one of
+    them named in ``SITES_META`` (the rest of the config as it was); None if it has them
+    all and names them all."""
     sources = list(config.get("sources") or [])
     have = {source_domain(s) for s in sources if isinstance(s, dict)}
     missing = [site for site in sites if site not in have]
-    if not missing:
+    claimed = claimed_sites(config)
+    if not missing and claimed.issuperset(sites):
         return None
-    return {**config, "sources": [*sources, *(edge_source(site) for site in missing)]}
+    more = {**config, "sources": [*sources, *(edge_source(site) for site in missing)]}
+    return _with_claimed(more, claimed | set(sites))
+
+
+def without_sites(config: dict[str, Any], sites: set[str]) -> dict[str, Any] | None:
+    """The stream config less the sources of ``sites`` and less their names in
+    ``SITES_META`` (every other source, and the rest of the config, as it was); None if
+    there is nothing of them to remove."""
+    sources = list(config.get("sources") or [])
+    kept = [s for s in sources if not (isinstance(s, dict) and source_domain(s) in sites)]
+    claimed = claimed_sites(config)
+    if len(kept) == len(sources) and not claimed & sites:
+        return None
+    return _with_claimed({**config, "sources": kept}, claimed - sites)
 
 
 async def _stream_config(nc: Any, stream: str) -> dict[str, Any]:
@@ -387,7 +439,8 @@ async def _stream_config(nc: Any, stream: str) -> dict[str, Any]:
 async def ensure_sources(nc: Any, sites: list[str], stream: str = STREAM) -> list[str]:
     """``stream`` sources each site's ``CFNET_EDGE`` (one read and at most one update for
     all: two updates at once from this process would lose one); the sites added now.
-    The stream must exist (:class:`SharedIngest` creates it before it links)."""
+    The stream must exist (:class:`SharedIngest` creates it before it links). The sites
+    are named in the stream's ``SITES_META`` as the core's (:func:`remove_sources`)."""
     config = await _stream_config(nc, stream)
     more = with_sources(config, sites)
     if more is None:
@@ -395,6 +448,19 @@ async def ensure_sources(nc: Any, sites: list[str], stream: str = STREAM) -> lis
     have = {source_domain(s) for s in config.get("sources") or [] if isinstance(s, dict)}
     await _api(nc, f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(more).encode())
     return [site for site in sites if site not in have]
+
+
+async def remove_sources(nc: Any, sites: list[str], stream: str = STREAM) -> list[str]:
+    """Remove the sources of ``sites`` from ``stream`` if ``SITES_META`` names them (the
+    core added them; one read, at most one update); the sites whose source was removed."""
+    config = await _stream_config(nc, stream)
+    mine = claimed_sites(config) & set(sites)
+    less = without_sites(config, mine)
+    if less is None:
+        return []
+    had = {source_domain(s) for s in config.get("sources") or [] if isinstance(s, dict)}
+    await _api(nc, f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(less).encode())
+    return sorted(site for site in mine if site in had)
 
 
 async def link_sites(nc: Any, sites: list[str], settings: NatsIngestSettings,
@@ -524,8 +590,21 @@ class SourceResumer:
         self.linked: dict[str, int] = {}  # site -> times it was linked (source added or found)
         self.link_failures: dict[str, int] = {}  # site -> attempts that failed
         self.unlinked: set[str] = set(settings.sites)
+        # A site dropped from --nats-sites whose source this core had added: removed.
+        self.removed: dict[str, int] = {}  # site -> times its source was removed
+        # A stalled site that answers again without its CFNET_EDGE (a wiped or new leaf
+        # store): the stream created again (nats-server's source then reads the new
+        # stream from its start: it tells a re-created stream by its identity).
+        self.recreated: dict[str, int] = {}
         self._next_try: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
+
+    EVENTS = ("linked", "link_failures", "resumed", "removed", "recreated")
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Every counter, per site (copies): what the core's child process reports to the
+        core (``cfnet_edge_site_events_total``)."""
+        return {k: dict(getattr(self, k)) for k in self.EVENTS}
 
     async def run(self, stopping: threading.Event) -> None:
         s = self.settings
@@ -546,6 +625,7 @@ class SourceResumer:
             return []  # no such stream (yet): nothing sourced
         if s.sites:
             await self.link(info)
+        await self.drop(info)
         if not s.resume_sources:
             return []
         done = []
@@ -557,9 +637,21 @@ class SourceResumer:
                 continue  # uplink still down: the server's own retries are enough
             self.last[domain] = now
             if domain in s.sites:
-                # It answers again: its stream may be new (a wiped store), make sure.
-                with contextlib.suppress(Exception):
-                    await ensure_edge_stream(self.nc, domain, s)
+                # It answers again: its stream may be gone (a wiped store), make sure.
+                # The re-arm below then reads the new stream from its start: the source
+                # consumer's create names the old stream's identity (a hash of its created
+                # time, kept with the source's state on the hub), the leaf refuses it for
+                # the new stream, and the hub's server starts that source over from
+                # sequence 1 (nats-server >= 2.12, API level 5; server/stream.go
+                # setupSourceConsumer). What the hub stored from the old stream stays.
+                try:
+                    if await ensure_edge_stream(self.nc, domain, s):
+                        n = self.recreated[domain] = self.recreated.get(domain, 0) + 1
+                        log.warning("edge site %s answers again without its %s (a wiped or "
+                                    "new leaf store; %d times): created it again, the hub "
+                                    "reads it from its start", domain, EDGE_STREAM, n)
+                except Exception as exc:  # the re-arm below goes on; the next stall retries
+                    log.info("edge site %s: checking its %s: %s", domain, EDGE_STREAM, exc)
             if await rearm_source(self.nc, domain):
                 self.resumed[domain] = self.resumed.get(domain, 0) + 1
                 log.info("edge site %s answers again: re-armed its source of %s",
@@ -602,6 +694,26 @@ class SourceResumer:
                 "edge site %s not linked (%d attempts): %s; next try in %.0f s", site, n,
                 exc or type(exc).__name__, wait)
         return ok
+
+    async def drop(self, info: dict[str, Any]) -> list[str]:
+        """Remove the sources of the sites this core (or another replica, or an earlier
+        run) added that ``--nats-sites`` no longer names (``SITES_META`` of ``info``'s
+        config); a source not named there, added by hand, is never touched. Counted
+        (:attr:`removed`) and logged; the sites whose source was removed now."""
+        config = info.get("config")
+        if not isinstance(config, dict):
+            return []
+        gone = sorted(claimed_sites(config) - set(self.settings.sites))
+        if not gone:
+            return []
+        done = await remove_sources(self.nc, gone)
+        for site in done:
+            self.removed[site] = self.removed.get(site, 0) + 1
+            self.last.pop(site, None)
+            log.warning("edge site %s is no longer configured (--nats-sites): removed its "
+                        "source from %s (its leaf's %s is left as it is)", site, STREAM,
+                        EDGE_STREAM)
+        return done
 
     async def _site_answers(self, domain: str) -> bool:
         try:

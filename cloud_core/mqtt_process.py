@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 # long: large enough to amortise the pipe, short enough to add no visible delay.
 BATCH_MAX = 512
 BATCH_WAIT_S = 0.002
+# How often the child looks whether its edge sites' counters changed (and sends them).
+EDGE_REPORT_S = 0.5
 
 _Wire = tuple[str, bytes, int, bool, str | None, bytes | None, tuple[tuple[str, str], ...]]
 # A publish the broker has not acknowledged after this long is reported failed,
@@ -104,6 +106,9 @@ class MqttProcess:
         self._tokens = itertools.count(1)
         self._handles: dict[int, RemoteHandle] = {}
         self._handles_lock = threading.Lock()
+        # The edge sites' counters of the child's shared ingest (bus_nats.SourceResumer:
+        # event -> site -> count), as last reported by the child.
+        self.edge: dict[str, dict[str, int]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -239,6 +244,8 @@ class MqttProcess:
             elif kind == "acks":
                 for token, ok in body:
                     self._resolve(token, ok)
+            elif kind == "edge":
+                self.edge = body
         conn.close()
         if self._proc is not None:  # not asked to stop: the child died
             log.error("MQTT process exited unexpectedly")
@@ -365,12 +372,20 @@ class _Child:
 
     def _forward(self) -> None:
         last_state: tuple[bool, str] = (False, "")
+        last_edge: dict[str, dict[str, int]] = {}
+        next_edge = 0.0
         ppid = os.getppid()
         while not self.stopping.is_set():
             state = (self.client.connected, self.client.last_refusal)
             if state != last_state:
                 last_state = state
                 self._emit("state", state)
+            if self.shared is not None and time.monotonic() >= next_edge:
+                next_edge = time.monotonic() + EDGE_REPORT_S
+                edge = self.shared.edge_counts()
+                if edge != last_edge:
+                    last_edge = edge
+                    self._emit("edge", edge)
             if self._flush() < BATCH_MAX:
                 time.sleep(BATCH_WAIT_S)
             if os.getppid() != ppid:  # re-parented: the core died without closing

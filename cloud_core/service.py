@@ -106,6 +106,13 @@ class CoreService:
         self.metrics.add_counters(
             "cfnet_acks", "End-to-end acks to agents: messages sent, reports acknowledged",
             "what", lambda: {"messages": self.acks.messages, "reports": self.acks.reports})
+        if cfg.nats is not None and isinstance(self.mqtt, MqttProcess):
+            mp = self.mqtt
+            self.metrics.add_counters(
+                "cfnet_edge_site_events", "Edge sites (--nats-sites): sources linked, link "
+                "attempts failed, stalled sources re-armed, sources removed (site dropped), "
+                "edge streams created again (wiped leaf store); summed over sites",
+                "event", lambda: {k: sum(v.values()) for k, v in mp.edge.items()})
         self.scheduler = Scheduler(
             store=self.store, registry=cfg.registry, state=self.state, events=self.events,
             actuator=self.actuator, health_config=cfg.health, clock=clock,

@@ -371,3 +371,54 @@ def test_a_site_that_does_not_answer_backs_off_and_does_not_hold_up_the_others()
     now[0] += 1.0
     asyncio.run(r.poll())
     assert r.linked["up"] == 2 and "$JS.up.API" in _apis(nc.config)
+
+
+def test_a_site_dropped_from_the_list_loses_only_the_source_the_core_added() -> None:
+    """Restarted with a shorter --nats-sites, the core removes the sources it had added
+    for the sites no longer named (CFNET_INGEST's metadata says which), counts them, and
+    leaves a source added by hand (``other``) and every other config field as they were.
+    (Against the real hub and leaf: tests/integration/test_bus_leaf_resume.py.)"""
+    import asyncio
+
+    from cloud_core.bus_nats import SITES_META, NatsIngestSettings, SourceResumer
+
+    nc = _FakeHubAndLeaves({"a": {}, "b": {}})
+    nc.config["metadata"] = {"owner": "ops"}
+
+    def core(sites: tuple[str, ...]) -> SourceResumer:
+        return SourceResumer(nc, NatsIngestSettings(urls=("tls://x:4222",), username="c",
+                                                    password="p", sites=sites))
+
+    first = core(("a", "b"))
+    asyncio.run(first.poll())
+    assert _apis(nc.config) == ["$JS.other.API", "$JS.a.API", "$JS.b.API"]
+    assert nc.config["metadata"] == {"owner": "ops", SITES_META: "a,b"}
+    assert not first.removed
+    again = core(("a",))  # restarted with b dropped
+    asyncio.run(again.poll())
+    assert _apis(nc.config) == ["$JS.other.API", "$JS.a.API"]
+    assert nc.config["metadata"] == {"owner": "ops", SITES_META: "a"}
+    assert again.removed == {"b": 1} and nc.config["max_age"] == 9
+    nc.requests.clear()
+    asyncio.run(again.poll())  # nothing more to do: no update
+    assert "$JS.API.STREAM.UPDATE.CFNET_INGEST" not in nc.requests and again.removed == {"b": 1}
+    none = core(())  # every site dropped: the hand-made source stays, the record goes
+    asyncio.run(none.poll())
+    assert _apis(nc.config) == ["$JS.other.API"] and none.removed == {"a": 1}
+    assert nc.config["metadata"] == {"owner": "ops"}
+
+
+def test_the_sites_record_is_bounded_and_bad_names_in_it_are_ignored() -> None:
+    from cloud_core.bus_nats import (
+        MAX_SITE_LEN,
+        MAX_SITES,
+        SITES_META,
+        claimed_sites,
+        without_sites,
+    )
+
+    assert claimed_sites({"metadata": {SITES_META: "a,b-c,,ACK,x.y,B2"}}) == {"a", "B2"}
+    assert claimed_sites({"metadata": {SITES_META: "a," * (MAX_SITES * MAX_SITE_LEN)}}) == set()
+    assert claimed_sites({"metadata": "no"}) == set() and claimed_sites({}) == set()
+    # An unclaimed source of a dropped name is not the core's: nothing to remove.
+    assert without_sites({"sources": [_src("$JS.a.API", 1)]}, set()) is None
