@@ -126,11 +126,14 @@ class Folded:
         return (f"seqs {seqs[0]}..{seqs[-1]} ({len(seqs)} new, {dups} duplicates), missing "
                 f"{gaps[:20]}, newest made {time.time() - fresh[-1][1]:.1f} s ago")
 
-    def exactly_once(self) -> int:
-        """Each sequence number folded in as new once, none missing between (asserted)."""
+    def exactly_once(self, *, gaps: bool = False) -> int:
+        """Each sequence number folded in as new once and (unless ``gaps``: reports the
+        agent has yet to resend) none missing between (asserted)."""
         seqs = self.new_seqs()
         dup = sorted({s for s in seqs if seqs.count(s) > 1})
         assert not dup, f"reports folded in as new twice: {dup}"
+        if gaps:
+            return len(seqs)
         lost = sorted(set(range(min(seqs), max(seqs) + 1)) - set(seqs))
         assert not lost, f"reports never at the core: {lost}"
         return len(seqs)
@@ -357,7 +360,9 @@ def test_a_wiped_leaf_store_is_read_from_its_new_start_without_duplicates(site: 
         new = _edge_state(leaf) or {}
         return new.get("last_seq", 0) >= 1
 
-    wait_for(stored, 30, f"the agent's first message in the new {EDGE_STREAM}")
+    # The agent's next publish: a new report, or its probe (10 s, then 20 s, into the core's
+    # silence: edge_agent/outbox.py).
+    wait_for(stored, 45, f"the agent's first message in the new {EDGE_STREAM}")
     t_stored = time.monotonic()
     assert new["first_seq"] <= 1 and new["last_seq"] < old["last_seq"], \
         f"not a new stream: {old} -> {new}"
@@ -372,7 +377,9 @@ def test_a_wiped_leaf_store_is_read_from_its_new_start_without_duplicates(site: 
         before = sum(1 for *_, when in folded.rows if when < t_start)
     wait_for(lambda: len(folded.rows) - before >= new["last_seq"], NEW_STREAM_BOUND_S,
              f"the new stream's {new['last_seq']} messages at the core")
-    folded.exactly_once()
+    # What the agent published into the leaf before the core had created the stream is
+    # gone from the leaf; the agent still has it and resends it later: gaps allowed here.
+    folded.exactly_once(gaps=True)
     acks = [x.get("subject") for x in leaf.monitor("subsz?subs=1").get("subscriptions_list")
             or [] if str(x.get("subject", "")).endswith(f"{NODE}.ack")]
     print(f"\nwiped leaf store (its {EDGE_STREAM} had {old['last_seq']} messages): "
