@@ -571,26 +571,60 @@ class NatsCluster(BusAccounts):
         return "\n".join(out)
 
 
-def render_accounts(store: CertStore) -> str:
+def render_accounts(store: CertStore, *, callout_issuer: str | None = None,
+                    callout_password: str | None = None) -> str:
     """``authorization { users: [...] }`` for every account of a ``tools.certs`` store: the
     accounts.conf a deployed NATS cluster includes (the chart's Secret
     ``nats.deploy.accountsSecretName``). Passwords as the store holds them; keep the
-    Secret as private as the store."""
-    return f"authorization {{ users: {json.dumps(account_users(store), indent=1)} }}\n"
+    Secret as private as the store. With ``callout_issuer`` (the callout's account public
+    key) the accounts are the callout's to admit (:func:`callout_accounts`): only the
+    callout's own user and the ``auth_callout`` block are rendered."""
+    if callout_issuer is None:
+        return f"authorization {{ users: {json.dumps(account_users(store), indent=1)} }}\n"
+    if not callout_password:
+        raise NatsError("a callout config needs the callout user's password")
+    users = json.dumps([callout_user(callout_password)], indent=1)
+    return (f"authorization {{ users: {users},\n"
+            f"{callout_conf(callout_issuer, [CALLOUT_USER])} }}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tools.nats.cluster accounts --pki DIR``: print accounts.conf."""
+    """``python -m tools.nats.cluster accounts|callout-accounts|callout-seed --pki DIR``:
+    print accounts.conf (``--callout-seed-file``/``--callout-password-file``: the callout
+    variant), the callout's accounts file, or a new callout signing seed."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m tools.nats.cluster")
-    ap.add_argument("what", choices=["accounts"])
+    ap.add_argument("what", choices=["accounts", "callout-accounts", "callout-seed"])
     ap.add_argument("--pki", type=Path, default=Path("run/pki"))
+    ap.add_argument("--callout-seed-file", type=Path)
+    ap.add_argument("--callout-password-file", type=Path)
     a = ap.parse_args(argv)
+    if a.what == "callout-seed":
+        print(new_account_seed())
+        return 0
     if not (a.pki / "accounts.json").exists() and not a.pki.exists():
         print(f"no tools.certs store at {a.pki}", file=sys.stderr)
         return 2
-    sys.stdout.write(render_accounts(CertStore(a.pki)))
+    store = CertStore(a.pki)
+    if a.what == "callout-accounts":
+        sys.stdout.write(json.dumps(callout_accounts(store), indent=1) + "\n")
+        return 0
+    issuer = password = None
+    if a.callout_seed_file:
+        try:
+            issuer = account_public(a.callout_seed_file.read_text().strip())
+            password = (a.callout_password_file.read_text().strip()
+                        if a.callout_password_file else None)
+        except (OSError, ValueError) as exc:
+            print(f"cannot read the callout's seed or password: {exc}", file=sys.stderr)
+            return 2
+    try:
+        sys.stdout.write(render_accounts(store, callout_issuer=issuer,
+                                         callout_password=password))
+    except NatsError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
     return 0
 
 
