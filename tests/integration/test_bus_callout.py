@@ -13,7 +13,8 @@ listener has no such option. Shown here on a real 3-node cluster:
   own, an operator's server-assigned ID are accepted; the permissions the callout issues
   are the cfnet ACL; every refusal is answered with its reason and counted in the log.
 * **Callout down**: fail closed. Clients already connected stay; every new connection,
-  an agent reconnecting included, is refused until the callout is back, then accepted.
+  the edge agent's own client included, is refused until the callout is back; the agent
+  keeps retrying (buffering meanwhile) and is admitted then, by itself.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edge_agent.mqtt import MqttClient
 from edge_agent.wire import placements_topic
+from tests.integration.helpers import settings
 from tools.broker import mqtt_connect_probe
 from tools.nats.cluster import NatsCluster
 
@@ -156,14 +159,25 @@ def test_callout_holds_every_account_to_its_own_client_id(guarded: NatsCluster) 
 
 def test_callout_down_fails_closed_and_connected_clients_stay(guarded: NatsCluster) -> None:
     b = Client(guarded, 0, "nodeb", "agent-nodeb")
+    # The agent's own client (edge_agent.mqtt), as node A's agent connects: it keeps
+    # retrying a refused CONNECT, so it comes back by itself once the callout does.
+    agent = MqttClient(settings(guarded, guarded.credentials("nodea"), client_id="agent-nodea",
+                                reconnect_max_s=2.0))
     try:
         assert b.rc == 0
         guarded.stop_callout()
         try:
+            agent.start()
+            # The probe's refusal takes the server's auth timeout; the agent, started
+            # first, has had its own attempts meanwhile (the server drops them unanswered).
             assert _probe(guarded, "nodea", "agent-nodea") == 5, "admitted with no callout"
+            assert not agent.connected, "the agent was admitted with no callout"
             assert not b.gone.is_set(), "a connected client dropped with the callout"
         finally:
             guarded.start_callout()
+        assert agent.wait_connected(WAIT_S), \
+            f"the agent did not reconnect after the callout came back ({agent.last_refusal})"
         assert _probe(guarded, "nodea", "agent-nodea") == 0, "not admitted after the restart"
     finally:
+        agent.stop()
         b.close()
