@@ -186,13 +186,18 @@ def load_accounts(path: Path) -> dict[str, Account]:
 class CalloutService:
     """Answers ``$SYS.REQ.USER.AUTH`` requests: :meth:`decide` then a signed response."""
 
-    def __init__(self, accounts_file: Path, issuer_seed: str) -> None:
+    def __init__(self, accounts_file: Path, issuer_seed: str, *, user_ttl_s: int = 0) -> None:
+        """``user_ttl_s``: the admitted connection's lifetime (0: until it disconnects).
+        nats-server does not re-ask the callout on a config reload, so an account removed
+        from the accounts file stays connected until it reconnects; with a TTL the server
+        closes it at expiry and its reconnect comes back here."""
         self.accounts_file = accounts_file
+        self.user_ttl_s = user_ttl_s
         self.issuer = nkeys.from_seed(issuer_seed.encode())
         self.refusals: collections.Counter[str] = collections.Counter()
         self.accepted = 0
         self._accounts: dict[str, Account] = {}
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, ...] | None = None
         self.reload()
 
     def reload(self) -> None:
@@ -201,7 +206,7 @@ class CalloutService:
             st = os.stat(self.accounts_file)
         except OSError as exc:
             raise CalloutError(f"cannot stat {self.accounts_file}: {exc}") from exc
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
         if stamp != self._stamp:
             self._accounts = load_accounts(self.accounts_file)
             self._stamp = stamp
@@ -255,8 +260,9 @@ class CalloutService:
             body = {**base, "nats": {"error": reason, "type": "authorization_response",
                                      "version": 2}}
             return encode_jwt(self.issuer, body).encode()
+        ttl = {"exp": int(time.time()) + self.user_ttl_s} if self.user_ttl_s > 0 else {}
         user_jwt = encode_jwt(self.issuer, {
-            "sub": user_nkey, "aud": GLOBAL_ACCOUNT, "name": account.name,
+            **ttl, "sub": user_nkey, "aud": GLOBAL_ACCOUNT, "name": account.name,
             "nats": {**account.permissions, "subs": -1, "data": -1, "payload": -1,
                      "allowed_connection_types": list(account.connection_types),
                      "type": "user", "version": 2}})
@@ -306,11 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--issuer-seed-file", type=Path, required=True)
     ap.add_argument("--accounts", type=Path, required=True)
     ap.add_argument("--ca-file", type=Path)
+    ap.add_argument("--user-ttl", type=int, default=0, metavar="SECONDS",
+                    help="close admitted connections after this long, so a removed account "
+                         "is cut off (0: never; they reconnect through the callout)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
     try:
-        svc = CalloutService(a.accounts, a.issuer_seed_file.read_text().strip())
+        svc = CalloutService(a.accounts, a.issuer_seed_file.read_text().strip(),
+                             user_ttl_s=max(0, a.user_ttl))
         password = a.password_file.read_text().strip()
     except (OSError, CalloutError, nkeys.ErrInvalidSeed) as exc:
         print(f"cfnet-callout: {exc}", file=sys.stderr)

@@ -69,9 +69,11 @@ def test_callout_accounts_and_conf_are_rendered_and_accepted_by_nats_server(
     assert users["edge-a"]["client_ids"] == ["agent-edge-a", "edge-a"]
     assert users["ops"]["server_assigned"] and not users["edge-a"]["server_assigned"]
     assert nats_main(["accounts", "--pki", pki, "--callout-seed-file", str(tmp_path / "seed"),
-                      "--callout-password-file", str(tmp_path / "password")]) == 0
+                      "--callout-password-file", str(tmp_path / "password"),
+                      "--callout-bypass", "cfnet-leaf"]) == 0
     acc = capsys.readouterr().out
     assert account_public(seed) in acc and '"edge-a"' not in acc, acc
+    assert '"cfnet-leaf"' in acc
     # The chart's nats.conf with this accounts.conf, as the pod mounts them.
     conf = _objs(["nats.mode=deploy", "nats.deploy.callout.enabled=true"])[
         ("ConfigMap", "nats-config")]["data"]["nats.conf"]  # type: ignore[index]

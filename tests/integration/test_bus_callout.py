@@ -12,6 +12,8 @@ listener has no such option. Shown here on a real 3-node cluster:
   credentials with B's ID are refused (CONNACK 5) and B stays connected; B's own IDs, A's
   own, an operator's server-assigned ID are accepted; the permissions the callout issues
   are the cfnet ACL; every refusal is answered with its reason and counted in the log.
+* **Edge sites**: a site's leaf node still links up to the hub (its user bypasses the
+  callout). Agents *at* a site connect to the leaf, which has no callout (docs/security.md).
 * **Callout down**: fail closed. Clients already connected stay; every new connection,
   the edge agent's own client included, is refused until the callout is back; the agent
   keeps retrying (buffering meanwhile) and is admitted then, by itself.
@@ -32,6 +34,7 @@ from edge_agent.wire import placements_topic
 from tests.integration.helpers import settings
 from tools.broker import mqtt_connect_probe
 from tools.nats.cluster import NatsCluster
+from tools.nats.leaf import EdgeLeaf
 
 WAIT_S = 20.0
 
@@ -46,7 +49,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    with NatsCluster(tmp_path_factory.mktemp("callout"), callout=True) as c:
+    with NatsCluster(tmp_path_factory.mktemp("callout"), callout=True, leafnodes=True) as c:
         c.add_account("nodea", "agent")
         c.add_account("nodeb", "agent")
         c.add_account("ops", "operator")
@@ -181,3 +184,10 @@ def test_callout_down_fails_closed_and_connected_clients_stay(guarded: NatsClust
     finally:
         agent.stop()
         b.close()
+
+
+def test_an_edge_sites_leaf_still_links_up_with_the_callout(guarded: NatsCluster,
+                                                             tmp_path: Path) -> None:
+    """The hub's leaf user is in ``auth_users``: the server admits it itself."""
+    with EdgeLeaf(tmp_path / "leaf", guarded, site="edge") as leaf:  # waits for the uplink
+        assert leaf.uplink_up()

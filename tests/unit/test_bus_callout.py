@@ -106,3 +106,14 @@ def test_the_accounts_file_is_reread_when_it_changes(svc: bc.CalloutService,
     assert answer(svc, request("late", pw(svc, "late"), "agent-late")).get("jwt")
     (tmp_path / "acc.json").write_text("{broken")  # a bad file keeps the last good set
     assert answer(svc, request("late", pw(svc, "late"), "late")).get("jwt")
+
+
+def test_a_user_ttl_bounds_the_connection_so_a_removed_account_is_cut_off(
+        svc: bc.CalloutService) -> None:
+    """nats-server does not re-ask the callout on reload: the JWT's ``exp`` is what ends an
+    admitted connection (the server closes it then; it reconnects through the callout)."""
+    user = bc.decode_jwt(answer(svc, request("b", pw(svc, "b"), "b"))["jwt"])
+    assert "exp" not in user
+    svc.user_ttl_s = 600
+    user = bc.decode_jwt(answer(svc, request("b", pw(svc, "b"), "b"))["jwt"])
+    assert 0 < user["exp"] - user["iat"] <= 600

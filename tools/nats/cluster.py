@@ -266,14 +266,15 @@ class NatsCluster(BusAccounts):
     def __init__(self, workdir: Path, *, size: int = 3, binary: Path | None = None,
                  tls: bool = True, host: str = "127.0.0.1", netns: str | None = None,
                  leafnodes: bool = False, extra_sans: tuple[str, ...] = (),
-                 callout: bool = False) -> None:
+                 callout: bool = False, callout_ttl_s: int = 0) -> None:
         """``netns``/``host``: run every node inside that network namespace, listening on
         ``host`` (the lab's cloud site); ``leafnodes``: each node also listens for edge
         sites' leaf nodes (:class:`tools.nats.leaf.EdgeLeaf`, user :attr:`leaf_user`);
         ``extra_sans``: more names for the servers' certificate (``IP:...`` of an edge
         site's leaf node, which serves the same certificate to its agents); ``callout``:
         accounts are admitted by the auth callout (``cloud_core.bus_callout``, one process
-        beside the nodes), which holds every account to its own MQTT client ID."""
+        beside the nodes), which holds every account to its own MQTT client ID;
+        ``callout_ttl_s``: its ``--user-ttl``."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o700)
@@ -289,6 +290,7 @@ class NatsCluster(BusAccounts):
         # The harness's native-NATS user (JetStream provisioning: an edge site's source).
         self.admin_password = os.urandom(12).hex()
         self.callout = callout
+        self.callout_ttl_s = callout_ttl_s
         self.callout_password = os.urandom(12).hex()
         self._callout_seed = new_account_seed()
         self.callout_log = self.workdir / "callout.log"
@@ -360,7 +362,10 @@ class NatsCluster(BusAccounts):
                    else account_users(self.store))]
         auth = f"users: {json.dumps(users)}"
         if self.callout:
-            bypass = [READY_USER, ADMIN_USER, CALLOUT_USER]
+            # Edge sites' leaf connections authenticate as the hub's leaf user (the leafnodes
+            # block's own authorization); the callout would refuse them: not an account.
+            bypass = [READY_USER, ADMIN_USER, CALLOUT_USER,
+                      *([self.leaf_user] if node.leaf_port else [])]
             auth += ", " + callout_conf(account_public(self._callout_seed), bypass)
         # JSON is valid NATS config syntax for these values (quoted strings, lists, maps).
         return "\n".join([
@@ -429,6 +434,7 @@ class NatsCluster(BusAccounts):
                "--nats-url", ",".join(self.nats_urls), "--user", CALLOUT_USER,
                "--password-file", str(pw), "--issuer-seed-file", str(seed),
                "--accounts", str(self.workdir / "callout-accounts.json"),
+               "--user-ttl", str(self.callout_ttl_s),
                *(["--ca-file", str(self.ca_file)] if self.tls else [])]
         out = open(self.callout_log, "ab")  # noqa: SIM115 - handed to Popen
         with out:
@@ -572,20 +578,23 @@ class NatsCluster(BusAccounts):
 
 
 def render_accounts(store: CertStore, *, callout_issuer: str | None = None,
-                    callout_password: str | None = None) -> str:
+                    callout_password: str | None = None,
+                    callout_bypass: tuple[str, ...] = ()) -> str:
     """``authorization { users: [...] }`` for every account of a ``tools.certs`` store: the
     accounts.conf a deployed NATS cluster includes (the chart's Secret
     ``nats.deploy.accountsSecretName``). Passwords as the store holds them; keep the
     Secret as private as the store. With ``callout_issuer`` (the callout's account public
     key) the accounts are the callout's to admit (:func:`callout_accounts`): only the
-    callout's own user and the ``auth_callout`` block are rendered."""
+    callout's own user and the ``auth_callout`` block are rendered; ``callout_bypass``:
+    more users the server admits itself (the hub's leaf user, ``cfnet-leaf``, with
+    ``nats.leaf``: a leaf connection would otherwise go to the callout and be refused)."""
     if callout_issuer is None:
         return f"authorization {{ users: {json.dumps(account_users(store), indent=1)} }}\n"
     if not callout_password:
         raise NatsError("a callout config needs the callout user's password")
     users = json.dumps([callout_user(callout_password)], indent=1)
     return (f"authorization {{ users: {users},\n"
-            f"{callout_conf(callout_issuer, [CALLOUT_USER])} }}\n")
+            f"{callout_conf(callout_issuer, [CALLOUT_USER, *callout_bypass])} }}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -599,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pki", type=Path, default=Path("run/pki"))
     ap.add_argument("--callout-seed-file", type=Path)
     ap.add_argument("--callout-password-file", type=Path)
+    ap.add_argument("--callout-bypass", action="append", default=[],
+                    help="a user the server admits itself (cfnet-leaf with nats.leaf)")
     a = ap.parse_args(argv)
     if a.what == "callout-seed":
         print(new_account_seed())
@@ -621,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         sys.stdout.write(render_accounts(store, callout_issuer=issuer,
-                                         callout_password=password))
+                                         callout_password=password,
+                                         callout_bypass=tuple(a.callout_bypass)))
     except NatsError as exc:
         print(str(exc), file=sys.stderr)
         return 2
