@@ -18,14 +18,19 @@ from tools.certs import CertStore
 from tools.nats.cluster import callout_accounts
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> CertStore:
+    st = CertStore(tmp_path_factory.mktemp("callout") / "pki")  # keys once: openssl is slow
+    st.init()
+    st.add_account("node.a", "agent")
+    st.add_account("b", "agent")
+    st.add_account("agent-b", "agent")  # claims node b's agent-b too: nobody's
+    st.add_account("ops", "operator")
+    return st
+
+
 @pytest.fixture()
-def svc(tmp_path: Path) -> bc.CalloutService:
-    store = CertStore(tmp_path / "pki")
-    store.init()
-    store.add_account("node.a", "agent")
-    store.add_account("b", "agent")
-    store.add_account("agent-b", "agent")  # claims node b's agent-b too: nobody's
-    store.add_account("ops", "operator")
+def svc(store: CertStore, tmp_path: Path) -> bc.CalloutService:
     (tmp_path / "acc.json").write_text(json.dumps(callout_accounts(store)))
     s = bc.CalloutService(tmp_path / "acc.json", bc.new_account_seed())
     s.store = store  # type: ignore[attr-defined]
@@ -52,7 +57,7 @@ def answer(svc: bc.CalloutService, data: bytes) -> dict[str, Any]:
     claims = bc.decode_jwt(out.decode())
     assert claims["iss"] == svc.issuer.public_key.decode()
     assert claims["sub"] == "UXYZ" and claims["aud"] == "NSERVERID"
-    return claims["nats"]  # type: ignore[no-any-return]
+    return claims["nats"]
 
 
 def pw(svc: bc.CalloutService, name: str) -> str:
@@ -99,13 +104,17 @@ def test_the_accounts_file_is_reread_when_it_changes(svc: bc.CalloutService,
                                                      tmp_path: Path) -> None:
     store: CertStore = svc.store  # type: ignore[attr-defined]
     store.add_account("late", "agent")
-    assert "error" in answer(svc, request("late", pw(svc, "late"), "late"))
-    tmp = tmp_path / "acc.tmp"
-    tmp.write_text(json.dumps(callout_accounts(store)))
+    late = pw(svc, "late")
+    try:
+        assert "error" in answer(svc, request("late", late, "late"))
+        tmp = tmp_path / "acc.tmp"
+        tmp.write_text(json.dumps(callout_accounts(store)))
+    finally:
+        store.remove_account("late")  # the module's store, as the other tests expect it
     tmp.replace(tmp_path / "acc.json")
-    assert answer(svc, request("late", pw(svc, "late"), "agent-late")).get("jwt")
+    assert answer(svc, request("late", late, "agent-late")).get("jwt")
     (tmp_path / "acc.json").write_text("{broken")  # a bad file keeps the last good set
-    assert answer(svc, request("late", pw(svc, "late"), "late")).get("jwt")
+    assert answer(svc, request("late", late, "late")).get("jwt")
 
 
 def test_a_user_ttl_bounds_the_connection_so_a_removed_account_is_cut_off(
