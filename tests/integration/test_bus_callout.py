@@ -74,7 +74,7 @@ class Client:
         c.tls_set(ca_certs=str(bus.ca_file))
         c.on_connect = self._on_connect
         c.on_disconnect = lambda *_a: self.gone.set()
-        c.on_subscribe = self._on_subscribe
+        c.on_subscribe = self._on_subscribe  # type: ignore[assignment]
         self.c = c
         host, port = bus.addresses[node]
         c.connect(host, port, keepalive=30)
@@ -164,8 +164,9 @@ def test_callout_down_fails_closed_and_connected_clients_stay(guarded: NatsClust
     b = Client(guarded, 0, "nodeb", "agent-nodeb")
     # The agent's own client (edge_agent.mqtt), as node A's agent connects: it keeps
     # retrying a refused CONNECT, so it comes back by itself once the callout does.
-    agent = MqttClient(settings(guarded, guarded.credentials("nodea"), client_id="agent-nodea",
-                                reconnect_max_s=2.0))
+    conf = settings(guarded, guarded.credentials("nodea"),  # type: ignore[arg-type]
+                    client_id="agent-nodea", reconnect_max_s=2.0)
+    agent = MqttClient(conf)
     try:
         assert b.rc == 0
         guarded.stop_callout()
