@@ -18,6 +18,11 @@ server's internal ``$MQTT.sub.>`` deliveries, which MQTT clients cannot.
 Adding or removing an account rewrites every node's config and reloads it (SIGHUP),
 then waits until every node accepts (or refuses) the credentials.
 
+``callout=True``: the accounts are admitted by the auth callout instead
+(``cloud_core.bus_callout``, run beside the nodes; :func:`callout_accounts` renders what
+it admits): each account only with its own MQTT client ID (docs/security.md, "Client IDs
+on NATS"). The nodes' config then lists only the harness's users and the callout's.
+
 Loopback only. Passwords are in the nodes' config files (0600, in a 0700 work
 directory): a test harness. The chart renders bcrypt hashes instead.
 """
