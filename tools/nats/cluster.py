@@ -539,7 +539,9 @@ class NatsCluster(BusAccounts):
                 n.proc.send_signal(signal.SIGHUP)
 
     def _wait_all(self, creds: Credentials, *, accepted: bool) -> None:
-        deadline = time.monotonic() + RELOAD_TIMEOUT_S
+        # Through the callout a probe is a TLS connect plus a round trip to a Python
+        # process: on a loaded machine give it twice the time.
+        deadline = time.monotonic() + RELOAD_TIMEOUT_S * (2 if self.callout else 1)
         for n in self.nodes:
             if n.proc is None or n.proc.poll() is not None:
                 continue
