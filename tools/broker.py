@@ -70,13 +70,16 @@ def mqtt_connect_probe(
     password: str | None,
     ca_file: Path | None,
     timeout_s: float = 3.0,
+    client_id: str | None = None,
 ) -> int:
     """CONNECT once with MQTT 3.1.1 and return the CONNACK return code (0 = accepted).
+    ``client_id``: the ID to send (default: a fresh ``cfnet-probe-...``).
 
     Raises OSError (ssl.SSLError included) when no CONNACK comes back.
     """
     flags = 0x02  # clean session
-    payload = utf8_field(f"cfnet-probe-{os.getpid()}-{time.monotonic_ns() % 10**9}")
+    payload = utf8_field(client_id if client_id is not None
+                         else f"cfnet-probe-{os.getpid()}-{time.monotonic_ns() % 10**9}")
     if username is not None:
         flags |= 0x80
         payload += utf8_field(username)

@@ -351,6 +351,12 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      ["nats.mode=deploy", "nats.deploy.accountsSecretName=my-accounts"],
      lambda o: any(v.get("secret", {}).get("secretName") == "my-accounts"
                    for v in nats_pod(o)["volumes"])),
+    ("nats.deploy.callout.enabled", ["nats.mode=deploy", "nats.deploy.callout.enabled=true"],
+     lambda o: [c["name"] for c in nats_pod(o)["containers"]] == ["nats", "callout"]),
+    ("nats.deploy.callout.secretName", ["nats.mode=deploy", "nats.deploy.callout.enabled=true",
+                                        "nats.deploy.callout.secretName=my-callout"],
+     lambda o: any(v.get("secret", {}).get("secretName") == "my-callout"
+                   for v in nats_pod(o)["volumes"])),
     ("core.eviction.excludeNamespaces", ["core.eviction.excludeNamespaces={kube-system,team-a}"],
      lambda o: "--evict-exclude-namespaces=kube-system,team-a" in core_c(o)["args"]),
     ("nats.deploy.storage", ["nats.mode=deploy", "nats.deploy.storage=3Gi"],

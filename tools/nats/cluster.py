@@ -18,6 +18,11 @@ server's internal ``$MQTT.sub.>`` deliveries, which MQTT clients cannot.
 Adding or removing an account rewrites every node's config and reloads it (SIGHUP),
 then waits until every node accepts (or refuses) the credentials.
 
+``callout=True``: the accounts are admitted by the auth callout instead
+(``cloud_core.bus_callout``, run beside the nodes; :func:`callout_accounts` renders what
+it admits): each account only with its own MQTT client ID (docs/security.md, "Client IDs
+on NATS"). The nodes' config then lists only the harness's users and the callout's.
+
 Loopback only. Passwords are in the nodes' config files (0600, in a 0700 work
 directory): a test harness. The chart renders bcrypt hashes instead.
 """
@@ -36,13 +41,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from cloud_core.bus_callout import account_public, new_account_seed
 from cloud_core.bus_nats import EDGE_STREAM, STREAM, subject_to_topic, topic_to_subject
+from edge_agent.mqtt import wire_client_id
 from tools.accounts import BusAccounts
 from tools.broker import free_port, mqtt_connect_probe
 from tools.certs import CertStore, Credentials, Role, acl_rules
 from tools.netns import in_netns
 
-__all__ = ["NatsCluster", "NatsError", "account_users", "build_nats", "log_tail",
+__all__ = ["NatsCluster", "NatsError", "account_users", "build_nats", "callout_accounts",
+           "callout_conf", "log_tail",
            "mqtt_to_subject", "nats_permissions", "render_accounts", "spawn_server",
            "stop_server", "subject_to_topic", "tls_block", "write_conf"]
 
@@ -54,6 +62,8 @@ STOP_TIMEOUT_S = 10.0
 READY_USER = "harness-ready"
 # The harness's own native-NATS user with every permission (provisioning streams).
 ADMIN_USER = "harness-admin"
+# The auth callout's own native-NATS user (cloud_core/bus_callout.py): bypasses the callout.
+CALLOUT_USER = "cfnet-callout"
 # Room for the largest payload the wire accepts plus topic and envelope.
 MAX_PAYLOAD = 256 * 1024 + 16 * 1024
 
@@ -150,6 +160,53 @@ def account_users(store: CertStore) -> list[dict[str, object]]:
             for name, role in sorted(store.accounts().items())]
 
 
+def own_client_ids(name: str, role: Role) -> set[str]:
+    """The MQTT client IDs that are this account's own session: its name (what cores,
+    simulators and Mosquitto's ``use_username_as_clientid`` use) and, for an agent, the
+    ``agent-<node>`` the edge agent sends; as sent on the 3.1.1 wire (no ``.``)."""
+    ids = {wire_client_id(name, "mqtt311")}
+    if role == "agent":
+        ids.add(wire_client_id(f"agent-{name}", "mqtt311"))
+    return ids
+
+
+def callout_accounts(store: CertStore) -> dict[str, object]:
+    """What the auth callout (``cloud_core.bus_callout``) admits: every account of the
+    store with its password, its own client IDs, its NATS permissions (JWT form) and
+    connection types. An ID two accounts could both claim (node ``b``'s ``agent-b`` and an
+    account named ``agent-b``) is nobody's: refused to both rather than shared."""
+    accounts = sorted(store.accounts().items())
+    owners: dict[str, set[str]] = {}
+    for name, role in accounts:
+        for cid in own_client_ids(name, role):
+            owners.setdefault(cid, set()).add(name)
+    users: dict[str, object] = {}
+    for name, role in accounts:
+        perms = nats_permissions(name, role)
+        users[name] = {
+            "password": store.credentials(name).password,
+            "client_ids": sorted(c for c in own_client_ids(name, role) if owners[c] == {name}),
+            # cfnetctl connects with an empty ID and a clean session; the server names it.
+            "server_assigned": role == "operator",
+            "permissions": {"pub": perms["publish"], "sub": perms["subscribe"]},
+            "allowed_connection_types": _conn_types(role)}
+    return {"version": 1, "users": users}
+
+
+def callout_conf(issuer: str, auth_users: list[str]) -> str:
+    """The ``auth_callout`` block (inside ``authorization``): every user but ``auth_users``
+    is admitted by the callout signing with the account key ``issuer``."""
+    return f"auth_callout {{ issuer: {json.dumps(issuer)}, auth_users: {json.dumps(auth_users)} }}"
+
+
+def callout_user(password: str) -> dict[str, object]:
+    """The callout service's NATS user: native only, receives requests, answers them."""
+    return {"user": CALLOUT_USER, "password": password,
+            "permissions": {"publish": {"allow": ["$SYS._INBOX.>"]},
+                            "subscribe": {"allow": ["$SYS.REQ.USER.AUTH", "_INBOX.>"]}},
+            "allowed_connection_types": ["STANDARD"]}
+
+
 def write_conf(path: Path, text: str) -> None:
     """A server config holds passwords: 0600 before anything is written."""
     path.touch(mode=0o600)
@@ -213,12 +270,16 @@ class NatsCluster(BusAccounts):
 
     def __init__(self, workdir: Path, *, size: int = 3, binary: Path | None = None,
                  tls: bool = True, host: str = "127.0.0.1", netns: str | None = None,
-                 leafnodes: bool = False, extra_sans: tuple[str, ...] = ()) -> None:
+                 leafnodes: bool = False, extra_sans: tuple[str, ...] = (),
+                 callout: bool = False, callout_ttl_s: int = 0) -> None:
         """``netns``/``host``: run every node inside that network namespace, listening on
         ``host`` (the lab's cloud site); ``leafnodes``: each node also listens for edge
         sites' leaf nodes (:class:`tools.nats.leaf.EdgeLeaf`, user :attr:`leaf_user`);
         ``extra_sans``: more names for the servers' certificate (``IP:...`` of an edge
-        site's leaf node, which serves the same certificate to its agents)."""
+        site's leaf node, which serves the same certificate to its agents); ``callout``:
+        accounts are admitted by the auth callout (``cloud_core.bus_callout``, one process
+        beside the nodes), which holds every account to its own MQTT client ID;
+        ``callout_ttl_s``: its ``--user-ttl``."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o700)
@@ -233,6 +294,12 @@ class NatsCluster(BusAccounts):
         self.leaf_password = os.urandom(12).hex()
         # The harness's native-NATS user (JetStream provisioning: an edge site's source).
         self.admin_password = os.urandom(12).hex()
+        self.callout = callout
+        self.callout_ttl_s = callout_ttl_s
+        self.callout_password = os.urandom(12).hex()
+        self._callout_seed = new_account_seed()
+        self.callout_log = self.workdir / "callout.log"
+        self._callout_proc: subprocess.Popen[bytes] | None = None
 
         def port() -> int:
             return in_netns(netns, free_port, host)
@@ -296,7 +363,15 @@ class NatsCluster(BusAccounts):
                   "allowed_connection_types": ["MQTT"]},
                  {"user": ADMIN_USER, "password": self.admin_password,
                   "allowed_connection_types": ["STANDARD"]},
-                 *account_users(self.store)]
+                 *([callout_user(self.callout_password)] if self.callout
+                   else account_users(self.store))]
+        auth = f"users: {json.dumps(users)}"
+        if self.callout:
+            # Edge sites' leaf connections authenticate as the hub's leaf user (the leafnodes
+            # block's own authorization); the callout would refuse them: not an account.
+            bypass = [READY_USER, ADMIN_USER, CALLOUT_USER,
+                      *([self.leaf_user] if node.leaf_port else [])]
+            auth += ", " + callout_conf(account_public(self._callout_seed), bypass)
         # JSON is valid NATS config syntax for these values (quoted strings, lists, maps).
         return "\n".join([
             "# Generated by tools/nats/cluster.py (tests and benchmarks).",
@@ -316,7 +391,7 @@ class NatsCluster(BusAccounts):
             "  stream_replicas: 3",
             "  ack_wait: \"10s\"",
             "  max_ack_pending: 1000 }",
-            f"authorization {{ users: {json.dumps(users)} }}",
+            f"authorization {{ {auth} }}",
             "",
         ])
 
@@ -332,6 +407,11 @@ class NatsCluster(BusAccounts):
     def _write_confs(self) -> None:
         for n in self.nodes:
             write_conf(n.conf, self.render_conf(n))
+        if self.callout:
+            path = self.workdir / "callout-accounts.json"
+            tmp = path.with_suffix(".tmp")
+            write_conf(tmp, json.dumps(callout_accounts(self.store)))
+            tmp.replace(path)  # the callout re-reads it on a changed stat, never half-written
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -343,6 +423,50 @@ class NatsCluster(BusAccounts):
             self._spawn(n)
         for n in self.nodes:
             self._wait_ready(n)
+        if self.callout:
+            self.start_callout()
+
+    # ------------------------------------------------------------------ the auth callout
+    def start_callout(self) -> None:
+        """Run ``cloud_core.bus_callout`` against every node; wait until it subscribed."""
+        if self._callout_proc is not None and self._callout_proc.poll() is None:
+            return
+        seed, pw = self.workdir / "callout.seed", self.workdir / "callout.password"
+        write_conf(seed, self._callout_seed)
+        write_conf(pw, self.callout_password)
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        cmd = [*prefix, sys.executable, "-m", "cloud_core.bus_callout",
+               "--nats-url", ",".join(self.nats_urls), "--user", CALLOUT_USER,
+               "--password-file", str(pw), "--issuer-seed-file", str(seed),
+               "--accounts", str(self.workdir / "callout-accounts.json"),
+               "--user-ttl", str(self.callout_ttl_s),
+               *(["--ca-file", str(self.ca_file)] if self.tls else [])]
+        out = open(self.callout_log, "ab")  # noqa: SIM115 - handed to Popen
+        with out:
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=out, start_new_session=True)
+        self._callout_proc = p
+        self._rearm_finalizer()
+        assert p.stdout is not None
+        ready = _read_line(p.stdout, START_TIMEOUT_S)
+        p.stdout.close()
+        if ready != b"ready\n":
+            stop_server(p)
+            raise NatsError(f"the auth callout did not start (got {ready!r}): "
+                            f"{log_tail(self.callout_log)}")
+
+    def stop_callout(self) -> None:
+        """Stop the auth callout (SIGTERM): every new connection is then refused."""
+        if self._callout_proc is not None:
+            stop_server(self._callout_proc)
+            self._callout_proc = None
+
+    def _rearm_finalizer(self) -> None:
+        procs = [x.proc for x in self.nodes if x.proc is not None]
+        if self._callout_proc is not None:
+            procs.append(self._callout_proc)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _terminate_all, procs)
 
     def _spawn(self, n: _Node) -> None:
         if n.proc is not None and n.proc.poll() is None:
@@ -350,9 +474,7 @@ class NatsCluster(BusAccounts):
         n.store_dir.mkdir(parents=True, exist_ok=True)
         assert self.binary is not None  # start() set it
         n.proc = spawn_server(self.binary, n.conf, n.log, self.netns)
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _terminate_all,
-                                           [x.proc for x in self.nodes if x.proc is not None])
+        self._rearm_finalizer()
 
     def _wait_ready(self, n: _Node, timeout_s: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -383,6 +505,7 @@ class NatsCluster(BusAccounts):
             p.wait(timeout=STOP_TIMEOUT_S)
 
     def stop(self) -> None:
+        self.stop_callout()
         for n in self.nodes:
             p = n.proc
             if p is not None and p.poll() is None:
@@ -416,7 +539,9 @@ class NatsCluster(BusAccounts):
                 n.proc.send_signal(signal.SIGHUP)
 
     def _wait_all(self, creds: Credentials, *, accepted: bool) -> None:
-        deadline = time.monotonic() + RELOAD_TIMEOUT_S
+        # Through the callout a probe is a TLS connect plus a round trip to a Python
+        # process: on a loaded machine give it twice the time.
+        deadline = time.monotonic() + RELOAD_TIMEOUT_S * (2 if self.callout else 1)
         for n in self.nodes:
             if n.proc is None or n.proc.poll() is not None:
                 continue
@@ -439,9 +564,12 @@ class NatsCluster(BusAccounts):
                 return self._probe(n, username, password)
         raise NatsError("no node is running")
 
-    def _probe(self, n: _Node, username: str | None, password: str | None) -> int:
+    def _probe(self, n: _Node, username: str | None, password: str | None,
+               client_id: str | None = None) -> int:
+        if client_id is None and self.callout and username and username != READY_USER:
+            client_id = wire_client_id(username, "mqtt311")  # the callout wants its own
         return in_netns(self.netns, mqtt_connect_probe, self.host, n.mqtt_port,
-                        username=username, password=password,
+                        username=username, password=password, client_id=client_id,
                         ca_file=self.ca_file if self.tls else None)
 
     # ------------------------------------------------------------------ diagnostics
@@ -456,27 +584,85 @@ class NatsCluster(BusAccounts):
         return "\n".join(out)
 
 
-def render_accounts(store: CertStore) -> str:
+def render_accounts(store: CertStore, *, callout_issuer: str | None = None,
+                    callout_password: str | None = None,
+                    callout_bypass: tuple[str, ...] = ()) -> str:
     """``authorization { users: [...] }`` for every account of a ``tools.certs`` store: the
     accounts.conf a deployed NATS cluster includes (the chart's Secret
     ``nats.deploy.accountsSecretName``). Passwords as the store holds them; keep the
-    Secret as private as the store."""
-    return f"authorization {{ users: {json.dumps(account_users(store), indent=1)} }}\n"
+    Secret as private as the store. With ``callout_issuer`` (the callout's account public
+    key) the accounts are the callout's to admit (:func:`callout_accounts`): only the
+    callout's own user and the ``auth_callout`` block are rendered; ``callout_bypass``:
+    more users the server admits itself (the hub's leaf user, ``cfnet-leaf``, with
+    ``nats.leaf``: a leaf connection would otherwise go to the callout and be refused)."""
+    if callout_issuer is None:
+        return f"authorization {{ users: {json.dumps(account_users(store), indent=1)} }}\n"
+    if not callout_password:
+        raise NatsError("a callout config needs the callout user's password")
+    users = json.dumps([callout_user(callout_password)], indent=1)
+    return (f"authorization {{ users: {users},\n"
+            f"{callout_conf(callout_issuer, [CALLOUT_USER, *callout_bypass])} }}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tools.nats.cluster accounts --pki DIR``: print accounts.conf."""
+    """``python -m tools.nats.cluster accounts|callout-accounts|callout-seed --pki DIR``:
+    print accounts.conf (``--callout-seed-file``/``--callout-password-file``: the callout
+    variant), the callout's accounts file, or a new callout signing seed."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m tools.nats.cluster")
-    ap.add_argument("what", choices=["accounts"])
+    ap.add_argument("what", choices=["accounts", "callout-accounts", "callout-seed"])
     ap.add_argument("--pki", type=Path, default=Path("run/pki"))
+    ap.add_argument("--callout-seed-file", type=Path)
+    ap.add_argument("--callout-password-file", type=Path)
+    ap.add_argument("--callout-bypass", action="append", default=[],
+                    help="a user the server admits itself (cfnet-leaf with nats.leaf)")
     a = ap.parse_args(argv)
+    if a.what == "callout-seed":
+        print(new_account_seed())
+        return 0
     if not (a.pki / "accounts.json").exists() and not a.pki.exists():
         print(f"no tools.certs store at {a.pki}", file=sys.stderr)
         return 2
-    sys.stdout.write(render_accounts(CertStore(a.pki)))
+    store = CertStore(a.pki)
+    if a.what == "callout-accounts":
+        sys.stdout.write(json.dumps(callout_accounts(store), indent=1) + "\n")
+        return 0
+    issuer = password = None
+    if a.callout_seed_file:
+        try:
+            issuer = account_public(a.callout_seed_file.read_text().strip())
+            password = (a.callout_password_file.read_text().strip()
+                        if a.callout_password_file else None)
+        except (OSError, ValueError) as exc:
+            print(f"cannot read the callout's seed or password: {exc}", file=sys.stderr)
+            return 2
+    try:
+        sys.stdout.write(render_accounts(store, callout_issuer=issuer,
+                                         callout_password=password,
+                                         callout_bypass=tuple(a.callout_bypass)))
+    except NatsError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
     return 0
+
+
+def _read_line(stream: object, timeout_s: float) -> bytes:
+    """One line from a child's stdout pipe, or b"" after ``timeout_s`` (the child hangs)."""
+    import select
+
+    fd = stream.fileno()  # type: ignore[attr-defined]
+    buf = b""
+    deadline = time.monotonic() + timeout_s
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
 
 
 def _terminate_all(procs: list[subprocess.Popen[bytes]]) -> None:
