@@ -152,8 +152,11 @@ def _columns() -> int:
         return int(os.environ.get("COLUMNS", "")) or 80
     except ValueError:
         pass
+    out = sys.__stdout__
+    if out is None:
+        return 80
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+        return os.get_terminal_size(out.fileno()).columns or 80
     except (AttributeError, ValueError, OSError):
         return 80
 
