@@ -134,20 +134,31 @@ static __always_inline int cf_addrs_from_tp(struct cf_addr *local, struct cf_add
     return 1;
 }
 
-/* tcp_probe carries addresses as a sockaddr_in / sockaddr_in6 (UAPI layout). */
-static __always_inline int cf_from_sockaddr(struct cf_addr *a, const u8 *sa, u16 family)
-{
-    a->family = family;
-    if (family == CF_AF_INET) {
-        __builtin_memcpy(a->addr, sa + 4, 4);        /* sin_addr */
-    } else if (family == CF_AF_INET6) {
-        __builtin_memcpy(a->addr, sa + 8, 16);       /* sin6_addr */
-        cf_fold_mapped(a);
-    } else {
-        return 0;
-    }
-    return 1;
-}
+/* tcp_probe carries addresses as a sockaddr_in / sockaddr_in6 (UAPI layout: sin_addr at 4,
+ * sin6_addr at 8) inside its record, which is the program's context: the bytes are read
+ * straight from it, loads at constant offsets (all a tracepoint context allows), where a
+ * bpf_probe_read_kernel of the 28-byte sockaddr was a helper call per address per event
+ * (issue 27: the in-kernel cost per segment).  0: not an inet family. */
+/* One element each, with a constant index, so that CO-RE relocates each load's offset (a
+ * loop would relocate the array's base into a register first: a modified context pointer,
+ * which the verifier refuses). */
+#define CF_B4(a, f, d, s)                                                                    \
+    (a)->addr[d] = args->f[s], (a)->addr[d + 1] = args->f[s + 1],                            \
+    (a)->addr[d + 2] = args->f[s + 2], (a)->addr[d + 3] = args->f[s + 3]
+#define CF_FROM_SOCKADDR(a, f, fam)                                                          \
+    ({                                                                                       \
+        int ok_ = 1;                                                                         \
+        (a)->family = (fam);                                                                 \
+        if ((fam) == CF_AF_INET) {                                                           \
+            CF_B4(a, f, 0, 4);                                                               \
+        } else if ((fam) == CF_AF_INET6) {                                                   \
+            CF_B4(a, f, 0, 8), CF_B4(a, f, 4, 12), CF_B4(a, f, 8, 16), CF_B4(a, f, 12, 20);  \
+            cf_fold_mapped(a);                                                               \
+        } else {                                                                             \
+            ok_ = 0;                                                                         \
+        }                                                                                    \
+        ok_;                                                                                 \
+    })
 
 static __always_inline u64 cf_delta(u32 now, u32 before)
 {
@@ -187,20 +198,17 @@ static __always_inline void cf_mark(struct cf_peer_stats *st, u16 sport, u16 dpo
 
 CF_TRACEPOINT(tcp, tcp_probe, struct trace_event_raw_tcp_probe)
 {
-    u8 sa[28] = {}, da[28] = {};
     struct cf_addr local = {}, peer = {};
     u16 family = args->family;
 
     /* Most events on a busy host can be other sockets' (the receiving end of
      * a local flow, other namespaces): the local address alone decides, so
      * it is read and checked before the peer's is read at all. */
-    bpf_probe_read_kernel(sa, sizeof(sa), args->saddr);
-    if (!cf_from_sockaddr(&local, sa, family))
+    if (!CF_FROM_SOCKADDR(&local, saddr, family))
         return 0;
     if (CF_FILTER_LOCAL && !CF_LOOKUP(local_addrs, &local))
         return 0;
-    bpf_probe_read_kernel(da, sizeof(da), args->daddr);
-    cf_from_sockaddr(&peer, da, family);
+    CF_FROM_SOCKADDR(&peer, daddr, family);
     if (!CF_INCLUDE_LOOPBACK && cf_is_loopback(&peer))
         return 0;
 

@@ -33,6 +33,7 @@ BPF_MAP_GET_NEXT_KEY = 4
 BPF_PROG_GET_FD_BY_ID = 13
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_MAP_LOOKUP_AND_DELETE_ELEM = 21
+BPF_MAP_LOOKUP_AND_DELETE_BATCH = 25
 BPF_ANY = 0
 # Errors of a command this kernel lacks for this map type (524: the kernel's ENOTSUPP).
 _UNSUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP, 524)
@@ -47,6 +48,21 @@ class _MapElemAttr(ctypes.Structure):
     _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("key", ctypes.c_uint64), ("value", ctypes.c_uint64),
                 ("flags", ctypes.c_uint64)]
+
+
+class _BatchAttr(ctypes.Structure):
+    """union bpf_attr, the BPF_MAP_*_BATCH member (``in_batch``/``out_batch`` point at the
+    map's cursor: a u32 bucket index for hash maps)."""
+
+    _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64),
+                ("keys", ctypes.c_uint64), ("values", ctypes.c_uint64),
+                ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
+                ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
+# Entries per batch call; grown (bounded) when one hash bucket holds more than this.
+_BATCH = 64
+_BATCH_MAX = 1 << 16
 
 
 class _InfoAttr(ctypes.Structure):
@@ -126,6 +142,8 @@ class BpfMap:
         self.key_t = key_t
         self.value_t = value_t
         self._lookup_and_delete = True
+        self._batch = True
+        self._batch_n = _BATCH
 
     def _elem(self, cmd: int, key: Any, value: Any = None, flags: int = 0) -> int:
         attr = _MapElemAttr(map_fd=self.fd,
@@ -189,13 +207,53 @@ class BpfMap:
         return value
 
     def drain(self) -> list[tuple[Any, Any]]:
-        """Read and delete every entry; an event racing the drain lands in the next one."""
+        """Read and delete every entry; an event racing the drain lands in the next one.
+
+        ``BPF_MAP_LOOKUP_AND_DELETE_BATCH`` (hash maps, Linux 5.6+): one system call for up
+        to 64 entries, each bucket's entries copied and deleted under its lock, where the
+        walk below makes two per entry (get-next-key, lookup-and-delete) and builds a key
+        object for each (issue 27: the agent's CPU per report). A kernel without it gets
+        the walk, from then on."""
+        if self._batch:
+            try:
+                return self._drain_batch()
+            except OSError as exc:
+                if exc.errno not in _UNSUPPORTED:
+                    raise
+                self._batch = False
         out = []
         for key in list(self.keys()):
             value = self.pop(key)
             if value is not None:
                 out.append((key, value))
         return out
+
+    def _drain_batch(self) -> list[tuple[Any, Any]]:
+        out: list[tuple[Any, Any]] = []
+        cursor, nxt = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        first = True
+        while True:
+            n = self._batch_n
+            keys, values = (self.key_t * n)(), (self.value_t * n)()
+            attr = _BatchAttr(in_batch=0 if first else ctypes.addressof(cursor),
+                              out_batch=ctypes.addressof(nxt), keys=ctypes.addressof(keys),
+                              values=ctypes.addressof(values), count=n, map_fd=self.fd)
+            done = False
+            try:
+                _sys_bpf(BPF_MAP_LOOKUP_AND_DELETE_BATCH, attr)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:  # the walk's end (with the last entries)
+                    done = True
+                elif exc.errno == errno.ENOSPC and n < _BATCH_MAX:
+                    # One bucket holds more entries than fit: again, with room for them.
+                    self._batch_n = n * 4
+                    continue
+                else:
+                    raise
+            out.extend(zip(keys[:attr.count], values[:attr.count], strict=True))
+            if done:
+                return out
+            cursor.value, first = nxt.value, False
 
     def clear(self) -> None:
         for key in list(self.keys()):

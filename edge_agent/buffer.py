@@ -113,7 +113,10 @@ class ReportBuffer:
     def dropped(self) -> int:
         """Reports lost for good (thinned + expired + refused), since this buffer was created."""
         with self._lock:
-            return self._meta("thinned") + self._meta("expired") + self._meta("refused")
+            # One query, not three: the sampler reads this for every report.
+            row = self._db.execute("SELECT COALESCE(SUM(v),0) FROM meta WHERE k IN "
+                                   "('thinned','expired','refused')").fetchone()
+            return int(row[0])
 
     def depth(self) -> int:
         with self._lock:

@@ -167,14 +167,20 @@ def read_interfaces() -> list[InterfaceSample]:
 
 
 def _sysfs(name: str, attr: str) -> str | None:
-    """``/sys/class/net/<name>/<attr>``, stripped, or None. Plain ``open``: the sampler
-    reads two of these per interface every report, and pathlib's path parsing was most
-    of that time (issue 27)."""
+    """``/sys/class/net/<name>/<attr>``, stripped, or None. ``os.open``/``os.read``: the
+    sampler reads two of these per interface every report, and a text-mode ``open`` builds
+    a buffered reader and a decoder and makes four more system calls (fstat, ioctl, lseek,
+    a second read) for a one-line attribute (issue 27: the agent's CPU per report)."""
     try:
-        with open(f"/sys/class/net/{name}/{attr}") as f:
-            return f.read().strip()
+        fd = os.open(f"/sys/class/net/{name}/{attr}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip()
     except OSError:  # includes EINVAL: a virtual link has no speed
         return None
+    finally:
+        os.close(fd)
 
 
 def _operstate(name: str) -> str:

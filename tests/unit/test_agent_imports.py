@@ -10,7 +10,8 @@ them there (a subprocess, so this process's imports do not count):
   no pynvml without an NVIDIA driver, no ``cryptography`` (the core's; the agent enrols
   with the openssl command), and
   not ``urllib.request``/``email``/``http.client`` (paho-mqtt's proxy lookup, see
-  :mod:`edge_agent.lightimport`);
+  :mod:`edge_agent.lightimport`), nor ``shutil`` with ``bz2`` and ``lzma`` (argparse's
+  help width, which the agent's parser is given);
 - each of those still loads where it is used: a YAML config file brings PyYAML, the
   metrics module brings prometheus_client, ``import urllib.request`` after paho is the
   real module.
@@ -40,6 +41,9 @@ FORBIDDEN = {
     "urllib.request": "paho-mqtt's proxy lookup (PySocks only)",
     "email": "urllib.request",
     "http.client": "urllib.request",
+    "shutil": "argparse's help width (edge_agent.config's formatter is given it)",
+    "bz2": "shutil",
+    "lzma": "shutil",
 }
 RUN_PATH = """
 import json, sys
@@ -120,3 +124,20 @@ def test_with_pysocks_present_paho_is_imported_as_is(tmp_path: Path) -> None:
             "assert callable(c.urllib.request.proxy_bypass)\n"
             "print(json.dumps(sorted(sys.modules)))")
     assert "urllib.request" in _modules(code)
+
+
+def test_help_is_still_wrapped_to_the_terminal_width() -> None:
+    # The parser is given the width ($COLUMNS) instead of letting argparse find it with
+    # shutil; --help must still wrap to it (an option longer than the width stays whole).
+    def help_lines(columns: int) -> list[str]:
+        r = subprocess.run([sys.executable, "-m", "edge_agent.main", "--help"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60, check=False,
+                           env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "--broker-host" in r.stdout, r.stdout[:2000]
+        return r.stdout.splitlines()
+
+    narrow, wide = help_lines(60), help_lines(200)
+    assert len(narrow) > len(wide), (len(narrow), len(wide))
+    assert max(len(line) for line in wide) > 100, max(wide, key=len)
+    assert sum(len(line) > 60 for line in narrow) <= 2, [x for x in narrow if len(x) > 60]
