@@ -9,7 +9,7 @@ their pods: each node gets exactly one agent, the one of its site (or the cloud 
 moving a node into or out of a site by its label moves its agent. The agents' pods are on
 kwok nodes (simulated kubelets): the placement is the controller's decision, which is what
 is checked; the leaf pods and an agent reporting through one on the real node are not
-(docs/scale.md, "Edge sites": the chart's NATS image is not built here).
+(tests/cluster/test_helm_nats.py runs those).
 """
 
 from __future__ import annotations

@@ -165,3 +165,23 @@ def test_site_names_are_refused_as_cfnet_core_refuses_them(tmp_path: Path) -> No
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
         "matchExpressions"][0]["values"]
     assert len(notin) == 1000
+
+
+def test_a_one_server_bus_installs_without_mosquitto(tmp_path: Path) -> None:
+    """What tests/cluster/test_helm_nats.py installs on its one node: ``nats.deploy.replicas=1``
+    renders no cluster block (with one, JetStream waits for a metadata leader among peers
+    that never come; the real server accepts the config), and with Mosquitto off the
+    agents' broker host defaults to the bus's (it failed: "broker.host is required")."""
+    from tests.deploy.test_chart_nats import _check_conf
+
+    values = [*SITES, "mosquitto.enabled=false", "nats.deploy.replicas=1",
+              "nats.streamReplicas=1"]
+    objs = {(d["kind"], d["metadata"]["name"]): d for d in documents(template(values=values))}
+    conf = objs[("ConfigMap", "nats-config")]["data"]["nats.conf"]
+    assert "cluster {" not in conf and "stream_replicas: 1" in conf
+    _check_conf(tmp_path, conf, env={"NATS_LEAF_PASSWORD": "0123abcd"})
+    three = documents(template(values=SITES))
+    assert "cluster {" in next(d for d in three if d["metadata"]["name"] == "nats-config")[
+        "data"]["nats.conf"]
+    agent_yaml = objs[("ConfigMap", "cfnet-agent-config")]["data"]["agent.yaml"]
+    assert "broker_host: nats.cfnet-system.svc" in agent_yaml
