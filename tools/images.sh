@@ -259,5 +259,5 @@ case "${1:-build}" in
       *) log "unknown arm64 target ${2}"; exit 2 ;;
     esac ;;
   sizes-arm64) sizes core-arm64 agent-arm64 ;;
-  *) sed -n '2,36p' "$0"; exit 2 ;;
+  *) sed -n '2,37p' "$0"; exit 2 ;;
 esac
