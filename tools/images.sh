@@ -8,6 +8,8 @@
 #   tools/images.sh build [core|agent|agent-bcc|all]   base, then the image(s); prints names
 #   tools/images.sh build mosquitto   the chart's broker from Debian's mosquitto (not in `all`:
 #       only the test cluster's helm install needs it; clusters pull eclipse-mosquitto)
+#   tools/images.sh build nats   the chart's NATS server: tools/nats/build.sh's nats-server
+#       (Go module proxy) on the base (not in `all`: for the test cluster, as mosquitto)
 #   tools/images.sh sizes           uncompressed and gzip-compressed sizes of the images
 #   tools/images.sh build-arm64 [core|agent|all]   the arm64 images (see below); prints names
 #   tools/images.sh sizes-arm64     their sizes
@@ -194,8 +196,16 @@ bpf_object() {
 }
 
 build() {
-  local target="$1" t0=$SECONDS secret=() old new key
+  local target="$1" t0=$SECONDS secret=() old new key ctx=()
   key=$(src_key)
+  if [[ "$target" == nats ]]; then
+    # The binary, built (or found cached) by its own script; its version is in the key.
+    local bin
+    bin=$(bash tools/nats/build.sh >&2 && bash tools/nats/build.sh --print-path)
+    [[ -x "$bin" ]] || { log "nats-server not built ($bin)"; exit 2; }
+    ctx=(--build-context "natsbin=$(dirname "$bin")")
+    key="$key-$(basename "$(dirname "$bin")")"
+  fi
   # Up to date (built from these sources): nothing to do, not even the cached steps.
   if [[ $(podman image inspect --format '{{.Labels.srckey}}' "localhost/cfnet-$target:$TAG" \
           2>/dev/null) == "$key" ]]; then
@@ -210,7 +220,7 @@ build() {
   # --isolation chroot: RUN steps need no OCI runtime, so builds work where crun/runc cannot
   # start a container (this machine's cgroup v1/v2 hybrid; see run_flags).
   podman build --quiet --layers --isolation chroot --target "$target" --build-arg "BASE=$BASE" \
-    --label "srckey=$key" "${secret[@]}" -f Containerfile -t "localhost/cfnet-$target:$TAG" . >/dev/null
+    --label "srckey=$key" "${secret[@]}" "${ctx[@]}" -f Containerfile -t "localhost/cfnet-$target:$TAG" . >/dev/null
   new=$(podman image inspect --format '{{.Id}}' "localhost/cfnet-$target:$TAG")
   # The image this one replaces (untagged now) would keep its layers on disk forever.
   if [[ -n "$old" && "$old" != "$new" ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
@@ -236,7 +246,7 @@ case "${1:-build}" in
     case "${2:-all}" in
       all) bpf_object; build core; build agent; build agent-bcc ;;
       agent|agent-bcc) bpf_object; build "$2" ;;
-      core|mosquitto) build "$2" ;;
+      core|mosquitto|nats) build "$2" ;;
       *) log "unknown target ${2}"; exit 2 ;;
     esac ;;
   sizes) sizes core agent agent-bcc ;;
@@ -249,5 +259,5 @@ case "${1:-build}" in
       *) log "unknown arm64 target ${2}"; exit 2 ;;
     esac ;;
   sizes-arm64) sizes core-arm64 agent-arm64 ;;
-  *) sed -n '2,36p' "$0"; exit 2 ;;
+  *) sed -n '2,37p' "$0"; exit 2 ;;
 esac

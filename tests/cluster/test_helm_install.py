@@ -165,10 +165,21 @@ def ensure_images() -> dict[str, float]:
     return took
 
 
+# What this session's node imported: image name -> podman's image ID (test_helm_nats.py
+# imports an image again only when it was rebuilt since).
+IMPORTED: dict[str, str] = {}
+
+
+def podman_id(name: str) -> str:
+    return subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", name],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+
+
 def import_images(rc: RealCluster) -> float:
     """podman save -> ctr import, the three images side by side. docker-archive: its layers
     uncompressed (oci-archive gzips them: 27 s instead of 9 s for the core here)."""
     t0 = time.monotonic()
+    ids = {name: podman_id(name) for name in IMAGES.values()}
     procs = []
     for target, name in IMAGES.items():
         archive = rc.node.dir / f"image-{target}.tar"
@@ -188,6 +199,7 @@ def import_images(rc: RealCluster) -> float:
         if p.returncode != 0:
             failed.append(f"importing {name} into the node's containerd failed:\n{out}")
     assert not failed, "\n".join(failed)
+    IMPORTED.update(ids)
     return time.monotonic() - t0
 
 

@@ -387,7 +387,13 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      lambda o: o[("ConfigMap", "cfnet-bus-s1")]["data"]["CFNET_BROKER_PORT"] == "18884"),
     ("nats.leaf.sites", LEAF,
      lambda o: ("Deployment", "nats-leaf-s1") in o and ("ConfigMap", "cfnet-bus-s1") in o
-     and bus(o)["CFNET_NATS_SITES"] == "s1"),  # the core links it (cfnet-core --nats-sites)
+     and bus(o)["CFNET_NATS_SITES"] == "s1"  # the core links it (cfnet-core --nats-sites)
+     and ("DaemonSet", "cfnet-agent-s1") in o),  # its agents (tests/deploy/test_chart_sites.py)
+    ("nats.leaf.monitorPort", [*LEAF, "nats.leaf.monitorPort=18222"],
+     lambda o: 'http: "127.0.0.1:18222"' in leaf_conf(o)),
+    ("nats.leaf.siteLabel", [*LEAF, "nats.leaf.siteLabel=example.org/site"],
+     lambda o: o[("DaemonSet", "cfnet-agent-s1")]["spec"]["template"]["spec"][
+         "nodeSelector"] == {"example.org/site": "s1"}),
 ]
 
 

@@ -15,10 +15,16 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{ .root.Values.image.registry }}/cfnet-{{ .component }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
 {{- end }}
 
-{{/* The broker's host: set explicitly, or this release's Mosquitto Service. */}}
+{{/* The broker's host: set explicitly, or with the clustered bus (nats.mode) its MQTT
+listener (what cfnet-bus says too, which the pods' environment takes first), or this
+release's Mosquitto Service. */}}
 {{- define "cfnet.brokerHost" -}}
 {{- if .Values.broker.host -}}
 {{ .Values.broker.host }}
+{{- else if eq .Values.nats.mode "deploy" -}}
+nats.{{ .Release.Namespace }}.svc
+{{- else if and (eq .Values.nats.mode "external") .Values.nats.external.mqttHost -}}
+{{ .Values.nats.external.mqttHost }}
 {{- else if .Values.mosquitto.enabled -}}
 mosquitto.{{ .Release.Namespace }}.svc
 {{- else -}}
