@@ -18,8 +18,9 @@ buffer) and the fleet simulator (over memory) run the same one:
   overflowed). While the core is silent only the oldest one is resent, as a
   probe, and the delay doubles up to ``max_resend_s``: a core that is down is
   not flooded, and the first ack after it returns restarts the flow (reports
-  sent during the silence get ``resend_s`` from then: the broker may still
-  deliver them from the core's queue);
+  sent during the silence get ``resend_s / 2`` from then: the broker may still
+  deliver them from the core's queue; less than the ``resend_s`` the core counts
+  as alive without another ack, so the resends go out while it does);
 - a report the core keeps not acknowledging while it acknowledges others (it
   refuses it) is given up after ``max_tries`` sends, so one bad report cannot
   hold a slot forever; the caller counts it.
@@ -98,8 +99,16 @@ class AckWindow(Generic[K]):
         send: list[K] = []
         give_up: list[K] = []
         if self.core_alive(now):
-            stale = [k for k in head if k in self.inflight and now - max(
-                self.inflight[k].sent_at, self._alive_since) >= self.resend_s]
+            # After a silence, what was sent during it gets half the resend delay to
+            # arrive from the broker's queue, not the whole: the core counts as alive for
+            # resend_s after its last ack, and an agent whose only traffic is those reports
+            # gets no other ack meanwhile. Waiting the whole delay let the core lapse back
+            # into "silent" at the same instant, so each return restarted the probing: one
+            # report per resend_s (a backlog took minutes to drain after a core restart).
+            settle = self.resend_s / 2
+            stale = [k for k in head if k in self.inflight and (
+                now - self.inflight[k].sent_at >= self.resend_s
+                and now - self._alive_since >= settle)]
             if stale and now - self._last_cut >= self.resend_s:
                 # Lost while the core acknowledges others: too much in flight
                 # (a queue overflowed) or a core died with them. Halve, once

@@ -130,14 +130,51 @@ def test_window_resends_all_lost_while_core_acks_one_probe_while_it_is_silent() 
             probes.append(t)
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps[:3] == [20, 40, 40] and max(gaps) == 40, probes
-    # The core answers: the others go again once the broker had resend_s to
-    # deliver what it may still hold for the core.
+    # The core answers: the others go again once the broker had resend_s / 2 to
+    # deliver what it may still hold for the core -- with no other ack meanwhile (the
+    # agent's only traffic is these), so while the core still counts as alive.
     w.acked([1], 200.0)
     assert w.due([2, 3], 200.5) == ([], [])
-    w.acked([], 205.0)
-    send, _ = w.due([2, 3], 210.0)
+    assert w.due([2, 3], 204.9) == ([], [])
+    send, _ = w.due([2, 3], 205.0)
     assert send == [2]  # restarting from one in flight, paced by the acks
     assert w.cwnd == 1.0
+    w.sent(send, 205.0)
+    w.acked([2], 205.2)
+    send, _ = w.due([3], 205.3)
+    assert send == [3]
+
+
+def test_window_drains_a_backlog_soon_after_a_silent_core_returns() -> None:
+    """One agent, nothing else acked (a simulated clock; the agent's sender wakes on
+    every ack and once a second): the core starts after the agent has sent its first
+    window, which is lost, and the backlog drains in seconds once the core answers,
+    not one report per resend delay (the agent stepped back into probing each time)."""
+    w: AckWindow[int] = AckWindow(window=100, initial=16, resend_s=10.0)
+    backlog = list(range(1, 301))
+    rtt, t, up_at = 0.2, 0.0, 25.0
+    delivered: list[int] = []
+    pending: list[tuple[float, list[int]]] = []  # (ack arrival time, keys)
+    while backlog and t < 200.0:
+        send, gave = w.due(backlog[:100], t)
+        assert not gave
+        w.sent(send, t)
+        if t >= up_at and send:  # the core is up: it ingests and acks
+            delivered += send
+            pending.append((t + rtt, send))
+        # next wake-up: the next ack or a second later
+        nxt = min([a for a, _ in pending] + [t + 1.0])
+        t = nxt
+        for a, keys in [p for p in pending if p[0] <= t]:
+            w.acked(keys, a)
+            backlog = [k for k in backlog if k not in keys]
+        pending = [p for p in pending if p[0] > t]
+    assert not backlog, f"{len(backlog)} left at t={t}"
+    drained = t - up_at
+    print(f"drained {drained:.1f} s after the core came up")
+    # The first probe after up_at comes at most one resend delay later; then the
+    # lost window settles for resend_s / 2 and slow start doubles per round trip.
+    assert drained <= 2 * 10.0 + 10.0 / 2 + 5.0, drained
 
 
 def test_window_grows_on_acks_and_halves_on_loss() -> None:
