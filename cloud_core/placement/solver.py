@@ -81,6 +81,18 @@ def capacity_per_node(req: np.ndarray, free: np.ndarray) -> np.ndarray:
     return np.maximum((free[:, pos] // req[pos]).min(axis=1), 0).astype(np.int64)
 
 
+def _has_room(req: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """``capacity_per_node(req, free) > 0`` without its divisions: for integers with
+    ``r > 0``, ``f // r >= 1`` exactly when ``f >= r`` (a request of 0 fits everywhere)."""
+    if req.dtype.kind not in "iu" or free.dtype.kind not in "iu":
+        return capacity_per_node(req, free) > 0
+    out = np.ones(free.shape[0], dtype=bool)
+    for r in range(req.shape[0]):
+        if req[r] > 0:
+            out &= free[:, r] >= req[r]
+    return out
+
+
 class Packer:
     """Exact incremental state: free resources and, per anti-affinity domain, how many pods
     that repel each class are there (counts, so that a pod can be taken out again)."""
@@ -322,7 +334,7 @@ def _placeable(classes: Sequence[ClassSpec], free: np.ndarray, got: list[list[in
     out = 0
     for ci, c in enumerate(classes):
         left = c.count - len(got[ci])
-        if left and (c.mask & (capacity_per_node(c.req, free) > 0)).any():
+        if left and (c.mask & _has_room(c.req, free)).any():
             out += left
     return out
 
@@ -966,7 +978,7 @@ def _tight(classes: Sequence[ClassSpec], free: np.ndarray, cfg: EngineConfig) ->
 
 
 def _arcs(classes: Sequence[ClassSpec], free: np.ndarray) -> int:
-    return sum(int((c.mask & (capacity_per_node(c.req, free) > 0)).sum()) for c in classes)
+    return sum(int((c.mask & _has_room(c.req, free)).sum()) for c in classes)
 
 
 def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
@@ -1301,7 +1313,7 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
         got = _pack_route(classes, free, domains, icost, penalty, cfg, stats, hits)
         best_obj = _objective(classes, icost, penalty, got)
         method = "pack"
-        arcs_total = _arcs(classes, free)
+        arcs_total: int | None = None  # counted only if the CP-SAT polish may run
         if total <= cfg.pack_flow_max_pods:
             got_f, m_f, _ = _flow_route(classes, free, domains, icost, penalty, cfg, stats)
             obj_f = _objective(classes, icost, penalty, got_f)
@@ -1329,7 +1341,8 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
             got = _improve_cost(classes, free, domains, icost, penalty, got, cfg, stats)
             best_obj = _objective(classes, icost, penalty, got)
     if (cfg.use_cpsat and cfg.cpsat_polish and _coupled(classes)
-            and arcs_total <= cfg.cpsat_max_arcs):
+            and (_arcs(classes, free) if arcs_total is None else arcs_total)
+            <= cfg.cpsat_max_arcs):
         res = _cpsat(classes, free, domains, icost, penalty, got, cfg, wall_cap_hits=hits)
         if res is not None:
             got2, obj2, status = res
