@@ -447,7 +447,10 @@ class _Pack:
             score = np.einsum("ij,ij->i", after, after)
             if beta:
                 over = np.maximum(press.take(idx, axis=0) - left, 0.0) * inv_i
-                score = score + beta * over.max(axis=1)
+                # the row maxima column by column: exact, and ~4x cheaper than a
+                # reduction along rows of three
+                worst = np.maximum(np.maximum(over[:, 0], over[:, 1]), over[:, 2])
+                score = score + beta * worst
             if gamma:
                 ic = self.icost[ci][idx].astype(np.float64)
                 lo = ic.min()
@@ -1125,6 +1128,8 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
     ez = np.full((2, p_cls.size), -1, dtype=np.int64)
     ec = np.full((2, p_cls.size), _BIG, dtype=np.int64)  # _BIG: no target
     reqs_l = reqs.tolist()
+    # per class, its requests above zero as (resource, amount): what a room check compares
+    dims_l = [[(r, v) for r, v in enumerate(rq) if v] for rq in reqs_l]
     p_cls_l = p_cls.tolist()
     reqs_t = np.ascontiguousarray(reqs.T)
 
@@ -1187,7 +1192,7 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
             work += 1
             ra = reqs[ca]
             ra0, ra1, ra2 = reqs_l[ca]
-            dims = [(r, v) for r, v in ((0, ra0), (1, ra1), (2, ra2)) if v]
+            dims = dims_l[ca]
             crow = cost[ca]
             if dims:
                 fits = fr[dims[0][0]] >= dims[0][1]
