@@ -58,6 +58,10 @@ BATCH_MAX = 512
 BATCH_WAIT_S = 0.002
 # How often the child looks whether its edge sites' counters changed (and sends them).
 EDGE_REPORT_S = 0.5
+# With nothing to forward, the forwarder sleeps until a message arrives, looking at the
+# connection's state and its parent this often: a fixed 2 ms poll woke it 500 times a second
+# for nothing (about 15 ms of CPU a second, on the CPUs the API server shares).
+IDLE_CHECK_S = 0.05
 
 _Wire = tuple[str, bytes, int, bool, str | None, bytes | None, tuple[tuple[str, str], ...]]
 # A publish the broker has not acknowledged after this long is reported failed,
@@ -282,6 +286,7 @@ class _Child:
 
         self.cmd, self.out = cmd, out
         self.inbox: deque[_Wire] = deque()
+        self.inbox_ready = threading.Event()  # set when the inbox gets a message
         self.pending: deque[tuple[int, Any, float]] = deque()
         self.pending_ready = threading.Event()
         self.stopping = threading.Event()
@@ -300,11 +305,16 @@ class _Child:
 
     def _on_shared(self, topic: str, payload: bytes) -> None:
         self.inbox.append((topic, payload, 1, False, None, None, ()))
+        if not self.inbox_ready.is_set():
+            self.inbox_ready.set()
 
     def _on_message(self, m: Message) -> None:
-        # deque.append is atomic: no lock on paho's network thread.
+        # deque.append is atomic: no lock on paho's network thread (and the event is set
+        # only when the forwarder may be asleep).
         self.inbox.append((m.topic, m.payload, m.qos, m.retain, m.response_topic,
                            m.correlation_data, m.user_properties))
+        if not self.inbox_ready.is_set():
+            self.inbox_ready.set()
 
     def _emit(self, kind: str, body: Any) -> bool:
         with self.out_lock:
@@ -387,7 +397,11 @@ class _Child:
                     last_edge = edge
                     self._emit("edge", edge)
             if self._flush() < BATCH_MAX:
-                time.sleep(BATCH_WAIT_S)
+                # asleep until a message arrives (or the next look at state and parent),
+                # then a moment for the rest of a burst to join it
+                if self.inbox or self.inbox_ready.wait(IDLE_CHECK_S):
+                    time.sleep(BATCH_WAIT_S)
+                self.inbox_ready.clear()
             if os.getppid() != ppid:  # re-parented: the core died without closing
                 self.stopping.set()
                 self.cmd.close()

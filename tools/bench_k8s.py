@@ -351,6 +351,25 @@ class Bench:
         print(f"# {len(self.nodes)} nodes in {time.monotonic() - t0:.1f} s", file=sys.stderr,
               flush=True)
 
+    def api_requests(self) -> dict[str, float]:
+        """The API server's ``apiserver_request_total``, summed per verb, resource and
+        subresource (its /metrics): what a scheduler asked for during a run."""
+        try:
+            text = self.admin.lean.request("GET", "/metrics", decoder=lambda b: b.decode())
+        except KubeError:
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels, _, value = line.rpartition(" ")
+            kv = dict(part.split("=", 1) for part in
+                      labels[len("apiserver_request_total{"):-1].split('",'))
+            key = " ".join(v.strip('"') for v in (kv.get("verb", ""), kv.get("resource", ""),
+                                                 kv.get("subresource", "")) if v.strip('"'))
+            out[key] = out.get(key, 0.0) + float(value)
+        return out
+
     def _create_pods(self, ns: str, scheduler: str) -> None:
         self.admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": ns}})
@@ -421,6 +440,9 @@ class Bench:
                             now = time.monotonic()
                             if not first:
                                 first.append(now)
+                                if pid and self.args.profile and name.startswith("cfnet"):
+                                    with contextlib.suppress(OSError):
+                                        os.kill(pid[0], signal.SIGUSR1)  # its start-up profile
                                 if pid:  # start-up CPU: load-independent, unlike the clock
                                     r.first_cpu_s = cpu_seconds(
                                         pid[0], children=name.startswith("cfnet"))
@@ -435,6 +457,7 @@ class Bench:
 
         w = threading.Thread(target=watch, daemon=True)
         w.start()
+        req0 = self.api_requests()
         api0 = cpu_seconds(self.api_pid)
         t0 = time.monotonic()
         wall0 = time.time()
@@ -462,6 +485,9 @@ class Bench:
             t_end = time.monotonic()
             r.sched_cpu_s = cpu_seconds(proc.pid, children=name.startswith("cfnet"))
             r.api_cpu_s = cpu_seconds(self.api_pid) - api0
+            req1 = self.api_requests()
+            if self.args.profile and name.startswith("cfnet"):
+                self._child_threads(proc.pid, tag)
         finally:
             # also when the bench itself is interrupted: the scheduler runs in a session of
             # its own and would outlive us
@@ -495,12 +521,33 @@ class Bench:
                     with contextlib.suppress(ValueError, KeyError):
                         ev = json.loads(line)
                         marks += f" {ev['event']}@{ev['t'] - wall0:.2f}"
+        per = {k: (v - req0.get(k, 0.0)) / max(r.bound, 1) for k, v in req1.items()}
+        print(f"# {name} rep {rep}: API requests per pod: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])
+            if v >= 0.001), file=sys.stderr)
         print(f"# {name} rep {rep}:{marks} {r.bound}/{r.pods} bound in {r.wall_s:.2f} s "
               f"({r.rate:.0f} pods/s), first {r.first_s:.2f} s (cpu {r.first_cpu_s:.2f} s), "
               f"cpu {r.sched_cpu_s:.1f} s, "
               f"apiserver {r.api_cpu_s:.1f} s, {len(r.violations)} violations "
               f"{r.violations[:3]}", file=sys.stderr, flush=True)
         return r
+
+    def _child_threads(self, pid: int, tag: str) -> None:
+        """The MQTT child process's CPU per thread (the profile's other half), appended to
+        the run's profile table once it exists; thread ids in start order (the first is the
+        command loop, then paho's network thread, the forwarder, the ack waiter)."""
+        lines = []
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid != pid:
+                continue
+            for t in sorted(os.listdir(f"/proc/{d}/task"), key=int):
+                lines.append(f"{_task_cpu_s(int(d), int(t)):8.2f} s  child {d} task {t}")
+        (self.dir / f"{tag}.child.txt").write_text("\n".join(lines) + "\n")
 
     def rep(self, rep: int, want: Sequence[str], label: str = "") -> list[Run]:
         """One repetition of the schedulers in ``want`` (order alternated by ``rep``), then the
@@ -561,51 +608,97 @@ def binder(plan_file: str, kubeconfig: str, threads: int = 32) -> int:
     return 0
 
 
-def sampled(out: str, argv: list[str]) -> int:
-    """Run ``cfnet-core argv`` (as ``python -m cloud_core.k8s``) with a sampling profiler
-    over all its threads (cProfile sees only the main thread): every 2 ms, the innermost
-    cfnet/library frame of each busy thread is counted; the table is written at exit."""
-    import collections
-    import runpy
-    import traceback
+def _task_cpu_s(pid: int, tid: int) -> float:
+    """CPU-seconds of one thread (utime + stime), from /proc; 0 once it has gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(rest[11]) + int(rest[12])) / TICK
 
-    counts: collections.Counter[str] = collections.Counter()
-    own: collections.Counter[str] = collections.Counter()
-    me = threading.get_ident()
+
+def sampled(out: str, argv: list[str]) -> int:
+    """Run ``cfnet-core argv`` (``cloud_core.main``, as the chart does) with a CPU profile of
+    every thread: each thread gets a ``cProfile`` timed by its own CPU clock
+    (``time.thread_time``), so a thread blocked in a C call (a socket read, a lock, a queue)
+    costs nothing, unlike a wall-clock sampler that cannot tell waiting from working. At exit
+    it writes: CPU per thread (grouped by name, from /proc), the MQTT child process's CPU
+    per thread, and the functions by own CPU time and by cumulative CPU time over all
+    threads. The profiler adds its own cost per call (about 2×): read the shares."""
+    import cProfile
+    import io
+    import pstats
+    import re
+    import runpy
+
+    profs: list[tuple[str, cProfile.Profile]] = []
+    seen: dict[int, str] = {}  # native thread id -> name, for /proc
+    orig_run = threading.Thread.run
+
+    def run(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        profs.append((self.name, prof))
+        if self.native_id is not None:
+            seen[self.native_id] = self.name
+        prof.enable()
+        try:
+            orig_run(self)
+        finally:
+            prof.disable()
+
+    threading.Thread.run = run  # type: ignore[method-assign]
+    main_prof = cProfile.Profile(time.thread_time)
+    profs.append(("MainThread", main_prof))
+    seen[threading.get_native_id()] = "MainThread"
+    last: dict[int, float] = {}
+    me = os.getpid()
     stop = threading.Event()
 
-    def sample() -> None:
-        while not stop.wait(0.002):
-            for tid, frame in sys._current_frames().items():
-                if tid == me:
-                    continue
-                stack = traceback.extract_stack(frame)
-                top = stack[-1]
-                if top.name in ("wait", "acquire", "select", "poll", "recv_into", "read",
-                                "readinto", "get", "_wait_for_tstate_lock", "accept"):
-                    continue  # idle: waiting on a lock, queue or socket
-                counts[f"{Path(top.filename).name}:{top.name}"] += 1
-                for fr in reversed(stack):
-                    if "cloud_core" in fr.filename:
-                        own[f"{Path(fr.filename).name}:{fr.name}:{fr.lineno}"] += 1
-                        break
+    def poll() -> None:  # threads' CPU kept while they live (some end before the exit)
+        while not stop.wait(0.5):
+            for tid in list(seen):
+                c = _task_cpu_s(me, tid)
+                if c:
+                    last[tid] = c
 
-    threading.Thread(target=sample, daemon=True).start()
-    sys.argv = ["cloud_core.k8s", *argv]
+    threading.Thread(target=poll, daemon=True, name="profiler").start()
+
+    def write(path: str) -> None:
+        for tid in list(seen):
+            last[tid] = _task_cpu_s(me, tid) or last.get(tid, 0.0)
+        by_name: dict[str, float] = {}
+        for tid, name in seen.items():
+            group = re.sub(r"[_-]\d+(_\d+)?$", "",
+                           re.sub(r"^Thread-\d+ \((.*)\)$", r"\1", name))
+            by_name[group] = by_name.get(group, 0.0) + last.get(tid, 0.0)
+        stats = None
+        for _name, prof in profs:
+            with contextlib.suppress(TypeError, ValueError):
+                stats = pstats.Stats(prof) if stats is None else stats.add(prof)
+        with open(path, "w") as f:
+            f.write(f"process CPU {cpu_seconds(me):.2f} s; by thread (/proc):\n")
+            for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]):
+                f.write(f"{v:8.2f} s  {k}\n")
+            for stat in ("tottime", "cumulative"):
+                buf = io.StringIO()
+                if stats is not None:
+                    stats.stream = buf  # type: ignore[attr-defined]
+                    stats.sort_stats(stat).print_stats(60)
+                f.write(f"-- functions by {stat} (thread CPU clock) --\n{buf.getvalue()}")
+
+    # the bench's SIGUSR1 when it sees the first binding: the start-up's own table
+    signal.signal(signal.SIGUSR1, lambda *_: write(out.replace(".prof.", ".first.prof.")))
+    sys.argv = ["cloud_core.main", *argv]
+    main_prof.enable()
     try:
-        runpy.run_module("cloud_core.k8s", run_name="__main__", alter_sys=True)
+        runpy.run_module("cloud_core.main", run_name="__main__", alter_sys=True)
     except SystemExit:
         pass
     finally:
+        main_prof.disable()
         stop.set()
-        total = sum(counts.values()) or 1
-        with open(out, "w") as f:
-            f.write(f"{total} busy samples\n-- innermost frame --\n")
-            for k, v in counts.most_common(40):
-                f.write(f"{100 * v / total:5.1f}% {k}\n")
-            f.write("-- innermost cloud_core frame --\n")
-            for k, v in own.most_common(40):
-                f.write(f"{100 * v / total:5.1f}% {k}\n")
+        write(out)
     return 0
 
 
@@ -713,6 +806,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = {v: k for k, v in SHORT.items()}
     want = [keys[k.strip()] for k in a.only.split(",") if k.strip()] if a.only else \
         [*SCHEDULERS, "ceiling"]
+    if a.baseline_tree and "cfnet" in want and BASELINE not in want:
+        want.append(BASELINE)  # a baseline tree is there to alternate with
     runs: list[Run] = []
     # The schedulers run in sessions of their own (so a Ctrl-C reaches them only through us):
     # turn SIGTERM into SystemExit as well, so the finally blocks stop them and the control

@@ -280,8 +280,12 @@ class Actuator(PodCache, Source, Binder, Moves):
                 self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
             more = False
             try:
-                if not self._work_waiting() and not self.loop.replan_due():
-                    continue  # nothing to place, nothing changed, no re-plan due: no snapshot
+                if not self._work_waiting() and (
+                        not self.loop.replan_wanted()
+                        or (self._backlog() and self.loop.defer_replan())):
+                    # nothing to place, nothing changed, no re-plan due (or one a backlog
+                    # still defers, as the step would find): no snapshot
+                    continue
                 more = self.schedule_once()
                 backoff = 0.2
                 if more:

@@ -85,6 +85,13 @@ class Source(ActuatorState):
             return (self._bind_error is not None or gen != self._obs_gen
                     or self.queue.has_active(now))
 
+    def _backlog(self) -> bool:
+        """Pods are still being taken batch by batch: more queued than a batch took, the
+        first list still arriving, or more bindings in flight than the workers take at once
+        (the end of a burst is still on its way out)."""
+        return (self._more or not self.pods.synced.is_set()
+                or self._binding > self.config.bind_workers)
+
     def pending(self) -> list[JSON]:
         """The next batch from the scheduling queue (fair across namespaces; see queue.py).
         The pods stay in flight until the step reports them placed or not."""
@@ -148,8 +155,5 @@ class Source(ActuatorState):
         self._obs_gen = gen  # the source's own: _work_waiting compares against it
         return Observation(health=health, snapshot=snap, pending=pending, running=running,
                            invalid=invalid, pinned=pinned,
-                           # more than the binding workers take at once still queued:
-                           # the end of a burst is still on its way out
-                           backlog=(self._more or not self.pods.synced.is_set()
-                                    or self._binding > self.config.bind_workers),
+                           backlog=self._backlog(),
                            revalidate=revalidate, objects=obs_pods, generation=gen)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_core.console.service import ConsoleService
-from cloud_core.events import EventLog
+from cloud_core.events import MAX_EVENT_MESSAGE, EventLog
 from cloud_core.health import HealthConfig, all_health
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig, tune_gc
 from cloud_core.k8s.client import KubeClient
@@ -62,11 +62,14 @@ class KubeRunner:
     actuator: Actuator
     elector: LeaderElector
     pools: PoolController
+    notices: BindingNotices | None = None
 
     def stop(self) -> None:
         self.elector.stop(release=True)
         self.pools.stop()
         self.actuator.stop()
+        if self.notices is not None:
+            self.notices.stop()  # the last bindings said before the core's connection goes
 
 
 def alert_to_event(events: EventLog, say: Callable[..., None] = no_line
@@ -79,6 +82,76 @@ def alert_to_event(events: EventLog, say: Callable[..., None] = no_line
         say("alert", **a)
 
     return alert
+
+
+class BindingNotices:
+    """The bindings made, said as the core's ``placement`` events, coalesced per
+    ``window_s``: one event (ring, log line, ``cfnet/v1/events`` publish) per window instead
+    of one per pod. During a burst the per-pod log line and QoS 1 publish (a pickle to the
+    MQTT process, paho, TLS, the broker, the PUBACK back) cost as much CPU as the binding
+    itself, on the same two cores as the API server (bench_k8s --profile), and flushed
+    every other event out of the console's ring. A single binding is still said alone
+    ("ns/pod bound to node"); a window with more says "N pods bound: ns/a bound to n1, ..."
+    naming as many as fit the event's message bound ("(+K more)" after them). Each pod's
+    own record is its Kubernetes ``Scheduled`` Event, written as kube-scheduler writes it."""
+
+    def __init__(self, events: EventLog, window_s: float = 0.5) -> None:
+        self.events = events
+        self.window_s = window_s
+        self._items: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        self._due = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, pod: str, node: str) -> None:
+        with self._lock:
+            self._items.append((pod, node))
+            first = len(self._items) == 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="binding-notices",
+                                                daemon=True)
+                self._thread.start()
+        if first:
+            self._due.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._due.wait()
+            self._due.clear()
+            self._stop.wait(self.window_s)  # gather the rest of the window
+            self.flush()
+
+    def flush(self) -> None:
+        """Say what is gathered now."""
+        with self._lock:
+            items, self._items = self._items, []
+        if len(items) == 1:
+            pod, node = items[0]
+            self.events.emit("placement", f"{pod} bound to {node}", node=node, workload=pod)
+            return
+        if not items:
+            return
+        named: list[str] = []
+        size = 0
+        for pod, node in items:
+            part = f"{pod} bound to {node}"
+            if size + len(part) > MAX_EVENT_MESSAGE - 200:
+                break
+            named.append(part)
+            size += len(part) + 2
+        more = len(items) - len(named)
+        nodes = {node for _, node in items}
+        self.events.emit("placement", f"{len(items)} pods bound: " + ", ".join(named)
+                         + (f" (+{more} more)" if more else ""),
+                         node=next(iter(nodes)) if len(nodes) == 1 else None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._due.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.flush()
 
 
 def node_label_events(client: KubeClient, identity: str
@@ -149,8 +222,10 @@ def start_kubernetes(
         if on_follow is not None:
             on_follow()
 
+    notices = BindingNotices(events)
+
     def bound(pod: str, node: str) -> None:
-        events.emit("placement", f"{pod} bound to {node}", node=node, workload=pod)
+        notices.add(pod, node)
         if say_bindings:
             line("bound", pod=pod, node=node)
 
@@ -202,4 +277,4 @@ def start_kubernetes(
                 line("synced")
 
         threading.Thread(target=synced, daemon=True, name="synced").start()
-    return KubeRunner(actuator, elector, pools)
+    return KubeRunner(actuator, elector, pools, notices)

@@ -69,7 +69,9 @@ def test_measured_links_decide_a_latency_bound_pod(broker: Broker, admin: KubeCl
             msg = next(e["message"] for e in cluster.events("FailedScheduling")
                        if e["involvedObject"]["name"] == "too-strict")
             assert "latency" in msg
-            assert any("bound to k-b" in e.message for e in core.events.recent(50))
+            # the core's own placement events are coalesced per window (BindingNotices)
+            wait_for(lambda: any("bound to k-b" in e.message for e in core.events.recent(50)),
+                     timeout=10, what="the core's placement event for near-a")
         finally:
             runner.stop()
     finally:

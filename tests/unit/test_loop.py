@@ -181,6 +181,41 @@ def test_replan_waits_for_a_backlog_but_not_for_ever() -> None:
     assert loop._last_replan == clock[0]
 
 
+def test_a_deferred_replan_is_looked_at_again_one_interval_later() -> None:
+    """A re-plan a backlog deferred is not wanted again at every wake-up of the caller (each
+    look is a step with a snapshot of every node and pod; the Kubernetes actuator woke every
+    50 ms for it during a burst): one interval after the deferral. A caller that knows the
+    backlog is still there defers it without a step, but not past the bound nor over a health
+    change; a step that runs anyway re-plans as soon as the backlog is gone."""
+    obs = Observation(health=HEALTH, snapshot=snapshot(5.0), pending=[], running=[(NEAR, "c")],
+                      backlog=True)
+    src = FakeSource(obs)
+    clock = [1000.0]
+    loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
+                        replan_interval_s=1.0, clock=lambda: clock[0])
+    loop.step()  # never re-planned: runs now
+    clock[0] += 2.0
+    assert loop.replan_wanted()
+    loop.step()  # deferred by the backlog
+    assert loop._last_replan == 1000.0
+    assert loop.replan_due()  # still due for a step that runs anyway...
+    assert not loop.replan_wanted()  # ...but worth no step of its own for an interval
+    assert 0.5 < loop.replan_in() <= 1.0
+    clock[0] += 1.0
+    assert loop.replan_wanted()
+    assert loop.defer_replan()  # the caller sees the backlog still there: no step
+    assert not loop.replan_wanted()
+    src.obs = replace(obs, backlog=False)
+    loop.step()  # the next batch's step: the backlog is gone, the re-plan runs
+    assert loop._last_replan == clock[0]
+    assert not loop.replan_wanted()
+    clock[0] += 1.0 + DecisionLoop.REPLAN_BACKLOG_DEFER_S
+    assert not loop.defer_replan()  # overdue by the bound: step now
+    clock[0] += 0.1
+    loop._health_changed = True
+    assert loop.replan_wanted() and not loop.defer_replan()  # a health change never waits
+
+
 def test_a_node_fact_change_is_a_move_the_replanner_makes() -> None:
     """A node's region changes under a resident workload: the loop finds it no longer fits,
     reports it once, and the re-planner moves it (destination checked by the validator, the
