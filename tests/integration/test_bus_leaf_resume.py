@@ -332,11 +332,17 @@ def test_a_real_agent_reports_through_a_long_cut_and_each_report_reaches_the_cor
     assert during >= CUT_S * 0.8, f"only {during} reports made during the {CUT_S:.0f} s cut"
     with contextlib.suppress(AssertionError):  # the child reports its counters every 0.5 s
         wait_for(lambda: s.edge("resumed"), 5, "the core's re-arm counted")
-    assert s.edge("resumed") == {"edge": 1}, getattr(s.core.mqtt, "edge", None) if s.core else None
+    # At most once. None when the hub server the leaf reconnected to leads CFNET_INGEST:
+    # nats-server then restarts the source itself on the leaf's reconnect
+    # (checkInternalSyncConsumers in server/leafnode.go) before the core's look finds it
+    # stale; seen once in about ten runs. Either way every report is in, once (above).
+    assert s.edge("resumed") in ({}, {"edge": 1}), \
+        getattr(s.core.mqtt, "edge", None) if s.core else None
     assert s.edge("linked") == {"edge": 1}, "linked again: its source never went away"
     print(f"\nreal agent, {CUT_S:.0f} s cut, {during} reports made during it: uplink back "
           f"{t_link - t_heal:.2f} s after the heal, every report at the core "
-          f"{t_all - t_heal:.2f} s after the heal (core re-armed the source once); "
+          f"{t_all - t_heal:.2f} s after the heal (source re-armed by the core: "
+          f"{s.edge('resumed').get('edge', 0)}, else by the server); "
           f"{n} folded in, each once, 0 lost; {folded.duplicates()} resends seen as "
           f"duplicates")
 
