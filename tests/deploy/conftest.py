@@ -112,3 +112,12 @@ def podman_run_flags() -> list[str]:
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     flags += ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", "nproc=4096:4096"]
     return flags
+
+
+@pytest.fixture(scope="module")
+def helm_built() -> None:
+    """The chart tests' helm (tools/helm/build.sh; cached): a failed build fails them, saying why."""
+    try:
+        chart.ensure_helm()
+    except (chart.HelmError, subprocess.CalledProcessError) as e:
+        pytest.fail(f"cannot build helm: {e}", pytrace=False)

@@ -9,7 +9,6 @@ import base64
 import shlex
 import subprocess
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,8 @@ ALT_VALUES = ["mosquitto.enabled=false", "broker.host=mqtt.example.org",
               "image.tag=9.9.9", "core.replicas=3"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _helm_built() -> Iterator[None]:
-    try:
-        chart.ensure_helm()
-    except (HelmError, subprocess.CalledProcessError) as e:
-        pytest.fail(f"cannot build helm: {e}", pytrace=False)
-    yield
+# helm is built once, at collection (conftest); a failed build fails these tests here.
+pytestmark = pytest.mark.usefixtures("helm_built")
 
 
 def by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,8 @@ from tools.helm import documents, template
 from tools.nats.cluster import build_nats
 from tools.nats.cluster import main as nats_main
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _helm_built() -> Iterator[None]:
-    try:
-        chart.ensure_helm()
-    except (chart.HelmError, subprocess.CalledProcessError) as e:
-        pytest.fail(f"cannot build helm: {e}", pytrace=False)
-    yield
+# helm is built once, at collection (conftest); a failed build fails these tests here.
+pytestmark = pytest.mark.usefixtures("helm_built")
 
 
 def _objs(values: list[str]) -> dict[tuple[str, str], dict[str, object]]:

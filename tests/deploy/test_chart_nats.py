@@ -7,7 +7,6 @@ renders; that rendering is the same users and permissions the test cluster runs 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,8 @@ from tools.helm import documents, template
 from tools.nats.cluster import main as nats_main
 from tools.nats.cluster import nats_permissions
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _helm_built() -> Iterator[None]:
-    try:
-        chart.ensure_helm()
-    except (chart.HelmError, subprocess.CalledProcessError) as e:
-        pytest.fail(f"cannot build helm: {e}", pytrace=False)
-    yield
+# helm is built once, at collection (conftest); a failed build fails these tests here.
+pytestmark = pytest.mark.usefixtures("helm_built")
 
 
 def kinds(values: list[str]) -> dict[tuple[str, str], dict[str, object]]:

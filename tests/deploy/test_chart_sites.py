@@ -11,8 +11,6 @@ tests/cluster/test_agent_sites.py.
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +29,8 @@ SITES = ["nats.mode=deploy", "nats.leaf.enabled=true",
          "nats.leaf.sites[1].labelValue=plant-7"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _helm_built() -> Iterator[None]:
-    try:
-        chart.ensure_helm()
-    except (chart.HelmError, subprocess.CalledProcessError) as e:
-        pytest.fail(f"cannot build helm: {e}", pytrace=False)
-    yield
+# helm is built once, at collection (conftest); a failed build fails these tests here.
+pytestmark = pytest.mark.usefixtures("helm_built")
 
 
 def daemonsets(values: list[str]) -> dict[str, dict[str, Any]]:

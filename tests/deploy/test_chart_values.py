@@ -9,26 +9,19 @@ comes with its check."""
 from __future__ import annotations
 
 import functools
-import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from tools import helm as chart
 from tools.helm import CHART, HelmError, documents, template
 
 Objs = dict[tuple[str, str], dict[str, Any]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _helm_built() -> Iterator[None]:
-    try:
-        chart.ensure_helm()
-    except (HelmError, subprocess.CalledProcessError) as e:
-        pytest.fail(f"cannot build helm: {e}", pytrace=False)
-    yield
+# helm is built once, at collection (conftest); a failed build fails these tests here.
+pytestmark = pytest.mark.usefixtures("helm_built")
 
 
 def render(values: list[str]) -> Objs:
