@@ -76,6 +76,27 @@ class RealCluster:
                              f"(last: {last!r})\n{self.node.logs()}")
 
 
+    def set_node_label(self, node: str, key: str, value: str | None) -> None:
+        """Set (or, with None, remove) one label of a Node: read-modify-write, retried on
+        a conflict (the kubelet or kwok writes the node's status meanwhile)."""
+        import urllib.error
+
+        for _ in range(5):
+            obj = self.cp.request("GET", f"/api/v1/nodes/{node}")
+            labels = obj["metadata"].setdefault("labels", {})
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+            try:
+                self.cp.request("PUT", f"/api/v1/nodes/{node}", obj)
+                return
+            except urllib.error.HTTPError as e:
+                if e.code != 409:
+                    raise
+        raise AssertionError(f"could not label {node} {key}={value}: conflicts")
+
+
 @pytest.fixture(scope="session")
 def cluster_binaries(request: pytest.FixtureRequest) -> None:
     """The test cluster's binaries, built at collection (for a test that starts a cluster in

@@ -76,20 +76,7 @@ def _target(pod: dict[str, Any]) -> str:
 
 
 def _set_label(rc: RealCluster, node: str, value: str | None) -> None:
-    for _ in range(5):  # read-modify-write; kwok writes the node's status meanwhile
-        obj = rc.cp.request("GET", f"/api/v1/nodes/{node}")
-        labels = obj["metadata"].setdefault("labels", {})
-        if value is None:
-            labels.pop(LABEL, None)
-        else:
-            labels[LABEL] = value
-        try:
-            rc.cp.request("PUT", f"/api/v1/nodes/{node}", obj)
-            return
-        except urllib.error.HTTPError as e:
-            if e.code != 409:
-                raise
-    raise AssertionError(f"could not relabel {node}: conflicts")
+    rc.set_node_label(node, LABEL, value)
 
 
 def test_each_node_runs_its_sites_agent_and_moves_with_its_label(

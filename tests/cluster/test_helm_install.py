@@ -315,6 +315,42 @@ def _secret(name: str, files: dict[str, Path]) -> dict[str, Any]:
             "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in files.items()}}
 
 
+def _cfnetctl_ebpf_pod(rc: RealCluster, ns: str, broker: list[str], until_s: int) -> None:
+    """Start pod ``cfnetctl`` (the core image, on the real node), as an operator in the
+    cluster runs it: ``cfnetctl <broker> ... -o json nodes`` every 2 s for up to ``until_s``,
+    exiting 0 once NODE's row says ``probe: ebpf``. Secret ``ops`` (password, ca.crt) in
+    ``ns`` holds the operator's credentials."""
+    ctl = [*broker, "--broker-port", "8883", "--user", "ops", "--password-file", "/ops/password",
+           "--ca-file", "/ops/ca.crt", "--timeout", "10", "-o", "json", "nodes"]
+    script = (
+        "import json, subprocess, sys, time\n"
+        f"end = time.monotonic() + {until_s}\n"
+        "while time.monotonic() < end:\n"
+        f"    r = subprocess.run(['cfnetctl', *{ctl!r}], capture_output=True, text=True)\n"
+        "    print(r.stdout.strip() or r.stderr.strip()[-500:], flush=True)\n"
+        f"    if r.returncode == 0 and any(n.get('node') == {NODE!r} and "
+        "n.get('probe') == 'ebpf' for n in json.loads(r.stdout)):\n"
+        "        sys.exit(0)\n"
+        "    time.sleep(2)\n"
+        "sys.exit(1)\n")
+    rc.cp.request("POST", f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cfnetctl"},
+        "spec": {"restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": NODE},
+                 "automountServiceAccountToken": False,
+                 "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                 "containers": [{"name": "ctl", "image": IMAGES["core"],
+                                 "imagePullPolicy": "Never", "command": ["python3", "-c",
+                                                                         script],
+                                 "volumeMounts": [{"name": "ops", "mountPath": "/ops"}]}],
+                 "volumes": [{"name": "ops", "secret": {"secretName": "ops"}}]}})
+
+
+def _pod_finished(rc: RealCluster, ns: str, name: str) -> str:
+    """The pod's phase once it is Succeeded or Failed, else ''."""
+    phase = _get(rc, f"/api/v1/namespaces/{ns}/pods/{name}")["status"].get("phase")
+    return str(phase) if phase in ("Succeeded", "Failed") else ""
+
+
 @pytest.fixture(scope="module")
 def release(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Release]:
@@ -395,37 +431,9 @@ def test_agent_reports_ebpf_through_the_broker(release: Release) -> None:
     rc.cp.request("POST", f"/api/v1/namespaces/{ns}/secrets", _secret("ops", {
         "password": release.pki / "clients" / "ops" / "password",
         "ca.crt": release.pki / "ca.crt"}))
-    # Ask every 2 s for up to 90 s; succeed when the node's row says ebpf.
-    script = (
-        "import json, subprocess, sys, time\n"
-        "end = time.monotonic() + 90\n"
-        "while time.monotonic() < end:\n"
-        f"    r = subprocess.run(['cfnetctl', '--broker-host', 'mosquitto.{NS}.svc', "
-        "'--broker-port', '8883', '--user', 'ops', '--password-file', '/ops/password', "
-        "'--ca-file', '/ops/ca.crt', '--timeout', '10', '-o', 'json', 'nodes'], "
-        "capture_output=True, text=True)\n"
-        "    print(r.stdout.strip() or r.stderr.strip()[-500:], flush=True)\n"
-        f"    if r.returncode == 0 and any(n.get('node') == {NODE!r} and "
-        "n.get('probe') == 'ebpf' for n in json.loads(r.stdout)):\n"
-        "        sys.exit(0)\n"
-        "    time.sleep(2)\n"
-        "sys.exit(1)\n")
-    rc.cp.request("POST", f"/api/v1/namespaces/{ns}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cfnetctl"},
-        "spec": {"restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": NODE},
-                 "automountServiceAccountToken": False,
-                 "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-                 "containers": [{"name": "ctl", "image": IMAGES["core"],
-                                 "imagePullPolicy": "Never", "command": ["python3", "-c",
-                                                                         script],
-                                 "volumeMounts": [{"name": "ops", "mountPath": "/ops"}]}],
-                 "volumes": [{"name": "ops", "secret": {"secretName": "ops"}}]}})
-
-    def done() -> str:
-        phase = _get(rc, f"/api/v1/namespaces/{ns}/pods/cfnetctl")["status"].get("phase")
-        return str(phase) if phase in ("Succeeded", "Failed") else ""
-
-    phase = release.wait(done, 150, "cfnetctl's pod to finish", ns=ns)
+    _cfnetctl_ebpf_pod(rc, ns, ["--broker-host", f"mosquitto.{NS}.svc"], until_s=90)
+    phase = release.wait(lambda: _pod_finished(rc, ns, "cfnetctl"), 150,
+                         "cfnetctl's pod to finish", ns=ns)
     log = rc.node.pod_log(ns, "cfnetctl", "ctl")
     agent = _pods(rc, NS, "app.kubernetes.io/name=cfnet-agent")[0]["metadata"]["name"]
     assert phase == "Succeeded", (

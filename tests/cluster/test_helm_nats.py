@@ -36,8 +36,10 @@ from tests.cluster.test_helm_install import (
     IMAGES,
     IMPORTED,
     Release,
+    _cfnetctl_ebpf_pod,
     _get,
     _helm,
+    _pod_finished,
     _pods,
     _ready,
     _secret,
@@ -97,20 +99,7 @@ def _build_and_import(rc: RealCluster) -> dict[str, float]:
 
 def _set_site(rc: RealCluster, value: str | None) -> None:
     """The real node in site ``value`` (None: in none), by the chart's site label."""
-    for _ in range(5):  # read-modify-write; the kubelet writes the node's status meanwhile
-        obj = rc.cp.request("GET", f"/api/v1/nodes/{NODE}")
-        labels = obj["metadata"].setdefault("labels", {})
-        if value is None:
-            labels.pop(SITE_LABEL, None)
-        else:
-            labels[SITE_LABEL] = value
-        try:
-            rc.cp.request("PUT", f"/api/v1/nodes/{NODE}", obj)
-            return
-        except urllib.error.HTTPError as e:
-            if e.code != 409:
-                raise
-    raise AssertionError(f"could not label {NODE}: conflicts")
+    rc.set_node_label(NODE, SITE_LABEL, value)
 
 
 def _local_pv(rc: RealCluster) -> dict[str, Any]:
@@ -260,36 +249,10 @@ def test_the_sites_agent_reports_through_the_leaf(bus: Release) -> None:
     bus.wait(on_leaf, 90, f"the agent of {NODE} as an MQTT client of the site's leaf", ns=NS)
     rc.cp.request("POST", f"/api/v1/namespaces/{NS}/secrets", _secret("ops", {
         "password": bus.pki / "clients" / "ops" / "password", "ca.crt": bus.pki / "ca.crt"}))
-    script = (
-        "import json, subprocess, sys, time\n"
-        "end = time.monotonic() + 120\n"
-        "while time.monotonic() < end:\n"
-        f"    r = subprocess.run(['cfnetctl', '--bus', 'nats', '--broker-host', "
-        f"'nats.{NS}.svc', '--broker-port', '8883', '--user', 'ops', '--password-file', "
-        "'/ops/password', '--ca-file', '/ops/ca.crt', '--timeout', '10', '-o', 'json', "
-        "'nodes'], capture_output=True, text=True)\n"
-        "    print(r.stdout.strip() or r.stderr.strip()[-500:], flush=True)\n"
-        f"    if r.returncode == 0 and any(n.get('node') == {NODE!r} and "
-        "n.get('probe') == 'ebpf' for n in json.loads(r.stdout)):\n"
-        "        sys.exit(0)\n"
-        "    time.sleep(2)\n"
-        "sys.exit(1)\n")
-    rc.cp.request("POST", f"/api/v1/namespaces/{NS}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cfnetctl"},
-        "spec": {"restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": NODE},
-                 "automountServiceAccountToken": False,
-                 "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-                 "containers": [{"name": "ctl", "image": IMAGES["core"],
-                                 "imagePullPolicy": "Never",
-                                 "command": ["python3", "-c", script],
-                                 "volumeMounts": [{"name": "ops", "mountPath": "/ops"}]}],
-                 "volumes": [{"name": "ops", "secret": {"secretName": "ops"}}]}})
-
-    def done() -> str:
-        phase = _get(rc, f"/api/v1/namespaces/{NS}/pods/cfnetctl")["status"].get("phase")
-        return str(phase) if phase in ("Succeeded", "Failed") else ""
-
-    phase = bus.wait(done, 180, "cfnetctl's pod to finish", ns=NS)
+    _cfnetctl_ebpf_pod(rc, NS, ["--bus", "nats", "--broker-host", f"nats.{NS}.svc"],
+                       until_s=120)
+    phase = bus.wait(lambda: _pod_finished(rc, NS, "cfnetctl"), 180, "cfnetctl's pod to finish",
+                     ns=NS)
     agent = _pods(rc, NS, f"app.kubernetes.io/name=cfnet-agent-{SITE.lower()}")[0]
     core = _pods(rc, NS, "app.kubernetes.io/name=cfnet-core")[0]
     assert phase == "Succeeded", (
