@@ -130,10 +130,23 @@ arm_python() {
   "$py" -c "import tomllib, sys; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + p.get('optional-dependencies', {}).get(sys.argv[1], [])))" \
     "$flavour" > "$ctx/req.txt"
+  # Pure-Python requirements published as sdists only (nkeys) have no wheel for --only-binary
+  # to find: build theirs here (py3-none-any, the same on every architecture) and offer it.
+  local pure="$ctx/pure-wheels" name
+  rm -rf "$pure"; mkdir -p "$pure"
+  for name in nkeys; do
+    grep -q "^$name" "$ctx/req.txt" || continue
+    "$py" -m pip wheel -q --disable-pip-version-check "${pip_ca[@]}" --no-deps -w "$pure" \
+      "$(grep "^$name" "$ctx/req.txt")" >&2
+  done
+  if ls "$pure"/*.whl >/dev/null 2>&1 && ls "$pure"/*.whl | grep -qv -- '-py3-none-any.whl$'; then
+    log "not pure Python: $(ls "$pure")"; exit 2
+  fi
   "$py" -m pip install -q --disable-pip-version-check "${pip_ca[@]}" --no-compile \
     --target "$sp" --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
     --platform manylinux_2_28_aarch64 --implementation cp --python-version 3.11 --abi cp311 \
-    --only-binary=:all: -r "$ctx/req.txt" >&2
+    --only-binary=:all: --find-links "$pure" -r "$ctx/req.txt" >&2
+  rm -rf "$pure"
   rm -rf "$sp"/bin "$sp"/pandas/tests "$sp"/numpy/*/tests "$sp"/numpy/tests "$sp"/kubernetes/aio \
          "$sp"/kubernetes/test "$sp"/kubernetes/e2e_test
   find "$v" -name __pycache__ -prune -exec rm -rf {} +
