@@ -175,14 +175,15 @@ def podman_id(name: str) -> str:
                           capture_output=True, text=True, timeout=60).stdout.strip()
 
 
-def import_images(rc: RealCluster) -> float:
-    """podman save -> ctr import, the three images side by side. docker-archive: its layers
-    uncompressed (oci-archive gzips them: 27 s instead of 9 s for the core here)."""
+def import_images(rc: RealCluster, names: list[str] | None = None) -> float:
+    """podman save -> ctr import, side by side: ``names`` (default: the three of IMAGES),
+    skipping those this session's node already has from the same build. docker-archive: its
+    layers uncompressed (oci-archive gzips them: 27 s instead of 9 s for the core here)."""
     t0 = time.monotonic()
-    ids = {name: podman_id(name) for name in IMAGES.values()}
+    ids = {name: podman_id(name) for name in (names or list(IMAGES.values()))}
     procs = []
-    for target, name in IMAGES.items():
-        archive = rc.node.dir / f"image-{target}.tar"
+    for name in [n for n, i in ids.items() if IMPORTED.get(n) != i]:
+        archive = rc.node.dir / f"image-{name.rsplit('/', 1)[-1].replace(':', '-')}.tar"
         script = (f"podman save --format docker-archive -o {archive} {name} && "
                   f"{' '.join(rc.node._ctr('images', 'import', str(archive)))}; "
                   f"rc=$?; rm -f {archive}; exit $rc")
@@ -297,10 +298,12 @@ class Release:
         return holder, pods
 
 
-def _local_pv(rc: RealCluster) -> dict[str, Any]:
-    path = rc.node.dir / "pv-mosquitto"
+def _local_pv(rc: RealCluster, name: str = PV_NAME, dirname: str = "pv-mosquitto"
+              ) -> dict[str, Any]:
+    """A 1 Gi local PersistentVolume ``name`` on the real node, in ``dirname`` of its dir."""
+    path = rc.node.dir / dirname
     path.mkdir(mode=0o755, exist_ok=True)
-    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV_NAME},
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
                      "persistentVolumeReclaimPolicy": "Retain",
                      "local": {"path": str(path)},

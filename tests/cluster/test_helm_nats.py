@@ -34,17 +34,17 @@ import pytest
 from tests.cluster.conftest import RealCluster
 from tests.cluster.test_helm_install import (
     IMAGES,
-    IMPORTED,
     Release,
     _cfnetctl_ebpf_pod,
     _get,
     _helm,
+    _local_pv,
     _pod_finished,
     _pods,
     _ready,
     _secret,
     ensure_images,
-    podman_id,
+    import_images,
 )
 from tools import helm as chart
 
@@ -71,47 +71,14 @@ def _build_and_import(rc: RealCluster) -> dict[str, float]:
     print(r.stderr, file=sys.__stderr__, flush=True)
     assert r.returncode == 0, f"tools/images.sh build nats failed:\n{r.stderr[-3000:]}"
     took["build nats"] = time.monotonic() - t0
-    t0 = time.monotonic()
-    procs = []
-    ids = {name: podman_id(name) for name in (IMAGE, IMAGES["core"], IMAGES["agent"])}
     # test_helm_install.py's module (before this one) imported the core and agent already.
-    for name in [n for n, i in ids.items() if IMPORTED.get(n) != i]:
-        archive = rc.node.dir / f"image-{name.rsplit('/', 1)[1].replace(':', '-')}.tar"
-        script = (f"podman save --format docker-archive -o {archive} {name} && "
-                  f"{' '.join(rc.node._ctr('images', 'import', str(archive)))}; "
-                  f"rc=$?; rm -f {archive}; exit $rc")
-        procs.append((name, subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True)))
-    failed = []
-    for name, p in procs:  # each waited for (bounded) before a failure is raised
-        try:
-            out, _ = p.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out = p.communicate()[0] + "\n(killed after 600 s)"
-        if p.returncode != 0:
-            failed.append(f"importing {name} into the node's containerd failed:\n{out}")
-    assert not failed, "\n".join(failed)
-    IMPORTED.update(ids)
-    took["image import"] = time.monotonic() - t0
+    took["image import"] = import_images(rc, [IMAGE, IMAGES["core"], IMAGES["agent"]])
     return took
 
 
 def _set_site(rc: RealCluster, value: str | None) -> None:
     """The real node in site ``value`` (None: in none), by the chart's site label."""
     rc.set_node_label(NODE, SITE_LABEL, value)
-
-
-def _local_pv(rc: RealCluster) -> dict[str, Any]:
-    path = rc.node.dir / "pv-nats"
-    path.mkdir(mode=0o755, exist_ok=True)
-    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV_NAME},
-            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                     "persistentVolumeReclaimPolicy": "Retain",
-                     "local": {"path": str(path)},
-                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                         {"key": "kubernetes.io/hostname", "operator": "In",
-                          "values": [NODE]}]}]}}}}
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +135,7 @@ def bus(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
     try:
         # The node is in the site before the agents exist: its agent is the site's.
         _set_site(rc, SITE)
-        rc.cp.request("POST", "/api/v1/persistentvolumes", _local_pv(rc))
+        rc.cp.request("POST", "/api/v1/persistentvolumes", _local_pv(rc, PV_NAME, "pv-nats"))
         rc.cp.ensure_namespace(NS)
         for name, fs in (("nats-tls", {"tls.crt": store.broker_cert, "tls.key": store.broker_key,
                                        "ca.crt": store.ca_file}),
