@@ -144,6 +144,12 @@ def account_public(seed: str) -> str:
 
 
 # ------------------------------------------------------------------ the policy
+def _dict(value: Any) -> dict[str, Any]:
+    """A claim that should be an object, or an empty one: a signed request is still read
+    as hostile (a wrong type is a refusal for want of the field, never an exception)."""
+    return value if isinstance(value, dict) else {}
+
+
 @dataclass(frozen=True)
 class Account:
     """One account as the callout admits it (an entry of the rendered accounts file)."""
@@ -214,9 +220,9 @@ class CalloutService:
 
     def decide(self, request: dict[str, Any]) -> tuple[Account | None, str]:
         """The account a decoded request authenticates as, or None and the reason."""
-        nats_claims = request.get("nats") or {}
-        opts = nats_claims.get("connect_opts") or {}
-        info = nats_claims.get("client_info") or {}
+        nats_claims = _dict(request.get("nats"))
+        opts = _dict(nats_claims.get("connect_opts"))
+        info = _dict(nats_claims.get("client_info"))
         user, password = opts.get("user"), opts.get("pass")
         mqtt_id = info.get("mqtt_id") or ""
         if not isinstance(user, str) or not isinstance(password, str) or not user:
@@ -246,16 +252,19 @@ class CalloutService:
         try:
             req = decode_jwt(data.decode("ascii"))
             nc = req["nats"]
+            if not isinstance(nc, dict):
+                raise TypeError("nats claims are not an object")
             user_nkey, server_id = str(nc["user_nkey"]), str(nc["server_id"]["id"])
             if nc.get("type") != "authorization_request":
                 raise ValueError(f"a {nc.get('type')!r} claim")
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, binascii.Error) as exc:
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, binascii.Error,
+                RecursionError) as exc:  # RecursionError: JSON nested past the parser's depth
             self._refuse("undecodable request", repr(exc)[:200])
             return None
         account, reason = self.decide(req)
         base = {"sub": user_nkey, "aud": server_id}
         if account is None:
-            who = str((nc.get("connect_opts") or {}).get("user", ""))[:MAX_FIELD]
+            who = str(_dict(nc.get("connect_opts")).get("user", ""))[:MAX_FIELD]
             self._refuse(reason, who)
             body = {**base, "nats": {"error": reason, "type": "authorization_response",
                                      "version": 2}}

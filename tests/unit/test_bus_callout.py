@@ -100,6 +100,34 @@ def test_hostile_requests_are_refused_unread_and_counted(svc: bc.CalloutService)
     assert answer(svc, request("b", "p" * (bc.MAX_FIELD + 1), "b"))["error"] == "field too long"
 
 
+def test_fuzzed_requests_never_raise_and_every_refusal_is_counted(
+        svc: bc.CalloutService) -> None:
+    """Byte mutations of a real request, JSON nested past the parser's depth, and correctly
+    signed claims of the wrong shape: each is answered or dropped, never an exception."""
+    import random
+
+    rng = random.Random(7)
+    good = request("b", pw(svc, "b"), "b")
+    head = bc._b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
+    deep = bc._b64(b"[" * 100_000 + b"]" * 100_000)
+    cases = [f"{head}.{deep}.AAAA".encode(), f"{deep}.{deep}.{deep}".encode()[:60_000]]
+    for _ in range(400):
+        b = bytearray(good)
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        cases.append(bytes(b))
+    for shape in ([], "x", 3, {"type": "authorization_request", "user_nkey": "U",
+                               "server_id": {"id": "N"}, "connect_opts": [],
+                               "client_info": "mqtt"}):
+        claims = {"sub": "A", "aud": "x", "nats": shape}
+        cases.append(bc.encode_jwt(SERVER, claims).encode())
+    before = sum(svc.refusals.values()) + svc.accepted
+    for data in cases:
+        svc.respond(data)  # must not raise
+    assert sum(svc.refusals.values()) + svc.accepted == before + len(cases)
+    assert svc.refusals["undecodable request"] >= 2  # the deep ones at least
+
+
 def test_the_accounts_file_is_reread_when_it_changes(svc: bc.CalloutService,
                                                      tmp_path: Path) -> None:
     store: CertStore = svc.store  # type: ignore[attr-defined]
