@@ -391,11 +391,7 @@ class DecisionLoop:
         """For a caller that knows a backlog is still being taken without observing: defer a
         due re-plan as :meth:`replan` would (True), unless it may not wait (a health change,
         or overdue by ``REPLAN_BACKLOG_DEFER_S``: False, step now)."""
-        if self._health_changed or (self._clock() - self._last_replan
-                                    >= self.replan_every() + self.REPLAN_BACKLOG_DEFER_S):
-            return False
-        self._deferred_at = self._clock()
-        return True
+        return self._defer()
 
     def replan_due(self) -> bool:
         return (self._clock() - self._last_replan >= self.replan_every()
@@ -406,14 +402,20 @@ class DecisionLoop:
     # neither is a re-plan once it is this long overdue (a backlog that never ends).
     REPLAN_BACKLOG_DEFER_S = 30.0
 
+    def _defer(self) -> bool:
+        """Defer a due re-plan for a backlog (noted for :meth:`replan_in`), unless it may not
+        wait: a health change, or overdue by ``REPLAN_BACKLOG_DEFER_S``."""
+        if self._health_changed or (self._clock() - self._last_replan
+                                    >= self.replan_every() + self.REPLAN_BACKLOG_DEFER_S):
+            return False
+        self._deferred_at = self._clock()
+        return True
+
     def replan(self, obs: Observation, outcome: PlaceOutcome, *, force: bool = False) -> int:
         """Re-plan running workloads (SLA strikes, forecasts, cool-down) and act on moves."""
         if not (self.replan_due() or force):
             return 0
-        if (obs.backlog and not force and not self._health_changed
-                and self._clock() - self._last_replan
-                < self.replan_every() + self.REPLAN_BACKLOG_DEFER_S):
-            self._deferred_at = self._clock()
+        if obs.backlog and not force and self._defer():
             return 0
         self._last_replan, self._health_changed = self._clock(), False
         self._deferred_at = None
