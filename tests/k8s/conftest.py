@@ -211,8 +211,8 @@ class Cluster:
         self.c.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                              "metadata": {"name": self.namespace}})
         # The ServiceAccount admission plugin refuses pods until kube-controller-manager has
-        # made the namespace's "default" account. Right after a test restarted the API server
-        # the controllers' watches may still be backing off (client-go: up to 30 s).
+        # made the namespace's "default" account (ControlPlane.start_apiserver restarts the
+        # controller manager with the API server, so this is its normal reaction time).
         wait_for(lambda: self.c.get(f"/api/v1/namespaces/{self.namespace}/serviceaccounts/"
                                     "default"), timeout=120, every=0.2,
                  what="default ServiceAccount")

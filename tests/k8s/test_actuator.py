@@ -47,6 +47,17 @@ def bound(cluster: Cluster) -> dict[str, str]:
             if p["spec"].get("nodeName")}
 
 
+def events_at_least(cluster: Cluster, reason: str, n: int) -> list[dict[str, Any]]:
+    """The namespace's ``reason`` events once there are at least ``n``: cfnet writes its
+    events after the bindings, off the binding path, so they may trail the pods' state."""
+    def enough() -> list[dict[str, Any]] | None:
+        evs = cluster.events(reason)
+        return evs if len(evs) >= n else None
+    got: list[dict[str, Any]] = wait_for(enough, what=f"{n} {reason} events",
+                                         explain=cluster.describe)
+    return got
+
+
 def topology(cluster: Cluster) -> None:
     """50 nodes: 20 KubeEdge (2 NodeGroups), 25 OpenYurt (5 NodePools), 5 cloud."""
     for i in range(10):
@@ -110,7 +121,8 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
     assert all(not b[f"eu-{i}"].startswith(("ke-b", "cloud")) for i in range(60))
     assert all(not b[f"eu-{i}"].startswith("ke-") for i in range(60))  # no edge toleration
     # One Scheduled event per pod (no pod bound twice), FailedScheduling with the reason.
-    sched = collections.Counter(e["involvedObject"]["name"] for e in cluster.events("Scheduled"))
+    sched = collections.Counter(e["involvedObject"]["name"]
+                                for e in events_at_least(cluster, "Scheduled", len(b)))
     assert set(sched) == set(b) and max(sched.values()) == 1
     failed = {e["involvedObject"]["name"]: e["message"] for e in cluster.events("FailedScheduling")}
     assert set(failed) == set(unplaceable)
@@ -270,7 +282,8 @@ def test_a_move_a_dead_leader_left_unfinished_is_finished(cluster: Cluster,
             "cfnet.io/planned-node": target, "cfnet.io/planned-from": f"uid-{target}"})
     wait_for(lambda: len(bound(cluster)) == 2, what="both copies bound")
     assert bound(cluster) == {"copy-pl-1": "pl-1", "copy-pl-3": "pl-3"}
-    msgs = [e["message"] for e in cluster.events("Scheduled")]
+    # the Scheduled events are written after the bindings, off the binding path
+    msgs = [e["message"] for e in events_at_least(cluster, "Scheduled", 2)]
     assert len(msgs) == 2 and all("where the move planned" in m for m in msgs), msgs
 
 

@@ -300,9 +300,26 @@ class ControlPlane:
             self.api_proc = None
 
     def start_apiserver(self) -> None:
-        """Start kube-apiserver again (same port, same etcd) after ``stop_apiserver``."""
-        if self.api_proc is None:
-            self._start_apiserver()
+        """Start kube-apiserver again (same port, same etcd) after ``stop_apiserver``.
+
+        kube-controller-manager (and kube-scheduler) start again with it, from a full list.
+        While the API server was away their informers' watches backed off (client-go: up to
+        30 s); a pod a controller created and someone deleted inside that window is never seen
+        by its informer, and the ReplicaSet controller then waits out its creation
+        expectation (5 minutes) before it makes a replacement. A restarted controller manager
+        lists first, so the tests after a restart do not depend on that backoff.
+        """
+        if self.api_proc is not None:
+            return
+        self._start_apiserver()
+        if self.kcm_proc is not None:
+            _terminate(self.kcm_proc)
+            self.kcm_proc = None
+            self._start_controller_manager()
+        if self.sched_proc is not None:
+            _terminate(self.sched_proc)
+            self.sched_proc = None
+            self._start_scheduler()
 
     def restart(self, down_s: float = 0.0) -> None:
         """Stop kube-apiserver, stay down ``down_s`` seconds, start it on the same port."""
@@ -390,7 +407,7 @@ class ControlPlane:
         log.close()
         # Ready when the controllers have made the "default" ServiceAccount (the admission
         # plugin refuses pods without it) in a namespace created now.
-        probe = f"envtest-ready-{os.getpid()}"
+        probe = f"envtest-ready-{os.getpid()}-{int(time.monotonic() * 1000)}"  # per start
         self.ensure_namespace(probe)
 
         def sa_ready() -> bool:
