@@ -11,7 +11,8 @@ them there (a subprocess, so this process's imports do not count):
   with the openssl command), and
   not ``urllib.request``/``email``/``http.client`` (paho-mqtt's proxy lookup, see
   :mod:`edge_agent.lightimport`), nor ``shutil`` with ``bz2`` and ``lzma`` (argparse's
-  help width, which the agent's parser is given);
+  help width, which the agent's parser is given), nor ``typing_extensions`` (msgspec's,
+  when installed: this virtualenv has it for mypy and pydantic);
 - each of those still loads where it is used: a YAML config file brings PyYAML, the
   metrics module brings prometheus_client, ``import urllib.request`` after paho is the
   real module.
@@ -44,6 +45,8 @@ FORBIDDEN = {
     "shutil": "argparse's help width (edge_agent.config's formatter is given it)",
     "bz2": "shutil",
     "lzma": "shutil",
+    "typing_extensions": "msgspec's support for its types, when installed (see "
+                         "edge_agent.lightimport; the agent's types use typing)",
 }
 RUN_PATH = """
 import json, sys
@@ -141,3 +144,24 @@ def test_help_is_still_wrapped_to_the_terminal_width() -> None:
     assert len(narrow) > len(wide), (len(narrow), len(wide))
     assert max(len(line) for line in wide) > 100, max(wide, key=len)
     assert sum(len(line) > 60 for line in narrow) <= 2, [x for x in narrow if len(x) > 60]
+
+
+def test_typing_extensions_after_the_config_is_the_real_module() -> None:
+    # msgspec was imported without it (edge_agent.lightimport); a later import gets the
+    # real module, and msgspec still converts the agent's configuration.
+    code = ("import json, sys\nfrom edge_agent.config import load_config\n"
+            "assert 'typing_extensions' not in sys.modules\n"
+            "import typing_extensions\n"
+            "assert callable(typing_extensions.get_type_hints), typing_extensions\n"
+            "cfg = load_config(['--node', 'imp-3', '--interval-s', '2'])\n"
+            "assert cfg.interval_s == 2.0, cfg\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "typing_extensions" in _modules(code)
+
+
+def test_with_typing_extensions_imported_first_msgspec_is_imported_as_is() -> None:
+    code = ("import json, sys, typing_extensions\nimport edge_agent.config\n"
+            "import msgspec._utils as u\n"
+            "assert u._get_type_hints is typing_extensions.get_type_hints\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "msgspec" in _modules(code)
