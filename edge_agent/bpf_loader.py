@@ -23,7 +23,6 @@ Parameters reach the C code as ``-D`` flags only; the C source is never template
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -503,6 +502,8 @@ def _serve(sock: socket.socket, req: LoadRequest) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import argparse  # the loader process's only: the agent's CO-RE path does without
+
     p = argparse.ArgumentParser(prog="python -m edge_agent.bpf_loader",
                                 description="cfnet's one-shot BPF loader (started by the agent)")
     p.add_argument("--fd", type=int, required=True, help="Unix socket to hand descriptors to")

@@ -44,6 +44,19 @@ def start_loader_early(cfg: AgentConfig) -> Pending | None:
     return pending
 
 
+def read_config(argv: list[str] | None) -> AgentConfig:
+    """The configuration (:func:`edge_agent.config.load_config`); then what only parsing
+    the command line needed (argparse) is dropped before the heavy imports, which reuse its
+    memory (issue 27, :func:`edge_agent.lightimport.forget`)."""
+    from edge_agent.config import PARSE_ONLY_MODULES
+    from edge_agent.lightimport import forget
+
+    try:
+        return load_config(argv)
+    finally:
+        forget(PARSE_ONLY_MODULES)
+
+
 def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
     from edge_agent.mqtt import MqttSettings, protocol_for_bus
 
@@ -181,7 +194,7 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     configure_logging("text")
     try:
-        cfg = load_config(argv)
+        cfg = read_config(argv)
     except AgentError as exc:
         print(f"cfnet-agent: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,8 @@ them there (a subprocess, so this process's imports do not count):
   :mod:`edge_agent.lightimport`), nor ``shutil`` with ``bz2`` and ``lzma`` (argparse's
   help width, which the agent's parser is given), nor ``typing_extensions`` (msgspec's,
   when installed: this virtualenv has it for mypy and pydantic);
+- argparse (with gettext) parses the command line and is then dropped and freed
+  (``edge_agent.main.read_config``), before the heavy imports;
 - each of those still loads where it is used: a YAML config file brings PyYAML, the
   metrics module brings prometheus_client, ``import urllib.request`` after paho is the
   real module.
@@ -165,3 +167,31 @@ def test_with_typing_extensions_imported_first_msgspec_is_imported_as_is() -> No
             "assert u._get_type_hints is typing_extensions.get_type_hints\n"
             "print(json.dumps(sorted(sys.modules)))")
     assert "msgspec" in _modules(code)
+
+
+def test_argparse_is_freed_once_the_configuration_is_read() -> None:
+    # Nothing else holds argparse or gettext: dropped from sys.modules, they are freed (a
+    # module left alive by some reference would be imported a second time by the next user).
+    code = ("import json, sys, weakref\n"
+            "from edge_agent.config import PARSE_ONLY_MODULES, load_config\n"
+            "import edge_agent.config as config\n"
+            "seen = {}\n"
+            "real = config.load_config\n"
+            "def spy(argv):\n"
+            "    cfg = real(argv)\n"
+            "    seen.update({n: weakref.ref(sys.modules[n]) for n in PARSE_ONLY_MODULES})\n"
+            "    return cfg\n"
+            "import edge_agent.main as main\n"
+            "main.load_config = spy\n"
+            "cfg = main.read_config(['--node', 'imp-4', '--ebpf'])\n"
+            "assert cfg.node == 'imp-4', cfg\n"
+            "assert sorted(seen) == ['argparse', 'gettext'], seen\n"
+            "alive = [n for n, r in seen.items() if r() is not None]\n"
+            "assert not alive, f'still referenced after forget: {alive}'\n"
+            "from edge_agent.probes import ebpf\n"  # the agent's next imports: none brings it
+            "import edge_agent.agent, edge_agent.buffer, edge_agent.host, edge_agent.active\n"
+            "assert 'argparse' not in sys.modules\n"
+            "import argparse\n"  # a later user gets it again
+            "assert callable(argparse.ArgumentParser)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "argparse" in _modules(code)
