@@ -5,6 +5,9 @@
 - It loads in the agent's process, relocated against this kernel's BTF, with the
   parameters set in .rodata; it counts loopback traffic with the kernel's own counters;
   closing it detaches the programs.
+- The early load (cfnet-agent starts it in a thread right after its configuration): the
+  probe claims it once; one it does not claim (other parameters, eBPF off) is detached;
+  libbpf's reason for a failure reaches the probe's fallback.
 - The choice between CO-RE and BCC, and its reason: a missing BTF (the CFNET_BTF_PATH
   test seam) sends the probe to BCC, which says why; forcing CO-RE there fails over to
   sock_diag with the reason.
