@@ -89,10 +89,22 @@ def msgspec_imports() -> Iterator[None]:
 
 
 def forget(names: tuple[str, ...]) -> list[str]:
-    """Drop the modules ``names`` from ``sys.modules`` and free them (a full collection:
-    a module's functions and its dictionary refer to each other). Returns those dropped.
-    Only for modules that nothing else holds (see the module docstring)."""
-    dropped = [n for n in names if sys.modules.pop(n, None) is not None]
+    """Drop the modules ``names`` from ``sys.modules``, in order, and free them (a full
+    collection: a module's functions and its dictionary refer to each other). Returns
+    those dropped. A module something else holds (another module imported it: say the
+    agent's ``main`` called inside a process that uses argparse itself) is kept, and so
+    are the ones after it, which it may hold: dropped, it would stay alive and the next
+    import would make a second copy."""
+    dropped: list[str] = []
+    for name in names:
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        if sys.getrefcount(mod) > 3:  # sys.modules, ``mod`` and getrefcount's argument
+            break
+        del sys.modules[name]
+        dropped.append(name)
+    mod = None
     if dropped:
         gc.collect()
     return dropped

@@ -195,3 +195,15 @@ def test_argparse_is_freed_once_the_configuration_is_read() -> None:
             "assert callable(argparse.ArgumentParser)\n"
             "print(json.dumps(sorted(sys.modules)))")
     assert "argparse" in _modules(code)
+
+
+def test_a_module_something_else_holds_is_not_forgotten() -> None:
+    # In a process that uses argparse itself, dropping it would leave it alive and make
+    # the next import a second copy: forget keeps it, and gettext after it.
+    code = ("import json, sys, argparse\n"
+            "import edge_agent.main as main\n"
+            "cfg = main.read_config(['--node', 'imp-5'])\n"
+            "assert sys.modules['argparse'] is argparse\n"
+            "assert 'gettext' in sys.modules\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "argparse" in _modules(code)
