@@ -23,7 +23,6 @@ Parameters reach the C code as ``-D`` flags only; the C source is never template
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -31,6 +30,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,6 +234,8 @@ class PendingLoad:
     they need.
     """
 
+    loader = "bcc"
+
     def __init__(self, req: LoadRequest) -> None:
         self.request = req
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -328,6 +330,76 @@ class PendingLoad:
             proc.wait(timeout=5)
 
 
+class PendingCore:
+    """A CO-RE load running in a thread of this process, started early (agent side).
+
+    The CO-RE counterpart of :class:`PendingLoad`, with the same use: the agent starts it
+    right after reading its configuration and the probe claims it with :meth:`result`.
+    libbpf's work (parsing the kernel's BTF, relocating) and the kernel's (verifying,
+    attaching) run in C with the GIL released (ctypes releases it around each call), so
+    they overlap the agent's own imports, buffer and broker connect instead of following
+    them: about a third of the CPU before the first report (issue 27).
+    """
+
+    loader = "core"
+
+    def __init__(self, req: LoadRequest, reason: str) -> None:
+        self.request = req
+        self._reason = reason
+        self._hand: Handoff | None = None
+        self._error: BaseException | None = None
+        self._claimed = False
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._load, name="cfnet-bpf-load", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            self._hand = load_core(self.request, self._reason)
+        except BaseException as exc:  # handed to whoever claims it, raised there
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self, timeout_s: float = LOADER_TIMEOUT_S) -> Handoff:
+        """Wait for the load and take its descriptors (once); raises its ProbeError."""
+        with self._lock:
+            if self._claimed:
+                raise ProbeError("CO-RE load already claimed or cancelled")
+            self._claimed = True
+        if not self._done.wait(timeout_s):
+            # libbpf cannot be interrupted: the thread goes on, and what it attaches
+            # stays until this process exits.
+            raise ProbeError(f"CO-RE load did not finish in {timeout_s:.0f} s")
+        if self._error is not None:
+            if isinstance(self._error, ProbeError):
+                raise ProbeError(str(self._error)) from self._error
+            raise ProbeError(f"CO-RE load failed: {self._error!r}") from self._error
+        hand, self._hand = self._hand, None
+        assert hand is not None  # set when no error
+        return hand
+
+    def cancel(self) -> None:
+        """Not needed after all: wait for the load (tens of milliseconds; libbpf cannot be
+        stopped halfway) and detach and free what it attached. A no-op once claimed."""
+        with self._lock:
+            if self._claimed:
+                return
+            self._claimed = True
+        if self._done.wait(LOADER_TIMEOUT_S):
+            hand, self._hand = self._hand, None
+            if hand is not None:
+                hand.close()
+        else:
+            log.warning("CO-RE load still running after %.0f s; its attachments stay until "
+                        "the agent exits", LOADER_TIMEOUT_S)
+
+
+Pending = PendingLoad | PendingCore
+"""A load started early, of either loader: the probe claims it (``result``) or drops it."""
+
+
 def choose() -> tuple[str, str]:
     """("core" or "bcc", why): CO-RE where it can work, BCC otherwise (or as forced).
 
@@ -383,6 +455,11 @@ def start_loader(req: LoadRequest) -> PendingLoad:
     return PendingLoad(req)
 
 
+def start_core(req: LoadRequest, reason: str = "") -> PendingCore:
+    """Start the CO-RE load of ``req`` in a thread and return at once (:class:`PendingCore`)."""
+    return PendingCore(req, reason)
+
+
 def load_in_subprocess(req: LoadRequest, timeout_s: float = LOADER_TIMEOUT_S) -> Handoff:
     """Run the loader process and take over its descriptors (agent side; no BCC here)."""
     return start_loader(req).result(timeout_s)
@@ -425,6 +502,8 @@ def _serve(sock: socket.socket, req: LoadRequest) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import argparse  # the loader process's only: the agent's CO-RE path does without
+
     p = argparse.ArgumentParser(prog="python -m edge_agent.bpf_loader",
                                 description="cfnet's one-shot BPF loader (started by the agent)")
     p.add_argument("--fd", type=int, required=True, help="Unix socket to hand descriptors to")

@@ -7,7 +7,6 @@ value of the wrong type (``CFNET_TLS=enabled``, ``tls: "yes"``), is refused with
 
 from __future__ import annotations
 
-import argparse
 import functools
 import operator
 import os
@@ -17,12 +16,18 @@ import types
 import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
-
-import msgspec
-from msgspec import UNSET, UnsetType
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.errors import ConfigError
+from edge_agent.lightimport import msgspec_imports
+
+if TYPE_CHECKING:
+    import argparse
+
+with msgspec_imports():  # without typing_extensions, unused here: ~1.1 MiB of the agent's RSS
+    import msgspec
+    from msgspec import UNSET, UnsetType
+
 from edge_agent.logsetup import LOG_FORMATS, add_version_flag
 from edge_agent.wire import valid_id
 
@@ -161,19 +166,27 @@ def _columns() -> int:
         return 80
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, told the width: left to find it, argparse imports ``shutil``
-    on every ``add_argument``, and with it bz2, lzma and zlib (their modules and shared
-    libraries), ~0.4 MiB of the long-lived agent's memory for a width only ``--help``
-    uses (issue 27)."""
-
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=max(_columns() - 2, 20))
+#: Imported to parse the command line and needed by nothing after it: ``cfnet-agent`` drops
+#: them once its configuration is read (:func:`edge_agent.lightimport.forget`). So this
+#: module imports argparse in :func:`_parse_args` only and keeps nothing of it. (Not
+#: ``textwrap``, which argparse uses too: ``traceback`` holds it.)
+PARSE_ONLY_MODULES = ("argparse", "gettext")
 
 
-def load_config(argv: list[str] | None = None) -> AgentConfig:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    import argparse
+
+    class HelpFormatter(argparse.HelpFormatter):
+        """argparse's formatter, told the width: left to find it, argparse imports
+        ``shutil`` on every ``add_argument``, and with it bz2, lzma and zlib (their modules
+        and shared libraries), ~0.4 MiB of the long-lived agent's memory for a width only
+        ``--help`` uses (issue 27)."""
+
+        def __init__(self, prog: str) -> None:
+            super().__init__(prog, width=max(_columns() - 2, 20))
+
     p = argparse.ArgumentParser(prog="cfnet-agent", description="cfnet edge agent",
-                                formatter_class=_HelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("-c", "--config", type=Path, help="YAML config file")
     add_version_flag(p)
     for f in fields(AgentConfig):
@@ -182,7 +195,11 @@ def load_config(argv: list[str] | None = None) -> AgentConfig:
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
         else:
             p.add_argument(flag, dest=f.name, default=None)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def load_config(argv: list[str] | None = None) -> AgentConfig:
+    args = _parse_args(argv)
 
     values: dict[str, Any] = {}
     if args.config is not None:

@@ -8,15 +8,17 @@ is the human-readable line the commands always wrote.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_agent import __version__
+
+if TYPE_CHECKING:
+    import argparse  # the caller's parser; not imported here (the agent drops argparse)
 
 LOG_FORMATS = ("text", "json")
 # Child processes (the core's MQTT process) read the format here, so they log as the parent.

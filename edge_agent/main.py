@@ -1,11 +1,11 @@
 """`cfnet-agent`: wires configuration, probes, host sampler, buffer and MQTT, and runs.
 
-Start-up order is for the time to the first report: the eBPF loader process
-(BCC compile, most of the start-up) is started right after the configuration
-is read, before the heavier imports (paho, psutil, SQLite), and runs beside
-the buffer, host sampler and broker connect; the probe claims its descriptors
-when it is constructed. So this module imports only the light modules at its
-top.
+Start-up order is for the time to the first report: the eBPF load is started
+right after the configuration is read, before the heavier imports (paho, psutil,
+SQLite), and runs beside them and the buffer, host sampler and broker connect: the
+CO-RE load in a thread (libbpf and the verifier run without the GIL), the BCC
+fallback's compile in its loader process. The probe claims the descriptors when it
+is constructed. So this module imports only the light modules at its top.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from edge_agent.errors import AgentError
 from edge_agent.logsetup import configure_logging
 
 if TYPE_CHECKING:
-    from edge_agent.bpf_loader import PendingLoad
+    from edge_agent.bpf_loader import Pending
     from edge_agent.mqtt import MqttSettings
 
 log = logging.getLogger("cfnet.agent")
 
 
-def start_loader_early(cfg: AgentConfig) -> PendingLoad | None:
-    """Start the eBPF loader now if the configuration wants eBPF (None if not, or if it
+def start_loader_early(cfg: AgentConfig) -> Pending | None:
+    """Start the eBPF load now if the configuration wants eBPF (None if not, or if it
     can't start: the probe then runs its own checks and says why it falls back)."""
     if not cfg.ebpf:
         return None
@@ -42,6 +42,19 @@ def start_loader_early(cfg: AgentConfig) -> PendingLoad | None:
     if pending is None:
         log.debug("eBPF loader not started early: %s", why)
     return pending
+
+
+def read_config(argv: list[str] | None) -> AgentConfig:
+    """The configuration (:func:`edge_agent.config.load_config`); then what only parsing
+    the command line needed (argparse) is dropped before the heavy imports, which reuse its
+    memory (issue 27, :func:`edge_agent.lightimport.forget`)."""
+    from edge_agent.config import PARSE_ONLY_MODULES
+    from edge_agent.lightimport import forget
+
+    try:
+        return load_config(argv)
+    finally:
+        forget(PARSE_ONLY_MODULES)
 
 
 def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
@@ -65,7 +78,7 @@ def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
     )
 
 
-def run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None = None) -> int:
+def run(cfg: AgentConfig, stop: threading.Event, early: Pending | None = None) -> int:
     """Run the agent until ``stop``; ``early``: a loader started by :func:`start_loader_early`."""
     try:
         return _run(cfg, stop, early)
@@ -74,7 +87,7 @@ def run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None = Non
             early.cancel()  # a no-op once the probe claimed it
 
 
-def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> int:
+def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     from edge_agent.active import ActiveProber, EchoServer
     from edge_agent.agent import Agent, offline_status
     from edge_agent.buffer import ReportBuffer
@@ -98,7 +111,7 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> 
         on_connect=lambda: agent_ref[0].announce() if agent_ref else None,
         on_message=lambda m: agent_ref[0].on_message(m) if agent_ref else None,
     )
-    # Connecting while the loader compiles: the TLS handshake is off the path
+    # Connecting while the eBPF load runs: the TLS handshake is off the path
     # to the first report. Nothing is announced until the agent exists (below).
     mqtt.start()
     try:
@@ -181,7 +194,7 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: PendingLoad | None) -> 
 def main(argv: list[str] | None = None) -> int:
     configure_logging("text")
     try:
-        cfg = load_config(argv)
+        cfg = read_config(argv)
     except AgentError as exc:
         print(f"cfnet-agent: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from edge_agent.errors import ProbeError
 from edge_agent.probes.base import LinkProbe, ProbeConfig
 
 if TYPE_CHECKING:
-    from edge_agent.bpf_loader import PendingLoad
+    from edge_agent.bpf_loader import Pending
 
 __all__ = ["LinkProbe", "ProbeConfig", "open_probe"]
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def open_probe(
-    cfg: ProbeConfig, pending: PendingLoad | None = None
+    cfg: ProbeConfig, pending: Pending | None = None
 ) -> tuple[LinkProbe, str | None]:
     """Return (probe, fallback reason or None).
 

@@ -53,7 +53,7 @@ class EbpfProbe:
         probe_port: int = DEFAULT_PROBE_PORT,
         mss: int = DEFAULT_MSS,
         max_peers: int = 4096,
-        pending: bpf_loader.PendingLoad | None = None,
+        pending: bpf_loader.Pending | None = None,
     ) -> None:
         """``pending``: a loader already started (:func:`start_early`) to claim instead of
         starting one; it is used only if its request is the one this probe needs."""
@@ -63,8 +63,8 @@ class EbpfProbe:
             req = load_request(include_loopback=include_loopback, filter_local=bool(self._local),
                                probe_port=probe_port, max_peers=max_peers)
             loader, why = bpf_loader.choose()
-            if pending is not None and loader == "core":
-                pending.cancel()  # started as BCC but CO-RE works now (a test's switch)
+            if pending is not None and pending.loader != loader:
+                pending.cancel()  # started with the other loader (a test's switch)
                 pending = None
             if pending is not None and pending.request != req:
                 # Started early from the configuration with a guess (say, the node
@@ -77,7 +77,8 @@ class EbpfProbe:
             self._mss = mss
             types = header_structs(bpf_loader.bpf_dir() / HEADER)
             if loader == "core":
-                self._hand: bpf_loader.Handoff | None = bpf_loader.load_core(req, why)
+                self._hand: bpf_loader.Handoff | None = (
+                    pending.result() if pending is not None else bpf_loader.load_core(req, why))
             else:
                 self._hand = (pending.result() if pending is not None
                               else bpf_loader.load_in_subprocess(req))
@@ -225,23 +226,24 @@ def load_request(*, include_loopback: bool = False, filter_local: bool = False,
 
 def start_early(*, include_loopback: bool = False, filter_local: bool = True,
                 probe_port: int = DEFAULT_PROBE_PORT
-                ) -> tuple[bpf_loader.PendingLoad | None, str]:
-    """Start the BCC loader now, before the agent's own start-up, to claim it later.
+                ) -> tuple[bpf_loader.Pending | None, str]:
+    """Start the load now, before the agent's own start-up, for the probe to claim later.
 
-    Only when BCC is the loader this machine gets: CO-RE loads in tens of milliseconds
-    in the probe itself. The compile (most of the agent's start-up) then runs beside the agent's
+    With BCC, the loader process (its compile is most of the agent's start-up); with
+    CO-RE, libbpf's load in a thread of this process. Either runs beside the agent's
     imports, buffer and broker connect. Returns (pending or None, why not):
     a failure here is not reported as the probe's fallback reason; the probe
-    then runs its own checks and load, and fails or falls back as it would have.
+    then runs its own checks and load, and fails or falls back as it would have
+    (a CO-RE load that fails in its thread says why when the probe claims it).
     """
     try:
         precheck()
         loader, why = bpf_loader.choose()
+        req = load_request(include_loopback=include_loopback, filter_local=filter_local,
+                           probe_port=probe_port)
         if loader == "core":
-            return None, f"the CO-RE loader runs in the probe ({why})"
-        return bpf_loader.start_loader(load_request(include_loopback=include_loopback,
-                                                    filter_local=filter_local,
-                                                    probe_port=probe_port)), ""
+            return bpf_loader.start_core(req, why), ""
+        return bpf_loader.start_loader(req), ""
     except ProbeError as exc:
         return None, str(exc)
 

@@ -7,7 +7,7 @@ read from /proc, its log must say it loaded CO-RE, and every module it imported 
 ``-X importtime``) is checked against the heavy ones its path must not load
 (tests/unit/test_agent_imports.py names who needs each). The RSS bound is the one this
 change reached with a margin (29.4 MiB measured here, 33.5 MiB before it; 28.4 MiB after
-issue 27's second round): it catches a
+issue 27's second round, 28.0 after its third): it catches a
 heavy import coming back, not noise. tools/bench_agent.py gives the figures in the lab.
 """
 
@@ -106,8 +106,11 @@ def test_core_agent_reports_with_a_light_import_set_and_rss(broker: Broker,
     assert "probe: loader core " in text or "ebpf probe: loader core" in text, text[-3000:]
     mods = _imported(text)
     assert {"edge_agent.libbpf_loader", "paho.mqtt.client"} <= mods, sorted(mods)
-    found = {m: why for m, why in FORBIDDEN.items()
-             if m in mods or any(x.startswith(m + ".") for x in mods)}
+    # typing_extensions is in -X importtime's list as msgspec's attempt, which
+    # edge_agent.lightimport refuses (importtime logs an import that fails too);
+    # tests/unit/test_agent_imports.py checks sys.modules, where it is not.
+    found = {m: why for m, why in FORBIDDEN.items() if m != "typing_extensions"
+             and (m in mods or any(x.startswith(m + ".") for x in mods))}
     assert not found, f"the running CO-RE agent imported (and who needs them): {found}"
     if not nvidia_driver():
         assert "pynvml" not in mods, "pynvml imported without an NVIDIA driver"

@@ -11,7 +11,10 @@ them there (a subprocess, so this process's imports do not count):
   with the openssl command), and
   not ``urllib.request``/``email``/``http.client`` (paho-mqtt's proxy lookup, see
   :mod:`edge_agent.lightimport`), nor ``shutil`` with ``bz2`` and ``lzma`` (argparse's
-  help width, which the agent's parser is given);
+  help width, which the agent's parser is given), nor ``typing_extensions`` (msgspec's,
+  when installed: this virtualenv has it for mypy and pydantic);
+- argparse (with gettext) parses the command line and is then dropped and freed
+  (``edge_agent.main.read_config``), before the heavy imports;
 - each of those still loads where it is used: a YAML config file brings PyYAML, the
   metrics module brings prometheus_client, ``import urllib.request`` after paho is the
   real module.
@@ -44,6 +47,8 @@ FORBIDDEN = {
     "shutil": "argparse's help width (edge_agent.config's formatter is given it)",
     "bz2": "shutil",
     "lzma": "shutil",
+    "typing_extensions": "msgspec's support for its types, when installed (see "
+                         "edge_agent.lightimport; the agent's types use typing)",
 }
 RUN_PATH = """
 import json, sys
@@ -141,3 +146,64 @@ def test_help_is_still_wrapped_to_the_terminal_width() -> None:
     assert len(narrow) > len(wide), (len(narrow), len(wide))
     assert max(len(line) for line in wide) > 100, max(wide, key=len)
     assert sum(len(line) > 60 for line in narrow) <= 2, [x for x in narrow if len(x) > 60]
+
+
+def test_typing_extensions_after_the_config_is_the_real_module() -> None:
+    # msgspec was imported without it (edge_agent.lightimport); a later import gets the
+    # real module, and msgspec still converts the agent's configuration.
+    code = ("import json, sys\nfrom edge_agent.config import load_config\n"
+            "assert 'typing_extensions' not in sys.modules\n"
+            "import typing_extensions\n"
+            "assert callable(typing_extensions.get_type_hints), typing_extensions\n"
+            "cfg = load_config(['--node', 'imp-3', '--interval-s', '2'])\n"
+            "assert cfg.interval_s == 2.0, cfg\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "typing_extensions" in _modules(code)
+
+
+def test_with_typing_extensions_imported_first_msgspec_is_imported_as_is() -> None:
+    code = ("import json, sys, typing_extensions\nimport edge_agent.config\n"
+            "import msgspec._utils as u\n"
+            "assert u._get_type_hints is typing_extensions.get_type_hints\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "msgspec" in _modules(code)
+
+
+def test_argparse_is_freed_once_the_configuration_is_read() -> None:
+    # Nothing else holds argparse or gettext: dropped from sys.modules, they are freed (a
+    # module left alive by some reference would be imported a second time by the next user).
+    code = ("import json, sys, weakref\n"
+            "from edge_agent.config import PARSE_ONLY_MODULES, load_config\n"
+            "import edge_agent.config as config\n"
+            "seen = {}\n"
+            "real = config.load_config\n"
+            "def spy(argv):\n"
+            "    cfg = real(argv)\n"
+            "    seen.update({n: weakref.ref(sys.modules[n]) for n in PARSE_ONLY_MODULES})\n"
+            "    return cfg\n"
+            "import edge_agent.main as main\n"
+            "main.load_config = spy\n"
+            "cfg = main.read_config(['--node', 'imp-4', '--ebpf'])\n"
+            "assert cfg.node == 'imp-4', cfg\n"
+            "assert sorted(seen) == ['argparse', 'gettext'], seen\n"
+            "alive = [n for n, r in seen.items() if r() is not None]\n"
+            "assert not alive, f'still referenced after forget: {alive}'\n"
+            "from edge_agent.probes import ebpf\n"  # the agent's next imports: none brings it
+            "import edge_agent.agent, edge_agent.buffer, edge_agent.host, edge_agent.active\n"
+            "assert 'argparse' not in sys.modules\n"
+            "import argparse\n"  # a later user gets it again
+            "assert callable(argparse.ArgumentParser)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "argparse" in _modules(code)
+
+
+def test_a_module_something_else_holds_is_not_forgotten() -> None:
+    # In a process that uses argparse itself, dropping it would leave it alive and make
+    # the next import a second copy: forget keeps it, and gettext after it.
+    code = ("import json, sys, argparse\n"
+            "import edge_agent.main as main\n"
+            "cfg = main.read_config(['--node', 'imp-5'])\n"
+            "assert sys.modules['argparse'] is argparse\n"
+            "assert 'gettext' in sys.modules\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "argparse" in _modules(code)

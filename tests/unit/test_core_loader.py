@@ -5,6 +5,9 @@
 - It loads in the agent's process, relocated against this kernel's BTF, with the
   parameters set in .rodata; it counts loopback traffic with the kernel's own counters;
   closing it detaches the programs.
+- The early load (cfnet-agent starts it in a thread right after its configuration): the
+  probe claims it once; one it does not claim (other parameters, eBPF off) is detached;
+  libbpf's reason for a failure reaches the probe's fallback.
 - The choice between CO-RE and BCC, and its reason: a missing BTF (the CFNET_BTF_PATH
   test seam) sends the probe to BCC, which says why; forcing CO-RE there fails over to
   sock_diag with the reason.
@@ -176,3 +179,85 @@ def test_a_broken_object_is_refused_with_libbpfs_reason(tmp_path: Path) -> None:
     bad.write_bytes(b"\x7fELF not really")
     with pytest.raises(ProbeError, match="libbpf cannot open"):
         libbpf_loader.load(bad, config=bytes(16), max_entries={}, maps=[])
+
+
+def test_the_early_core_load_is_claimed_by_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    # cfnet-agent starts the CO-RE load in a thread right after its configuration
+    # (edge_agent.main.start_loader_early) and the probe takes that load's descriptors.
+    _need_root_btf()
+    monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
+    monkeypatch.delenv("CFNET_BTF_PATH", raising=False)
+    from edge_agent.probes.ebpf import EbpfProbe, start_early
+
+    pending, why = start_early(filter_local=True)
+    assert isinstance(pending, bpf_loader.PendingCore), why
+    probe = EbpfProbe(local_addrs=("10.255.0.1",), pending=pending)
+    try:
+        assert probe.loader == "core" and probe._hand is not None
+        assert probe._hand.loader_pid == os.getpid()
+        ids = [_prog_id(fd) for fd in probe.fds["progs"]]
+        assert len(ids) == 3
+        with pytest.raises(ProbeError, match="already claimed"):
+            pending.result()  # claimed once
+        pending.cancel()  # a no-op once claimed: the probe's programs stay
+        assert all(prog_alive(i) for i in ids)
+        assert probe.collect() == []
+    finally:
+        probe.close()
+    assert not any(prog_alive(i) for i in ids), "programs still loaded after close"
+
+
+def test_an_unclaimed_early_core_load_is_detached_on_cancel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _need_root_btf()
+    monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
+    monkeypatch.delenv("CFNET_BTF_PATH", raising=False)
+    from edge_agent.probes import ProbeConfig, open_probe
+    from edge_agent.probes.ebpf import EbpfProbe, start_early
+
+    # A node without addresses needs the program without the local filter: the early
+    # load (made with it) is dropped, and detached, and the probe loads its own.
+    pending, why = start_early(filter_local=True)
+    assert isinstance(pending, bpf_loader.PendingCore), why
+    assert pending._done.wait(30), "the early CO-RE load did not finish in 30 s"
+    early = pending._hand
+    assert early is not None, pending._error
+    early_ids = [_prog_id(fd) for fd in early.progs.values()]
+    probe = EbpfProbe(local_addrs=(), pending=pending)
+    try:
+        assert probe._hand is not early and probe.loader == "core"
+        assert not any(prog_alive(i) for i in early_ids), "the dropped early load is attached"
+    finally:
+        probe.close()
+    # eBPF off after all: open_probe cancels the early load, which detaches it.
+    pending, why = start_early(filter_local=True)
+    assert isinstance(pending, bpf_loader.PendingCore), why
+    probe2, reason = open_probe(ProbeConfig(ebpf=False), pending=pending)
+    probe2.close()
+    assert reason and "disabled" in reason
+    assert pending._hand is None and pending._done.is_set()
+    with pytest.raises(ProbeError, match="already claimed or cancelled"):
+        pending.result()
+
+
+def test_a_failing_early_core_load_gives_libbpfs_reason_to_the_probe(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _need_root_btf()
+    monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
+    monkeypatch.setenv("CFNET_BPF_LOADER", "core")
+    (tmp_path / "obj").mkdir()
+    (tmp_path / "obj" / "tcp_links.bpf.o").write_bytes(b"\x7fELF not really")
+    for name in ("cfnet_links.h", "tcp_links.c"):
+        (tmp_path / name).write_bytes((bpf_loader.bpf_dir() / name).read_bytes())
+    monkeypatch.setenv("CFNET_BPF_DIR", str(tmp_path))
+    from edge_agent.probes import ProbeConfig, open_probe
+    from edge_agent.probes.ebpf import start_early
+
+    pending, why = start_early(filter_local=True)
+    assert isinstance(pending, bpf_loader.PendingCore), why
+    probe, reason = open_probe(ProbeConfig(ebpf=True, local_addrs=("10.255.0.1",)),
+                               pending=pending)
+    try:
+        assert probe.name == "sockdiag" and reason and "libbpf cannot open" in reason, reason
+    finally:
+        probe.close()

@@ -1,7 +1,7 @@
 """The agent starts its BCC loader process first thing and the probe claims it later.
 
-(BCC is the fallback loader, forced here with CFNET_BPF_LOADER=bcc; the CO-RE loader
-runs in the probe itself and has no early process: tests/unit/test_core_loader.py.)
+(BCC is the fallback loader, forced here with CFNET_BPF_LOADER=bcc; the CO-RE load
+starts early too, in a thread of the agent: tests/unit/test_core_loader.py.)
 
 ``cfnet-agent`` starts the one-shot BCC loader right after reading its
 configuration (``edge_agent.main.start_loader_early``), so the compile runs
@@ -39,7 +39,7 @@ LOCAL = ("10.255.0.1",)  # a filter address nothing uses: the programs load, cou
 
 @pytest.fixture(autouse=True)
 def _bcc_loader(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The early loader process is the BCC loader's (CO-RE loads in the probe itself)."""
+    """The early loader process is the BCC loader's (CO-RE's early load is a thread)."""
     monkeypatch.setenv("CFNET_BPF_LOADER", "bcc")
 
 
