@@ -166,3 +166,29 @@ def test_a_burst_still_binding_counts_as_a_backlog() -> None:
         assert act.observe().backlog is False
     finally:
         act._pool.shutdown()
+
+
+def test_the_cp_sat_warm_up_waits_while_a_burst_is_under_way() -> None:
+    """``Actuator.busy`` (what the background CP-SAT import waits on, wiring.py): the pods'
+    first list still coming, a pod to try now, or a binding in flight; none of them: a lull.
+    Built over None as above (no reflector started)."""
+    import time
+
+    from cloud_core.k8s.actuator import Actuator
+
+    act = Actuator(None)  # type: ignore[arg-type]
+    try:
+        assert act.busy()  # the pods' list is not in yet
+        act.pods.synced.set()
+        assert not act.busy()
+        act._binding = 1
+        assert act.busy()
+        act._binding = 0
+        with act._lock:
+            act.queue.add("ns/p", "ns", 0, time.monotonic())
+        assert act.busy()
+        with act._lock:
+            act.queue.remove("ns/p")
+        assert not act.busy()
+    finally:
+        act._pool.shutdown()
