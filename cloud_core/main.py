@@ -1,4 +1,11 @@
-"""`cfnet-core`: parse the command line, wire the core's parts, run until a signal."""
+"""`cfnet-core`: parse the command line, wire the core's parts, run until a signal.
+
+With ``--kubernetes`` the first lists (Nodes, pods) are asked for right after the command
+line is parsed, before the rest of the core (the placement engine with numpy and OR-Tools,
+SQLite, the MQTT child, the metrics server) is imported and started: the API server answers
+while the interpreter imports (``k8s/prefetch.py``; the first binding at 5,000 Nodes,
+``tools/bench_k8s.py``). So this module imports at its top only what parsing needs.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from cloud_core.broker_args import add_broker_args, broker_settings
-from cloud_core.bus_nats import NatsIngestSettings, parse_sites
 from cloud_core.errors import CoreError
 from cloud_core.k8s.flags import (
     add_eviction_args,
@@ -26,16 +32,15 @@ from cloud_core.k8s.flags import (
     scheduler_engine_config,
 )
 from cloud_core.k8s.lines import no_line, say_line
-from cloud_core.metrics import int_fields
-from cloud_core.readiness import Check
-from cloud_core.registry import load_registry
-from cloud_core.service import CoreConfig, CoreService
-from cloud_core.view import render_links, render_nodes
 from edge_agent.logsetup import LOG_FORMATS, add_version_flag, configure_logging
 
 if TYPE_CHECKING:
+    from cloud_core.k8s.client import KubeClient
     from cloud_core.k8s.enroll import EnrollLoop
     from cloud_core.k8s.leader import LeaderElector
+    from cloud_core.k8s.prefetch import FirstLists
+    from cloud_core.readiness import Check
+    from cloud_core.service import CoreConfig, CoreService
 
 log = logging.getLogger("cfnet.core")
 
@@ -135,6 +140,10 @@ def load_roles(path: Path | None) -> dict[str, str]:
 
 
 def build_config(a: argparse.Namespace) -> CoreConfig:
+    from cloud_core.bus_nats import NatsIngestSettings, parse_sites
+    from cloud_core.registry import load_registry
+    from cloud_core.service import CoreConfig
+
     session: dict[str, Any] = {}
     if a.share_group and a.bus == "mosquitto":
         # A `$share` member with a persistent session keeps being handed its share while it
@@ -197,15 +206,47 @@ def api_check(elector: LeaderElector, max_age_s: float,
     return check
 
 
+def kube_client(a: argparse.Namespace) -> KubeClient | None:
+    """The Kubernetes client ``--kubeconfig`` (or the in-cluster ServiceAccount) names;
+    None, said in the log, when it cannot be set up."""
+    from cloud_core.k8s.client import KubeClient
+
+    try:
+        return (KubeClient.from_kubeconfig(a.kubeconfig) if a.kubeconfig
+                else KubeClient.in_cluster())
+    except (CoreError, OSError) as exc:
+        log.error("cannot reach the Kubernetes API: %s", exc)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     configure_logging("text")
     a = parse_args(argv)
     configure_logging(a.log_format)
+    client: KubeClient | None = None
+    first: FirstLists | None = None
+    if a.kubernetes:
+        # the Kubernetes client first, and the actuator's first lists asked for now: the
+        # API server answers them while the rest is imported and started (prefetch.py)
+        from cloud_core.k8s.gc_tuning import tune_gc
+        from cloud_core.k8s.prefetch import FirstLists
+
+        tune_gc()  # before the lists and the imports: the core is this process (gc_tuning)
+        client = kube_client(a)
+        if client is None:
+            return 2
+        first = FirstLists(client)
+    from cloud_core.metrics import int_fields
+    from cloud_core.service import CoreService
+    from cloud_core.view import render_links, render_nodes
+
     try:
         cfg = build_config(a)
         core = CoreService(cfg)
     except CoreError as exc:
         print(f"cfnet-core: {exc}", file=sys.stderr)
+        if first is not None:
+            first.close()
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -216,19 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     kube = None
     enroll: EnrollLoop | None = None
     say = say_line if a.json_lines else no_line
-    if a.kubernetes:
+    if client is not None:
         # Imported here: the kubernetes client is only needed in this mode.
         from cloud_core.k8s import objects
-        from cloud_core.k8s.client import KubeClient
         from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
 
-        try:
-            client = (KubeClient.from_kubeconfig(a.kubeconfig) if a.kubeconfig
-                      else KubeClient.in_cluster())
-        except (CoreError, OSError) as exc:
-            log.error("cannot reach the Kubernetes API: %s", exc)
-            core.stop()
-            return 2
         kube = start_kubernetes(client, core.state, core.events, KubeSettings(
             identity=a.identity, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
             lease_duration_s=a.lease_duration,
@@ -237,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             edge_taint=a.edge_taint, engine=scheduler_engine_config(a),
             eviction=eviction_policy(a)),
             on_lead=core.connect, on_follow=core.disconnect, console=core.console,
-            say=say if a.json_lines else None, say_bindings=a.log_bindings)
+            say=say if a.json_lines else None, say_bindings=a.log_bindings, first=first)
         say("started", identity=a.identity)
         # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
         core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",

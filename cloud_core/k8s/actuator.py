@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,13 @@ from cloud_core.k8s.moves import (
     replacement_key,
 )
 from cloud_core.k8s.podcache import PodCache, _Bound, parse_workload
+from cloud_core.k8s.prefetch import (
+    BOUND_PODS,
+    NODES_PATH,
+    PAGE_SIZE,
+    PODS_PATH,
+    FirstLists,
+)
 from cloud_core.k8s.queue import SchedulingQueue
 from cloud_core.k8s.registry import LabelChange, NodeRegistry
 from cloud_core.k8s.source import Source
@@ -152,7 +160,8 @@ class Actuator(PodCache, Source, Binder, Moves):
                  on_bound: Callable[[str, str], None] | None = None,
                  links: Callable[[], Mapping[tuple[str, str], Any]] | None = None,
                  events: EventLog | None = None,
-                 agent_health: Callable[[], Mapping[str, Health]] | None = None) -> None:
+                 agent_health: Callable[[], Mapping[str, Health]] | None = None,
+                 first: FirstLists | None = None) -> None:
         self.client = client
         self.registry = registry or NodeRegistry()
         self.config = config or ActuatorConfig()
@@ -215,13 +224,21 @@ class Actuator(PodCache, Source, Binder, Moves):
         # Decoded into what cfnet reads of them (objects.py): the rest is most of the bytes.
         # A pod's spec is whole when this scheduler places it, or when the spec parser
         # would read past its schedulerName (which refuses any other).
-        self.nodes = Reflector(client, "/api/v1/nodes", self._on_node, name="nodes",
-                               after_page=settle_listed, schema=objects.NODE)
-        self.pods = Reflector(client, "/api/v1/pods", self._on_pod, name="pods",
+        # ``first``: these lists, asked for at the process start (prefetch.FirstLists);
+        # each reflector takes its own if it was asked as the reflector would ask.
+        self.nodes = Reflector(client, NODES_PATH, self._on_node, name="nodes",
+                               after_page=settle_listed, schema=objects.NODE,
+                               page_size=PAGE_SIZE,
+                               first=first.nodes if first is not None else None)
+        self.pods = Reflector(client, PODS_PATH, self._on_pod, name="pods",
+                              # the spec parser's own name (not prefetch's copy of it): a
+                              # first list asked with another is not taken
                               schema=objects.PodSchema(frozenset(
                                   {self.config.scheduler_name, PARSER_SCHEDULER})),
-                              prime={"fieldSelector": "spec.nodeName!="},
-                              pages_after=self.nodes.synced, after_page=settle_listed)
+                              prime=dict(BOUND_PODS), page_size=PAGE_SIZE,
+                              pages_after=self.nodes.synced, after_page=settle_listed,
+                              first=first.pods if first is not None else None,
+                              first_prime=first.bound_pods if first is not None else None)
         self._thread: threading.Thread | None = None
         self._bind_error: KubeUnavailable | None = None  # from a binding in flight
 
@@ -252,6 +269,14 @@ class Actuator(PodCache, Source, Binder, Moves):
         """Enough to decide: every node, and every pod already bound to one (the pending
         pods may still be arriving)."""
         return self.nodes.synced.wait(timeout) and self.pods.ready.wait(timeout)
+
+    def busy(self) -> bool:
+        """A burst is under way: pods to try now, pods taken and not yet bound, or the
+        pods' first list still arriving (the background CP-SAT import waits for a lull:
+        wiring.py)."""
+        with self._lock:
+            return (self._binding > 0 or not self.pods.synced.is_set()
+                    or self.queue.has_active(time.monotonic()))
 
     def _count(self, name: str) -> None:
         with self._lock:

@@ -2,16 +2,24 @@
 ``cfnet-core --kubernetes``), so that they run the engine with the same defaults.
 
 No Kubernetes client here: ``cfnet-core`` parses its arguments before it knows its mode.
+Nor the placement engine (numpy, OR-Tools: most of the start-up's imports): ``cfnet-core
+--kubernetes`` asks for its first lists right after parsing, before importing it
+(``prefetch.py``); ``scheduler_engine_config`` imports it when called.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloud_core.k8s.evict import EvictionPolicy, parse_namespaces
-from cloud_core.placement.config import EngineConfig
-from cloud_core.placement.spec import POLICIES
+
+if TYPE_CHECKING:
+    from cloud_core.placement.config import EngineConfig
+
+# placement.spec.POLICIES, without importing the engine to parse the command line (the
+# engine refuses any other: tests/unit/test_podspec_fields.py checks they are the same)
+POLICIES = ("cost", "spread")
 
 
 def add_scheduler_args(p: argparse.ArgumentParser | Any) -> None:
@@ -42,4 +50,6 @@ def eviction_policy(args: argparse.Namespace) -> EvictionPolicy:
 
 def scheduler_engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration the flags select."""
+    from cloud_core.placement.config import EngineConfig
+
     return EngineConfig(policy=args.placement_policy, cpsat_polish=args.exact_packing)

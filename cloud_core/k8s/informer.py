@@ -16,6 +16,7 @@ from typing import Any
 from cloud_core.errors import KubeError, KubeGone, KubeUnavailable
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.objects import Schema
+from cloud_core.k8s.prefetch import ListAhead, pages
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,10 @@ class Reflector:
     first time, the objects matching it are listed first and ``ready`` is set as soon as
     they are in the store; the full list then comes in page by page (each page handed to the
     handler as it arrives), and whatever vanished between the two lists is removed at its
-    end. Without ``prime``, ``ready`` is set with ``synced``. ``pages_after``: the first full
+    end. Without ``prime``, ``ready`` is set with ``synced``. The pages of a list are fetched
+    ahead of their handling (``prefetch.ListAhead``); ``first`` / ``first_prime``: the first
+    full / primed list, asked for before the reflector started (``prefetch.FirstLists``),
+    taken if asked the same (path, page size, schema, query). ``pages_after``: the first full
     list waits for this event (the primed list does not). ``after_page`` is called once
     each listed page is in the store (and its changes handled). ``schema``
     (``objects.POD``, ``objects.NODE``): the objects hold only what cfnet reads of that kind
@@ -51,6 +55,7 @@ class Reflector:
                  resume_from: str | None = None, prime: dict[str, str] | None = None,
                  page_size: int = 500, pages_after: threading.Event | None = None,
                  after_page: Callable[[], None] | None = None, schema: Schema | None = None,
+                 first: ListAhead | None = None, first_prime: ListAhead | None = None,
                  **query: Any) -> None:
         self.client = client
         self.path = path
@@ -70,6 +75,10 @@ class Reflector:
         self.after_page = after_page or (lambda: None)
         self.stop_event = threading.Event()
         self.rv = resume_from or ""
+        # lists asked for before this reflector started (prefetch.FirstLists), taken by the
+        # first list if they were asked as it would ask
+        self._first = first
+        self._first_prime = first_prime
         self.stats = {"lists": 0, "watches": 0, "gone": 0, "unavailable": 0, "events": 0}
         self._thread: threading.Thread | None = None
 
@@ -89,20 +98,34 @@ class Reflector:
 
     def _relist(self) -> None:
         fresh: dict[str, JSON] = {}
+        first, self._first = self._first, None
+        first_prime, self._first_prime = self._first_prime, None
         if self.prime is not None and not self.ready.is_set():
-            items, _ = self.client.list(self.path, limit=self.page_size, schema=self.schema,
-                                        **self.query, **self.prime)
+            query = {**self.query, **self.prime}
+            if first_prime is not None and first_prime.matches(self.path, self.page_size,
+                                                               self.schema, query):
+                items = [o for page, _ in first_prime for o in page]
+            else:
+                if first_prime is not None:
+                    first_prime.close()
+                items, _ = self.client.list(self.path, limit=self.page_size,
+                                            schema=self.schema, **query)
             for o in items:
                 self._merge(o)
             self.after_page()
             self.ready.set()
+        elif first_prime is not None:
+            first_prime.close()
         if self.pages_after is not None and not self.synced.is_set():
             while not self.pages_after.wait(0.5):  # the first full list only
                 if self.stop_event.is_set():
+                    if first is not None:
+                        first.close()
                     return
         rv = ""
-        for page, page_rv in self.client.list_pages(self.path, limit=self.page_size,
-                                                    schema=self.schema, **self.query):
+        # page N+1 is fetched while page N is handled (prefetch.py)
+        for page, page_rv in pages(self.client, self.path, limit=self.page_size,
+                                   schema=self.schema, first=first, **self.query):
             rv = page_rv
             for o in page:
                 fresh[obj_key(o)] = o

@@ -28,14 +28,19 @@ from cloud_core.k8s.leader import LeaderElector
 from cloud_core.k8s.ledger import MoveLedger
 from cloud_core.k8s.lines import no_line
 from cloud_core.k8s.pools import PoolController
+from cloud_core.k8s.prefetch import FirstLists
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
 from cloud_core.placement import EngineConfig, ReplanConfig, solver
 from cloud_core.placement.model import Health
 from cloud_core.snapshot import translated_links
 from cloud_core.state import ClusterState
 
-# Seconds after the caches are synced before CP-SAT is imported in the background.
+# Seconds after the caches are synced before CP-SAT is imported in the background; then it
+# waits for a lull (no pod to try, none binding), at most WARM_UP_MAX_S after the sync: the
+# import (pandas, ~0.5-0.8 CPU-s holding the interpreter in long stretches) in the middle
+# of a backlog's burst slowed its bindings, on the CPUs the API server shares.
 WARM_UP_DELAY_S = 2.0
+WARM_UP_MAX_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,13 +186,15 @@ def start_kubernetes(
     console: ConsoleService | None = None,
     say: Callable[..., None] | None = None,
     say_bindings: bool = False,
+    first: FirstLists | None = None,
 ) -> KubeRunner:
     """Start the actuator and the election. ``on_lead``/``on_follow`` run when this
     replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading).
     With ``console``, its commands answer from and act on the cluster (``k8s.console``),
     registered before this replica can lead, so before any request can arrive. With ``say``
     (``k8s.lines.say_line``), lifecycle lines: leading, following, ready, synced, alerts and,
-    with ``say_bindings``, one per binding."""
+    with ``say_bindings``, one per binding. ``first``: the actuator's first lists, asked
+    for at the process start (``prefetch.FirstLists``)."""
     line = say or no_line
     registry = NodeRegistry(RegistryConfig(edge_taint=settings.edge_taint))
     registry.on_problems = node_label_events(client, settings.identity)
@@ -242,7 +249,7 @@ def start_kubernetes(
                                          eviction=settings.eviction or DEFAULT_POLICY),
         is_leader=elector.is_leader, on_alert=alert_to_event(events, line), links=links,
         on_bound=bound,
-        events=events, agent_health=agent_health,
+        events=events, agent_health=agent_health, first=first,
     )
     # planned moves outlive this leader on its Lease (ledger.py)
     actuator.ledger = MoveLedger(client, settings.lease_namespace, settings.lease_name,
@@ -263,9 +270,13 @@ def start_kubernetes(
     elector.start()
     def warm() -> None:
         # once the caches hold whole lists, and the first batch has had its moment
-        # (first binding ~1 s after start), so the import does not compete with it
+        # (first binding ~1 s after start), so the import does not compete with it; and
+        # not during a burst (a batch that needs CP-SAT before then imports it itself)
         if actuator.wait_synced(600):
+            until = time.monotonic() + WARM_UP_MAX_S
             time.sleep(WARM_UP_DELAY_S)
+            while actuator.busy() and time.monotonic() < until:
+                time.sleep(0.2)
             solver.warm_up()
 
     threading.Thread(target=warm, daemon=True, name="warm-up").start()

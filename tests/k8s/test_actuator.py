@@ -19,6 +19,7 @@ from cloud_core.k8s import objects
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.informer import Reflector
+from cloud_core.k8s.prefetch import FirstLists
 from cloud_core.k8s.registry import RESIDENCY_REGION, NodeRegistry
 from cloud_core.placement import ClusterSnapshot, parse_pod, validate
 from tests.k8s.conftest import Cluster, wait_for
@@ -324,6 +325,36 @@ def test_primed_reflector_real_apiserver(cluster: Cluster, admin: KubeClient,
         wait_for(lambda: len(r.items()) == 16, what="the watch after the paged list")
     finally:
         r.stop()
+
+
+def test_first_lists_real_apiserver(cluster: Cluster, admin: KubeClient,
+                                    core_client: KubeClient) -> None:
+    """cfnet-core's early lists (``prefetch.FirstLists``, asked for before the engine is
+    imported) against the real API server: the actuator's reflectors take all three (asked
+    as they ask: path, page size, schema, query) and hold what a plain list holds."""
+    path = f"/api/v1/namespaces/{cluster.namespace}/pods"
+    admin.create(path, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bound-early"},
+                        "spec": {"nodeName": "somewhere", "containers": [
+                            {"name": "app", "image": "registry.example/app:1"}]}})
+    cluster.pod("pending-early", scheduler="other-scheduler")
+    first = FirstLists(core_client)
+    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="first-lists"),
+                   is_leader=lambda: False, first=first)
+    act.start()
+    try:
+        assert act.wait_synced(30), "the caches never synced from the early lists"
+        taken = {n: lst._taken for n, lst in (("nodes", first.nodes), ("pods", first.pods),
+                                              ("bound pods", first.bound_pods))}
+        assert all(taken.values()), f"early lists not taken: {taken}"
+        assert {"bound-early", "pending-early"} <= {o["metadata"]["name"]
+                                                    for o in act.pods.items()}
+        assert {o["metadata"]["name"] for o in act.nodes.items()} == \
+            {n["metadata"]["name"] for n in admin.list("/api/v1/nodes")[0]}
+        cluster.pod("after-early", scheduler="other-scheduler")
+        wait_for(lambda: any(o["metadata"]["name"] == "after-early" for o in act.pods.items()),
+                 what="the watch after the early list")
+    finally:
+        act.stop()
 
 
 def _lean(obj: dict[str, Any], status: tuple[str, ...], whole: bool) -> dict[str, Any]:

@@ -133,6 +133,30 @@ def test_importing_the_scheduler_does_not_import_the_kubernetes_client() -> None
     assert out.stdout.strip() == "False"
 
 
+def test_the_core_asks_for_its_lists_before_importing_the_engine() -> None:
+    """cloud_core.main imports at its top only what parsing needs: the placement engine
+    (numpy, OR-Tools) comes after the first lists are asked for (k8s/prefetch.py)."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", "import sys, cloud_core.main; "
+                          "print(sorted(m for m in ('numpy', 'ortools', 'cloud_core.placement', "
+                          "'cloud_core.service') if m in sys.modules))"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_an_unreadable_kubeconfig_stops_the_core_before_it_starts(tmp_path: Path) -> None:
+    """The Kubernetes client is set up first now (its lists start right away): a kubeconfig
+    that cannot be read exits 2 with the reason, before the database is opened."""
+    import subprocess
+    db = tmp_path / "core.db"
+    out = subprocess.run([sys.executable, "-m", "cloud_core.main", "--kubernetes",
+                          "--kubeconfig", str(tmp_path / "absent"), "--db", str(db)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "cannot reach the Kubernetes API" in out.stderr
+    assert not db.exists()
+
+
 def test_oversized_kubeconfig_is_refused_before_parsing(tmp_path: Path) -> None:
     from cloud_core.k8s.client import KUBECONFIG_MAX_BYTES
     p = tmp_path / "kc"

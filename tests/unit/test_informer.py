@@ -2,8 +2,9 @@
 against the real API server in tests/k8s/test_actuator.py::test_primed_reflector_real_apiserver).
 
 ``prime`` lists the pods already bound first and sets ``ready`` as soon as they are in the
-store; the full list then arrives page by page, each page handed to the handler before the
-next one is asked for; what vanished between the two lists is removed at the end.
+store; the full list then arrives page by page (fetched ahead by a thread of its own,
+``prefetch.ListAhead``), each page handed to the handler as it comes; what vanished between
+the two lists is removed at the end.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class FakeClient:
         self.pages = pages
         self.gate = threading.Event()  # page 2 and later wait for it
         self.asked: list[dict[str, Any]] = []
+        self.listing = threading.Event()  # the full list was asked for (by its own thread)
 
     def list(self, path: str, **query: Any) -> Page:
         self.asked.append(query)
@@ -38,6 +40,7 @@ class FakeClient:
 
     def list_pages(self, path: str, **query: Any) -> Iterator[Page]:
         self.asked.append(query)
+        self.listing.set()
         for i, page in enumerate(self.pages):
             if i:
                 assert self.gate.wait(10)
@@ -68,6 +71,8 @@ def test_ready_before_the_whole_list() -> None:
         assert {"gone", "b"} <= names  # every bound pod is in before deciding starts
         # the primed query first, with its field selector; then the full list
         assert fake.asked[0] == {"limit": 3, "schema": None, "fieldSelector": "spec.nodeName!="}
+        # the full list's pages are fetched by a thread of their own (prefetch.ListAhead)
+        assert fake.listing.wait(5), "the full list was never asked for"
         assert fake.asked[1] == {"limit": 3, "schema": None}
         fake.gate.set()
         assert r.synced.wait(5)
@@ -159,5 +164,31 @@ def test_a_burst_still_binding_counts_as_a_backlog() -> None:
         assert act.observe().backlog is True
         act._binding = 4
         assert act.observe().backlog is False
+    finally:
+        act._pool.shutdown()
+
+
+def test_the_cp_sat_warm_up_waits_while_a_burst_is_under_way() -> None:
+    """``Actuator.busy`` (what the background CP-SAT import waits on, wiring.py): the pods'
+    first list still coming, a pod to try now, or a binding in flight; none of them: a lull.
+    Built over None as above (no reflector started)."""
+    import time
+
+    from cloud_core.k8s.actuator import Actuator
+
+    act = Actuator(None)  # type: ignore[arg-type]
+    try:
+        assert act.busy()  # the pods' list is not in yet
+        act.pods.synced.set()
+        assert not act.busy()
+        act._binding = 1
+        assert act.busy()
+        act._binding = 0
+        with act._lock:
+            act.queue.add("ns/p", "ns", 0, time.monotonic())
+        assert act.busy()
+        with act._lock:
+            act.queue.remove("ns/p")
+        assert not act.busy()
     finally:
         act._pool.shutdown()

@@ -179,3 +179,12 @@ def test_both_kubernetes_schedulers_take_the_same_placement_flags() -> None:
         assert core.policy == ("spread" if argv else "cost")
     with pytest.raises(SystemExit):
         parse_args(["--kubernetes", "--placement-policy", "random"])
+
+
+def test_the_flags_offer_the_policies_the_engine_takes() -> None:
+    """k8s/flags.py names the policies without importing the engine (cfnet-core parses its
+    arguments before importing it): the same as the spec parser's."""
+    from cloud_core.k8s import flags
+    from cloud_core.placement.spec import POLICIES
+
+    assert flags.POLICIES == POLICIES
