@@ -1177,8 +1177,9 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
         # per class, the three cheapest nodes with room now: where a chain sends the pod
         # it displaces -- the first that is neither its own node nor the one the moving
         # pod leaves (refreshed each pass; checked again before a chain is made)
-        room = allowed.copy()
-        for r in range(3):
+        # (``cost`` is _NEVER already where a class may not go: no permission mask here)
+        room = fr[0][None, :] >= reqs[:, 0][:, None]
+        for r in (1, 2):
             room &= fr[r][None, :] >= reqs[:, r][:, None]
         cz = np.where(room, cost, _NEVER)
         part = np.argpartition(cz, top - 1, axis=1)[:, :top] if cz.shape[1] > top else \
