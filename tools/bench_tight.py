@@ -44,7 +44,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: set before numpy is i
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -355,8 +358,36 @@ def placed_bound(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[s
     return lb, most
 
 
+# ``--before-tree DIR``: the Kubernetes path of another checkout (say ``git archive`` of
+# the commit before a change), in one long-lived process that builds the same instance with
+# that tree's generator and places it on each "go" line read, alternated rep by rep with
+# this tree's (which goes first alternates too): before and after under the same load
+_BEFORE = """
+import hashlib, json, os, sys, time
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+from cloud_core.placement import EngineConfig, place
+from tools.bench_tight import make_tight
+n, p, seed, lo, hi = sys.argv[1:6]
+inst = make_tight(int(n), int(p), int(seed), (float(lo), float(hi)))
+cfg = EngineConfig(cpsat_polish=False)
+print("ready", flush=True)
+for _ in sys.stdin:
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = place(inst.snapshot, inst.pods, cfg)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    sig = hashlib.sha256(repr(sorted(res.assignments.items())).encode()).hexdigest()
+    print(json.dumps({"cpu": cpu, "wall": wall, "placed": len(res.assignments),
+                      "cost": res.total_cost, "sig": sig}), flush=True)
+"""
+BEFORE = "cfnet, Kubernetes default, --before-tree"
+
+
+def _signature(assignments: dict[str, str]) -> str:
+    return hashlib.sha256(repr(sorted(assignments.items())).encode()).hexdigest()
+
+
 def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
-             configs: dict[str, EngineConfig], lp: bool = True
+             configs: dict[str, EngineConfig], lp: bool = True, before_tree: str = ""
              ) -> tuple[list[str], TightInstance, dict[str, Any]]:
     inst = make_tight(n_nodes, n_pods, seed, (util - 0.03, util + 0.03))
     snap, pods = inst.snapshot, inst.pods
@@ -367,17 +398,39 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
     hidden_cost = cost_of(snap, pods, inst.hidden, EngineConfig())
     lines = []
     results: dict[str, Any] = {}
+    before: list[dict[str, Any]] = []
+    proc = None
+    if before_tree:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BEFORE, str(n_nodes), str(n_pods), str(seed),
+             str(util - 0.03), str(util + 0.03)], cwd=before_tree, text=True,
+            env=dict(os.environ, PYTHONPATH=before_tree), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise SystemExit(f"--before-tree {before_tree}: its process did not start")
+
+    def run_before() -> None:
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        before.append(json.loads(proc.stdout.readline()))
+
     for name, cfg in configs.items():
         walls, cpus, placed, costs, sigs = [], [], [], [], set()
         res = None
-        for _ in range(reps):
+        for i in range(reps):
+            if proc is not None and name == K8S and i % 2 == 0:
+                run_before()
             t0, c0 = time.perf_counter(), time.process_time()
             res = place(snap, pods, cfg)
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
             placed.append(len(res.assignments))
             costs.append(res.total_cost)
-            sigs.add(tuple(sorted(res.assignments.items())))
+            sigs.add(_signature(dict(res.assignments)))
+            if proc is not None and name == K8S and i % 2 == 1:
+                run_before()
         assert res is not None
         results[name] = res
         viol = len(validate(snap, pods, res.assignments, cfg))
@@ -396,6 +449,27 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
             f"{np.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f}) | "
             f"{np.median(cpus):.2f} | {len(sigs)} | {viol} |")
         print(lines[-1], f"  [{res.solver}; {dict(res.stats)}]", flush=True)
+        if before and name == K8S:
+            bc = [b["cpu"] for b in before]
+            bw = [b["wall"] for b in before]
+            same = {b["sig"] for b in before} == sigs
+            hid_b = (float(np.median([b["cost"] for b in before])) - hidden_cost) / hidden_cost
+            lines.append(
+                f"| {n_pods}x{n_nodes} @{util:.0%}, {BEFORE} | {known} | - | "
+                f"{int(np.median([b['placed'] for b in before]))} | - | - | "
+                f"{hid_b * 100:+.2f} % | "
+                f"{np.median(bw):.2f} ({min(bw):.2f}-{max(bw):.2f}) | "
+                f"{np.median(bc):.2f} ({min(bc):.2f}-{max(bc):.2f}) | "
+                f"{len({b['sig'] for b in before})} ({'the same' if same else 'NOT the same'} "
+                f"as this tree's) | - |")
+            print(lines[-1], "  [after/before CPU per pair: "
+                  f"{np.median([a / b for a, b in zip(cpus, bc, strict=True)]):.3f}; "
+                  f"this tree's CPU s {' '.join(f'{c:.2f}' for c in cpus)}; before "
+                  f"{' '.join(f'{c:.2f}' for c in bc)}]", flush=True)
+    if proc is not None:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=60)
     return lines, inst, results
 
 
@@ -566,6 +640,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--before-tree", default="",
+                    help="another checkout (e.g. `git archive` of an older commit): its "
+                         "Kubernetes path is placed alternately with this tree's, rep by "
+                         "rep, in a process of its own; CPU per pair and whether the answer "
+                         "is the same")
     ap.add_argument("--no-lp", action="store_true",
                     help="skip the LP bounds of the size table (minutes at 3,000 pods); "
                          "the reference and proof tables keep theirs")
@@ -596,7 +675,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     refs: list[str] = []
     for size in [x for x in a.sizes.split(",") if x]:
         p, n = (int(x) for x in size.split("x"))
-        _, inst, results = run_size(n, p, a.util, a.seed, a.reps, configs, not a.no_lp)
+        _, inst, results = run_size(n, p, a.util, a.seed, a.reps, configs, not a.no_lp,
+                                    a.before_tree)
         if seconds:  # printed as found (a run cut short keeps it), tabled again below
             refs.append(reference_row(f"{p}x{n} seed {a.seed}", inst.snapshot, inst.pods,
                                       results, seconds))
