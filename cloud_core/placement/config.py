@@ -122,7 +122,5 @@ class EngineConfig:
     descent_regret: float = 0.25
     # Its tables hold one integer cost per (class, node): above this many cells (about 20
     # bytes each at the peak, 200 MB here) the descent is skipped; stats["descent_skipped"].
-    # Its per-pod cost table (8 bytes per (class, pod), 80 MB here) is kept only up to as
-    # many cells; above, the same costs are gathered per pod looked at (slower, same moves).
     descent_max_cells: int = 10_000_000
     cost_scale: float = 1e5  # $/hour -> integer units for the solvers

@@ -1116,11 +1116,6 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
     # class with a request needs no separate mask of the movable pods
     p_req[:, ~p_mov] = -_NEVER
     p_cost = cost[p_cls, p_node]
-    # per class, its cost at each pod's node (kept in step as pods move): a pod's candidates
-    # are then one row, where gathering it over every pod was a sixth of each look's
-    # instructions; 8 bytes a (class, pod) cell, held up to ``descent_max_cells``
-    at_pod = (np.ascontiguousarray(cost_tb[p_node].T)
-              if n_cls * p_cls.size <= cfg.descent_max_cells else None)
     lo = cost.min(axis=1)
     lo_l = lo.tolist()
     mov_l = p_mov.tolist()
@@ -1215,8 +1210,7 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
             y0 = int(row.argmin())
             best_d, kind, best_b, z_chain = int(row[y0]) - here, 0, -1, -1
             # candidates b: movable, on a node where a is cheaper, a fits there once b left
-            # take: the same values as crow[p_node], cheaper
-            cp = at_pod[ca] if at_pod is not None else crow.take(p_node)
+            cp = crow.take(p_node)  # take: the same values as crow[p_node], cheaper
             m = cp < here
             if not dims:
                 m &= p_mov
@@ -1255,8 +1249,6 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
                 fr[:, x] += ra
                 fr[:, y0] -= ra
                 p_node[a], p_cost[a] = y0, cost[ca, y0]
-                if at_pod is not None:
-                    at_pod[:, a] = cost_tb[y0]
                 pn_l[a], pc_l[a] = y0, int(p_cost[a])
                 on_node[x].remove(a)
                 on_node[y0].append(a)
@@ -1290,8 +1282,6 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
                 fr[:, z] -= rb
                 p_node[a], p_cost[a] = y, cost[ca, y]
                 p_node[b], p_cost[b] = z, cost[cb1, z]
-                if at_pod is not None:
-                    at_pod[:, a], at_pod[:, b] = cost_tb[y], cost_tb[z]
                 pn_l[a], pc_l[a], pn_l[b], pc_l[b] = y, int(p_cost[a]), z, int(p_cost[b])
                 on_node[x].remove(a)
                 on_node[y].remove(b)
