@@ -359,10 +359,12 @@ def placed_bound(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[s
 
 
 # ``--before-tree DIR``: the Kubernetes path of another checkout (say ``git archive`` of
-# the commit before a change), in one long-lived process that builds the same instance with
-# that tree's generator and places it on each "go" line read, alternated rep by rep with
-# this tree's (which goes first alternates too): before and after under the same load
-_BEFORE = """
+# the commit before a change) and of this one, each in a long-lived process of its own that
+# builds the same instance with its tree's generator, warms up, and places it on each "go"
+# line read; the two are alternated rep by rep (which goes first alternates too), so both
+# are measured the same way under the same load (a run in this process was measured up to
+# 0.77x the other process's at load 1, against 1.0x for two like processes)
+_WORKER = """
 import hashlib, json, os, sys, time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 from cloud_core.placement import EngineConfig, place
@@ -370,6 +372,7 @@ from tools.bench_tight import make_tight
 n, p, seed, lo, hi = sys.argv[1:6]
 inst = make_tight(int(n), int(p), int(seed), (float(lo), float(hi)))
 cfg = EngineConfig(cpsat_polish=False)
+place(inst.snapshot, inst.pods[:50], cfg)
 print("ready", flush=True)
 for _ in sys.stdin:
     t0, c0 = time.perf_counter(), time.process_time()
@@ -379,7 +382,9 @@ for _ in sys.stdin:
     print(json.dumps({"cpu": cpu, "wall": wall, "placed": len(res.assignments),
                       "cost": res.total_cost, "sig": sig}), flush=True)
 """
-BEFORE = "cfnet, Kubernetes default, --before-tree"
+WORKERS = {"before": "cfnet, Kubernetes default, --before-tree (own process)",
+           "after": "cfnet, Kubernetes default, this tree (own process)"}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _signature(assignments: dict[str, str]) -> str:
@@ -398,30 +403,33 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
     hidden_cost = cost_of(snap, pods, inst.hidden, EngineConfig())
     lines = []
     results: dict[str, Any] = {}
-    before: list[dict[str, Any]] = []
-    proc = None
-    if before_tree:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _BEFORE, str(n_nodes), str(n_pods), str(seed),
-             str(util - 0.03), str(util + 0.03)], cwd=before_tree, text=True,
-            env=dict(os.environ, PYTHONPATH=before_tree), stdin=subprocess.PIPE,
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in WORKERS}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    for key, tree in (("before", before_tree), ("after", REPO)) if before_tree else ():
+        procs[key] = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(n_nodes), str(n_pods), str(seed),
+             str(util - 0.03), str(util + 0.03)], cwd=tree, text=True,
+            env=dict(os.environ, PYTHONPATH=tree), stdin=subprocess.PIPE,
             stdout=subprocess.PIPE)
-        assert proc.stdin is not None and proc.stdout is not None
-        if proc.stdout.readline().strip() != "ready":
-            raise SystemExit(f"--before-tree {before_tree}: its process did not start")
+        out = procs[key].stdout
+        assert out is not None
+        if out.readline().strip() != "ready":
+            raise SystemExit(f"--before-tree: the process of {tree} did not start")
 
-    def run_before() -> None:
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        before.append(json.loads(proc.stdout.readline()))
+    def run_workers(i: int) -> None:
+        for key in ("before", "after") if i % 2 == 0 else ("after", "before"):
+            pr = procs[key]
+            assert pr.stdin is not None and pr.stdout is not None
+            pr.stdin.write("go\n")
+            pr.stdin.flush()
+            runs[key].append(json.loads(pr.stdout.readline()))
 
     for name, cfg in configs.items():
         walls, cpus, placed, costs, sigs = [], [], [], [], set()
         res = None
         for i in range(reps):
-            if proc is not None and name == K8S and i % 2 == 0:
-                run_before()
+            if procs and name == K8S and i % 2 == 0:
+                run_workers(i)
             t0, c0 = time.perf_counter(), time.process_time()
             res = place(snap, pods, cfg)
             walls.append(time.perf_counter() - t0)
@@ -429,8 +437,8 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
             placed.append(len(res.assignments))
             costs.append(res.total_cost)
             sigs.add(_signature(dict(res.assignments)))
-            if proc is not None and name == K8S and i % 2 == 1:
-                run_before()
+            if procs and name == K8S and i % 2 == 1:
+                run_workers(i)
         assert res is not None
         results[name] = res
         viol = len(validate(snap, pods, res.assignments, cfg))
@@ -449,27 +457,28 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
             f"{np.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f}) | "
             f"{np.median(cpus):.2f} | {len(sigs)} | {viol} |")
         print(lines[-1], f"  [{res.solver}; {dict(res.stats)}]", flush=True)
-        if before and name == K8S:
-            bc = [b["cpu"] for b in before]
-            bw = [b["wall"] for b in before]
-            same = {b["sig"] for b in before} == sigs
-            hid_b = (float(np.median([b["cost"] for b in before])) - hidden_cost) / hidden_cost
-            lines.append(
-                f"| {n_pods}x{n_nodes} @{util:.0%}, {BEFORE} | {known} | - | "
-                f"{int(np.median([b['placed'] for b in before]))} | - | - | "
-                f"{hid_b * 100:+.2f} % | "
-                f"{np.median(bw):.2f} ({min(bw):.2f}-{max(bw):.2f}) | "
-                f"{np.median(bc):.2f} ({min(bc):.2f}-{max(bc):.2f}) | "
-                f"{len({b['sig'] for b in before})} ({'the same' if same else 'NOT the same'} "
-                f"as this tree's) | - |")
-            print(lines[-1], "  [after/before CPU per pair: "
-                  f"{np.median([a / b for a, b in zip(cpus, bc, strict=True)]):.3f}; "
-                  f"this tree's CPU s {' '.join(f'{c:.2f}' for c in cpus)}; before "
-                  f"{' '.join(f'{c:.2f}' for c in bc)}]", flush=True)
-    if proc is not None:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(timeout=60)
+        if procs and name == K8S:
+            for key, label in WORKERS.items():
+                rc = [r["cpu"] for r in runs[key]]
+                rw = [r["wall"] for r in runs[key]]
+                rs = {r["sig"] for r in runs[key]}
+                hid_r = (float(np.median([r["cost"] for r in runs[key]])) - hidden_cost
+                         ) / hidden_cost
+                lines.append(
+                    f"| {n_pods}x{n_nodes} @{util:.0%}, {label} | {known} | - | "
+                    f"{int(np.median([r['placed'] for r in runs[key]]))} | - | - | "
+                    f"{hid_r * 100:+.2f} % | {np.median(rw):.2f} ({min(rw):.2f}-{max(rw):.2f}) | "
+                    f"{np.median(rc):.2f} ({min(rc):.2f}-{max(rc):.2f}) | {len(rs)} "
+                    f"({'the same' if rs == sigs else 'NOT the same'} as this tree's) | - |")
+                print(lines[-1], f"  [CPU s {' '.join(f'{c:.2f}' for c in rc)}]", flush=True)
+            ratio = [x["cpu"] / y["cpu"] for x, y in zip(runs["after"], runs["before"],
+                                                          strict=True)]
+            print(f"  [after/before CPU per pair, own processes: median {np.median(ratio):.3f} "
+                  f"({min(ratio):.3f}-{max(ratio):.3f}) over {len(ratio)} pairs]", flush=True)
+    for pr in procs.values():
+        assert pr.stdin is not None
+        pr.stdin.close()
+        pr.wait(timeout=60)
     return lines, inst, results
 
 
@@ -642,9 +651,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--before-tree", default="",
                     help="another checkout (e.g. `git archive` of an older commit): its "
-                         "Kubernetes path is placed alternately with this tree's, rep by "
-                         "rep, in a process of its own; CPU per pair and whether the answer "
-                         "is the same")
+                         "Kubernetes path and this tree's, each in a process of its own, "
+                         "placed alternately rep by rep; CPU per pair and whether the "
+                         "answers are this tree's")
     ap.add_argument("--no-lp", action="store_true",
                     help="skip the LP bounds of the size table (minutes at 3,000 pods); "
                          "the reference and proof tables keep theirs")
