@@ -34,6 +34,8 @@ per seed, against CP-SAT's best in ``--family-seconds``.
     python -m tools.bench_tight [--sizes 3000x500,300x60 --util 0.95 --reps 5 --seed 1]
         [--reference-seconds 60,300] [--proof 50x10] [--family 200x40 --family-seeds 1-10]
         [--no-lp]  (the size table without its LP bounds: minutes at 3,000 pods)
+        [--before-tree DIR]  (DIR's Kubernetes path and this tree's, each in a process of
+                              its own, alternated rep by rep: CPU before/after, same answer)
 """
 
 from __future__ import annotations
