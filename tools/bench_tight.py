@@ -34,6 +34,8 @@ per seed, against CP-SAT's best in ``--family-seconds``.
     python -m tools.bench_tight [--sizes 3000x500,300x60 --util 0.95 --reps 5 --seed 1]
         [--reference-seconds 60,300] [--proof 50x10] [--family 200x40 --family-seeds 1-10]
         [--no-lp]  (the size table without its LP bounds: minutes at 3,000 pods)
+        [--before-tree DIR]  (DIR's Kubernetes path and this tree's, each in a process of
+                              its own, alternated rep by rep: CPU before/after, same answer)
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: set before numpy is i
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -355,8 +360,41 @@ def placed_bound(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[s
     return lb, most
 
 
+# ``--before-tree DIR``: the Kubernetes path of another checkout (say ``git archive`` of
+# the commit before a change) and of this one, each in a long-lived process of its own that
+# builds the same instance with its tree's generator, warms up, and places it on each "go"
+# line read; the two are alternated rep by rep (which goes first alternates too), so both
+# are measured the same way under the same load (a run in this process was measured up to
+# 0.77x the other process's at load 1, against 1.0x for two like processes)
+_WORKER = """
+import hashlib, json, os, sys, time
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+from cloud_core.placement import EngineConfig, place
+from tools.bench_tight import make_tight
+n, p, seed, lo, hi = sys.argv[1:6]
+inst = make_tight(int(n), int(p), int(seed), (float(lo), float(hi)))
+cfg = EngineConfig(cpsat_polish=False)
+place(inst.snapshot, inst.pods[:50], cfg)
+print("ready", flush=True)
+for _ in sys.stdin:
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = place(inst.snapshot, inst.pods, cfg)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    sig = hashlib.sha256(repr(sorted(res.assignments.items())).encode()).hexdigest()
+    print(json.dumps({"cpu": cpu, "wall": wall, "placed": len(res.assignments),
+                      "cost": res.total_cost, "sig": sig}), flush=True)
+"""
+WORKERS = {"before": "cfnet, Kubernetes default, --before-tree (own process)",
+           "after": "cfnet, Kubernetes default, this tree (own process)"}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _signature(assignments: dict[str, str]) -> str:
+    return hashlib.sha256(repr(sorted(assignments.items())).encode()).hexdigest()
+
+
 def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
-             configs: dict[str, EngineConfig], lp: bool = True
+             configs: dict[str, EngineConfig], lp: bool = True, before_tree: str = ""
              ) -> tuple[list[str], TightInstance, dict[str, Any]]:
     inst = make_tight(n_nodes, n_pods, seed, (util - 0.03, util + 0.03))
     snap, pods = inst.snapshot, inst.pods
@@ -367,17 +405,42 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
     hidden_cost = cost_of(snap, pods, inst.hidden, EngineConfig())
     lines = []
     results: dict[str, Any] = {}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in WORKERS}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    for key, tree in (("before", before_tree), ("after", REPO)) if before_tree else ():
+        procs[key] = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(n_nodes), str(n_pods), str(seed),
+             str(util - 0.03), str(util + 0.03)], cwd=tree, text=True,
+            env=dict(os.environ, PYTHONPATH=tree), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE)
+        out = procs[key].stdout
+        assert out is not None
+        if out.readline().strip() != "ready":
+            raise SystemExit(f"--before-tree: the process of {tree} did not start")
+
+    def run_workers(i: int) -> None:
+        for key in ("before", "after") if i % 2 == 0 else ("after", "before"):
+            pr = procs[key]
+            assert pr.stdin is not None and pr.stdout is not None
+            pr.stdin.write("go\n")
+            pr.stdin.flush()
+            runs[key].append(json.loads(pr.stdout.readline()))
+
     for name, cfg in configs.items():
         walls, cpus, placed, costs, sigs = [], [], [], [], set()
         res = None
-        for _ in range(reps):
+        for i in range(reps):
+            if procs and name == K8S and i % 2 == 0:
+                run_workers(i)
             t0, c0 = time.perf_counter(), time.process_time()
             res = place(snap, pods, cfg)
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
             placed.append(len(res.assignments))
             costs.append(res.total_cost)
-            sigs.add(tuple(sorted(res.assignments.items())))
+            sigs.add(_signature(dict(res.assignments)))
+            if procs and name == K8S and i % 2 == 1:
+                run_workers(i)
         assert res is not None
         results[name] = res
         viol = len(validate(snap, pods, res.assignments, cfg))
@@ -396,6 +459,28 @@ def run_size(n_nodes: int, n_pods: int, util: float, seed: int, reps: int,
             f"{np.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f}) | "
             f"{np.median(cpus):.2f} | {len(sigs)} | {viol} |")
         print(lines[-1], f"  [{res.solver}; {dict(res.stats)}]", flush=True)
+        if procs and name == K8S:
+            for key, label in WORKERS.items():
+                rc = [r["cpu"] for r in runs[key]]
+                rw = [r["wall"] for r in runs[key]]
+                rs = {r["sig"] for r in runs[key]}
+                hid_r = (float(np.median([r["cost"] for r in runs[key]])) - hidden_cost
+                         ) / hidden_cost
+                lines.append(
+                    f"| {n_pods}x{n_nodes} @{util:.0%}, {label} | {known} | - | "
+                    f"{int(np.median([r['placed'] for r in runs[key]]))} | - | - | "
+                    f"{hid_r * 100:+.2f} % | {np.median(rw):.2f} ({min(rw):.2f}-{max(rw):.2f}) | "
+                    f"{np.median(rc):.2f} ({min(rc):.2f}-{max(rc):.2f}) | {len(rs)} "
+                    f"({'the same' if rs == sigs else 'NOT the same'} as this tree's) | - |")
+                print(lines[-1], f"  [CPU s {' '.join(f'{c:.2f}' for c in rc)}]", flush=True)
+            ratio = [x["cpu"] / y["cpu"] for x, y in zip(runs["after"], runs["before"],
+                                                          strict=True)]
+            print(f"  [after/before CPU per pair, own processes: median {np.median(ratio):.3f} "
+                  f"({min(ratio):.3f}-{max(ratio):.3f}) over {len(ratio)} pairs]", flush=True)
+    for pr in procs.values():
+        assert pr.stdin is not None
+        pr.stdin.close()
+        pr.wait(timeout=60)
     return lines, inst, results
 
 
@@ -566,6 +651,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--before-tree", default="",
+                    help="another checkout (e.g. `git archive` of an older commit): its "
+                         "Kubernetes path and this tree's, each in a process of its own, "
+                         "placed alternately rep by rep; CPU per pair and whether the "
+                         "answers are this tree's")
     ap.add_argument("--no-lp", action="store_true",
                     help="skip the LP bounds of the size table (minutes at 3,000 pods); "
                          "the reference and proof tables keep theirs")
@@ -596,7 +686,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     refs: list[str] = []
     for size in [x for x in a.sizes.split(",") if x]:
         p, n = (int(x) for x in size.split("x"))
-        _, inst, results = run_size(n, p, a.util, a.seed, a.reps, configs, not a.no_lp)
+        _, inst, results = run_size(n, p, a.util, a.seed, a.reps, configs, not a.no_lp,
+                                    a.before_tree)
         if seconds:  # printed as found (a run cut short keeps it), tabled again below
             refs.append(reference_row(f"{p}x{n} seed {a.seed}", inst.snapshot, inst.pods,
                                       results, seconds))

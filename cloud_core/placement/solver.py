@@ -1100,9 +1100,9 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
     reqs = np.stack([c.req for c in classes]).astype(np.int64)
     allowed = np.stack([c.mask for c in classes])
     cost = np.where(allowed, np.stack(icost), _NEVER)
-    # per node, every class's cost and permission there (one contiguous row per node)
-    cost_t = np.ascontiguousarray(cost.T)
-    allowed_t = np.ascontiguousarray(allowed.T)
+    # per node, every class's cost there, _BIG where it may not go (one contiguous row per
+    # node): the swap check then compares requests only
+    cost_tb = np.ascontiguousarray(np.where(allowed, cost, _BIG).T)
     p_cls = np.array([ci for ci, _ in pods], dtype=np.int64)
     p_node = np.array([n for _, n in pods], dtype=np.int64)
     p_mov = movable[p_cls]
@@ -1112,6 +1112,9 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
     # column by column, much cheaper than ``(k, 3)`` comparisons reduced along an axis
     fr = np.ascontiguousarray((free - used).T)
     p_req = np.ascontiguousarray(reqs[p_cls].T)
+    # a pod that may not move never has room for another (its room below any request): a
+    # class with a request needs no separate mask of the movable pods
+    p_req[:, ~p_mov] = -_NEVER
     p_cost = cost[p_cls, p_node]
     lo = cost.min(axis=1)
     lo_l = lo.tolist()
@@ -1131,6 +1134,8 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
     # per class, its requests above zero as (resource, amount): what a room check compares
     dims_l = [[(r, v) for r, v in enumerate(rq) if v] for rq in reqs_l]
     p_cls_l = p_cls.tolist()
+    # the same as p_node and p_cost, as lists for the per-pod reads (kept in step)
+    pn_l, pc_l = p_node.tolist(), p_cost.tolist()
     reqs_t = np.ascontiguousarray(reqs.T)
 
     def chain_targets(sel: np.ndarray) -> None:
@@ -1159,7 +1164,7 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
 
     every = np.arange(p_cls.size)
     cx_key: tuple[int, int, int, int] | None = None
-    cx = cost_t[0]
+    cx = cost_tb[0]
     work = 0
     moves = 0
     for _ in range(cfg.descent_rounds):
@@ -1167,8 +1172,9 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
         # per class, the three cheapest nodes with room now: where a chain sends the pod
         # it displaces -- the first that is neither its own node nor the one the moving
         # pod leaves (refreshed each pass; checked again before a chain is made)
-        room = allowed.copy()
-        for r in range(3):
+        # (``cost`` is _NEVER already where a class may not go: no permission mask here)
+        room = fr[0][None, :] >= reqs[:, 0][:, None]
+        for r in (1, 2):
             room &= fr[r][None, :] >= reqs[:, r][:, None]
         cz = np.where(room, cost, _NEVER)
         part = np.argpartition(cz, top - 1, axis=1)[:, :top] if cz.shape[1] > top else \
@@ -1183,10 +1189,10 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
         slot = fr[:, p_node] + p_req
         regret = p_cost - lo[p_cls]
         for a in np.lexsort((every, -regret)).tolist():
-            ca, x = int(p_cls[a]), int(p_node[a])
-            here = int(p_cost[a])
+            ca, here = p_cls_l[a], pc_l[a]
             if not mov_l[a] or (here - lo_l[ca]) <= cfg.descent_regret * here:
                 continue
+            x = pn_l[a]
             if work >= cfg.descent_work:
                 break
             work += 1
@@ -1206,7 +1212,8 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
             # candidates b: movable, on a node where a is cheaper, a fits there once b left
             cp = crow.take(p_node)  # take: the same values as crow[p_node], cheaper
             m = cp < here
-            m &= p_mov
+            if not dims:
+                m &= p_mov
             for r, v in dims:
                 m &= slot[r] >= v
             idx = m.nonzero()[0]
@@ -1221,13 +1228,13 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
                     fx = reqs_t[0] <= key[1]
                     fx &= reqs_t[1] <= key[2]
                     fx &= reqs_t[2] <= key[3]
-                    fx &= allowed_t[x]
-                    cx, cx_key = np.where(fx, cost_t[x], _BIG), key
+                    cx, cx_key = np.where(fx, cost_tb[x], _BIG), key
                 d_sw = g + cx.take(cb)
                 z1 = ez[0].take(idx)
                 first = z1 != x
                 e1 = ec[0].take(idx)
-                if not first.all():  # b's first chain target is x itself: its second
+                if np.count_nonzero(first) < first.size:  # b's first chain target is x:
+                    # its second
                     e1 = np.where(first, e1, ec[1].take(idx))
                 d_ch = g + e1
                 j1, j2 = int(d_sw.argmin()), int(d_ch.argmin())
@@ -1242,6 +1249,7 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
                 fr[:, x] += ra
                 fr[:, y0] -= ra
                 p_node[a], p_cost[a] = y0, cost[ca, y0]
+                pn_l[a], pc_l[a] = y0, int(p_cost[a])
                 on_node[x].remove(a)
                 on_node[y0].append(a)
                 moved, touched = [a], on_node[x] + on_node[y0]
@@ -1274,6 +1282,7 @@ def _descend(classes: Sequence[ClassSpec], free: np.ndarray, icost: list[np.ndar
                 fr[:, z] -= rb
                 p_node[a], p_cost[a] = y, cost[ca, y]
                 p_node[b], p_cost[b] = z, cost[cb1, z]
+                pn_l[a], pc_l[a], pn_l[b], pc_l[b] = y, int(p_cost[a]), z, int(p_cost[b])
                 on_node[x].remove(a)
                 on_node[y].remove(b)
                 on_node[y].append(a)
