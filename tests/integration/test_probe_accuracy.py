@@ -325,62 +325,77 @@ def test_ebpf_loss_matches_kernel(lab: Lab, make_probe: Callable[[str], LinkProb
     port = 5100 + LOSS_CASES.index(next(c for c in LOSS_CASES if c.values[:4] == (
         traffic, family, gso, loss)))
     window = 6
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        lab.set_gso("b", gso)
-        lab.set_gso("a", gso)
-        lab.set_rate("b", rate)
-        lab.set_loss("b", loss)
-        if delay and delay_supported():
-            lab.set_delay("b", delay)
-        if traffic == "bulk":
-            procs.append(_sink(lab, "b", port, window + 6))
-            procs.append(lab.popen("a", [PY, "-m", "tools.traffic", "send", peer, "--port",
-                                         str(port), "--duration", str(window + 4),
-                                         "--rate-mbit", "0", "--max-mb", "200"],
-                                   stderr=subprocess.DEVNULL, text=True))
-        else:
-            procs.append(_server(lab, "b", port, "echo", window + 6))
-            # 6000-byte requests and responses: each RPC is several segments.
-            procs.append(lab.popen("a", [PY, "-m", "tools.lab", "pingpong", peer, "--port",
-                                         str(port), "--seconds", str(window + 4), "--count",
-                                         "100000", "--gap", "0.001", "--size", "6000",
-                                         "--report-every", "60"],
-                                   stdout=subprocess.DEVNULL, text=True))
-        # Connected and past the handshake before the window opens: at 12 % loss a SYN or
-        # SYN-ACK is lost often enough, and the sender's retries (tools.traffic) late enough,
-        # that a fixed second left the whole window empty once (0 segments for both probes).
-        # Flowing means data, not a retransmitted SYN (1 segment out, 1 retransmitted: a
-        # handshake still backing off passed a "> 0" check once, in CI, and the window stayed
-        # empty): once connected the load sends hundreds of segments a second.
-        flowing = time.monotonic() + 15.0
-        seen = 0
-        while time.monotonic() < flowing and seen <= 20:
-            seen += sum(s.segs_out for s in kernel.collect() if s.peer == peer)
-            time.sleep(0.5)
-        probe.collect()
-        kernel.collect()
-        got: list[LinkSample] = []
-        ref: list[LinkSample] = []
-        for _ in range(window):
-            time.sleep(1.0)
-            got += [s for s in probe.collect() if s.peer == peer]
-            ref += [s for s in kernel.collect() if s.peer == peer]
-    finally:
-        # Measured: stop the load now rather than wait for its own deadline.
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
-        lab.set_loss("b", 0.0)
-        lab.set_rate("b", None)
-        lab.set_gso("b", False)
-        lab.set_gso("a", False)
-        if delay and delay_supported():
-            lab.set_delay("b", 0.0)
+
+    def measure(port: int) -> tuple[list[LinkSample], list[LinkSample]]:
+        """One run of the load and the window: the eBPF probe's and the kernel's samples."""
+        procs: list[subprocess.Popen[str]] = []
+        try:
+            lab.set_gso("b", gso)
+            lab.set_gso("a", gso)
+            lab.set_rate("b", rate)
+            lab.set_loss("b", loss)
+            if delay and delay_supported():
+                lab.set_delay("b", delay)
+            if traffic == "bulk":
+                procs.append(_sink(lab, "b", port, window + 6))
+                procs.append(lab.popen("a", [PY, "-m", "tools.traffic", "send", peer, "--port",
+                                             str(port), "--duration", str(window + 4),
+                                             "--rate-mbit", "0", "--max-mb", "200"],
+                                       stderr=subprocess.DEVNULL, text=True))
+            else:
+                procs.append(_server(lab, "b", port, "echo", window + 6))
+                # 6000-byte requests and responses: each RPC is several segments.
+                procs.append(lab.popen("a", [PY, "-m", "tools.lab", "pingpong", peer, "--port",
+                                             str(port), "--seconds", str(window + 4), "--count",
+                                             "100000", "--gap", "0.001", "--size", "6000",
+                                             "--report-every", "60"],
+                                       stdout=subprocess.DEVNULL, text=True))
+            # Connected and past the handshake before the window opens: at 12 % loss a SYN or
+            # SYN-ACK is lost often enough, and the sender's retries (tools.traffic) late enough,
+            # that a fixed second left the whole window empty once (0 segments for both probes).
+            # Flowing means data, not a retransmitted SYN (1 segment out, 1 retransmitted: a
+            # handshake still backing off passed a "> 0" check once, in CI, and the window stayed
+            # empty): once connected the load sends hundreds of segments a second.
+            flowing = time.monotonic() + 15.0
+            seen = 0
+            while time.monotonic() < flowing and seen <= 20:
+                seen += sum(s.segs_out for s in kernel.collect() if s.peer == peer)
+                time.sleep(0.5)
+            probe.collect()
+            kernel.collect()
+            got: list[LinkSample] = []
+            ref: list[LinkSample] = []
+            for _ in range(window):
+                time.sleep(1.0)
+                got += [s for s in probe.collect() if s.peer == peer]
+                ref += [s for s in kernel.collect() if s.peer == peer]
+        finally:
+            # Measured: stop the load now rather than wait for its own deadline.
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait(10)
+            lab.set_loss("b", 0.0)
+            lab.set_rate("b", None)
+            lab.set_gso("b", False)
+            lab.set_gso("a", False)
+            if delay and delay_supported():
+                lab.set_delay("b", 0.0)
+        return got, ref
+
+    # The load is the lab's, not what this test measures: a window in which the kernel itself
+    # counted no flow (the echo or the client gave up on a lossy link: CI, once, the
+    # connection was gone within the window) is measured again, once. A window the kernel
+    # saw flowing and the probe did not is a failure, never retried.
+    got, ref = measure(port)
+    if sum(s.segs_out for s in ref) <= 300:
+        print(f"the kernel counted {sum(s.segs_out for s in ref)} segments in the window: "
+              "the load did not flow; measured again")
+        got, ref = measure(port + 50)  # a port of its own: the first load's may linger
     e_re, e_segs = sum(s.retrans for s in got), sum(s.segs_out for s in got)
     k_re, k_segs = sum(s.retrans for s in ref), sum(s.segs_out for s in ref)
-    assert e_segs > 300 and k_segs > 300, (got, ref)
+    assert k_segs > 300, f"the load did not flow twice: the kernel counted {k_segs} segments"
+    assert e_segs > 300, f"eBPF counted {e_segs} segments where the kernel counted {k_segs}: {got}"
     e_loss, k_loss = e_re / e_segs, k_re / k_segs
     tol = max(0.01, 0.15 * k_loss)
     print(f"{traffic}/{family}/gso={gso}/loss={loss}: ebpf {e_loss:.4f} ({e_re}/{e_segs}) vs "
