@@ -280,13 +280,17 @@ class ControlPlane:
                 self.stop()
                 raise
 
+    def _stop_controllers(self) -> tuple[bool, bool]:
+        """Stop kube-scheduler and kube-controller-manager; whether each of them ran."""
+        ran = (self.kcm_proc is not None, self.sched_proc is not None)
+        for proc in (self.sched_proc, self.kcm_proc):
+            if proc is not None:
+                _terminate(proc)
+        self.sched_proc = self.kcm_proc = None
+        return ran
+
     def stop(self) -> None:
-        if self.sched_proc is not None:
-            _terminate(self.sched_proc)
-            self.sched_proc = None
-        if self.kcm_proc is not None:
-            _terminate(self.kcm_proc)
-            self.kcm_proc = None
+        self._stop_controllers()
         self.stop_apiserver()
         if self.etcd_proc is not None:
             _terminate(self.etcd_proc)
@@ -312,13 +316,10 @@ class ControlPlane:
         if self.api_proc is not None:
             return
         self._start_apiserver()
-        if self.kcm_proc is not None:
-            _terminate(self.kcm_proc)
-            self.kcm_proc = None
+        kcm, scheduler = self._stop_controllers()
+        if kcm:
             self._start_controller_manager()
-        if self.sched_proc is not None:
-            _terminate(self.sched_proc)
-            self.sched_proc = None
+        if scheduler:
             self._start_scheduler()
 
     def restart(self, down_s: float = 0.0) -> None:
