@@ -53,6 +53,12 @@ DPKG_OPTS=(--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/us
 PURGE=(usrmerge libfile-find-rule-perl libnumber-compare-perl libtext-glob-perl perl
        perl-modules-5.36 libperl5.36)
 log() { printf '[images %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+# podman commands that change the image store (import, build, rmi), one at a time across
+# processes: the amd64 and arm64 builds run side by side (tests/deploy/conftest.py), and a
+# `--layers` build that looks up its cache while another process removes an image fails with
+# "getting top layer info: layer not known" (CI, podman 4.3). Reads need no lock.
+STORE_LOCK="${CFNET_PODMAN_LOCK:-/run/lock/cfnet-podman-store.lock}"
+store() { mkdir -p "$(dirname "$STORE_LOCK")"; flock "$STORE_LOCK" podman "$@"; }
 
 base_key() { printf '%s\n' "$SUITE" minbase usr-is-merged updates security "$MIRROR" "${DPKG_OPTS[@]}" "${PURGE[@]}" | sha256sum | cut -c1-12; }
 
@@ -78,7 +84,7 @@ ensure_base() {
   else
     log "base rootfs cached: $tar"
   fi
-  podman import --quiet --change 'CMD ["bash"]' \
+  store import --quiet --change 'CMD ["bash"]' \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     "$tar" "$BASE" >/dev/null
   log "imported $tar as $BASE"
@@ -112,7 +118,7 @@ ensure_base_arm64() {
     mv "$tar.tmp" "$tar"
     log "mmdebstrap arm64 done in $((SECONDS - t0)) s ($(du -m "$tar" | cut -f1) MB)"
   fi
-  podman import --quiet --arch arm64 --change 'CMD ["bash"]' --change "LABEL key=$(arm_key)" \
+  store import --quiet --arch arm64 --change 'CMD ["bash"]' --change "LABEL key=$(arm_key)" \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     "$tar" "$ARM_BASE" >/dev/null
   log "imported $tar as $ARM_BASE"
@@ -193,11 +199,11 @@ build_arm64() {
   arm_python "$flavour" "$ctx"
   cp Containerfile "$ctx/Containerfile"
   log "building $img (Containerfile target $flavour-prebuilt, --arch arm64, COPY only)"
-  podman build --quiet --layers --isolation chroot --arch arm64 --target "$flavour-prebuilt" \
+  store build --quiet --layers --isolation chroot --arch arm64 --target "$flavour-prebuilt" \
     --label "srckey=$key" --build-arg "BASE=$ARM_BASE" -f "$ctx/Containerfile" -t "$img" \
     "$ctx" >/dev/null
   new=$(podman image inspect --format '{{.Id}}' "$img")
-  if [[ -n "$old" && "$old" != "$new" ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
+  if [[ -n "$old" && "$old" != "$new" ]]; then store rmi "$old" >/dev/null 2>&1 || true; fi
   log "cfnet-$flavour-arm64:$TAG built in $((SECONDS - t0)) s"
   echo "$img"
 }
@@ -232,11 +238,11 @@ build() {
   # --layers: reuse unchanged steps across runs (podman's default is no layer cache for build)
   # --isolation chroot: RUN steps need no OCI runtime, so builds work where crun/runc cannot
   # start a container (this machine's cgroup v1/v2 hybrid; see run_flags).
-  podman build --quiet --layers --isolation chroot --target "$target" --build-arg "BASE=$BASE" \
+  store build --quiet --layers --isolation chroot --target "$target" --build-arg "BASE=$BASE" \
     --label "srckey=$key" "${secret[@]}" "${ctx[@]}" -f Containerfile -t "localhost/cfnet-$target:$TAG" . >/dev/null
   new=$(podman image inspect --format '{{.Id}}' "localhost/cfnet-$target:$TAG")
   # The image this one replaces (untagged now) would keep its layers on disk forever.
-  if [[ -n "$old" && "$old" != "$new" ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
+  if [[ -n "$old" && "$old" != "$new" ]]; then store rmi "$old" >/dev/null 2>&1 || true; fi
   log "cfnet-$target:$TAG built in $((SECONDS - t0)) s"
   echo "localhost/cfnet-$target:$TAG"
 }
