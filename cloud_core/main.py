@@ -346,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("ingest: %d accepted, %d duplicate, %d rejected %s\n%s\n\n%s",
                  c.accepted, c.duplicates, c.rejected_total, c.rejected or "",
                  render_nodes(snap), render_links(snap))
+    if kube is not None:
+        # The Lease first: a standby takes over while the rest of this replica winds down.
+        kube.elector.stop(release=True)
     if enroll is not None:
         enroll.stop()
     if kube is not None:

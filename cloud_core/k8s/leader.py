@@ -8,6 +8,12 @@ renewal). The holder stops acting as soon as it has not renewed for ``renew_dead
 (< lease duration), so the clocks of the replicas may differ by up to the difference
 before two of them could act at once; the API server's UID-preconditioned bindings keep even
 that case from binding a pod twice. A graceful stop releases the lease for a fast handover.
+
+A candidate campaigns only once it could act (``start(ready=...)``: cfnet-core passes its
+caches' readiness), as kube-scheduler starts its informers and waits for their sync before it
+runs its leader elector (cmd/kube-scheduler/app/server.go): a replacement pod still listing
+does not take the lease from under a warm standby, and a leader never holds the lease while
+it cannot decide.
 """
 
 from __future__ import annotations
@@ -64,12 +70,16 @@ class LeaderElector:
         self._leading = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ready: Callable[[float], bool] | None = None
         self.transitions_seen = 0
 
     def is_leader(self) -> bool:
         return self._leading and self.clock() - self._last_renew < self.renew_deadline_s
 
-    def start(self) -> None:
+    def start(self, ready: Callable[[float], bool] | None = None) -> None:
+        """Campaign in a thread of its own; with ``ready`` (wait up to N seconds, say whether
+        this replica can act), only once it says so."""
+        self._ready = ready
         self._thread = threading.Thread(target=self.run, name="leader-election", daemon=True)
         self._thread.start()
 
@@ -92,6 +102,9 @@ class LeaderElector:
             cb()
 
     def run(self) -> None:
+        if self._ready is not None:
+            while not self._stop.is_set() and not self._ready(self.retry_period_s):
+                pass  # each call waits up to a retry period: stop() is heard within one
         while not self._stop.is_set():
             try:
                 wait = self.try_acquire_or_renew()

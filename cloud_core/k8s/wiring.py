@@ -267,7 +267,10 @@ def start_kubernetes(
     tune_gc()  # the core is this process: its caches are the scheduler's
     actuator.start()
     pools.start()
-    elector.start()
+    # Campaign once the caches can decide (every node, every bound pod), as kube-scheduler
+    # waits for its informers' sync before its leader elector runs: a replacement pod does
+    # not take the Lease from a warm standby while it is still listing.
+    elector.start(ready=actuator.wait_ready)
     def warm() -> None:
         # once the caches hold whole lists, and the first batch has had its moment
         # (first binding ~1 s after start), so the import does not compete with it; and

@@ -4,6 +4,7 @@ mid-burst hands over to the other within the lease duration, and no pod is bound
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import queue
@@ -17,6 +18,7 @@ from typing import IO, Any
 
 import pytest
 
+from cloud_core.errors import KubeNotFound
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.leader import LeaderElector, _parse_micro
 from tests.k8s.conftest import ROOT, Cluster, wait_for
@@ -194,3 +196,38 @@ def test_three_candidates_one_leader_and_graceful_handover(
     finally:
         for e in els:
             e.stop(release=True)
+
+
+def test_a_candidate_campaigns_only_once_it_can_act(control_plane: ControlPlane) -> None:
+    """``start(ready=...)``: a replica whose caches are still listing does not create, take
+    or renew the Lease (kube-scheduler waits for its informers' sync before it campaigns);
+    it campaigns as soon as it is ready, and stop() is heard while it waits. (An admin client
+    and a Lease of its own: the chart's Role grants the core its one Lease name only.)"""
+    client = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+    path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/cfnet-ready-gate"
+    gate = threading.Event()
+    cold = LeaderElector(client, "default", "cfnet-ready-gate", "cold",
+                         lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.3)
+    never = LeaderElector(client, "default", "cfnet-ready-gate", "never",
+                          lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.3)
+    cold.start(ready=gate.wait)
+    never.start(ready=lambda t: time.sleep(t) or False)
+    try:
+        time.sleep(1.5)  # five retry periods: an ungated candidate would hold it by now
+        assert not cold.is_leader() and not never.is_leader()
+        assert cold.last_contact == 0.0  # not one call to the API server
+        with pytest.raises(KubeNotFound):
+            client.get(path)
+        gate.set()
+        wait_for(cold.is_leader, timeout=10, what="the candidate, ready now, leading")
+        assert client.get(path)["spec"]["holderIdentity"] == "cold"
+        t0 = time.monotonic()
+        never.stop(release=True)
+        assert time.monotonic() - t0 < 1.0  # heard within one retry period
+        assert not never.is_leader()
+    finally:
+        cold.stop(release=True)
+        never.stop(release=True)
+        with contextlib.suppress(KubeNotFound):
+            client.delete(path)
+        client.close()
