@@ -135,7 +135,8 @@ def encode_jwt(kp: Any, claims: dict[str, Any]) -> str:
 
 def new_account_seed() -> str:
     """A fresh account nkey seed (``SA...``), the callout's signing key."""
-    return nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT).decode()
+    seed: bytes = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT)
+    return seed.decode()
 
 
 def account_public(seed: str) -> str:

@@ -110,8 +110,8 @@ def render_links(snap: StateSnapshot, node: str | None = None) -> str:
 
 def cut(s: Any, n: int) -> str:
     """``s`` in at most ``n`` characters ('-' for None), an ellipsis marking a cut."""
-    s = "-" if s is None else str(s)
-    return s if len(s) <= n else s[: n - 1] + "…"
+    t = "-" if s is None else str(s)
+    return t if len(t) <= n else t[: n - 1] + "…"
 
 
 def nodes_table(data: list[dict[str, Any]]) -> str:

@@ -83,7 +83,7 @@ class Btf:
             return None
         for i in range(vlen):
             m_name, m_type, m_off = struct.unpack_from("<III", self._data, p + 12 * i)
-            bits = m_off & 0xFFFFFF if kflag else m_off
+            bits = int(m_off & 0xFFFFFF if kflag else m_off)
             if m_name and self._name(m_name) == member:
                 return bits // 8
             if not m_name:

@@ -284,7 +284,7 @@ class MqttClient:
         self._stopping.clear()
         try:
             if self._v5:
-                props = Properties(PacketTypes.CONNECT)
+                props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]  # paho: no hints
                 props.SessionExpiryInterval = self.settings.session_expiry_s
                 self._client.connect_async(
                     self.settings.host, self.settings.port, keepalive=self.settings.keepalive_s,
@@ -319,7 +319,7 @@ class MqttClient:
         """Disconnect. ``graceful=False`` drops the socket so the broker sends our will."""
         self._stopping.set()
         if graceful and self._v5:
-            props = Properties(PacketTypes.DISCONNECT)
+            props = Properties(PacketTypes.DISCONNECT)  # type: ignore[no-untyped-call]  # paho: no hints
             props.SessionExpiryInterval = self.settings.session_expiry_s
             self._client.disconnect(properties=props)
         elif graceful:
@@ -374,7 +374,7 @@ class MqttClient:
                 payload = wrap(payload, correlation_data,
                                time.time() + message_expiry_s if message_expiry_s else None)
         elif response_topic or correlation_data or message_expiry_s:
-            props = Properties(PacketTypes.PUBLISH)
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]  # paho: no hints
             if response_topic:
                 props.ResponseTopic = response_topic
             if correlation_data:

@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,7 +340,7 @@ def med(xs: Sequence[float], spec: str) -> str:
 
 
 def table(runs: dict[str, list[Run]], nodes: int, steady_s: float) -> str:
-    rows = [
+    rows: list[tuple[str, Callable[[Run], float], str]] = [
         ("reports/s ingested (offered)", lambda r: r.rate, ",.0f"),
         ("p99 staleness, s", lambda r: r.p99_stale, ".2f"),
         ("bus CPU, cores / 1,000 nodes", lambda r: r.bus_cpu_per_k, ".3f"),
@@ -423,11 +423,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"QoS {a.ack_qos} ack a second each for {a.steady:g} s; median of {a.runs} "
               "(min-max)\n")
         print("| | " + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
-        for label, f, spec in (
+        srows: tuple[tuple[str, Callable[[Sessions], float], str], ...] = (
                 ("connect all, s", lambda x: x.connect_s, ".1f"),
                 ("bus memory, MiB / 1,000 sessions", lambda x: x.rss_mib_per_k, ".0f"),
                 ("bus CPU for acks, cores / 1,000 sessions", lambda x: x.bus_cpu_per_k, ".3f"),
-                ("acks delivered", lambda x: 100 * x.delivered, ".0f")):
+                ("acks delivered", lambda x: 100 * x.delivered, ".0f"))
+        for label, f, spec in srows:
             print(f"| {label} | " + " | ".join(med([f(x) for x in sess[k]], spec)
                                              for k in kinds) + " |")
     print(f"\n(python -m tools.bench_bus {' '.join(sys.argv[1:] if argv is None else argv)}; "

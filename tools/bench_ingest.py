@@ -156,7 +156,7 @@ class RawLoop:
     def start(self) -> None:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
-        props = Properties(PacketTypes.CONNECT)
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = 3600
         self._c.connect(self._broker.host, self._broker.port, keepalive=30,
                         clean_start=False, properties=props)
@@ -168,7 +168,7 @@ class RawLoop:
     def stop(self) -> None:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
-        props = Properties(PacketTypes.DISCONNECT)
+        props = Properties(PacketTypes.DISCONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = 3600
         self._c.disconnect(properties=props)
         self._c.loop_stop()

@@ -266,7 +266,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            ev = self.peek_event()
+            ev = self.peek_event()  # type: ignore[no-untyped-call]  # PyYAML: no hints
             raise yaml.YAMLError(f"aliases (*{ev.anchor}) are not accepted{ev.start_mark}")
         return super().compose_node(parent, index)
 

@@ -274,8 +274,9 @@ class Endpoint:
 
         cfg = k8s.Configuration()
         try:
-            k8s_config.load_kube_config(config_file=path, context=context,
-                                        client_configuration=cfg, persist_config=False)
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]  # no hints upstream
+                config_file=path, context=context, client_configuration=cfg,
+                persist_config=False)
         except Exception as e:  # a third-party loader on an operator's file: any failure
             raise KubeError(f"cannot load kubeconfig {path}: {e}") from e
         if cfg.proxy:

@@ -292,7 +292,7 @@ class SchedulingQueue:
         """Upstream's calculateBackoffDuration: initial × 2^(attempts-1), at most max."""
         if attempts <= 0:
             return 0.0
-        return min(self.backoff_initial_s * 2 ** min(attempts - 1, 30), self.backoff_max_s)
+        return float(min(self.backoff_initial_s * 2 ** min(attempts - 1, 30), self.backoff_max_s))
 
     # -- events (queueing hints) -------------------------------------------------------------
     def on_event(self, ev: ClusterEvent, now: float,

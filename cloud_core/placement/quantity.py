@@ -78,15 +78,15 @@ class Quantity:
                 out = num * 10**e if e >= 0 else -(-num // 10**-e)
         if out > MAX_INT64:
             raise QuantityError(f"is too large: {what} above {MAX_INT64} cannot be counted")
-        return -out if self.negative else out
+        return int(-out if self.negative else out)
 
     def _over_max_units(self) -> bool:
         if self._log10_upper() > 21:
             return True
         num = self.mantissa * 2**self.exp2
         if self.exp10 >= 0:
-            return num * 10**self.exp10 > MAX_INT64
-        return num > MAX_INT64 * 10**-self.exp10
+            return bool(num * 10**self.exp10 > MAX_INT64)
+        return bool(num > MAX_INT64 * 10**-self.exp10)
 
 
 def _scan(s: str) -> tuple[bool, str, str, str]:
