@@ -229,3 +229,20 @@ def test_a_dataclass_without_a_docstring_still_gets_its_signature() -> None:
             "assert str(inspect.signature(P)) == \"(a: int, b: str = 'x') -> None\"\n"
             "print(json.dumps(sorted(sys.modules)))")
     assert "ast" in _modules(code)
+
+
+def test_one_malloc_arena_unless_the_environment_says_otherwise() -> None:
+    # cfnet-agent asks glibc for one malloc arena before its threads start (issue 27); an
+    # explicit MALLOC_ARENA_MAX (or GLIBC_TUNABLES arena setting) is left to glibc.
+    code = "from edge_agent.main import one_malloc_arena\nprint(one_malloc_arena())"
+
+    def run(env: dict[str, str]) -> str:
+        r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                           text=True, timeout=60, check=False,
+                           env={"PATH": "/usr/bin:/bin", **env})
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip()
+
+    assert run({}) == "True"
+    assert run({"MALLOC_ARENA_MAX": "4"}) == "False"
+    assert run({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == "False"
