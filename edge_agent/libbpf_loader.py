@@ -355,11 +355,13 @@ def _load(lib: _Libbpf, obj_file: Path, *, config: bytes, max_entries: dict[str,
 
 
 def available() -> str:
-    """'' if libbpf can be used here, else why not (for the loader choice's reason)."""
+    """'' if libbpf can be used here, else why not (for the loader choice's reason). Not
+    kept loaded for it: the probe's check after the load would map it again for good."""
     try:
         libbpf()
     except ProbeError as exc:
         return str(exc)
+    _unload_if_idle()
     return ""
 
 

@@ -131,6 +131,8 @@ def test_core_probe_loads_in_process_counts_and_detaches_on_close(
         assert hand.owner is None and len(hand.events) == 3, (hand.owner, hand.events)
         assert not _libbpf_mapped(), "libbpf still mapped after the load"
         assert libbpf_loader._users == 0 and libbpf_loader._lib is None
+        # The loader choice's check (the probe's, after the load) does not map it again.
+        assert bpf_loader.choose()[0] == "core" and not _libbpf_mapped()
     finally:
         probe.close()
     assert not any(prog_alive(i) for i in ids), "programs still loaded after close"
