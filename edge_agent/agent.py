@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class AgentStats:
+    """What the agent did since it started (counters; logged at stop, read by tests)."""
     reports: int = 0
     published: int = 0  # sends, resends included
     resent: int = 0

@@ -211,17 +211,19 @@ class Handoff:
     loader: str = "bcc"
     reason: str = ""  # why this loader (for BCC: why not CO-RE)
     kernel_counters: bool = False  # the programs read tcp_sock's segs_out/total_retrans
-    owner: Any = None  # what owns the descriptors instead of us (libbpf's object)
+    owner: Any = None  # what owns the descriptors instead of us (libbpf's object, if kept)
+    # Perf events the links hold (CO-RE on a kernel with BPF links: libbpf_loader._release)
+    events: list[int] = field(default_factory=list)
 
     def close(self) -> None:
         owner, self.owner = self.owner, None
         if owner is not None:
             owner.close()  # libbpf's: destroys the links (detach) and closes its descriptors
         else:
-            for fd in [*self.links, *self.progs.values(), *self.maps.values()]:
+            for fd in [*self.links, *self.events, *self.progs.values(), *self.maps.values()]:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.links, self.progs, self.maps = [], {}, {}
+        self.links, self.events, self.progs, self.maps = [], [], {}, {}
 
 
 class PendingLoad:
@@ -442,12 +444,13 @@ def load_core(req: LoadRequest, reason: str = "") -> Handoff:
     cfg.include_loopback = int(bool(p.get("include_loopback", 0)))
     cfg.probe_port = int(p.get("probe_port", 7946))
     peers = int(p.get("max_peers", 4096))
-    core, maps, progs, links = libbpf_loader.load(
+    core, maps, progs, links, events = libbpf_loader.load(
         libbpf_loader.object_path(bpf_dir()), config=bytes(cfg),
         max_entries={"peers": peers, "rtt_hist": peers * 16}, maps=list(req.maps))
     libbpf_loader.trim_heap()
     return Handoff(maps=maps, progs=progs, links=links, cflags=[], loader_pid=os.getpid(),
-                   loader="core", reason=reason, kernel_counters=True, owner=core)
+                   loader="core", reason=reason, kernel_counters=True, owner=core,
+                   events=events)
 
 
 def start_loader(req: LoadRequest) -> PendingLoad:

@@ -27,6 +27,7 @@ class ReportBufferError(AgentError):
 
 @dataclass(frozen=True, slots=True)
 class Pending:
+    """One buffered report: its row id, sequence number, encoded payload and boot."""
     id: int
     seq: int
     payload: bytes

@@ -34,6 +34,7 @@ from edge_agent.wire import valid_id
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
+    """The agent's configuration: command line over file over defaults (:func:`load_config`)."""
     node: str
     broker_host: str = "127.0.0.1"
     broker_port: int = 8883

@@ -27,6 +27,7 @@ RAPL_ROOT = Path("/sys/class/powercap")
 
 @dataclass(frozen=True, slots=True)
 class InterfaceSample:
+    """One network interface's counters as /sys/class/net reports them (cumulative)."""
     name: str
     rx_bytes: int
     tx_bytes: int

@@ -14,7 +14,20 @@ program would use its skeleton:
 
 The result is a :class:`~edge_agent.bpf_loader.Handoff` like the BCC loader's: the map,
 program and attachment descriptors, which the agent reads with ``bpf(2)``
-(:mod:`edge_agent.bpfsys`). Closing it destroys the links and the object (detach, free).
+(:mod:`edge_agent.bpfsys`).
+
+Once attached, libbpf has nothing left to do in a long-lived agent, so the descriptors are
+taken from it, as the BCC loader's process hands them over (:func:`_release`): the map and
+program descriptors are duplicated, each link is *disconnected* (``bpf_link__disconnect``:
+destroying it then frees libbpf's memory without detaching, and leaves its descriptors
+open: the BPF link's and, for a tracepoint, the perf event's it holds), the object is
+closed, and when no load is running and no object is kept libbpf itself is unloaded
+(``dlclose``: libbpf and libelf, ~0.4 MiB of the agent's resident memory, issue 27).
+Closing the handoff's descriptors then detaches, as with BCC's. The perf event's
+descriptor is read from libbpf's ``struct bpf_link_perf`` (``libbpf_internal.h``, the same
+from 1.0 to 1.7), checked against ``bpf_link__fd`` and the descriptor's kind; where a
+check fails the object is kept, and closing the handoff destroys the links and the object
+through libbpf as before.
 
 No separate process: libbpf is 0.4 MiB mapped and a load takes tens of milliseconds, so
 none of the reasons the BCC loader has one (LLVM mapped, a compile of seconds) apply.
@@ -66,6 +79,20 @@ class _OpenOpts(ctypes.Structure):
                 ("btf_custom_path", ctypes.c_char_p)]
 
 
+class _Link(ctypes.Structure):
+    """struct bpf_link (libbpf_internal.h, libbpf 1.0-1.7): read, never written."""
+
+    _fields_ = [("detach", ctypes.c_void_p), ("dealloc", ctypes.c_void_p),
+                ("pin_path", ctypes.c_void_p), ("fd", ctypes.c_int),
+                ("disconnected", ctypes.c_bool)]
+
+
+class _LinkPerf(ctypes.Structure):
+    """The head of struct bpf_link_perf (libbpf.c): what a tracepoint attach returns."""
+
+    _fields_ = [("link", _Link), ("perf_event_fd", ctypes.c_int)]
+
+
 _PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _LIBBPF_WARN, _LIBBPF_INFO = 0, 1
 
@@ -94,6 +121,7 @@ class _Libbpf:
             "bpf_program__attach": (vp, [vp]),
             "bpf_link__fd": (ci, [vp]),
             "bpf_link__destroy": (ci, [vp]),
+            "bpf_link__disconnect": (None, [vp]),
             "libbpf_set_print": (vp, [_PRINT_FN]),
         }
         for name, (res, args) in sigs.items():
@@ -130,6 +158,7 @@ class _Libbpf:
 
 _lib: _Libbpf | None = None
 _lib_lock = threading.Lock()
+_users = 0  # loads running and objects kept: libbpf is unloaded only when there are none
 
 
 def libbpf() -> _Libbpf:
@@ -138,6 +167,41 @@ def libbpf() -> _Libbpf:
         if _lib is None:
             _lib = _Libbpf()
         return _lib
+
+
+def _use(n: int) -> _Libbpf:
+    """Count a user of libbpf in (+1: a load, an object kept) or out (-1)."""
+    global _users
+    lib = libbpf()
+    with _lib_lock:
+        _users += n
+    return lib
+
+
+def _unload_if_idle() -> bool:
+    """dlclose libbpf (and with it libelf) when nothing uses it; True if it was unloaded.
+    Its print callback is cleared first, so a libbpf that stays mapped all the same (some
+    other part of the process holds it) never calls back into freed memory."""
+    global _lib
+    with _lib_lock:
+        lib = _lib
+        if lib is None or _users:
+            return False
+        _lib = None
+    lib.lib.libbpf_set_print(_PRINT_FN())  # NULL: libbpf prints nothing
+    handle = lib.lib._handle
+    del lib
+    import _ctypes
+
+    _ctypes.dlclose(handle)
+    return True
+
+
+def _fd_kind(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
 
 
 def _err(ret: int | None) -> str:
@@ -153,6 +217,7 @@ class CoreObject:
         self._obj: int | None = obj
         self.links: list[int] = []
         self._lock = threading.Lock()
+        self._kept = False  # handed to the caller: counts as a user of libbpf until closed
 
     def close(self) -> None:
         with self._lock:
@@ -163,23 +228,80 @@ class CoreObject:
         for link in links:
             self._lib.lib.bpf_link__destroy(link)
         self._lib.lib.bpf_object__close(obj)
+        if self._kept:
+            _use(-1)
+            _unload_if_idle()
 
 
-def load(obj_file: Path, *, config: bytes, max_entries: dict[str, int],
-         maps: list[str]) -> tuple[CoreObject, dict[str, int], dict[str, int], list[int]]:
+def _release(core: CoreObject, maps: dict[str, int], progs: dict[str, int]
+             ) -> tuple[dict[str, int], dict[str, int], list[int], list[int]] | None:
+    """Take the descriptors of an attached object from libbpf and close the object
+    (see the module docstring): (maps, progs, links, perf events), all the caller's; None,
+    with nothing changed, where libbpf's link does not read as expected."""
+    L = core._lib.lib
+    links: list[int] = []
+    events: list[int] = []
+    for link in core.links:
+        view = _LinkPerf.from_address(link)
+        fd = L.bpf_link__fd(link)
+        if view.link.fd != fd or view.link.disconnected or fd < 0:
+            return None
+        perf = view.perf_event_fd
+        if _fd_kind(perf) != "anon_inode:[perf_event]":
+            return None
+        links.append(fd)
+        if perf != fd:  # a BPF link over the perf event (kernel >= 5.15); else the event
+            events.append(perf)
+    dup = os.dup
+    own_maps = {name: dup(fd) for name, fd in maps.items()}
+    own_progs = {name: dup(fd) for name, fd in progs.items()}
+    with core._lock:
+        obj, core._obj = core._obj, None
+        held, core.links = core.links, []
+    for link in held:
+        L.bpf_link__disconnect(link)
+        L.bpf_link__destroy(link)  # frees it; its descriptors stay open, now ours
+    if obj is not None:
+        L.bpf_object__close(obj)  # closes its own map and program descriptors
+    return own_maps, own_progs, links, events
+
+
+def load(obj_file: Path, *, config: bytes, max_entries: dict[str, int], maps: list[str]
+         ) -> tuple[CoreObject | None, dict[str, int], dict[str, int], list[int], list[int]]:
     """Open, parameterise, load and attach ``obj_file``.
 
     ``config``: the bytes of ``struct cf_config`` for ``.rodata``; ``max_entries``: map
-    sizes; ``maps``: the maps whose descriptors the caller wants. Returns the object and
-    (maps, progs, links) descriptors, which stay the object's: close the object, not them.
+    sizes; ``maps``: the maps whose descriptors the caller wants. Returns (object, maps,
+    progs, links, perf events): normally the object is None, libbpf is done with and the
+    descriptors are the caller's to close (links first; :func:`_release`); where they
+    could not be taken from libbpf, the object, which owns them: close it, not them.
     Raises ProbeError with libbpf's reason.
     """
+    lib = _use(+1)
+    try:
+        core, map_fds, progs, links = _load(lib, obj_file, config=config,
+                                            max_entries=max_entries, maps=maps)
+        released = _release(core, map_fds, progs)
+    except BaseException:
+        _use(-1)
+        _unload_if_idle()
+        raise
+    if released is None:
+        log.info("libbpf's links not as expected: libbpf stays loaded with the object")
+        core._kept = True  # this load's count passes to the object, until it is closed
+        return core, map_fds, progs, links, []
+    _use(-1)
+    _unload_if_idle()
+    return None, *released
+
+
+def _load(lib: _Libbpf, obj_file: Path, *, config: bytes, max_entries: dict[str, int],
+          maps: list[str]) -> tuple[CoreObject, dict[str, int], dict[str, int], list[int]]:
     btf = btf_path()
     if not btf.exists():
         raise ProbeError(f"no kernel BTF at {btf}: CO-RE cannot relocate")
     if not obj_file.is_file():
         raise ProbeError(f"CO-RE object {obj_file} not found (built by tools/build_bpf.py)")
-    lib = libbpf()
     L = lib.lib
     opts = _OpenOpts(sz=ctypes.sizeof(_OpenOpts))
     if str(btf) != DEFAULT_BTF:
@@ -233,11 +355,13 @@ def load(obj_file: Path, *, config: bytes, max_entries: dict[str, int],
 
 
 def available() -> str:
-    """'' if libbpf can be used here, else why not (for the loader choice's reason)."""
+    """'' if libbpf can be used here, else why not (for the loader choice's reason). Not
+    kept loaded for it: the probe's check after the load would map it again for good."""
     try:
         libbpf()
     except ProbeError as exc:
         return str(exc)
+    _unload_if_idle()
     return ""
 
 

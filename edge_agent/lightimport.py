@@ -32,6 +32,18 @@ the length of that import (``None`` in ``sys.modules``, so msgspec's ``try`` tak
 fallback), and only when neither is imported yet; the entry is removed afterwards, so a
 later ``import typing_extensions`` (anyone's) loads the real module.
 
+**dataclasses** imports ``inspect`` at its top for one thing: a dataclass written without
+a docstring is given one built from ``inspect.signature``. ``inspect`` brings ``ast``,
+``dis`` and ``opcode``: ~0.7 MiB of the agent's resident memory, for nothing when every
+dataclass has its docstring (the agent's all do; tests/unit/test_agent_imports.py keeps it
+so). :func:`dataclasses_imports`, called by ``edge_agent/__init__.py`` (so before any of the
+package's dataclasses), imports ``dataclasses`` with a :class:`Deferred` stand-in for
+``inspect``, which imports the real module on its first attribute read and reads it there:
+a dataclass without a docstring still gets its signature, at the cost of the import. The
+stand-in leaves ``sys.modules`` right after, so a later ``import inspect`` (anyone's) loads
+the real module. Nothing happens when ``dataclasses`` or ``inspect`` is imported already
+(a test run, the core).
+
 **argparse** (with ``gettext``) parses the command line once and is needed by nothing
 after it; :func:`forget` drops such modules once the configuration is read, before the
 heavier imports, which then reuse their memory (~0.35 MiB of the agent's RSS). Only
@@ -44,10 +56,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import importlib.util
 import sys
 import types
 from collections.abc import Iterator
+from typing import Any
 
 _STANDIN = "urllib.request"
 _HIDDEN = "typing_extensions"
@@ -86,6 +100,32 @@ def msgspec_imports() -> Iterator[None]:
     finally:
         if _HIDDEN in sys.modules and sys.modules[_HIDDEN] is None:
             del sys.modules[_HIDDEN]
+
+
+class Deferred(types.ModuleType):
+    """Stands in for the module of its name in one importer's namespace: the first read of
+    an attribute imports the real module (and drops the stand-in from ``sys.modules`` if it
+    is still there) and reads the attribute from it."""
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):  # the import system's and copy's probes: not the module's
+            raise AttributeError(attr)
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def dataclasses_imports() -> None:
+    """Import ``dataclasses`` with ``inspect`` deferred (see the module docstring)."""
+    if "dataclasses" in sys.modules or "inspect" in sys.modules:
+        return
+    standin = Deferred("inspect", "deferred until used (edge_agent.lightimport)")
+    sys.modules["inspect"] = standin
+    try:
+        import dataclasses  # noqa: F401 - the import is the point
+    finally:
+        if sys.modules.get("inspect") is standin:
+            del sys.modules["inspect"]
 
 
 def forget(names: tuple[str, ...]) -> list[str]:

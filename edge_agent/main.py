@@ -191,7 +191,35 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     return 0
 
 
+M_ARENA_MAX = -8  # glibc's malloc.h
+
+
+def one_malloc_arena() -> bool:
+    """One glibc malloc arena for all the agent's threads (issue 27); True if set.
+
+    glibc gives each thread that allocates an arena of its own (up to 8 per core), and
+    each keeps its freed memory: 0.2-0.3 MiB of the agent's resident memory for its
+    threads (MQTT, sampler, echo server, the early load), which allocate little and rarely
+    at once, so sharing the main arena costs no contention worth measuring. Set with
+    ``mallopt`` before any thread starts; left alone where ``MALLOC_ARENA_MAX`` or a
+    ``GLIBC_TUNABLES`` arena setting says otherwise, and where the C library is not glibc.
+    """
+    import os
+
+    if "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_ARENA_MAX, 1))
+
+
 def main(argv: list[str] | None = None) -> int:
+    one_malloc_arena()  # first: before any thread
     configure_logging("text")
     try:
         cfg = read_config(argv)

@@ -143,6 +143,7 @@ def unwrap(payload: bytes) -> tuple[bytes, bytes | None, float | None]:
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """A message received from the broker."""
     topic: str
     payload: bytes
     qos: int = 0
@@ -154,6 +155,7 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Will:
+    """The last will the broker publishes for this client if it goes away uncleanly."""
     topic: str
     payload: bytes
     qos: int = 1
@@ -162,6 +164,7 @@ class Will:
 
 @dataclass(slots=True)
 class _Stats:
+    """The client's counters (connects, refusals, handler errors, expired messages)."""
     connects: int = 0
     disconnects: int = 0
     handler_errors: int = 0

@@ -37,12 +37,14 @@ K = TypeVar("K", bound=Hashable)
 
 @dataclass(slots=True)
 class _Flight:
+    """One report in flight: when it was last sent and how many times."""
     sent_at: float
     tries: int
 
 
 @dataclass(slots=True)
 class AckWindow(Generic[K]):
+    """Which reports to (re)send, given the core's acknowledgements (see the module docstring)."""
     window: int = 100  # the most reports ever in flight
     initial: int = 16  # the congestion window at start
     resend_s: float = 10.0

@@ -143,6 +143,7 @@ class LinkSample:
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
+    """One GPU of a node: utilisation, memory, power and temperature (the last two if known)."""
     index: int
     name: str
     util: float
@@ -154,6 +155,7 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class Resources:
+    """A node's host resources over one interval: CPU, memory, GPUs, disk, power, load."""
     cpu_cores: int
     cpu_util: float
     mem_total_bytes: int
@@ -167,6 +169,7 @@ class Resources:
 
 @dataclass(frozen=True, slots=True)
 class TelemetryReport:
+    """Agent -> core: one interval's report of a node (its links and host resources)."""
     node: str
     seq: int
     boot: str

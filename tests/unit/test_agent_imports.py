@@ -12,12 +12,15 @@ them there (a subprocess, so this process's imports do not count):
   not ``urllib.request``/``email``/``http.client`` (paho-mqtt's proxy lookup, see
   :mod:`edge_agent.lightimport`), nor ``shutil`` with ``bz2`` and ``lzma`` (argparse's
   help width, which the agent's parser is given), nor ``typing_extensions`` (msgspec's,
-  when installed: this virtualenv has it for mypy and pydantic);
+  when installed: this virtualenv has it for mypy and pydantic), nor ``inspect`` with
+  ``ast`` and ``dis`` (dataclasses', for a dataclass without a docstring: the agent's
+  all have one);
 - argparse (with gettext) parses the command line and is then dropped and freed
   (``edge_agent.main.read_config``), before the heavy imports;
 - each of those still loads where it is used: a YAML config file brings PyYAML, the
   metrics module brings prometheus_client, ``import urllib.request`` after paho is the
-  real module.
+  real module, a dataclass without a docstring gets its signature as one (and
+  ``import inspect`` after is the real module).
 
 The running agent (real process, real broker, CO-RE loaded) is checked the same way,
 with its RSS, in tests/integration/test_agent_footprint.py.
@@ -49,6 +52,10 @@ FORBIDDEN = {
     "lzma": "shutil",
     "typing_extensions": "msgspec's support for its types, when installed (see "
                          "edge_agent.lightimport; the agent's types use typing)",
+    "inspect": "dataclasses, for a dataclass without a docstring (give it one; see "
+               "edge_agent.lightimport)",
+    "ast": "inspect",
+    "dis": "inspect",
 }
 RUN_PATH = """
 import json, sys
@@ -207,3 +214,35 @@ def test_a_module_something_else_holds_is_not_forgotten() -> None:
             "assert 'gettext' in sys.modules\n"
             "print(json.dumps(sorted(sys.modules)))")
     assert "argparse" in _modules(code)
+
+
+def test_a_dataclass_without_a_docstring_still_gets_its_signature() -> None:
+    # dataclasses' ``inspect`` is a stand-in until used (edge_agent.lightimport): the
+    # signature docstring still comes, through the real module, which is then the one
+    # ``import inspect`` gives.
+    code = ("import json, sys, edge_agent.wire, dataclasses\n"
+            "assert 'inspect' not in sys.modules, 'inspect imported by the package'\n"
+            "@dataclasses.dataclass\nclass P:\n    a: int\n    b: str = 'x'\n"
+            "assert P.__doc__ == \"P(a: int, b: str = 'x')\", P.__doc__\n"
+            "import inspect\n"
+            "assert callable(inspect.signature) and type(inspect).__name__ == 'module'\n"
+            "assert str(inspect.signature(P)) == \"(a: int, b: str = 'x') -> None\"\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    assert "ast" in _modules(code)
+
+
+def test_one_malloc_arena_unless_the_environment_says_otherwise() -> None:
+    # cfnet-agent asks glibc for one malloc arena before its threads start (issue 27); an
+    # explicit MALLOC_ARENA_MAX (or GLIBC_TUNABLES arena setting) is left to glibc.
+    code = "from edge_agent.main import one_malloc_arena\nprint(one_malloc_arena())"
+
+    def run(env: dict[str, str]) -> str:
+        r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                           text=True, timeout=60, check=False,
+                           env={"PATH": "/usr/bin:/bin", **env})
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip()
+
+    assert run({}) == "True"
+    assert run({"MALLOC_ARENA_MAX": "4"}) == "False"
+    assert run({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == "False"

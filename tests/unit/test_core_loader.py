@@ -4,7 +4,10 @@
   and for arm64: byte-identical, which is what makes one object serve both arches).
 - It loads in the agent's process, relocated against this kernel's BTF, with the
   parameters set in .rodata; it counts loopback traffic with the kernel's own counters;
-  closing it detaches the programs.
+  closing it detaches the programs. Once attached, libbpf is done with: its descriptors
+  are the agent's and libbpf (with libelf) is unmapped (issue 27's memory); closing leaves
+  no descriptor behind. Where libbpf's link does not read as expected, the object is kept
+  and closing it detaches through libbpf.
 - The early load (cfnet-agent starts it in a thread right after its configuration): the
   probe claims it once; one it does not claim (other parameters, eBPF off) is detached;
   libbpf's reason for a failure reaches the probe's fallback.
@@ -77,6 +80,24 @@ def test_shipped_object_is_what_the_sources_build_for_both_arches() -> None:
                 "for arm64, arch-specific")
 
 
+def _bpf_fds() -> list[str]:
+    """This process's BPF and perf event descriptors, by kind."""
+    kinds = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            kind = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # listdir's own descriptor, gone
+            continue
+        if kind.startswith(("anon_inode:bpf", "anon_inode:[perf_event]")):
+            kinds.append(kind)
+    return sorted(kinds)
+
+
+def _libbpf_mapped() -> bool:
+    with open("/proc/self/maps") as f:
+        return any("/libbpf.so" in line or "/libelf" in line for line in f)
+
+
 def test_core_probe_loads_in_process_counts_and_detaches_on_close(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _need_root_btf()
@@ -84,6 +105,7 @@ def test_core_probe_loads_in_process_counts_and_detaches_on_close(
     monkeypatch.delenv("CFNET_BTF_PATH", raising=False)
     from edge_agent.probes.ebpf import EbpfProbe
 
+    fds_before = _bpf_fds()
     t0 = time.monotonic()
     probe = EbpfProbe(include_loopback=True, max_peers=128)
     load_s = time.monotonic() - t0
@@ -103,9 +125,44 @@ def test_core_probe_loads_in_process_counts_and_detaches_on_close(
         lo = samples.get("127.0.0.1")
         assert lo is not None, f"no loopback sample: {samples}"
         assert lo.samples > 50 and lo.segs_out > 50 and lo.conns >= 1, lo
+        # The descriptors are the agent's and libbpf is gone: a BPF link over a perf event
+        # per program (this kernel has BPF links), no libbpf object kept.
+        hand = probe._hand
+        assert hand.owner is None and len(hand.events) == 3, (hand.owner, hand.events)
+        assert not _libbpf_mapped(), "libbpf still mapped after the load"
+        assert libbpf_loader._users == 0 and libbpf_loader._lib is None
+        # The loader choice's check (the probe's, after the load) does not map it again.
+        assert bpf_loader.choose()[0] == "core" and not _libbpf_mapped()
     finally:
         probe.close()
     assert not any(prog_alive(i) for i in ids), "programs still loaded after close"
+    assert _bpf_fds() == fds_before, "BPF or perf event descriptors left open after close"
+
+
+def test_where_libbpfs_link_reads_otherwise_the_object_is_kept_and_detaches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The perf event descriptor libbpf's link names is checked before the descriptors are
+    # taken from libbpf; failing that, the object stays libbpf's, as does libbpf.
+    _need_root_btf()
+    monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
+    monkeypatch.delenv("CFNET_BTF_PATH", raising=False)
+    monkeypatch.setattr(libbpf_loader, "_fd_kind", lambda fd: "not a perf event")
+    from edge_agent.probes.ebpf import EbpfProbe
+
+    fds_before = _bpf_fds()
+    probe = EbpfProbe(include_loopback=True, max_peers=128)
+    try:
+        hand = probe._hand
+        assert probe.loader == "core" and hand is not None
+        assert isinstance(hand.owner, libbpf_loader.CoreObject) and not hand.events
+        ids = [_prog_id(fd) for fd in probe.fds["progs"]]
+        assert all(prog_alive(i) for i in ids) and _libbpf_mapped()
+        assert libbpf_loader._users == 1
+    finally:
+        probe.close()
+    assert not any(prog_alive(i) for i in ids), "programs still loaded after close"
+    assert _bpf_fds() == fds_before, "BPF or perf event descriptors left open after close"
+    assert libbpf_loader._users == 0 and not _libbpf_mapped(), "libbpf kept after close"
 
 
 def test_rodata_parameters_reach_the_programs(monkeypatch: pytest.MonkeyPatch) -> None:
