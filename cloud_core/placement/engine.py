@@ -403,6 +403,26 @@ class PreparedCluster:
             self._cost[key] = c
         return c
 
+    def costs(self, ws: Sequence[Workload], masks: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``[self.cost(w, mask) for w, mask in zip(ws, masks)]``, the same values: classes
+        without an InterPodAffinity score are priced together (``scores.total_costs``)."""
+        out: list[np.ndarray | None] = [None] * len(ws)
+        batch: list[int] = []
+        for i, w in enumerate(ws):
+            if self.interpod_raw(w) is None:
+                batch.append(i)
+            else:
+                out[i] = self.cost(w, masks[i])
+        if batch:
+            sels = [np.flatnonzero(masks[i]) for i in batch]
+            flat = scores.total_costs([ws[i] for i in batch], self.ix, sels)
+            at = 0
+            for i, sel in zip(batch, sels, strict=True):
+                c = out[i] = np.full(self.ix.n, np.inf)
+                c[sel] = flat[at:at + sel.size]
+                at += sel.size
+        return [c for c in out if c is not None]
+
     # -- placement -----------------------------------------------------------------------
     def place(self, workloads: Sequence[Workload]) -> PlacementResult:
         """Place a batch together; every workload gets a node or the reason it has none."""
@@ -430,15 +450,18 @@ class PreparedCluster:
         free0 = self.free.copy()
         def run_round(order: list[int], first_only: set[int]) -> int:
             specs: list[ClassSpec] = []
-            for ci in order:
+            masks = [_all_ok(self.filter_results(reps[ci], resources=False)) for ci in order]
+            # costs only where the class may go: most classes are confined to a few
+            # regions, so this skips most of the arithmetic; the round's new ones at once
+            todo = [j for j, ci in enumerate(order) if ci not in batch_cost
+                    or not np.isfinite(batch_cost[ci][masks[j]]).all()]
+            for j, c in zip(todo, self.costs([reps[order[j]] for j in todo],
+                                             [masks[j] for j in todo]), strict=True):
+                batch_cost[order[j]] = c
+            for ci, mask in zip(order, masks, strict=True):
                 w = reps[ci]
-                mask = _all_ok(self.filter_results(w, resources=False))
                 base_mask.setdefault(ci, mask)
-                # costs only where the class may go: most classes are confined to a few
-                # regions, so this skips most of the arithmetic
-                cost = batch_cost.get(ci)
-                if cost is None or not np.isfinite(cost[mask]).all():
-                    cost = batch_cost[ci] = self.cost(w, mask)
+                cost = batch_cost[ci]
                 count = len(members[ci]) - len(placed_nodes[ci])
                 specs.append(ClassSpec(count=1 if ci in first_only else count, req=_req(w),
                                        mask=mask, cost=cost, gang=w.gang))
