@@ -5,6 +5,7 @@ and turns its answer into explained decisions. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -535,19 +536,26 @@ class PreparedCluster:
         by_uid: dict[str, Decision] = {}
         assignments: dict[str, str] = {}
         total_cost = 0.0
+        # what fitted before the batch, and the two cheapest nodes there (the runner-up
+        # comes from them), for the classes the rounds priced: in blocks of classes
+        fits = _runners_up([ci for ci in range(len(reps)) if ci in costs and ci in base],
+                           [_req(w) for w in reps], base, costs, free0)
         for ci, w in enumerate(reps):
-            cost = costs[ci] if ci in costs else self.cost(w)
-            # what fitted before the batch: the runner-up comes from there
-            static_ok = base[ci] if ci in base else _all_ok(self.filter_results(w, free0))
-            req = _req(w)
-            for r in range(3):
-                if req[r]:
-                    static_ok = static_ok & (free0[:, r] >= req[r])
-            fit0 = int(static_ok.sum())
-            cand = np.where(static_ok, cost, np.inf)
-            two = np.argpartition(cand, 1)[:2] if cand.size > 2 else np.arange(cand.size)
-            top = [int(i) for i in sorted(two.tolist(), key=lambda i: cand[i])
-                   if np.isfinite(cand[i])]
+            if ci in fits:
+                fit0, top = fits[ci]
+                cost = costs[ci]
+            else:
+                cost = costs[ci] if ci in costs else self.cost(w)
+                static_ok = base[ci] if ci in base else _all_ok(self.filter_results(w, free0))
+                req = _req(w)
+                for r in range(3):
+                    if req[r]:
+                        static_ok = static_ok & (free0[:, r] >= req[r])
+                fit0 = int(static_ok.sum())
+                cand = np.where(static_ok, cost, np.inf)
+                two = np.argpartition(cand, 1)[:2] if cand.size > 2 else np.arange(cand.size)
+                top = [int(i) for i in sorted(two.tolist(), key=lambda i: cand[i])
+                       if np.isfinite(cand[i])]
             nodes = placed_nodes[ci]
             unplaced: Decision | None = None
             for j, m in enumerate(members[ci]):
@@ -651,6 +659,36 @@ def _node_spec(f: StaticFilter, w: Workload) -> Hashable:
     if f.name == "node_affinity":
         return tuple(sorted({r.key for t in w.node_affinity for r in t.match_expressions}))
     return None
+
+
+def _runners_up(cis: list[int], reqs: list[np.ndarray], base: Mapping[int, np.ndarray],
+                costs: Mapping[int, np.ndarray], free0: np.ndarray
+                ) -> dict[int, tuple[int, list[int]]]:
+    """Per class ``ci`` of ``cis``: how many nodes fit it before the batch (``base[ci]``
+    and room in ``free0``) and its two cheapest of them by ``costs[ci]``, the cheaper
+    first -- the same as ``_decide``'s per-class arithmetic (the same row partition and
+    sort), over blocks of classes at once (1,762 classes of the 3,000-pod tight benchmark:
+    ~8 numpy calls each)."""
+    out: dict[int, tuple[int, list[int]]] = {}
+    n = free0.shape[0]
+    if n <= 2:
+        return out  # the per-class path: no partition there
+    block = max(1, (1 << 20) // n)
+    for lo in range(0, len(cis), block):
+        part = cis[lo:lo + block]
+        ok = np.stack([base[ci] for ci in part])
+        req = np.stack([reqs[ci] for ci in part])
+        for r in range(3):
+            ok &= (free0[None, :, r] >= req[:, r, None]) | (req[:, r, None] == 0)
+        fit0 = ok.sum(axis=1).tolist()
+        cand = np.where(ok, np.stack([costs[ci] for ci in part]), np.inf)
+        two = np.argpartition(cand, 1, axis=1)[:, :2]
+        vals = np.take_along_axis(cand, two, axis=1)
+        for j, ci in enumerate(part):
+            t, v = two[j].tolist(), vals[j].tolist()
+            order = sorted(range(2), key=lambda i: v[i])
+            out[ci] = (fit0[j], [t[i] for i in order if math.isfinite(v[i])])
+    return out
 
 
 def _all_ok(frs: Sequence[FilterResult]) -> np.ndarray:
