@@ -161,10 +161,16 @@ class Packer:
 
 def _penalty(classes: Sequence[ClassSpec], scale: float) -> tuple[list[np.ndarray], int]:
     """Integer costs and an unplaced penalty larger than any total cost (placing first)."""
-    icost = [np.round(np.where(np.isfinite(c.cost), c.cost, 0.0) * scale).astype(np.int64)
-             for c in classes]
-    mx = max((int(ic[c.mask].max(initial=0)) for ic, c in zip(icost, classes, strict=True)),
-             default=0)
+    icost: list[np.ndarray] = []
+    mx = 0
+    n = classes[0].cost.size if classes else 0
+    block = max(1, (1 << 20) // max(n, 1))  # rows of ~8 MB: the same elementwise arithmetic
+    for lo in range(0, len(classes), block):  # as class by class, in a few numpy calls
+        part = classes[lo:lo + block]
+        cost = np.stack([c.cost for c in part])
+        ic = np.round(np.where(np.isfinite(cost), cost, 0.0) * scale).astype(np.int64)
+        icost.extend(ic)  # its rows
+        mx = max(mx, int(np.where(np.stack([c.mask for c in part]), ic, 0).max(initial=0)))
     total = sum(c.count for c in classes)
     return icost, (mx + 1) * (total + 1)
 
