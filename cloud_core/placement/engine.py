@@ -53,6 +53,9 @@ RESOURCE_NAMES = ("insufficient cpu", "insufficient memory", "insufficient GPU")
 _KEY_GETTER = operator.attrgetter(*_KEY_FIELDS)
 
 
+COST_RUN_CELLS = 1 << 20  # PreparedCluster.costs: ~100 MB of temporaries at the peak
+
+
 def class_key(w: Workload) -> tuple[Hashable, ...]:
     """Workloads with equal keys are interchangeable for placement.
 
@@ -414,11 +417,20 @@ class PreparedCluster:
                 batch.append(i)
             else:
                 out[i] = self.cost(w, masks[i])
-        if batch:
-            sels = [np.flatnonzero(masks[i]) for i in batch]
-            flat = scores.total_costs([ws[i] for i in batch], self.ix, sels)
+        # in runs of at most COST_RUN_CELLS (class, node) pairs (a class with more alone):
+        # a dozen float64 temporaries each, bounded whatever the numbers of classes and nodes
+        every = [np.flatnonzero(masks[i]) for i in batch]
+        lo = 0
+        while lo < len(batch):
+            hi, cells = lo + 1, every[lo].size
+            while hi < len(batch) and cells + every[hi].size <= COST_RUN_CELLS:
+                cells += every[hi].size
+                hi += 1
+            run, sels = batch[lo:hi], every[lo:hi]
+            lo = hi
+            flat = scores.total_costs([ws[i] for i in run], self.ix, sels)
             at = 0
-            for i, sel in zip(batch, sels, strict=True):
+            for i, sel in zip(run, sels, strict=True):
                 c = out[i] = np.full(self.ix.n, np.inf)
                 c[sel] = flat[at:at + sel.size]
                 at += sel.size

@@ -16,6 +16,7 @@ from cloud_core.placement import (
     ScoreWeights,
     Taint,
     Toleration,
+    engine,
 )
 from cloud_core.placement.filters import check_node_affinity
 from cloud_core.placement.model import HOSTNAME, ZONE, node_label
@@ -276,7 +277,8 @@ def test_default_soft_weights_outweigh_small_price_gaps_only() -> None:
 
 
 @pytest.mark.parametrize("soft_taints", [False, True])
-def test_total_costs_is_total_cost_bit_for_bit(soft_taints: bool) -> None:
+def test_total_costs_is_total_cost_bit_for_bit(soft_taints: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The batched pricing of a round's classes gives every class exactly the values of
     ``total_cost`` on its own nodes (the solver integerises costs: a last-bit difference
     could change an answer), over every term: data to a node, zone, region or nowhere;
@@ -327,5 +329,8 @@ def test_total_costs_is_total_cost_bit_for_bit(soft_taints: bool) -> None:
         at += sel.size
     assert at == flat.size
     masks = [np.isin(np.arange(40), s) for s in sels]
+    for w, m, c in zip(ws, masks, pc.costs(ws, masks), strict=True):
+        assert np.array_equal(c, pc.cost(w, m)), w.uid
+    monkeypatch.setattr(engine, "COST_RUN_CELLS", 50)  # many runs, some of one class
     for w, m, c in zip(ws, masks, pc.costs(ws, masks), strict=True):
         assert np.array_equal(c, pc.cost(w, m)), w.uid
