@@ -161,10 +161,16 @@ class Packer:
 
 def _penalty(classes: Sequence[ClassSpec], scale: float) -> tuple[list[np.ndarray], int]:
     """Integer costs and an unplaced penalty larger than any total cost (placing first)."""
-    icost = [np.round(np.where(np.isfinite(c.cost), c.cost, 0.0) * scale).astype(np.int64)
-             for c in classes]
-    mx = max((int(ic[c.mask].max(initial=0)) for ic, c in zip(icost, classes, strict=True)),
-             default=0)
+    icost: list[np.ndarray] = []
+    mx = 0
+    n = classes[0].cost.size if classes else 0
+    block = max(1, (1 << 20) // max(n, 1))  # rows of ~8 MB: the same elementwise arithmetic
+    for lo in range(0, len(classes), block):  # as class by class, in a few numpy calls
+        part = classes[lo:lo + block]
+        cost = np.stack([c.cost for c in part])
+        ic = np.round(np.where(np.isfinite(cost), cost, 0.0) * scale).astype(np.int64)
+        icost.extend(ic)  # its rows
+        mx = max(mx, int(np.where(np.stack([c.mask for c in part]), ic, 0).max(initial=0)))
     total = sum(c.count for c in classes)
     return icost, (mx + 1) * (total + 1)
 
@@ -369,6 +375,44 @@ def _first_least(key: np.ndarray, tie: np.ndarray, at: np.ndarray) -> int:
     return int(least[tie[at[least]].argmin()])
 
 
+def _pressure(classes: Sequence[ClassSpec], press: np.ndarray
+              ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Add to ``press`` (nodes x 3, zeros) every class's expected demand, its request
+    times its count spread evenly over its allowed nodes, class after class; and give per
+    class its allowed nodes as indices into the flattened ``press`` with its share tiled to
+    match (``greedy`` takes one pod's share off as it places it: one 1-D read-modify-write,
+    the same elements and arithmetic as indexing rows by the mask, ~4x cheaper than numpy's
+    row gather).
+
+    The sums are those of adding the classes one by one (a reduction along the class
+    axis adds row after row, each node's 0.0 where a class may not go changing nothing),
+    built in blocks of classes instead of ~5 numpy calls per class (1,762 classes of the
+    3,000-pod tight benchmark)."""
+    n = press.shape[0]
+    where: list[np.ndarray] = []
+    tiled: list[np.ndarray] = []
+    block = max(1, (1 << 20) // max(3 * n, 1))  # ~8 MB of float64 per block
+    for lo in range(0, len(classes), block):
+        part = classes[lo:lo + block]
+        mask = np.stack([c.mask for c in part])
+        k = np.maximum(mask.sum(axis=1), 1)
+        share = np.stack([c.req for c in part]).astype(np.float64) / k[:, None]
+        add = share * np.array([c.count for c in part], dtype=np.int64)[:, None]
+        # the running sum as the first row: the block's rows are added after it in order
+        rows_in = np.empty((len(part) + 1, n, 3))
+        rows_in[0] = press
+        np.multiply(mask[:, :, None], add[:, None, :], out=rows_in[1:])  # x * 1.0 or 0.0
+        np.add.reduce(rows_in, axis=0, out=press)
+        rows, cols = mask.nonzero()
+        ends = np.cumsum(np.bincount(rows, minlength=len(part)) * 3).tolist()
+        at = (cols[:, None] * 3 + np.arange(3)).reshape(-1)
+        sh = share[rows].reshape(-1)
+        for a, b in zip([0, *ends[:-1]], ends, strict=True):
+            where.append(at[a:b])
+            tiled.append(sh[a:b])
+    return where, tiled
+
+
 class _Pack:
     """Count-first packing: best fit by normalised residual, then ejection repair.
 
@@ -417,20 +461,11 @@ class _Pack:
         classes = self.classes
         press = np.zeros_like(self.inv)
         flat = press.reshape(-1)  # a view: the per-pod update below writes through it
-        share: list[np.ndarray] = []
         # each class's allowed nodes as indices into the flattened (nodes x 3) pressure, and
         # its share tiled to match: the per-pod update is then one 1-D read-modify-write
         # (the same elements and the same arithmetic as indexing rows by the boolean mask:
         # the same sums bit for bit; numpy's 1-D path is ~4x cheaper than its row gather)
-        where: list[np.ndarray] = []
-        tiled: list[np.ndarray] = []
-        for c in classes:
-            w = np.flatnonzero(c.mask)
-            k = max(int(w.size), 1)
-            share.append(c.req.astype(np.float64) / k)
-            press[w] += share[-1] * c.count
-            where.append((w[:, None] * 3 + np.arange(3)).reshape(-1))
-            tiled.append(np.tile(share[-1], w.size))
+        where, tiled = _pressure(classes, press)
         free, inv = self.pk.free, self.inv
         for ci in order:
             c = classes[ci]

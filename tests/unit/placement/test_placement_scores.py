@@ -16,6 +16,7 @@ from cloud_core.placement import (
     ScoreWeights,
     Taint,
     Toleration,
+    engine,
 )
 from cloud_core.placement.filters import check_node_affinity
 from cloud_core.placement.model import HOSTNAME, ZONE, node_label
@@ -33,6 +34,7 @@ from cloud_core.placement.scores import (
     preferred_weight,
     price_cost,
     total_cost,
+    total_costs,
     untolerated_soft_taints,
 )
 
@@ -272,3 +274,63 @@ def test_default_soft_weights_outweigh_small_price_gaps_only() -> None:
     assert small_gap < wt.affinity < big_gap
     assert small_gap < wt.taint < big_gap
     assert wt.affinity > wt.latency + wt.balance
+
+
+@pytest.mark.parametrize("soft_taints", [False, True])
+def test_total_costs_is_total_cost_bit_for_bit(soft_taints: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched pricing of a round's classes gives every class exactly the values of
+    ``total_cost`` on its own nodes (the solver integerises costs: a last-bit difference
+    could change an answer), over every term: data to a node, zone, region or nowhere;
+    latency bounds absent, 0, finite, to unmeasured targets; preferences; soft taints;
+    cost weights; GPUs; empty node sets."""
+    rnd = np.random.default_rng(7)
+    nodes = []
+    for i in range(40):
+        gpus = int(rnd.choice([0, 0, 2]))
+        nodes.append(node(f"n{i}", f"r{i % 3}", f"r{i % 3}-z{i % 2}",
+                          capacity=Resources(int(rnd.integers(2, 64)) * 1000,
+                                             int(rnd.integers(4, 256)) * GIB, gpus),
+                          allocated=Resources(int(rnd.integers(0, 2000)), 0, 0),
+                          price_per_hour=float(rnd.uniform(0.1, 3.0)),
+                          energy_price_per_kwh=float(rnd.uniform(0.05, 0.3)),
+                          carbon_g_per_kwh=float(rnd.uniform(50, 500)),
+                          idle_watts=float(rnd.uniform(50, 200)),
+                          max_watts=float(rnd.uniform(200, 900)),
+                          labels={"disk": "ssd" if i % 4 else "hdd"},
+                          taints=(SOFT,) if soft_taints and i % 5 == 0 else ()))
+    links = {(f"n{i}", f"n{(i * 7) % 40}"): LinkInfo(float(i), float(i) * 1.5)
+             for i in range(0, 40, 3)}
+    links[("n1", "gw")] = LinkInfo(3.0, 4.0)
+    pc = PreparedCluster(snap(nodes, links), EngineConfig(
+        weights=ScoreWeights(latency=0.3, balance=0.2, affinity=0.4, taint=0.25),
+        carbon_price_per_g=1e-4))
+    pref = ((3, NodeSelectorTerm((NodeSelectorRequirement("disk", "In", ("ssd",)),))),)
+    ws, sels = [], []
+    for k in range(60):
+        data = [("", 0.0), ("n3", 40.0), ("r1-z0", 7.5), ("r2", 120.0), ("nowhere", 5.0)]
+        loc, gb = data[k % len(data)]
+        lat = [(None, None), (40.0, "n0"), (0.0, "n0"), (15.0, "r1"), (9.0, "gw"),
+               (20.0, "unmeasured"), (None, "n2"), (30.0, None)]
+        bound, target = lat[k % len(lat)]
+        ws.append(wl(f"w{k}", requests=Resources(int(rnd.integers(0, 8)) * 250,
+                                                 int(rnd.integers(0, 16)) * GIB // 2,
+                                                 int(rnd.choice([0, 0, 1]))),
+                     data_gb=gb, data_location=loc or None, max_latency_ms=bound,
+                     latency_to=target, cost_weight=float(rnd.choice([1.0, 0.5, 2.0])),
+                     preferred_node_affinity=pref if k % 3 == 0 else (),
+                     tolerations=(Toleration("spot", "Exists"),) if k % 4 == 0 else ()))
+        sels.append(np.flatnonzero(rnd.random(40) < (0.0 if k % 11 == 0 else 0.6)))
+    flat = total_costs(ws, pc.ix, sels)
+    at = 0
+    for w, sel in zip(ws, sels, strict=True):
+        want = total_cost(w, pc.ix, sel)
+        assert np.array_equal(flat[at:at + sel.size], want), w.uid
+        at += sel.size
+    assert at == flat.size
+    masks = [np.isin(np.arange(40), s) for s in sels]
+    for w, m, c in zip(ws, masks, pc.costs(ws, masks), strict=True):
+        assert np.array_equal(c, pc.cost(w, m)), w.uid
+    monkeypatch.setattr(engine, "COST_RUN_CELLS", 50)  # many runs, some of one class
+    for w, m, c in zip(ws, masks, pc.costs(ws, masks), strict=True):
+        assert np.array_equal(c, pc.cost(w, m)), w.uid

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from cloud_core.placement import EngineConfig, PreparedCluster, place, validate
-from cloud_core.placement.solver import ClassSpec, _descend, solve_exact_pods
+from cloud_core.placement.engine import _runners_up
+from cloud_core.placement.solver import ClassSpec, _descend, _pressure, solve_exact_pods
 from tools.bench_tight import make_tight
 
 BUSY = ("import time\n"
@@ -214,3 +215,57 @@ def test_lp_bound_is_loose_where_the_optimum_is_proven(seed: int) -> None:
     assert ref.cost > lp * 1.02
     assert res.total_cost == pytest.approx(ref.cost, rel=1e-6)
 
+
+
+def test_pressure_is_the_class_by_class_sum() -> None:
+    """``_pressure`` (blocks of classes at once) gives the greedy pack the same pressure,
+    bit for bit, and the same per-class indices and shares as adding the classes one by
+    one: the pack's scores are rounded, so a last-bit difference could change an answer.
+    Several blocks (many nodes), empty masks, zero requests."""
+    rnd = np.random.default_rng(3)
+    n = 60_000  # ~5 classes a block: the running sum crosses blocks
+    classes = [ClassSpec(count=int(rnd.integers(1, 9)),
+                         req=np.array([int(rnd.integers(0, 4)) * 250,
+                                       int(rnd.integers(0, 9)) << 29,
+                                       int(rnd.choice([0, 0, 1, 2]))], dtype=np.int64),
+                         mask=rnd.random(n) < (0.0 if i == 4 else rnd.uniform(0.01, 0.6)),
+                         cost=np.zeros(n))
+               for i in range(17)]
+    press = np.zeros((n, 3))
+    where, tiled = _pressure(classes, press)
+    want = np.zeros((n, 3))
+    for c, wh, ti in zip(classes, where, tiled, strict=True):
+        w = np.flatnonzero(c.mask)
+        share = c.req.astype(np.float64) / max(int(w.size), 1)
+        want[w] += share * c.count
+        assert np.array_equal(wh, (w[:, None] * 3 + np.arange(3)).reshape(-1))
+        assert np.array_equal(ti, np.tile(share, w.size))
+    assert np.array_equal(press, want)
+
+
+def test_runners_up_are_the_per_class_ones() -> None:
+    """``engine._runners_up`` (blocks of classes) gives each class the count of nodes that
+    fit it before the batch and its two cheapest there, in the order ``_decide``'s
+    per-class partition and stable sort give (ties included: costs on a coarse grid), so
+    the decisions' runner-ups and reasons do not change."""
+    rnd = np.random.default_rng(5)
+    n = 250_000  # 4 classes a block
+    free0 = np.stack([rnd.integers(0, 8, n) * 500, rnd.integers(0, 8, n) << 30,
+                      rnd.integers(0, 3, n)], axis=1)
+    k = 14
+    reqs = [np.array([int(rnd.integers(0, 4)) * 500, int(rnd.integers(0, 4)) << 30,
+                      int(rnd.choice([0, 0, 1]))], dtype=np.int64) for _ in range(k)]
+    base = {ci: rnd.random(n) < (0.0 if ci == 3 else 0.5) for ci in range(k)}
+    costs = {ci: np.where(base[ci], np.round(rnd.uniform(0, 2, n), 1), np.inf)
+             for ci in range(k)}
+    got = _runners_up(list(range(k)), reqs, base, costs, free0)
+    for ci in range(k):
+        ok = base[ci].copy()
+        for r in range(3):
+            if reqs[ci][r]:
+                ok = ok & (free0[:, r] >= reqs[ci][r])
+        cand = np.where(ok, costs[ci], np.inf)
+        two = np.argpartition(cand, 1)[:2]
+        top = [int(i) for i in sorted(two.tolist(), key=lambda i: cand[i])
+               if np.isfinite(cand[i])]
+        assert got[ci] == (int(ok.sum()), top), ci
