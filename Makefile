@@ -15,7 +15,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check edge_agent cloud_core tools tests
-	$(VENV)/bin/mypy edge_agent cloud_core
+	$(VENV)/bin/mypy edge_agent cloud_core tools
 
 bench: setup
 	$(PY) -m tools.bench_all --doc docs/scale.md --readme README.md

@@ -53,4 +53,5 @@ def in_netns(name: str | None, fn: Callable[..., T], *args: Any, **kwargs: Any) 
     t.join()
     if "error" in box:
         raise box["error"]
-    return box["value"]
+    value: T = box["value"]
+    return value

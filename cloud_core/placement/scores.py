@@ -31,20 +31,24 @@ def dominant_share(req: Arr, cap: Arr) -> Arr:
 
 def price_cost(share: Arr, price_per_hour: Arr) -> Arr:
     """A pod pays the node's hourly price in proportion to its dominant share."""
-    return share * price_per_hour
+    result: Arr = share * price_per_hour
+    return result
 
 
 def power_kw(share: Arr, cpu_share: Arr, idle_w: Arr, max_w: Arr) -> Arr:
     """Linear power model: its share of idle power plus its CPU share of the dynamic range."""
-    return (idle_w * share + np.maximum(max_w - idle_w, 0.0) * cpu_share) / 1000.0
+    result: Arr = (idle_w * share + np.maximum(max_w - idle_w, 0.0) * cpu_share) / 1000.0
+    return result
 
 
 def energy_cost(kw: Arr, energy_price_per_kwh: Arr) -> Arr:
-    return kw * energy_price_per_kwh
+    result: Arr = kw * energy_price_per_kwh
+    return result
 
 
 def carbon_cost(kw: Arr, carbon_g_per_kwh: Arr, carbon_price_per_g: float) -> Arr:
-    return kw * carbon_g_per_kwh * carbon_price_per_g
+    result: Arr = kw * carbon_g_per_kwh * carbon_price_per_g
+    return result
 
 
 def data_cost(data_gb: float | Arr, same_zone: Arr, same_region: Arr, cfg: EngineConfig) -> Arr:
@@ -63,7 +67,8 @@ def latency_cost(p95_ms: Arr, max_ms: float | None) -> Arr:
 
 def balance_cost(alloc_after: Arr, cap: Arr) -> Arr:
     """Least-allocated: dominant utilisation of the node after placing the pod."""
-    return np.minimum(dominant_share(alloc_after, cap), 1.0)
+    result: Arr = np.minimum(dominant_share(alloc_after, cap), 1.0)
+    return result
 
 
 def affinity_cost(matched: Arr, total: float) -> Arr:
@@ -184,7 +189,8 @@ def taint_counts(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None)) 
         return np.zeros(sub.shape, dtype=np.float64)
     per_set = np.array([untolerated_soft_taints(w.tolerations, ts) for ts in distinct],
                        dtype=np.float64)
-    return per_set[sub]
+    result: Arr = per_set[sub]
+    return result
 
 
 def components(w: Workload, ix: ClusterIndex, sel: Arr | slice = slice(None),
@@ -297,7 +303,7 @@ def total_costs(ws: list[Workload], ix: ClusterIndex, sels: list[Arr]) -> Arr:
         np.maximum(share, np.minimum(req[:, r] * inv[:, r], 1.0), out=share,
                    where=req[:, r] != 0)
     kw = power_kw(share, cpu_share, ix.idle_w.take(sel), ix.max_w.take(sel))
-    out = each([wt.price * w.cost_weight for w in ws]) * price_cost(share, ix.price.take(sel))
+    out: Arr = each([wt.price * w.cost_weight for w in ws]) * price_cost(share, ix.price.take(sel))
     out += each([wt.energy * w.cost_weight for w in ws]) * energy_cost(
         kw, ix.energy_price.take(sel))
     out += each([wt.carbon * w.cost_weight for w in ws]) * carbon_cost(

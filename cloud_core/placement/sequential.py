@@ -142,7 +142,8 @@ class SpreadState:
         """Nodes where one more pod keeps the skew within ``maxSkew`` (decided per domain,
         then spread over the nodes: nodes without the key, id -1, take the last entry)."""
         fine = self.counts + self.self_match - self.minimum() <= self.c.max_skew
-        return np.append(fine, False)[self.dom]
+        result: np.ndarray = np.append(fine, False)[self.dom]
+        return result
 
     def placed(self, i: int) -> None:
         if self.eligible[i] and self.self_match:

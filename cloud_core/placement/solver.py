@@ -78,7 +78,8 @@ def capacity_per_node(req: np.ndarray, free: np.ndarray) -> np.ndarray:
     pos = req > 0
     if not pos.any():
         return np.full(free.shape[0], 1 << 40, dtype=np.int64)
-    return np.maximum((free[:, pos] // req[pos]).min(axis=1), 0).astype(np.int64)
+    result: np.ndarray = np.maximum((free[:, pos] // req[pos]).min(axis=1), 0).astype(np.int64)
+    return result
 
 
 def _has_room(req: np.ndarray, free: np.ndarray) -> np.ndarray:
@@ -595,7 +596,7 @@ class _Pack:
         gpus = may & self.gpu_nodes
         gpus[pick] = False
         idx = np.flatnonzero(gpus)
-        ring = idx[np.lexsort((idx, -self.pk.free[idx, 2]))[:cfg.lns_gpu_ring]].tolist()
+        ring: list[int] = idx[np.lexsort((idx, -self.pk.free[idx, 2]))[:cfg.lns_gpu_ring]].tolist()
         may2 = np.zeros_like(may)
         dims = np.zeros(3, dtype=bool)
         for n in ring:
@@ -607,7 +608,7 @@ class _Pack:
         if not ring or not others.size or not dims.any():
             return ring
         slack = (self.pk.free[others][:, dims] * self.inv[others][:, dims]).min(axis=1)
-        top = others[np.argsort(-slack, kind="stable")[:2 * cfg.lns_slack]].tolist()
+        top: list[int] = others[np.argsort(-slack, kind="stable")[:2 * cfg.lns_slack]].tolist()
         return ring + rng.sample(top, min(cfg.lns_slack, len(top)))
 
     def cost_lns(self, domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
@@ -680,7 +681,8 @@ class _Pack:
         if not others.size or not dims.any():
             return []
         slack = (self.pk.free[others][:, dims] * self.inv[others][:, dims]).min(axis=1)
-        return others[np.argsort(-slack, kind="stable")[:k]].tolist()
+        result: list[int] = others[np.argsort(-slack, kind="stable")[:k]].tolist()
+        return result
 
     def _solve_sub(self, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
                    cfg: EngineConfig, wall_cap_hits: list[int], count_only: bool = True,
