@@ -395,11 +395,7 @@ class PreparedCluster:
     def cost(self, w: Workload, mask: np.ndarray | None = None) -> np.ndarray:
         """Per-node cost of ``w``; with ``mask``, only there (inf elsewhere, not cached)."""
         if mask is not None:
-            out = np.full(self.ix.n, np.inf)
-            sel = np.flatnonzero(mask)
-            if sel.size:
-                out[sel] = scores.total_cost(w, self.ix, sel, self.pod_cost(w, mask))
-            return out
+            return self._masked_cost(w, mask, self.interpod_raw(w))
         key = class_key(w)
         c = self._cost.get(key)
         if c is None:
@@ -407,16 +403,28 @@ class PreparedCluster:
             self._cost[key] = c
         return c
 
+    def _masked_cost(self, w: Workload, mask: np.ndarray, raw: np.ndarray | None
+                     ) -> np.ndarray:
+        """``cost(w, mask)`` given ``interpod_raw(w)`` (``raw``), normalised over ``mask``
+        as ``pod_cost`` does."""
+        out = np.full(self.ix.n, np.inf)
+        sel = np.flatnonzero(mask)
+        if sel.size:
+            out[sel] = scores.total_cost(w, self.ix, sel,
+                                         scores.interpod_cost(raw, self.ix.n, sel))
+        return out
+
     def costs(self, ws: Sequence[Workload], masks: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``[self.cost(w, mask) for w, mask in zip(ws, masks)]``, the same values: classes
         without an InterPodAffinity score are priced together (``scores.total_costs``)."""
         out: list[np.ndarray | None] = [None] * len(ws)
         batch: list[int] = []
         for i, w in enumerate(ws):
-            if self.interpod_raw(w) is None:
+            raw = self.interpod_raw(w)  # once: it walks the running pods' terms
+            if raw is None:
                 batch.append(i)
             else:
-                out[i] = self.cost(w, masks[i])
+                out[i] = self._masked_cost(w, masks[i], raw)
         # in runs of at most COST_RUN_CELLS (class, node) pairs (a class with more alone):
         # a dozen float64 temporaries each, bounded whatever the numbers of classes and nodes
         every = [np.flatnonzero(masks[i]) for i in batch]
