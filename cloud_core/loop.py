@@ -191,6 +191,9 @@ class DecisionLoop:
         self.replan_max_share = replan_max_share
         self._replan_cost = 0.0  # CPU seconds the last re-planning step took (observe + plan)
         self._last_replan = -1e18
+        # A re-plan not yet run is overdue from the loop's start, not from the epoch: the
+        # first one may wait for a backlog like any other (see _defer)
+        self._started = clock()
         self._health_changed = False
         self._deferred_at: float | None = None  # when a backlog last deferred a due re-plan
         self.replan_state = ReplanState()
@@ -221,10 +224,14 @@ class DecisionLoop:
         for node, h in sorted(now.items()):
             old = self.health.get(node)
             if old != h and not (old is None and h is Health.UNKNOWN):
-                self._health_changed = True
                 if old is None and h is Health.ONLINE:
+                    # A node first seen online strands no running workload: it needs no
+                    # re-plan before the interval's. (At start-up every listed Node
+                    # arrives: forcing one there ran plan_moves over 5,000 nodes inside
+                    # the first batch's step, ahead of the backlog it would defer to.)
                     arrived.append(node)
                     continue
+                self._health_changed = True
                 self.events.emit("health", f"node {node}: {old or 'new'} -> {h}",
                                  severity=_SEVERITY.get(str(h), "info"), node=node)
         if len(arrived) > ARRIVALS_SAID_SINGLY:
@@ -405,7 +412,8 @@ class DecisionLoop:
     def _defer(self) -> bool:
         """Defer a due re-plan for a backlog (noted for :meth:`replan_in`), unless it may not
         wait: a health change, or overdue by ``REPLAN_BACKLOG_DEFER_S``."""
-        if self._health_changed or (self._clock() - self._last_replan
+        since = max(self._last_replan, self._started)
+        if self._health_changed or (self._clock() - since
                                     >= self.replan_every() + self.REPLAN_BACKLOG_DEFER_S):
             return False
         self._deferred_at = self._clock()

@@ -84,6 +84,8 @@ class ActuatorState:
     _obs_gen: int  # the cluster generation that step saw
     _more: bool
     _binding: int  # bindings submitted and not yet done
+    # the pods' list pages go on (closed while the first batch is decided)
+    _pages_go: threading.Event
     _bind_error: KubeUnavailable | None  # from a binding in flight
 
     # the parts' methods that other parts call

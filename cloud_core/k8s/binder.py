@@ -53,6 +53,7 @@ class Binder(ActuatorState):
         for pod, node, w in todo:
             self._pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
                               w.uid in obs.pinned)
+        self._pages_go.set()  # the first batch's bindings are out: the list may go on
         for u, msg in outcome.failures.items():
             if u in pods:
                 g = wl[u].gang if u in wl else None

@@ -20,6 +20,9 @@ from cloud_core.k8s.prefetch import ListAhead, pages
 
 log = logging.getLogger(__name__)
 
+# the longest a page of a list waits for its ``page_gate`` (a first decision takes ~0.1-0.5 s)
+GATE_MAX_S = 2.0
+
 Handler = Callable[[str, JSON, JSON | None], None]  # (type, obj, old obj)
 
 
@@ -45,7 +48,10 @@ class Reflector:
     full / primed list, asked for before the reflector started (``prefetch.FirstLists``),
     taken if asked the same (path, page size, schema, query). ``pages_after``: the first full
     list waits for this event (the primed list does not). ``after_page`` is called once
-    each listed page is in the store (and its changes handled). ``schema``
+    each listed page is in the store (and its changes handled). ``page_gate``: a page of
+    the full list is handled only while this event is set (waiting at most ``GATE_MAX_S``
+    for it): the actuator closes it while its first batch is decided, so that the rest of
+    a backlog's pages do not take the interpreter from the first decision. ``schema``
     (``objects.POD``, ``objects.NODE``): the objects hold only what cfnet reads of that kind
     (lists and watch events alike; ``objects.py``).
     """
@@ -56,7 +62,7 @@ class Reflector:
                  page_size: int = 500, pages_after: threading.Event | None = None,
                  after_page: Callable[[], None] | None = None, schema: Schema | None = None,
                  first: ListAhead | None = None, first_prime: ListAhead | None = None,
-                 **query: Any) -> None:
+                 page_gate: threading.Event | None = None, **query: Any) -> None:
         self.client = client
         self.path = path
         self.handler = handler
@@ -73,6 +79,7 @@ class Reflector:
         self.page_size = page_size
         self.pages_after = pages_after
         self.after_page = after_page or (lambda: None)
+        self.page_gate = page_gate
         self.stop_event = threading.Event()
         self.rv = resume_from or ""
         # lists asked for before this reflector started (prefetch.FirstLists), taken by the
@@ -127,6 +134,8 @@ class Reflector:
         for page, page_rv in pages(self.client, self.path, limit=self.page_size,
                                    schema=self.schema, first=first, **self.query):
             rv = page_rv
+            if self.page_gate is not None:
+                self.page_gate.wait(GATE_MAX_S)  # bounded: a stuck holder never stops it
             for o in page:
                 fresh[obj_key(o)] = o
                 self._merge(o)

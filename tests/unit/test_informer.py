@@ -192,3 +192,39 @@ def test_the_cp_sat_warm_up_waits_while_a_burst_is_under_way() -> None:
         assert not act.busy()
     finally:
         act._pool.shutdown()
+
+
+def test_a_closed_page_gate_holds_the_full_lists_pages() -> None:
+    """``page_gate`` (the actuator closes it while its first batch is decided): no page of
+    the full list is handled while it is closed; the primed list is not held; opening it
+    lets the list go on, and a gate never opened holds a page at most GATE_MAX_S."""
+    import cloud_core.k8s.informer as informer
+
+    fake = FakeClient([pod("b", node="n1", rv=6)], [[pod("p1", rv=11)], [pod("p2", rv=12)]])
+    fake.gate.set()
+    gate = threading.Event()
+    seen: list[str] = []
+    r = Reflector(fake, "/api/v1/pods", lambda kind, obj, old: seen.append(  # type: ignore[arg-type]
+        obj["metadata"]["name"]), prime={"fieldSelector": "spec.nodeName!="}, page_size=1,
+        page_gate=gate)
+    r.start()
+    try:
+        assert r.ready.wait(5)  # the primed list is in, gate or not
+        assert fake.listing.wait(5)
+        assert not r.synced.wait(0.3)
+        assert seen == ["b"]  # page 1 waits for the gate
+        gate.set()
+        assert r.synced.wait(5)
+        assert seen[:3] == ["b", "p1", "p2"]  # (then b, gone from the full list)
+    finally:
+        r.stop_event.set()
+    old, informer.GATE_MAX_S = informer.GATE_MAX_S, 0.2
+    try:
+        fake = FakeClient([], [[pod("p1", rv=11)]])
+        r = Reflector(fake, "/api/v1/pods", lambda *a: None,  # type: ignore[arg-type]
+                      page_size=1, page_gate=threading.Event())
+        r.start()
+        assert r.synced.wait(5)  # held 0.2 s, then handled all the same
+    finally:
+        informer.GATE_MAX_S = old
+        r.stop_event.set()

@@ -158,9 +158,13 @@ def test_replan_waits_for_a_backlog_but_not_for_ever() -> None:
     clock = [1000.0]
     loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
                         replan_interval_s=1.0, clock=lambda: clock[0])
-    loop.step()  # never re-planned: runs now, backlog or not
+    loop.step()  # never re-planned, but the backlog goes first (nodes arriving force none)
+    assert loop._last_replan < 0
+    src.obs = replace(obs, backlog=False)
+    loop.step()  # no backlog: the first re-plan runs
     ran_at = loop._last_replan
     assert ran_at == 1000.0
+    src.obs = obs
     clock[0] += 2.0  # due again
     assert loop.replan_due()
     loop.step()
@@ -181,6 +185,33 @@ def test_replan_waits_for_a_backlog_but_not_for_ever() -> None:
     assert loop._last_replan == clock[0]
 
 
+def test_the_first_replan_waits_for_a_backlog_from_the_loops_start() -> None:
+    """A loop that never re-planned defers its first re-plan for a backlog like any other,
+    overdue (REPLAN_BACKLOG_DEFER_S) counted from the loop's start, not from the epoch; the
+    Nodes first seen online (a cluster listed at start-up) force none, a node first seen
+    down does (its pods may need a move)."""
+    obs = Observation(health=HEALTH, snapshot=snapshot(5.0), pending=[], running=[(NEAR, "c")],
+                      backlog=True)
+    src = FakeSource(obs)
+    clock = [1000.0]
+    loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
+                        replan_interval_s=1.0, clock=lambda: clock[0])
+    loop.step()
+    assert loop._last_replan < 0 and not loop._health_changed
+    assert any(h is LiveHealth.ONLINE for h in HEALTH.values())
+    clock[0] += 1.0 + DecisionLoop.REPLAN_BACKLOG_DEFER_S - 0.1
+    loop.step()
+    assert loop._last_replan < 0  # not yet overdue from the start
+    clock[0] += 0.1
+    loop.step()
+    assert loop._last_replan == clock[0]  # overdue: runs, backlog or not
+    down = DecisionLoop(FakeSource(replace(obs, health={**HEALTH, "x": LiveHealth.DOWN})),
+                        FakeActuator(), EventLog(lambda ev: None), replan_interval_s=1.0,
+                        clock=lambda: clock[0])
+    down.step()
+    assert down._last_replan == clock[0]  # a node first seen down is not deferred
+
+
 def test_a_deferred_replan_is_looked_at_again_one_interval_later() -> None:
     """A re-plan a backlog deferred is not wanted again at every wake-up of the caller (each
     look is a step with a snapshot of every node and pod; the Kubernetes actuator woke every
@@ -193,7 +224,7 @@ def test_a_deferred_replan_is_looked_at_again_one_interval_later() -> None:
     clock = [1000.0]
     loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
                         replan_interval_s=1.0, clock=lambda: clock[0])
-    loop.step()  # never re-planned: runs now
+    loop.replan(replace(obs, backlog=False), PlaceOutcome({}, {}, {}, []))  # the first one ran
     clock[0] += 2.0
     assert loop.replan_wanted()
     loop.step()  # deferred by the backlog

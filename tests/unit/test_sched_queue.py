@@ -196,3 +196,43 @@ def test_retries_are_taken_in_short_batches_new_pods_not_held_back() -> None:
     for k in batch:
         q.remove(k)  # bound (or reported): nothing left in flight
     assert len(q.pop_batch(1000, now=40.0, retry_limit=100)) == 100
+
+
+def test_the_pods_list_is_held_while_the_first_batch_is_decided() -> None:
+    """The actuator closes its pod list's page gate (informer.Reflector(page_gate=)) while
+    its first batch is decided, and opens it once that batch's bindings are submitted;
+    later batches do not close it."""
+    from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+    from cloud_core.k8s.registry import NodeRegistry
+
+    fake = FakeKubeClient()
+    act = Actuator(fake, NodeRegistry(),  # type: ignore[arg-type]
+                   ActuatorConfig(batch_wait_s=0.0, max_batch=5, first_batch=2))
+    assert act.pods.page_gate is act._pages_go and act._pages_go.is_set()
+    seen: list[bool] = []
+    place = act.loop.place
+
+    def placing(obs):  # type: ignore[no-untyped-def]
+        seen.append(act._pages_go.is_set())
+        return place(obs)
+
+    act.loop.place = placing  # type: ignore[method-assign]
+    try:
+        act._on_node("ADDED", {
+            "metadata": {"name": "n1"}, "spec": {},
+            "status": {"allocatable": {"cpu": "8", "memory": "8Gi", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}, None)
+        for i in range(6):
+            act._on_pod("ADDED", {
+                "metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}",
+                             "resourceVersion": str(i + 1)},
+                "spec": {"schedulerName": "cfnet-scheduler",
+                         "containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Pending"}}, None)
+        act.schedule_once()
+        assert act._pages_go.is_set()  # open again once the first batch is out
+        act.schedule_once()
+    finally:
+        act._pool.shutdown(wait=True)
+    assert seen == [False, True]
+    assert len(fake.bound) == 2 + 4
