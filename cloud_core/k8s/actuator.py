@@ -277,11 +277,14 @@ class Actuator(PodCache, Source, Binder, Moves):
         return self.nodes.synced.wait(timeout) and self.pods.ready.wait(timeout)
 
     def busy(self) -> bool:
-        """A burst is under way: pods to try now, pods taken and not yet bound, or the
-        pods' first list still arriving (the background CP-SAT import waits for a lull:
-        wiring.py)."""
+        """A burst is under way: pods to try now, pods taken by a step and not yet bound
+        (a batch being decided, or its bindings in flight), or the pods' first list still
+        arriving (the background CP-SAT import waits for a lull: wiring.py). Without the
+        batch being decided, a burst's last batches looked like a lull: the import (0.6 s
+        holding the interpreter) landed in a 10,000-pod burst."""
         with self._lock:
             return (self._binding > 0 or not self.pods.synced.is_set()
+                    or self.queue.has_in_flight()
                     or self.queue.has_active(time.monotonic()))
 
     def _count(self, name: str) -> None:

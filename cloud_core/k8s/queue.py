@@ -211,6 +211,10 @@ class SchedulingQueue:
         self._flush(now)
         return any(self._valid_top(ns) for ns in list(self._active))
 
+    def has_in_flight(self) -> bool:
+        """Pods a step has taken and not yet reported placed or not (a batch being decided)."""
+        return bool(self._in_flight)
+
     def pop_batch(self, limit: int, now: float, retry_limit: int | None = None) -> list[str]:
         """Up to ``limit`` pods to try, taken from the namespaces in turn (each in priority,
         then arrival order), of which at most ``retry_limit`` tried before: a batch of

@@ -170,7 +170,8 @@ def test_a_burst_still_binding_counts_as_a_backlog() -> None:
 
 def test_the_cp_sat_warm_up_waits_while_a_burst_is_under_way() -> None:
     """``Actuator.busy`` (what the background CP-SAT import waits on, wiring.py): the pods'
-    first list still coming, a pod to try now, or a binding in flight; none of them: a lull.
+    first list still coming, a pod to try now, a batch being decided, or a binding in flight;
+    none of them: a lull.
     Built over None as above (no reflector started)."""
     import time
 
@@ -187,6 +188,9 @@ def test_the_cp_sat_warm_up_waits_while_a_burst_is_under_way() -> None:
         with act._lock:
             act.queue.add("ns/p", "ns", 0, time.monotonic())
         assert act.busy()
+        with act._lock:
+            assert act.queue.pop_batch(10, time.monotonic()) == ["ns/p"]
+        assert act.busy()  # taken by a step, being decided: not a lull either
         with act._lock:
             act.queue.remove("ns/p")
         assert not act.busy()
