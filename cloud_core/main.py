@@ -21,8 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from cloud_core.broker_args import add_broker_args, broker_settings
 from cloud_core.errors import CoreError
 from cloud_core.k8s.flags import (
@@ -128,6 +126,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def load_roles(path: Path | None) -> dict[str, str]:
     if path is None:
         return {}
+    import yaml  # only with a roles file: 40 ms of start-up before the first lists
+
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

@@ -43,12 +43,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cloud_core.bus_nats import NatsIngestSettings
 from cloud_core.errors import CoreError
 from edge_agent.logsetup import configure_child_logging
 from edge_agent.mqtt import Message, MqttSettings
+
+if TYPE_CHECKING:  # the NATS adapter (asyncio: 0.1 s of start-up) only when it is used
+    from cloud_core.bus_nats import NatsIngestSettings
 
 log = logging.getLogger(__name__)
 

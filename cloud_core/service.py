@@ -15,11 +15,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cloud_core.acks import Acknowledger
 from cloud_core.actuators import Actuator
 from cloud_core.actuators.local import LocalActuator
-from cloud_core.bus_nats import NatsIngestSettings
 from cloud_core.console.commands import register_commands
 from cloud_core.console.protocol import Response, encode_response
 from cloud_core.console.service import ConsoleService
@@ -44,6 +44,9 @@ from edge_agent.wire import (
     response_topic,
     split_topic,
 )
+
+if TYPE_CHECKING:  # the NATS adapter (asyncio: 0.1 s of start-up) only when it is used
+    from cloud_core.bus_nats import NatsIngestSettings
 
 log = logging.getLogger(__name__)
 
