@@ -29,7 +29,13 @@ on the raw JSON, sharing no code with cfnet's engine or validator): node request
 count within allocatable, nodeSelector, required node affinity, NoSchedule/NoExecute taints,
 topologySpreadConstraints (``DoNotSchedule``, checked on the final state per constraint group).
 
-    python -m tools.bench_k8s [--nodes 100 --pods 500 --reps 3] [--quick]
+With ``--kwok`` the Nodes are kwok's (``tools/envtest/kwok.py``: the kwok controller with its
+"fast" stages, managing only these nodes): a bound pod then goes Running as on a kubelet's
+node, and the table also gives pods/s from the scheduler's start to the last pod Running
+and the time to the first one (created → Running, beside created → bound); kwok's own
+status updates load the same API server, so its figures are a second table, not the first.
+
+    python -m tools.bench_k8s [--nodes 100 --pods 500 --reps 3] [--quick] [--kwok]
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ from cloud_core.errors import KubeError
 from cloud_core.k8s.client import KubeClient
 from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane, all_binary_paths
+from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
+from tools.envtest.kwok import Kwok
 
 REPO = Path(__file__).resolve().parent.parent
 REGION = "topology.kubernetes.io/region"
@@ -90,7 +98,7 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
 
 
 # -- the cluster -------------------------------------------------------------------------------
-def node_object(j: int) -> dict[str, Any]:
+def node_object(j: int, kwok: bool = False) -> dict[str, Any]:
     region = f"r{j % N_REGIONS}"
     zone = f"{region}-{(j // N_REGIONS) % ZONES_PER_REGION}"
     name = f"bn-{j:05d}"
@@ -101,7 +109,10 @@ def node_object(j: int) -> dict[str, Any]:
         labels[EDGE] = ""
         labels["apps.kubeedge.io/belonging-to"] = f"edge-{region}"
         taints.append({"key": EDGE, "effect": "NoSchedule"})
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+    md: dict[str, Any] = {"name": name, "labels": labels}
+    if kwok:  # kwok's to run: its pods go Running, its status and Lease are kept alive
+        md["annotations"] = {KWOK_ANNOTATION: "fake"}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": md,
             "spec": {"taints": taints} if taints else {}}
 
 
@@ -111,12 +122,15 @@ NODE_STATUS = {"capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
                                "message": "bench node"}]}
 
 
-def make_node(c: KubeClient, j: int) -> None:
-    obj = node_object(j)
+def make_node(c: KubeClient, j: int, kwok: bool = False) -> None:
+    obj = node_object(j, kwok)
     name = obj["metadata"]["name"]
-    live = c.create("/api/v1/nodes", obj)
-    live["status"] = NODE_STATUS
-    live = c.replace(f"/api/v1/nodes/{name}/status", live)
+    if kwok:  # its status from the start: kwok keeps it (a later PUT would race kwok's own)
+        live = c.create("/api/v1/nodes", {**obj, "status": NODE_STATUS})
+    else:
+        live = c.create("/api/v1/nodes", obj)
+        live["status"] = NODE_STATUS
+        live = c.replace(f"/api/v1/nodes/{name}/status", live)
     want = obj["spec"].get("taints")
     if (live.get("spec") or {}).get("taints") != want:
         # TaintNodesByCondition added node.kubernetes.io/not-ready; no node-lifecycle
@@ -297,12 +311,22 @@ class Run:
     sched_cpu_s: float = float("nan")
     first_cpu_s: float = float("nan")  # the scheduler's CPU when its first binding is seen
     api_cpu_s: float = float("nan")
+    # with --kwok: pods seen Running (kwok's fast stages), and when, from the same clock
+    running: int = 0
+    first_running_s: float = float("nan")
+    last_running_s: float = float("nan")
     violations: list[str] = field(default_factory=list)
     assignment: dict[str, str] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
         return self.bound / self.wall_s if self.wall_s > 0 and self.bound else 0.0
+
+    @property
+    def running_rate(self) -> float:
+        """pods/s from the scheduler's start to the last pod seen Running (--kwok)."""
+        return self.running / self.last_running_s if self.running and \
+            self.last_running_s > 0 else float("nan")
 
     @property
     def steady(self) -> float:
@@ -344,7 +368,8 @@ class Bench:
                            env=self.py_env(tree), cwd=tree)
         t0 = time.monotonic()
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(lambda j: make_node(self.admin, j), range(self.args.nodes)))
+            list(ex.map(lambda j: make_node(self.admin, j, self.args.kwok),
+                        range(self.args.nodes)))
         self.nodes = self.admin.list("/api/v1/nodes")[0]
         for ns in ("cfnet-bench",):
             self.cp.ensure_namespace(ns)
@@ -424,6 +449,8 @@ class Bench:
         r = Run(name, rep, self.args.pods)
         items, rv = self.admin.list(f"/api/v1/namespaces/{ns}/pods")
         bound: dict[str, str] = {}
+        running: dict[str, float] = {}  # pod -> when first seen Running (--kwok)
+        all_running = threading.Event()
         first: list[float] = []
         pid: list[int] = []  # the scheduler's, once started
         last_bind = [float("nan")]
@@ -436,6 +463,11 @@ class Bench:
                     for kind, obj in self.admin.watch(f"/api/v1/namespaces/{ns}/pods", rv,
                                                       timeout_s=60, stop=stop):
                         node = (obj.get("spec") or {}).get("nodeName")
+                        if kind != "BOOKMARK" and node and self.args.kwok and \
+                                (obj.get("status") or {}).get("phase") == "Running":
+                            running.setdefault(obj["metadata"]["name"], time.monotonic())
+                            if len(running) >= self.args.pods:
+                                all_running.set()
                         if kind != "BOOKMARK" and node:
                             now = time.monotonic()
                             if not first:
@@ -446,11 +478,13 @@ class Bench:
                                 if pid:  # start-up CPU: load-independent, unlike the clock
                                     r.first_cpu_s = cpu_seconds(
                                         pid[0], children=name.startswith("cfnet"))
-                            last_bind[0] = now
+                            if obj["metadata"]["name"] not in bound:  # not kwok's updates
+                                last_bind[0] = now
                             bound[obj["metadata"]["name"]] = node
                             if len(bound) >= self.args.pods:
                                 done.set()
-                                return
+                                if not self.args.kwok or all_running.is_set():
+                                    return
                 except KubeError as e:
                     print(f"# watch: {e}", file=sys.stderr)
                     time.sleep(0.2)
@@ -488,6 +522,13 @@ class Bench:
             req1 = self.api_requests()
             if self.args.profile and name.startswith("cfnet"):
                 self._child_threads(proc.pid, tag)
+            if self.args.kwok and done.is_set():  # then kwok's part: bound -> Running
+                n = (-1, time.monotonic())
+                while not all_running.wait(0.2):
+                    if len(running) != n[0]:
+                        n = (len(running), time.monotonic())
+                    if time.monotonic() - n[1] > self.args.stall_s:
+                        break
         finally:
             # also when the bench itself is interrupted: the scheduler runs in a session of
             # its own and would outlive us
@@ -504,6 +545,10 @@ class Bench:
         r.wall_s = (last_bind[0] if done.is_set() else t_end) - t0
         r.first_s = first[0] - t0 if first else float("nan")
         r.last_s = last_bind[0] - t0
+        if running:
+            r.running = len(running)
+            r.first_running_s = min(running.values()) - t0
+            r.last_running_s = max(running.values()) - t0
         pods = self.admin.list(f"/api/v1/namespaces/{ns}/pods")[0]
         r.violations = check(pods, self.nodes)
         r.assignment = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods
@@ -528,7 +573,10 @@ class Bench:
         print(f"# {name} rep {rep}:{marks} {r.bound}/{r.pods} bound in {r.wall_s:.2f} s "
               f"({r.rate:.0f} pods/s), first {r.first_s:.2f} s (cpu {r.first_cpu_s:.2f} s), "
               f"cpu {r.sched_cpu_s:.1f} s, "
-              f"apiserver {r.api_cpu_s:.1f} s, {len(r.violations)} violations "
+              f"apiserver {r.api_cpu_s:.1f} s, "
+              + (f"{r.running} Running by {r.last_running_s:.2f} s (first "
+                 f"{r.first_running_s:.2f} s), " if self.args.kwok else "")
+              + f"{len(r.violations)} violations "
               f"{r.violations[:3]}", file=sys.stderr, flush=True)
         return r
 
@@ -739,12 +787,17 @@ def _med(xs: Sequence[float], fmt: str) -> str:
     return f"{format(m, fmt)} ({format(min(xs), fmt)}–{format(max(xs), fmt)})"
 
 
-def table(runs: Sequence[Run], names: Sequence[str], nodes: int, pods: int) -> str:
+def table(runs: Sequence[Run], names: Sequence[str], nodes: int, pods: int,
+          kwok: bool = False) -> str:
+    """The runs' medians (min–max) by scheduler; with ``kwok``, also pods/s to Running and
+    the first pod Running (created → Running, kwok's nodes)."""
     lines = [f"| scheduler ({nodes} nodes / {pods} pods) | pods/s | pods/s after 1st | "
              "first binding s | CPU s to 1st binding | scheduler CPU s | "
              "scheduler ms/pod | ms/pod after 1st | kube-apiserver CPU s | apiserver ms/pod | "
-             "bound | violations |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             + ("pods/s to Running | first Running s | Running | " if kwok else "")
+             + "bound | violations |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+             + ("---:|---:|---:|" if kwok else "") + "---:|---:|"]
     for n in names:
         rs = [r for r in runs if r.scheduler == n]
         if not rs:
@@ -760,7 +813,10 @@ def table(runs: Sequence[Run], names: Sequence[str], nodes: int, pods: int) -> s
             f"{_med(after, '.2f')} | "
             f"{_med([r.api_cpu_s for r in rs], '.1f')} | "
             f"{_med([1000 * r.api_cpu_s / max(r.bound, 1) for r in rs], '.2f')} | "
-            f"{min(r.bound for r in rs)}/{pods} | {max(len(r.violations) for r in rs)} |")
+            + (f"{_med([r.running_rate for r in rs], '.0f')} | "
+               f"{_med([r.first_running_s for r in rs], '.2f')} | "
+               f"{min(r.running for r in rs)}/{pods} | " if kwok else "")
+            + f"{min(r.bound for r in rs)}/{pods} | {max(len(r.violations) for r in rs)} |")
     return "\n".join(lines)
 
 
@@ -790,6 +846,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--authz", default="",
                     help="compare API server authorizers, e.g. 'Node,RBAC/RBAC': one control "
                          "plane each (the same nodes), repetitions alternated between them")
+    ap.add_argument("--kwok", action="store_true",
+                    help="the nodes are kwok's (sigs.k8s.io/kwok, its fast stages): pods "
+                         "also go Running, and the table times created -> Running too")
     ap.add_argument("--sample-to", help=argparse.SUPPRESS)
     ap.add_argument("--binder", help=argparse.SUPPRESS)
     ap.add_argument("--kubeconfig", help=argparse.SUPPRESS)
@@ -815,7 +874,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if a.authz:
         return authz(a, want)
-    with ControlPlane() as cp:
+    with ControlPlane() as cp, contextlib.ExitStack() as stack:
+        if a.kwok:
+            stack.enter_context(Kwok(cp))
         b = Bench(cp, a)
         try:
             b.setup()
@@ -823,7 +884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs.extend(b.rep(rep, want))
         finally:
             b.broker.stop()
-    print(table(runs, [*SCHEDULERS, BASELINE, "ceiling"], a.nodes, a.pods))
+    print(table(runs, [*SCHEDULERS, BASELINE, "ceiling"], a.nodes, a.pods, a.kwok))
     print(f"# logs and profiles: {b.dir}", file=sys.stderr)
     print()
     print(f"Median (min–max) of {a.reps} repetitions, order alternated; pods/s from the "
