@@ -149,15 +149,22 @@ def test_replan_interval_stretches_with_its_cost(monkeypatch: pytest.MonkeyPatch
         assert loop.replan_due()
 
 
-def test_replan_waits_for_a_backlog_but_not_for_ever() -> None:
-    """While a backlog is taken batch by batch, a due re-plan waits (up to
-    REPLAN_BACKLOG_DEFER_S past due); without a backlog, or on a health change, it runs."""
+def backlog_loop() -> tuple[Observation, FakeSource, list[float], DecisionLoop]:
+    """A loop over one running workload while a backlog is taken (1 s re-plans, a clock at
+    1000 s that the test moves)."""
     obs = Observation(health=HEALTH, snapshot=snapshot(5.0), pending=[], running=[(NEAR, "c")],
                       backlog=True)
     src = FakeSource(obs)
     clock = [1000.0]
     loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
                         replan_interval_s=1.0, clock=lambda: clock[0])
+    return obs, src, clock, loop
+
+
+def test_replan_waits_for_a_backlog_but_not_for_ever() -> None:
+    """While a backlog is taken batch by batch, a due re-plan waits (up to
+    REPLAN_BACKLOG_DEFER_S past due); without a backlog, or on a health change, it runs."""
+    obs, src, clock, loop = backlog_loop()
     loop.step()  # never re-planned, but the backlog goes first (nodes arriving force none)
     assert loop._last_replan < 0
     src.obs = replace(obs, backlog=False)
@@ -190,12 +197,7 @@ def test_the_first_replan_waits_for_a_backlog_from_the_loops_start() -> None:
     overdue (REPLAN_BACKLOG_DEFER_S) counted from the loop's start, not from the epoch; the
     Nodes first seen online (a cluster listed at start-up) force none, a node first seen
     down does (its pods may need a move)."""
-    obs = Observation(health=HEALTH, snapshot=snapshot(5.0), pending=[], running=[(NEAR, "c")],
-                      backlog=True)
-    src = FakeSource(obs)
-    clock = [1000.0]
-    loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
-                        replan_interval_s=1.0, clock=lambda: clock[0])
+    obs, _src, clock, loop = backlog_loop()
     loop.step()
     assert loop._last_replan < 0 and not loop._health_changed
     assert any(h is LiveHealth.ONLINE for h in HEALTH.values())
@@ -218,12 +220,7 @@ def test_a_deferred_replan_is_looked_at_again_one_interval_later() -> None:
     50 ms for it during a burst): one interval after the deferral. A caller that knows the
     backlog is still there defers it without a step, but not past the bound nor over a health
     change; a step that runs anyway re-plans as soon as the backlog is gone."""
-    obs = Observation(health=HEALTH, snapshot=snapshot(5.0), pending=[], running=[(NEAR, "c")],
-                      backlog=True)
-    src = FakeSource(obs)
-    clock = [1000.0]
-    loop = DecisionLoop(src, FakeActuator(), EventLog(lambda ev: None),
-                        replan_interval_s=1.0, clock=lambda: clock[0])
+    obs, src, clock, loop = backlog_loop()
     loop.replan(replace(obs, backlog=False), PlaceOutcome({}, {}, {}, []))  # the first one ran
     clock[0] += 2.0
     assert loop.replan_wanted()
