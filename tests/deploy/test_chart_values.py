@@ -242,6 +242,9 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      lambda o: agent_conf(o)["interval_s"] == 5),
     ("agent.ebpf", ["agent.ebpf=false"], lambda o: agent_conf(o)["ebpf"] is False),
     ("agent.probePort", ["agent.probePort=17000"], lambda o: agent_conf(o)["probe_port"] == 17000),
+    ("agent.metricsPort", ["agent.metricsPort=19109"],
+     lambda o: agent_conf(o)["metrics_port"] == 19109
+     and agent(o)["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 19109}]),
     ("agent.logFormat", ["agent.logFormat=json"], lambda o: agent_conf(o)["log_format"] == "json"),
     ("agent.tolerations", ["agent.tolerations[0].key=edge", "agent.tolerations[0].operator=Exists"],
      lambda o: agent(o)["tolerations"] == [{"key": "edge", "operator": "Exists"}]),
@@ -437,6 +440,7 @@ BAD = [
     ("broker.port=0", "broker.port"),
     ("broker.tls=maybe", "broker.tls"),
     ("agent.probePort=-1", "agent.probePort"),
+    ("agent.metricsPort=0", "agent.metricsPort"),
     ("agent.intervalSeconds=0", "agent.intervalSeconds"),
     ("agent.capabilities={cap_bpf}", "agent.capabilities"),
     ("agent.hostPaths.stateDir=relative", "agent.hostPaths.stateDir"),
