@@ -22,7 +22,7 @@ One small HTTP server (``metrics_port``; the chart's probes and Prometheus use i
   use and why (``loader``: ``core``, ``bcc`` or ``none`` for a probe without eBPF).
 * ``/metrics``: the Prometheus exposition (``edge_agent.metrics``). prometheus_client is
   imported at the first scrape, not before: an agent that is probed but never scraped
-  does not map it (the agent's memory, issue 27).
+  does not map it (the agent keeps its resident memory small).
 
 The server is ``socketserver`` with a request line and headers read within bounds
 (:data:`MAX_LINE`, :data:`MAX_HEADERS`), a per-connection timeout and at most
