@@ -275,14 +275,14 @@ class NodePods:
         return cls(count, used, ports)
 
 
-def _pod_parts(pc: PreparedCluster, w: Workload, np_: NodePods,
+def _pod_parts(pc: PreparedCluster, w: Workload, np_: NodePods, gang_size: int,
                out: dict[Constraint, np.ndarray], slots: dict[Constraint, np.ndarray]) -> None:
     """The parts the engine checks pod by pod: slots, extended resources, ports, spread."""
     n = pc.ix.n
     max_pods = np.array([n_ if (n_ := nd.max_pods) is not None else 2**40
                          for nd in pc.ix.nodes], dtype=np.int64)
     room = max_pods - np_.count
-    if (room <= 0).any():
+    if (room < gang_size).any():  # a gang needs a slot per member
         c = Constraint("pods", "", "a free pod slot")
         out[c] = room > 0
         slots[c] = np.maximum(room, 0)
@@ -323,7 +323,7 @@ def parts_of(snapshot: ClusterSnapshot, w: Workload, pc: PreparedCluster,
     slots: dict[Constraint, np.ndarray] = {}
     _static_parts(pc, w, masks)
     usage = NodePods.of(pc)
-    _pod_parts(pc, w, usage, masks, slots)
+    _pod_parts(pc, w, usage, max(1, gang_size) if w.gang is not None else 1, masks, slots)
     req = (w.requests.cpu_milli, w.requests.mem_bytes, w.requests.gpus)
     for c in masks:
         if c.kind in ("cpu", "memory", "gpu"):
@@ -430,11 +430,12 @@ def drop(snapshot: ClusterSnapshot, w: Workload, parts: Iterable[Constraint]
         elif k == "pods":
             snap = dataclasses.replace(snap, nodes=tuple(
                 dataclasses.replace(n, max_pods=None) for n in snap.nodes))
-        elif k == "repelled":
+        elif k == "repelled":  # the pods stay (they count for the rest): not their terms
             snap = dataclasses.replace(snap, pods=tuple(
-                p for p in snap.pods if not any(
-                    term_matches_pod(t, p.namespace, w.namespace, w.labels)
-                    for t in p.anti_affinity)))
+                dataclasses.replace(p, anti_affinity=tuple(
+                    t for t in p.anti_affinity
+                    if not term_matches_pod(t, p.namespace, w.namespace, w.labels)))
+                for p in snap.pods))
     return snap, w
 
 

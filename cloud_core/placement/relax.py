@@ -87,6 +87,17 @@ class Diagnosis:
     def __str__(self) -> str:
         return "\n".join(self.lines())
 
+    def doc(self) -> dict[str, object]:
+        """The answer as plain JSON types, for the console."""
+        c = self.conflict
+        return {"fits": c.fits, "nodes": c.nodes, "parts": c.parts, "checks": c.checks,
+                "conflict": [x.text for x in c.constraints],
+                "kinds": sorted({x.kind for x in c.alone or c.constraints}),
+                "alone": [x.text for x in c.alone],
+                "suggestions": [str(r) for r in self.relaxations],
+                "dead_ends": [f"{x.text}: {why}" for x, why in self.dead_ends],
+                "summary": str(c)}
+
     def event_text(self) -> str:
         """One line for a FailedScheduling event (bounded: :data:`EVENT_CHARS`)."""
         c = self.conflict
@@ -468,3 +479,22 @@ RELAXERS: dict[str, Relaxer] = {
 }
 """Per kind, the change that opens one node and its amount (smaller is nearer)."""
 
+
+
+def explain_extras(snapshot: ClusterSnapshot, w: Workload, node: str | None,
+                   config: EngineConfig | None = None, gang_size: int = 1
+                   ) -> dict[str, object]:
+    """What ``explain`` adds to the engine's explanation: for a pod on no node, the minimal
+    conflict and its checked suggestions (``conflict``); for one with a latency SLA on a
+    node, the link figure behind it with its sample count and age (``link``)."""
+    cfg = config or EngineConfig()
+    out: dict[str, object] = {}
+    if node is None:
+        out["conflict"] = diagnose(snapshot, w, cfg, gang_size).doc()
+    elif w.latency_to is not None:
+        nd = next((n for n in snapshot.nodes if n.name == node), None)
+        if nd is not None:
+            ev = link_evidence(snapshot, nd, w.latency_to, cfg)
+            out["link"] = (f"{node} -> {w.latency_to}: {ev}" if ev
+                           else f"{node} -> {w.latency_to}: no measured link")
+    return out

@@ -231,3 +231,67 @@ def test_no_online_node() -> None:
     d = diagnose(snap([node("a", health=Health.DOWN)]), wl("p"))
     assert not d.conflict.fits and d.conflict.nodes == 0
     assert "no node is online" in str(d)
+
+
+# -- property: over generated clusters and pods ---------------------------------------------
+from typing import Any  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def cases(draw: Any) -> tuple[ClusterSnapshot, Workload, int]:
+    n = draw(st.integers(1, 6))
+    nodes = []
+    for i in range(n):
+        region = draw(st.sampled_from(["eu", "ch", "us"]))
+        nodes.append(node(
+            f"n{i}", region, f"{region}-{draw(st.sampled_from('xy'))}",
+            security_level=draw(st.integers(0, 3)),
+            labels={"disk": draw(st.sampled_from(["ssd", "hdd"]))},
+            taints=(Taint("gpu"),) if draw(st.integers(0, 3)) == 0 else (),
+            capacity=Resources(draw(st.sampled_from([1000, 2000, 4000])), 8 * GIB,
+                               draw(st.sampled_from([0, 0, 1]))),
+            allocated=Resources(draw(st.sampled_from([0, 500, 1500])), 0, 0),
+            max_pods=draw(st.sampled_from([None, None, 1, 3])),
+            extended={"fpga": draw(st.integers(0, 1))}))
+    links = {(x.name, "user"): LinkInfo(1.0, p95, samples=10, age_s=age)
+             for x in nodes if (p95 := draw(st.sampled_from([None, 3.0, 12.0, 30.0])))
+             for age in [draw(st.sampled_from([1.0, 100.0]))]}
+    pods = tuple(
+        RunningPod(f"r{j}", f"r{j}", "default", draw(st.sampled_from(nodes)).name,
+                   {"app": draw(st.sampled_from(["db", "web"]))},
+                   anti_affinity=(_anti("web"),) if draw(st.integers(0, 3)) == 0 else (),
+                   host_ports=(HostPort(80),) if draw(st.booleans()) else (),
+                   extended={"fpga": 1} if draw(st.integers(0, 3)) == 0 else {})
+        for j in range(draw(st.integers(0, 4))))
+    s = snap(nodes, links, pods=pods)
+    sla = draw(st.sampled_from([None, 5.0, 15.0]))
+    key = draw(st.sampled_from(["kubernetes.io/hostname", "topology.kubernetes.io/zone"]))
+    w = wl("p", labels={"app": draw(st.sampled_from(["web", "api"]))},
+           requests=Resources(draw(st.sampled_from([500, 1000, 3000])), GIB,
+                              draw(st.sampled_from([0, 0, 1]))),
+           max_latency_ms=sla, latency_to="user" if sla else None,
+           residency=frozenset(draw(st.sets(st.sampled_from(["eu", "ch", "us"]),
+                                            max_size=2))),
+           min_security_level=draw(st.integers(0, 3)),
+           node_selector={"disk": "ssd"} if draw(st.booleans()) else {},
+           pod_anti_affinity=(_anti("db", key),) if draw(st.booleans()) else (),
+           host_ports=(HostPort(80),) if draw(st.booleans()) else (),
+           extended={"fpga": 1} if draw(st.integers(0, 2)) == 0 else {},
+           spread=(SpreadConstraint(draw(st.integers(1, 2)), "topology.kubernetes.io/zone",
+                                    True, LabelSelector({"app": "db"})),)
+           if draw(st.integers(0, 2)) == 0 else (),
+           gang="g" if draw(st.integers(0, 3)) == 0 else None)
+    return s, w, draw(st.integers(2, 4)) if w.gang else 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(cases())
+def test_reported_set_is_minimal_and_suggestions_fit(case: tuple[ClusterSnapshot, Workload,
+                                                                 int]) -> None:
+    s, w, gang = case
+    GANG[w.uid] = gang
+    d = diagnose(s, w, gang_size=gang)
+    check_answer(s, w, d, gang)
