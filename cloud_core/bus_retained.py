@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cloud_core.errors import CoreError
-from edge_agent.mqtt import unwrap
+from edge_agent.wire.mqtt import unwrap
 
 log = logging.getLogger(__name__)
 

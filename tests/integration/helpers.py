@@ -11,7 +11,6 @@ from typing import Any
 
 from cloud_core.bus_retained import NatsLogin
 from edge_agent.agent import offline_status
-from edge_agent.mqtt import MqttClient, MqttSettings, Will
 from edge_agent.wire import (
     LinkSample,
     NodeStatus,
@@ -23,6 +22,7 @@ from edge_agent.wire import (
     status_topic,
     telemetry_topic,
 )
+from edge_agent.wire.mqtt import MqttClient, MqttSettings, Will
 from tools.broker import Broker, Credentials
 
 

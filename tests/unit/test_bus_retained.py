@@ -23,8 +23,8 @@ from cloud_core.bus_retained import (
 from cloud_core.console.protocol import parse_response
 from cloud_core.registry import parse_registry
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import Message, MqttSettings, wrap
 from edge_agent.wire import request_topic
+from edge_agent.wire.mqtt import Message, MqttSettings, wrap
 
 
 def _answer(seq: int, data: bytes) -> dict[str, object]:

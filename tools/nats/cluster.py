@@ -50,7 +50,7 @@ from cloud_core.bus_retained import (
     stored_payload,
     topic_subject,
 )
-from edge_agent.mqtt import wire_client_id
+from edge_agent.wire.mqtt import wire_client_id
 from tools.accounts import BusAccounts
 from tools.broker import free_port, mqtt_connect_probe
 from tools.certs import CertStore, Credentials, Role, acl_rules
