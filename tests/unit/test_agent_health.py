@@ -17,8 +17,8 @@ from edge_agent.agent import Agent
 from edge_agent.buffer import ReportBuffer
 from edge_agent.health import HealthServer, Loader, loader_of, serve
 from edge_agent.host import HostSampler
-from edge_agent.mqtt import MqttClient, MqttSettings
-from edge_agent.wire import LinkSample
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
+from edge_agent.wire.schema import LinkSample
 
 
 class _Probe:
