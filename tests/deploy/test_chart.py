@@ -38,7 +38,7 @@ def by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]
 # Edge nodes without cluster DNS reach the chart's broker through a NodePort (docs/install.md).
 EDGE_VALUES = ["mosquitto.service.type=NodePort", "mosquitto.service.nodePort=30883",
                "broker.agentHost=203.0.113.10", "core.serviceMonitor.enabled=true",
-               "core.logFormat=json", "agent.logFormat=json"]
+               "core.logFormat=json", "agent.logFormat=json", "prometheusRule.enabled=true"]
 
 
 @pytest.mark.parametrize("values", [[], ALT_VALUES, EDGE_VALUES],

@@ -242,6 +242,10 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      lambda o: agent_conf(o)["interval_s"] == 5),
     ("agent.ebpf", ["agent.ebpf=false"], lambda o: agent_conf(o)["ebpf"] is False),
     ("agent.probePort", ["agent.probePort=17000"], lambda o: agent_conf(o)["probe_port"] == 17000),
+    ("prometheusRule.enabled", ["prometheusRule.enabled=true"],
+     lambda o: ("PrometheusRule", "cfnet") in o),
+    ("prometheusRule.labels", ["prometheusRule.enabled=true", "prometheusRule.labels.release=kps"],
+     lambda o: o[("PrometheusRule", "cfnet")]["metadata"]["labels"]["release"] == "kps"),
     ("agent.metricsPort", ["agent.metricsPort=19109"],
      lambda o: agent_conf(o)["metrics_port"] == 19109
      and agent(o)["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 19109}]),
@@ -441,6 +445,7 @@ BAD = [
     ("broker.tls=maybe", "broker.tls"),
     ("agent.probePort=-1", "agent.probePort"),
     ("agent.metricsPort=0", "agent.metricsPort"),
+    ("prometheusRule.enabled=maybe", "prometheusRule.enabled"),
     ("agent.intervalSeconds=0", "agent.intervalSeconds"),
     ("agent.capabilities={cap_bpf}", "agent.capabilities"),
     ("agent.hostPaths.stateDir=relative", "agent.hostPaths.stateDir"),
