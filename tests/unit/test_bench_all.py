@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.bench_all import (HEADLINE, HEADLINE_BEGIN, HEADLINE_END, NOT_MEASURED, Outcome,
-                             update_readme, update_results)
+from tools.bench_all import (
+    HEADLINE,
+    HEADLINE_BEGIN,
+    HEADLINE_END,
+    NOT_MEASURED,
+    Outcome,
+    update_readme,
+    update_results,
+)
 
 K8S_OUT = """noise before
 | scheduler (100 nodes / 500 pods) | pods/s | pods/s after 1st | first binding s | bound |
