@@ -30,7 +30,7 @@ from cloud_core.k8s.flags import (
     scheduler_engine_config,
 )
 from cloud_core.k8s.lines import no_line, say_line
-from edge_agent.logsetup import LOG_FORMATS, add_version_flag, configure_logging
+from edge_agent.wire.logsetup import LOG_FORMATS, add_version_flag, configure_logging
 
 if TYPE_CHECKING:
     from cloud_core.k8s.client import KubeClient

@@ -33,7 +33,6 @@ from cloud_core.replicas import DigestExchange
 from cloud_core.scheduler import Scheduler
 from cloud_core.state import ClusterState
 from cloud_core.store import Store
-from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import (
     DIGEST_WILDCARD,
     EVENTS_TOPIC,
@@ -44,6 +43,8 @@ from edge_agent.wire import (
     response_topic,
     split_topic,
 )
+from edge_agent.wire.bus import Bus, Message
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 
 if TYPE_CHECKING:  # the NATS adapter (asyncio: 0.1 s of start-up) only when it is used
     from cloud_core.bus_nats import NatsIngestSettings
@@ -90,7 +91,7 @@ class CoreService:
         self.ingest = Ingest(self.state, clock)
         self.store = Store(cfg.db_path, clock)
         self.events = EventLog(self._publish_event, clock)
-        self.mqtt: MqttClient | MqttProcess = (
+        self.mqtt: Bus = (
             MqttProcess(cfg.mqtt, on_message=self._on_message, nats=cfg.nats)
             if cfg.mqtt_process
             else MqttClient(cfg.mqtt, on_message=self._on_message)
@@ -109,13 +110,13 @@ class CoreService:
         self.metrics.add_counters(
             "cfnet_acks", "End-to-end acks to agents: messages sent, reports acknowledged",
             "what", lambda: {"messages": self.acks.messages, "reports": self.acks.reports})
-        if cfg.nats is not None and isinstance(self.mqtt, MqttProcess):
-            mp = self.mqtt
+        if self.mqtt.capabilities.edge_sites:
+            bus = self.mqtt
             self.metrics.add_counters(
                 "cfnet_edge_site_events", "Edge sites (--nats-sites): sources linked, link "
                 "attempts failed, stalled sources re-armed, sources removed (site dropped), "
                 "edge streams created again (wiped leaf store); summed over sites",
-                "event", lambda: {k: sum(v.values()) for k, v in mp.edge.items()})
+                "event", lambda: {k: sum(v.values()) for k, v in bus.edge_site_events().items()})
         self.scheduler = Scheduler(
             store=self.store, registry=cfg.registry, state=self.state, events=self.events,
             actuator=self.actuator, health_config=cfg.health, clock=clock,

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 from edge_agent.agent import offline_status
-from edge_agent.mqtt import MqttClient, MqttSettings, Will
 from edge_agent.wire import (
     LinkSample,
     NodeStatus,
@@ -22,6 +21,7 @@ from edge_agent.wire import (
     status_topic,
     telemetry_topic,
 )
+from edge_agent.wire.mqtt import MqttClient, MqttSettings, Will
 from tools.broker import Broker, Credentials
 
 

@@ -37,7 +37,8 @@ from cloud_core.console.protocol import Request, encode_request
 from cloud_core.registry import parse_registry
 from cloud_core.service import CoreConfig, CoreService
 from edge_agent import wire
-from edge_agent.mqtt import Message, MqttClient
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
 from tools.nats.cluster import NatsCluster

@@ -43,7 +43,7 @@ from types import TracebackType
 
 from cloud_core.bus_callout import account_public, new_account_seed
 from cloud_core.bus_nats import EDGE_STREAM, STREAM, subject_to_topic, topic_to_subject
-from edge_agent.mqtt import wire_client_id
+from edge_agent.wire.mqtt import wire_client_id
 from tools.accounts import BusAccounts
 from tools.broker import free_port, mqtt_connect_probe
 from tools.certs import CertStore, Credentials, Role, acl_rules
