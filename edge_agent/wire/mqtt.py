@@ -19,8 +19,8 @@ and the core, see :func:`protocol_for_bus`):
   read here so callers still see typed ``Message`` fields; response topic -> none
   needed (the contract fixes the reply topic to the operator's own); retain-as-
   published -> 3.1.1 marks a message retained only when it comes from the retained
-  store, so a retained request is refused whenever it is replayed and executes at
-  most once, live, like any request. The client id has no ``.`` (NATS refuses it):
+  store; the core asks the bus's retained store about each live console request
+  (``cloud_core/bus_retained.py``). The client id has no ``.`` (NATS refuses it):
   ``.`` becomes ``~``, a character no cfnet name contains, so ids stay distinct.
 """
 
