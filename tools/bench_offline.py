@@ -43,7 +43,7 @@ from pathlib import Path
 
 from cloud_core.health import Health, HealthConfig, node_health
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import MqttSettings
+from edge_agent.wire.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.lab import Lab, SiteSpec, _run
 from tools.netns import in_netns
