@@ -369,9 +369,11 @@ class RefModel:
         return s.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
     def solve(self, seconds: float = 10.0, workers: int = 2,
-              only: Iterable[str] | None = None) -> RefResult:
+              only: Iterable[str] | None = None, work: float | None = None) -> RefResult:
         """Most pods placed, then the least cost at that count, ``seconds`` per stage.
-        ``only``: the placed pods are exactly these uids (one cost stage)."""
+        ``only``: the placed pods are exactly these uids (one cost stage). ``work``: a limit
+        on CP-SAT's deterministic time per stage too (what a loaded machine does not
+        shorten; ``seconds`` stays the wall-clock cap)."""
         t0 = time.perf_counter()
         m = self.m.clone()
         xs = {k: m.get_bool_var_from_proto_index(v.index) for k, v in self.x.items()}
@@ -379,6 +381,8 @@ class RefModel:
         s = cp_model.CpSolver()
         s.parameters.num_workers = workers
         s.parameters.max_time_in_seconds = seconds
+        if work is not None:
+            s.parameters.max_deterministic_time = work
         if only is not None:
             keep = set(only)
             for p, w in enumerate(self.pods):
