@@ -28,8 +28,8 @@ with msgspec_imports():  # without typing_extensions, unused here: ~1.1 MiB of t
     import msgspec
     from msgspec import UNSET, UnsetType
 
-from edge_agent.logsetup import LOG_FORMATS, add_version_flag
 from edge_agent.wire import valid_id
+from edge_agent.wire.logsetup import LOG_FORMATS, add_version_flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ class AgentConfig:
     buffer_max_bytes: int = 16 * 1024 * 1024
     buffer_max_age_s: float = 7 * 86400.0
     metrics_port: int = 0
-    log_format: str = "text"  # text | json (edge_agent/logsetup.py)
+    log_format: str = "text"  # text | json (edge_agent/wire/logsetup.py)
     # "mosquitto" (MQTT 5) or "nats" (a NATS cluster's MQTT 3.1.1 listener), and the
     # clustered bus's other addresses ("host:port,...") tried when a node goes away.
     bus: str = "mosquitto"

@@ -69,7 +69,8 @@ _HIDDEN = "typing_extensions"
 
 @contextlib.contextmanager
 def paho_imports() -> Iterator[None]:
-    """Wrap the statements importing paho-mqtt in edge_agent.mqtt (see the module docstring)."""
+    """Wrap the statements importing paho-mqtt in edge_agent.wire.mqtt (see the module
+    docstring)."""
     if _STANDIN in sys.modules or "paho.mqtt.client" in sys.modules \
             or importlib.util.find_spec("socks") is not None:
         yield

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.errors import AgentError
-from edge_agent.logsetup import configure_logging
+from edge_agent.wire.logsetup import configure_logging
 
 if TYPE_CHECKING:
     from edge_agent.bpf_loader import Pending
-    from edge_agent.mqtt import MqttSettings
+    from edge_agent.wire.mqtt import MqttSettings
 
 log = logging.getLogger("cfnet.agent")
 
@@ -58,7 +58,7 @@ def read_config(argv: list[str] | None) -> AgentConfig:
 
 
 def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
-    from edge_agent.mqtt import MqttSettings, protocol_for_bus
+    from edge_agent.wire.mqtt import MqttSettings, protocol_for_bus
 
     failover = tuple((a.rpartition(":")[0].strip("[]"), int(a.rpartition(":")[2]))
                      for a in cfg.broker_failover)
@@ -92,9 +92,9 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     from edge_agent.agent import Agent, offline_status
     from edge_agent.buffer import ReportBuffer
     from edge_agent.host import HostSampler, local_addresses
-    from edge_agent.mqtt import MqttClient, Will
     from edge_agent.probes import ProbeConfig, open_probe
     from edge_agent.wire import status_topic
+    from edge_agent.wire.mqtt import MqttClient, Will
 
     boot = uuid.uuid4().hex[:16]
     addrs = local_addresses()

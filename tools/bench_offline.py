@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloud_core.health import Health, HealthConfig
-from edge_agent.mqtt import MqttSettings
+from edge_agent.wire.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.outage_rig import Rig, rig, wait_until
 from tools.procs import stop_all

@@ -29,7 +29,7 @@ from typing import Any
 
 from cloud_core.health import Health, HealthConfig, node_health
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import MqttSettings
+from edge_agent.wire.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.lab import Lab, LabError, SiteSpec
 from tools.netns import in_netns

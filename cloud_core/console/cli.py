@@ -29,9 +29,10 @@ from cloud_core.console.map import render_map
 from cloud_core.console.protocol import MAX_REQUEST_BYTES
 from cloud_core.errors import CoreError
 from cloud_core.view import cut, links_table, nodes_table, table
-from edge_agent.logsetup import add_version_flag
-from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import EVENTS_TOPIC
+from edge_agent.wire.bus import Message
+from edge_agent.wire.logsetup import add_version_flag
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 
 WIDTH = 80
 

@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from edge_agent.host import nvidia_driver
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import telemetry_topic
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import settings, wait_for
 from tests.unit.test_agent_imports import FORBIDDEN
 from tools.broker import Broker

@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from cloud_core.service import CoreService
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import response_topic
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
 
