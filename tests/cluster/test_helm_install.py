@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import time
 import tomllib
 import urllib.error
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster import faults
 from tests.cluster.conftest import RealCluster
@@ -690,6 +693,139 @@ def test_broker_killed_agents_buffer_then_drain(release: Release) -> None:
     print(f"[faults] broker SIGKILLed: back Ready {t_back - t0:.1f} s after the kill, "
           f"peak buffer {peak['depth']:.0f} reports, drained {drain:.1f} s after",
           file=sys.__stderr__, flush=True)
+
+
+def _agent_csrs(rc: RealCluster) -> list[str]:
+    return [c["metadata"]["name"] for c in
+            _get(rc, "/apis/certificates.k8s.io/v1/certificatesigningrequests")["items"]
+            if c["spec"].get("signerName") == "cfnet.io/agent"]
+
+
+def test_node_services_restart_and_everything_returns(release: Release) -> None:
+    """The node's kubelet and containerd stopped, every container with them, and started
+    again (a reboot of the node's services): the release's pods return Running and Ready with
+    one leader; the agent starts from its state directory on the node, with the certificate
+    it already holds (no new CSR) and its buffer (nothing thinned, expired or refused), and
+    its reports are acknowledged again. Prints the time to a Ready node and to every pod."""
+    rc = release.rc
+    cert = rc.node.dir / "cfnet-agent-state" / "identity" / "client.crt"
+    before = (cert.read_bytes(), _agent_csrs(rc))
+    agent0 = _agent_metrics(rc)
+    t0 = time.monotonic()
+    node_ready = rc.node.restart_services()
+    release.wait(release.all_ready, 300, "every pod of the release back, Running and Ready")
+    back = time.monotonic() - t0
+    release.wait(release.one_leader, 90, "one leading core")
+
+    def acked() -> faults.Samples | None:
+        m = _agent_metrics(rc)
+        return m if faults.value(m, "cfnet_agent_reports_total", stage="acked") >= 3 else None
+
+    agent1 = release.wait(acked, 120, "the restarted agent's reports acknowledged")
+    assert faults.agent_drops(agent1) == faults.agent_drops(agent0) == 0
+    assert (cert.read_bytes(), _agent_csrs(rc)) == before  # the same identity, no new CSR
+    print(f"[faults] kubelet and containerd restarted: node Ready {node_ready:.1f} s, every "
+          f"pod Ready {back:.1f} s after the stop", file=sys.__stderr__, flush=True)
+
+
+def _prometheus_config(rc: RealCluster, d: Path) -> Path:
+    """A Prometheus configuration: cfnet's rules (CfnetAgentStale's ``for`` cut to 10 s, so
+    the test waits 40 s, not 90 s) and one scrape job that finds the release's pods through
+    Kubernetes service discovery (role pod, their ``metrics`` ports: both cores and the agent
+    on the node's host network), every 2 s."""
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "cfnet-rules.yaml").read_text())
+    for rule in rules["groups"][0]["rules"]:
+        if rule["alert"] == "CfnetAgentStale":
+            rule["for"] = "10s"
+    (d / "rules.yaml").write_text(yaml.safe_dump(rules))
+    assert rc.cp.admin is not None
+    sd = {"role": "pod", "api_server": f"https://{rc.node.host_ip}:{rc.cp.api_port}",
+          "namespaces": {"names": [NS]},
+          "tls_config": {"ca_file": rc.cp.admin.ca_file, "cert_file": rc.cp.admin.cert_file,
+                         "key_file": rc.cp.admin.key_file}}
+    relabel = [
+        {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "metrics",
+         "action": "keep"},
+        {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+         "regex": "cfnet-core|cfnet-agent", "action": "keep"},
+        {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+         "target_label": "job"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]
+    cfg = {"global": {"scrape_interval": "2s", "evaluation_interval": "2s",
+                      "scrape_timeout": "2s"},
+           "rule_files": [str(d / "rules.yaml")],
+           "scrape_configs": [{"job_name": "cfnet", "kubernetes_sd_configs": [sd],
+                               "relabel_configs": relabel}]}
+    (d / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    return d / "prometheus.yml"
+
+
+def test_prometheus_scrapes_cfnet_and_the_agent_stale_alert_fires(
+        release: Release, tmp_path: Path) -> None:
+    """Debian's Prometheus in the node's network namespace, finding the core replicas and the
+    agent through Kubernetes service discovery: all three scraped (up 1), one leader
+    (sum of cfnet_leader), the agent's loader core; then the agent stopped (its DaemonSet
+    moved off the node): CfnetAgentStale fires; the agent returns."""
+    rc = release.rc
+    exe = shutil.which("prometheus")
+    assert exe, "prometheus not found: tools/setup.sh installs Debian's prometheus package"
+    cfg = _prometheus_config(rc, tmp_path)
+    port = 19090
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{rc.node.ns}", exe,
+                             f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=log, stderr=log)
+    log.close()
+    ds_path = f"/apis/apps/v1/namespaces/{NS}/daemonsets/cfnet-agent"
+    moved = False
+
+    def query(q: str) -> list[dict[str, Any]]:
+        code, body = _http(rc, f"http://127.0.0.1:{port}/api/v1/query?query="
+                               + urllib.parse.quote(q))
+        return list(json.loads(body)["data"]["result"]) if code == 200 else []
+
+    def story() -> str:
+        return f"--- prometheus log\n{(tmp_path / 'prometheus.log').read_text()[-2000:]}"
+
+    try:
+        def scraped() -> list[str] | None:
+            up = query('up{namespace="cfnet-system"} == 1')
+            jobs = sorted(r["metric"]["job"] for r in up)
+            return jobs if jobs == ["cfnet-agent", "cfnet-core", "cfnet-core"] else None
+
+        release.wait(scraped, 90, "Prometheus scraping 2 cores and the agent", story=story)
+        release.wait(lambda: [r for r in query("sum(cfnet_leader)") if r["value"][1] == "1"],
+                     30, "sum(cfnet_leader) == 1 in Prometheus", story=story)
+        assert query('cfnet_agent_loader{loader="core"} == 1'), story()
+        ds = _get(rc, ds_path)
+        ds["spec"]["template"]["spec"]["nodeSelector"] = {"cfnet-test/stopped": "yes"}
+        rc.cp.request("PUT", ds_path, ds)
+        moved = True
+        release.wait(lambda: not _pods(rc, NS, "app.kubernetes.io/name=cfnet-agent"), 90,
+                     "the agent stopped")
+        t0 = time.monotonic()
+
+        def firing() -> list[dict[str, Any]] | None:
+            code, body = _http(rc, f"http://127.0.0.1:{port}/api/v1/alerts")
+            alerts = json.loads(body)["data"]["alerts"] if code == 200 else []
+            return [a for a in alerts if a["labels"]["alertname"] == "CfnetAgentStale"
+                    and a["state"] == "firing"] or None
+
+        (alert,) = release.wait(firing, 120, "CfnetAgentStale firing", story=story)
+        assert alert["labels"]["namespace"] == NS and alert["labels"]["severity"] == "warning"
+        print(f"[prometheus] CfnetAgentStale firing {time.monotonic() - t0:.1f} s after the "
+              "agent stopped", file=sys.__stderr__, flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if moved:
+            ds = _get(rc, ds_path)
+            ds["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
+            rc.cp.request("PUT", ds_path, ds)
+    release.wait(lambda: (p := _pods(rc, NS, "app.kubernetes.io/name=cfnet-agent"))
+                 and _ready(p[0]), 120, "the agent back, Ready")
 
 
 def test_upgrade_takes_effect_and_uninstall_leaves_nothing(release: Release) -> None:
