@@ -91,7 +91,7 @@ HEADLINE: tuple[Headline, ...] = (
     Headline("Agent, eBPF CO-RE: steady RSS, CPU of one core, first report (bench_agent)",
              "agent", "ebpf-core", ("steady RSS MiB", "CPU % of 1 core", "first report s"),
              base_row="sockdiag"),
-    Headline("Offline detection: agent killed, link down (bench_offline)", "offline",
+    Headline("Offline detection: an agent killed (bench_offline)", "offline",
              "agent SIGKILL", ("p50", "max"), base_columns=("Kubernetes default",)),
     Headline("Ingest: queued reports drained by the core (bench_ingest)", "ingest",
              "MQTT in a child process", ("cfnet", "ratio"),
