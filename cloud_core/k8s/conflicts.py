@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cloud_core.k8s.client import JSON
-from cloud_core.placement import EngineConfig, PreparedCluster
+from cloud_core.placement import EngineConfig
 from cloud_core.placement.model import ClusterSnapshot, Workload
-from cloud_core.placement.relax import diagnose
+from cloud_core.placement.relax import Diagnosis, diagnose_many
 
 log = logging.getLogger(__name__)
 
@@ -114,29 +114,25 @@ class ConflictReporter:
         if not jobs:
             return 0
         try:
-            snap = self._snapshot()
-            prepared = PreparedCluster(snap, self._config, eager=False)
-        except Exception:  # no snapshot, no answer: the events go out with the message alone
-            log.exception("conflicts: no snapshot")
-            self.stats["failed"] += len(jobs)
-            for job in jobs:
-                self._record(job.pod, job.message)
-            return len(jobs)
-        for job in jobs:
-            self._one(snap, prepared, job)
+            answers = diagnose_many(self._snapshot(), [(j.workload, j.gang_size)
+                                                        for j in jobs], self._config)
+        except Exception as exc:  # no snapshot, no answer: the events go out without one
+            log.warning("conflicts: no answers for %d pods: %s", len(jobs), exc)
+            answers = [exc] * len(jobs)
+        for job, d in zip(jobs, answers, strict=True):
+            self._one(job, d)
         return len(jobs)
 
-    def _one(self, snap: ClusterSnapshot, prepared: PreparedCluster, job: _Job) -> None:
+    def _one(self, job: _Job, d: Diagnosis | Exception) -> None:
         text = ""
         kinds: tuple[str, ...] = ()
-        try:
-            d = diagnose(snap, job.workload, self._config, job.gang_size, prepared)
+        if isinstance(d, Exception):  # a bug here must cost the event its answer, not more
+            log.warning("conflict of %s: %r", job.workload.uid, d)
+            self.stats["failed"] += 1
+        else:
             kinds = tuple(sorted({c.kind for c in d.conflict.alone or d.conflict.constraints}))
             text = d.event_text(max(0, NOTE_CHARS - len(job.message) - 2))
             self.stats["diagnosed"] += 1
-        except Exception:  # a bug here must cost the event its answer, never the event
-            log.exception("conflict of %s", job.workload.uid)
-            self.stats["failed"] += 1
         with self._lock:
             if kinds:
                 self._kinds[job.workload.uid] = kinds

@@ -131,6 +131,16 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
     assert "cpu" in failed["huge-0"]
     assert "security" in failed["topsecret-0"]
     assert failed["badspec-0"].startswith("invalid workload spec") and "high" in failed["badspec-0"]
+    # cfnet's answer after the tally: the conflict, and the nearest change with the node it
+    # opens (k8s/conflicts.py, computed off the binding path)
+    assert ". cfnet: security level 5 fails on every node; would fit: security level 5 -> 3: " \
+        "cloud-" in failed["topsecret-0"], failed["topsecret-0"]
+    assert ". cfnet: residency ap-south fails on every node; would fit: residency ap-south -> " \
+        "ap-south," in failed["nowhere-0"], failed["nowhere-0"]
+    assert ". cfnet: cpu 16 fails on every node; would fit: cpu 16 -> " in failed["huge-0"]
+    assert "cfnet:" not in failed["badspec-0"]  # no workload to explain
+    assert actuator.binder.unschedulable_by_constraint() == {"cpu": 2, "residency": 3,
+                                                             "security": 1}
     assert actuator.stats.bound == 200
     actuator.snapshot()
     assert actuator.cache.assumed() == {}  # every assumed binding was confirmed by the watch
