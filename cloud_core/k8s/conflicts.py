@@ -11,9 +11,10 @@ message first, cfnet's answer after it. It is bounded three ways:
   (the same rule that decides whether it records an event at all);
 * a queue of ``queue_max`` pods: past it a pod's event is recorded at once with the
   scheduler's message alone (counted ``skipped``), never waiting;
-* ``busy_share``: after each round of diagnoses taking ``t`` seconds the worker rests
-  ``t * (1 / busy_share - 1)``, so it takes at most that share of the interpreter from
-  the binding path.
+* it waits for a lull (``busy()`` false: no pod to try, none being decided or bound), at
+  most ``max_wait_s``, so a burst's bindings do not share the interpreter with it;
+* ``busy_share``: after each round of diagnoses taking ``t`` seconds of its CPU the worker
+  rests ``t * (1 / busy_share - 1)``, so it takes at most that share of the interpreter.
 
 It also keeps, per unschedulable pod, the kinds of its conflict, exported as
 ``cfnet_unschedulable_pods{constraint}`` (``counts``); a bound or deleted pod is forgotten.
@@ -53,12 +54,15 @@ class ConflictReporter:
 
     def __init__(self, snapshot: Callable[[], ClusterSnapshot], config: EngineConfig,
                  record: Callable[[JSON, str], None], *, queue_max: int = 64,
-                 busy_share: float = 0.2, start: bool = True) -> None:
+                 busy_share: float = 0.2, busy: Callable[[], bool] = lambda: False,
+                 max_wait_s: float = 30.0, start: bool = True) -> None:
         self._snapshot = snapshot
         self._config = config
         self._record = record
         self._queue_max = queue_max
         self._rest = 1.0 / min(max(busy_share, 0.01), 1.0) - 1.0
+        self._busy = busy
+        self._max_wait_s = max_wait_s
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}  # uid -> its latest job (a newer one replaces it)
         self._kinds: dict[str, tuple[str, ...]] = {}  # uid -> kinds of its conflict
@@ -145,6 +149,9 @@ class ConflictReporter:
             self._wake.wait()
             self._wake.clear()
             while not self._stop.is_set():
+                until = time.monotonic() + self._max_wait_s
+                while self._busy() and time.monotonic() < until and not self._stop.wait(0.1):
+                    pass
                 t0 = time.thread_time()
                 if not self.drain():
                     break

@@ -278,6 +278,11 @@ def cases(draw: Any) -> tuple[ClusterSnapshot, Workload, int]:
            min_security_level=draw(st.integers(0, 3)),
            node_selector={"disk": "ssd"} if draw(st.booleans()) else {},
            pod_anti_affinity=(_anti("db", key),) if draw(st.booleans()) else (),
+           pod_affinity=(_anti(draw(st.sampled_from(["db", "web"])), key),)
+           if draw(st.integers(0, 3)) == 0 else (),
+           node_affinity=(NodeSelectorTerm((NodeSelectorRequirement(
+               "disk", draw(st.sampled_from(["In", "NotIn"])), ("hdd",)),)),)
+           if draw(st.integers(0, 3)) == 0 else (),
            host_ports=(HostPort(80),) if draw(st.booleans()) else (),
            extended={"fpga": 1} if draw(st.integers(0, 2)) == 0 else {},
            spread=(SpreadConstraint(draw(st.integers(1, 2)), "topology.kubernetes.io/zone",
