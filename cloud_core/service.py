@@ -50,6 +50,7 @@ from edge_agent.wire.mqtt import MqttClient, MqttSettings
 
 if TYPE_CHECKING:  # the NATS adapter (asyncio: 0.1 s of start-up) only when it is used
     from cloud_core.bus_nats import NatsIngestSettings
+    from cloud_core.bus_retained import NatsLogin, RetainedStore
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ class CoreConfig:
     # The NATS bus: shared ingest (share_group) through a JetStream consumer that
     # the replicas share (cloud_core/bus_nats.py); needs mqtt_process.
     nats: NatsIngestSettings | None = None
+    # The NATS bus: the console's native connection to the bus's retained store, which
+    # tells a request published with retain from a live one (cloud_core/bus_retained.py).
+    nats_console: NatsLogin | None = None
 
 
 class CoreService:
@@ -145,6 +149,13 @@ class CoreService:
             # retain-as-published: a request sent with the retain flag shows it even when
             # delivered live, so it is refused at once, not only after a restart
             self.mqtt.subscribe(REQUEST_WILDCARD, qos=1, retain_as_published=True)
+            # On NATS (MQTT 3.1.1) the flag is not shown live: the bus's retained store is
+            # asked instead (cloud_core/bus_retained.py).
+        self.retained: RetainedStore | None = None
+        if cfg.console and cfg.nats_console is not None:
+            from cloud_core.bus_retained import RetainedStore
+
+            self.retained = RetainedStore(cfg.nats_console)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cfnet-console")
         self._inflight: dict[str, int] = {}
         self._inflight_lock = threading.Lock()
@@ -157,6 +168,8 @@ class CoreService:
         if self.cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
             log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_addr, self.metrics_port)
+        if self.retained is not None:
+            self.retained.start()
         if connect:
             self.connect()
         self.acks.start()
@@ -186,6 +199,8 @@ class CoreService:
         self.acks.stop()  # last acks out before the connection goes
         self.mqtt.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.retained is not None:
+            self.retained.stop()
         self.metrics.close()
         self.store.close()
 
@@ -240,13 +255,29 @@ class CoreService:
 
         def run() -> None:
             try:
-                self.reply(operator, m,
-                           self.console.handle_message(operator, m.payload, retain=m.retain))
+                self.reply(operator, m, self.handle_request(operator, m))
             finally:
                 with self._inflight_lock:
                     self._inflight[operator] -= 1
 
         self._pool.submit(run)
+
+    def handle_request(self, operator: str, m: Message) -> Response:
+        """One console request as it came off the bus: on NATS first asked of the bus's
+        retained store (refused when it holds the request or cannot tell), then handled."""
+        retain = m.retain
+        if self.retained is not None:
+            from cloud_core.bus_retained import RetainedCheckError, Verdict
+
+            try:
+                found = self.retained.check(m.topic, m.payload, m.correlation_data)
+            except RetainedCheckError as exc:
+                log.warning("console request of %s: %s", operator, exc)
+                return self.console.refuse(
+                    operator, f"unavailable: cannot tell whether the request was published "
+                    f"with retain ({exc}); send it again")
+            retain = retain or found is Verdict.RETAINED
+        return self.console.handle_message(operator, m.payload, retain=retain)
 
     def reply(self, operator: str, m: Message, resp: Response) -> None:
         # Answer only on the operator's own response topic: a request naming

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.errors import AgentError
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from edge_agent.agent import Agent
     from edge_agent.bpf_loader import Pending
     from edge_agent.buffer import ReportBuffer
+    from edge_agent.health import HealthServer
     from edge_agent.host import HostSampler
     from edge_agent.probes import LinkProbe
     from edge_agent.wire.mqtt import MqttClient, MqttSettings
@@ -43,7 +44,7 @@ def start_loader_early(cfg: AgentConfig) -> Pending | None:
     # The probe filters on the node's addresses, which a node nearly always has;
     # if it has none the probe sees another request and loads again.
     pending, why = start_early(include_loopback=cfg.include_loopback, filter_local=True,
-                               probe_port=cfg.probe_port)
+                               probe_port=cfg.probe_port, bcc_fallback=cfg.bcc_fallback)
     if pending is None:
         log.debug("eBPF loader not started early: %s", why)
     return pending
@@ -52,7 +53,7 @@ def start_loader_early(cfg: AgentConfig) -> Pending | None:
 def read_config(argv: list[str] | None) -> AgentConfig:
     """The configuration (:func:`edge_agent.config.load_config`); then what only parsing
     the command line needed (argparse) is dropped before the heavy imports, which reuse its
-    memory (issue 27, :func:`edge_agent.lightimport.forget`)."""
+    memory (:func:`edge_agent.lightimport.forget`)."""
     from edge_agent.config import PARSE_ONLY_MODULES
     from edge_agent.lightimport import forget
 
@@ -110,7 +111,7 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     try:
         probe, reason = open_probe(
             ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs,
-                        probe_port=cfg.probe_port),
+                        probe_port=cfg.probe_port, bcc_fallback=cfg.bcc_fallback),
             pending=early,
         )
     except BaseException:
@@ -123,7 +124,7 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
         cfg.node, boot, probe.name, f" (fallback: {reason})" if reason else "", ", ".join(addrs),
     )
     running = _Running(cfg, boot, mqtt, probe, host, buffer)
-    agent = running.start_agent(agent_ref)
+    agent = running.start_agent(agent_ref, reason)
     if cfg.identity == "certificate" and cfg.certfile is not None and cfg.keyfile is not None:
         from edge_agent.enroll import Renewer, enroll_settings
 
@@ -171,10 +172,11 @@ class _Running:
         self.cfg, self.boot, self.mqtt = cfg, boot, mqtt
         self.probe, self.host, self.buffer = probe, host, buffer
         self.echo: EchoServer | None = None
-        self.metrics: Any = None
+        self.metrics: HealthServer | None = None
 
-    def start_agent(self, agent_ref: list[Agent]) -> Agent:
-        """The echo server and the active prober (if on), the agent, its metrics port."""
+    def start_agent(self, agent_ref: list[Agent], fallback: str | None) -> Agent:
+        """The echo server and the active prober (if on), the agent, its metrics port
+        (``fallback``: why the probe is not the one configured, for ``/status``)."""
         from edge_agent.active import ActiveProber, EchoServer
         from edge_agent.agent import Agent
 
@@ -203,10 +205,10 @@ class _Running:
             # status is the same, so twice is harmless.)
             agent.announce()
         if cfg.metrics_port:
-            from edge_agent.metrics import serve_agent_metrics
+            from edge_agent.health import serve
 
-            self.metrics = serve_agent_metrics(agent, cfg.metrics_port)
-            log.info("metrics on :%d/metrics", cfg.metrics_port)
+            self.metrics = serve(agent, cfg.metrics_port, fallback=fallback)
+            log.info("/healthz, /readyz, /status and /metrics on :%d", cfg.metrics_port)
         agent.start()
         return agent
 
@@ -223,7 +225,7 @@ class _Running:
         if self.echo is not None:
             self.echo.stop()
         if self.metrics is not None:
-            self.metrics.shutdown()
+            self.metrics.stop()
         self.probe.close()
         self.host.close()
         self.buffer.close()
@@ -233,7 +235,7 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 def one_malloc_arena() -> bool:
-    """One glibc malloc arena for all the agent's threads (issue 27); True if set.
+    """One glibc malloc arena for all the agent's threads; True if set.
 
     glibc gives each thread that allocates an arena of its own (up to 8 per core), and
     each keeps its freed memory: 0.2-0.3 MiB of the agent's resident memory for its

@@ -38,6 +38,7 @@ from cloud_core.k8s.informer import obj_key
 from cloud_core.loop import what_if as engine_answer
 from cloud_core.placement import explain, parse_workload_yaml
 from cloud_core.placement.model import Health
+from cloud_core.placement.relax import explain_extras
 
 
 def _pod_row(actuator: Actuator, p: dict[str, Any]) -> dict[str, Any]:
@@ -135,9 +136,12 @@ class KubernetesCluster:
             ex = explain(snap, w, self.actuator.config.engine_config, node=node)
         except CoreError as exc:
             raise CommandError(str(exc)) from exc
+        extras = (explain_extras(snap, w, node, self.actuator.config.engine_config)
+                  if node or not ex.fit else {})
         return jsonable({"workload": obj_key(pod), "uid": w.uid,
                           "state": "bound" if node else "pending", "node": node,
-                          "reason": self.actuator.last_failure(w.uid), "explanation": ex})
+                          "reason": self.actuator.last_failure(w.uid), "explanation": ex,
+                          **extras})
 
     def what_if(self, specs: list[dict[str, Any]]) -> Any:
         ws = []

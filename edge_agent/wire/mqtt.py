@@ -12,15 +12,15 @@ and the core, see :func:`protocol_for_bus`):
 - ``mqtt5`` (Mosquitto, the default bus): session expiry, response topic,
   correlation data, message expiry, retain-as-published as MQTT 5 properties.
 - ``mqtt311`` (NATS's MQTT listener, the clustered bus, which speaks 3.1.1 only).
-  What replaces each MQTT 5 feature (docs/scale.md, "The clustered bus"):
+  What replaces each MQTT 5 feature (docs/nats.md):
   session expiry -> ``clean_session=False`` (NATS keeps the session in JetStream
   until a clean connect with that client id removes it); correlation data and
   message expiry -> a small envelope before the payload (:func:`wrap`), written and
   read here so callers still see typed ``Message`` fields; response topic -> none
   needed (the contract fixes the reply topic to the operator's own); retain-as-
   published -> 3.1.1 marks a message retained only when it comes from the retained
-  store, so a retained request is refused whenever it is replayed and executes at
-  most once, live, like any request. The client id has no ``.`` (NATS refuses it):
+  store; the core asks the bus's retained store about each live console request
+  (``cloud_core/bus_retained.py``). The client id has no ``.`` (NATS refuses it):
   ``.`` becomes ``~``, a character no cfnet name contains, so ids stay distinct.
 """
 

@@ -17,9 +17,10 @@ import pytest
 
 from cloud_core.console.protocol import Request, Response
 from cloud_core.events import EventLog
-from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+from cloud_core.k8s.actuator import ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.registry import NodeRegistry
+from cloud_core.k8s.wiring import build_actuator
 from tests.k8s.conftest import Cluster, kubernetes_console, wait_for
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.slow
 class Console:
     def __init__(self, client: KubeClient) -> None:
         self.events = EventLog(lambda ev: None)
-        self.act = Actuator(client, NodeRegistry(), ActuatorConfig(identity="console-test"),
+        self.act = build_actuator(client, NodeRegistry(), ActuatorConfig(identity="console-test"),
                             events=self.events)
         # What the agents report with, by Node name (wiring.py reads it from the telemetry
         # state; tests/cluster/test_helm_install.py shows a real agent's ``ebpf`` there).
