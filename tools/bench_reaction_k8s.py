@@ -30,7 +30,7 @@ The loop's ``commit_moves`` is wrapped here to time stages 4 and 5 (the product 
 ``move`` event only after the eviction). Settings as ``tools.bench_reaction`` (local mode):
 ``ReplanConfig`` defaults but ``cooldown_s`` ``--cooldown`` (3 s), so the table compares.
 
-    python -m tools.bench_reaction --kubernetes [--runs 10]  # = python -m tools.bench_reaction_k8s
+    python -m tools.bench_reaction --kubernetes [--runs 10]  # this module's entry point
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,15 +383,3 @@ def table(runs: list[Run], sla_ms: float, degraded_mbit: float,
     lines.append(f"\n(the loop's re-plan interval while a run waited for its decision: p50 "
                  f"{pct(every, 0.5):.2f} s, max {max(every, default=math.nan):.2f} s)")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tools.bench_reaction_k8s [...]``: ``tools.bench_reaction --kubernetes``
-    (its options; ``make bench`` runs it with ``--runs 5``)."""
-    from tools.bench_reaction import main as reaction
-
-    return reaction(["--kubernetes", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
