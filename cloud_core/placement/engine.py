@@ -1,5 +1,7 @@
-"""The engine: groups workloads into classes, vectorises filters and scores, calls the solver,
-and turns its answer into explained decisions. Pure: no I/O, no clock.
+"""The batch engine (``PreparedCluster``, over ``prepared.ClusterView``): groups workloads
+into classes, places them in rounds (pod affinity orders the rounds) through the solver and,
+pod by pod, through ``sequential``, and turns the answer into explained decisions. Pure: no
+I/O, no clock.
 """
 
 from __future__ import annotations
