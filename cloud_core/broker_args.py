@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cloud_core.errors import CoreError
-from edge_agent.mqtt import BUSES, MqttError, MqttSettings, protocol_for_bus
+from edge_agent.wire.errors import MqttError
+from edge_agent.wire.mqtt import BUSES, MqttSettings, protocol_for_bus
 
 
 def add_broker_args(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,7 @@ from cloud_core.k8s.flags import (
     scheduler_engine_config,
 )
 from cloud_core.k8s.lines import no_line, say_line
-from edge_agent.logsetup import LOG_FORMATS, add_version_flag, configure_logging
+from edge_agent.wire.logsetup import LOG_FORMATS, add_version_flag, configure_logging
 
 if TYPE_CHECKING:
     from cloud_core.k8s.client import KubeClient
@@ -60,8 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--share-group", default=env("CFNET_SHARE_GROUP"),
                    help="ingest through $share/<group>/ so replicas split the load")
     p.add_argument("--nats-url", default=env("CFNET_NATS_URL", ""),
-                   help="with --bus nats and --share-group: the servers' NATS URLs "
-                        "(tls://host:4222,...) for ingest shared through JetStream")
+                   help="with --bus nats: the servers' NATS URLs (tls://host:4222,...): the "
+                        "console's retained-request check and, with --share-group, ingest "
+                        "shared through JetStream")
     p.add_argument("--nats-replicas", type=int, default=int(env("CFNET_NATS_REPLICAS", "3")),
                    help="replicas of the shared-ingest stream (the NATS cluster's size)")
     p.add_argument("--nats-sites", default=env("CFNET_NATS_SITES", ""),
@@ -158,8 +159,19 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
     if sites and not (a.bus == "nats" and a.share_group):
         raise CoreError("--nats-sites needs --bus nats and --share-group (the core links "
                         "sites from its shared-ingest connection)")
+    urls = tuple(u.strip() for u in a.nats_url.split(",") if u.strip())
+    console = not a.no_place
+    nats_console = None
+    if a.bus == "nats" and console:
+        from cloud_core.bus_retained import NatsLogin
+
+        if not urls:
+            raise CoreError("--bus nats needs --nats-url (CFNET_NATS_URL): the console asks "
+                            "the bus's retained store whether a request was published with "
+                            "retain (MQTT 3.1.1 does not say)")
+        nats_console = NatsLogin(urls=urls, username=a.username, password=settings.password,
+                                 ca_file=a.ca_file)
     if a.bus == "nats" and a.share_group:
-        urls = tuple(u.strip() for u in a.nats_url.split(",") if u.strip())
         if not urls:
             raise CoreError("--bus nats with --share-group needs --nats-url (CFNET_NATS_URL)")
         if a.mqtt_in_process:
@@ -172,7 +184,7 @@ def build_config(a: argparse.Namespace) -> CoreConfig:
         roles=load_roles(a.roles), step_interval_s=a.step_interval,
         apply_interval_s=a.apply_interval, share_group=a.share_group,
         # With Kubernetes, pods are placed by the actuator below, not by the local loop.
-        place=not (a.no_place or a.kubernetes), console=not a.no_place,
+        place=not (a.no_place or a.kubernetes), console=console, nats_console=nats_console,
         metrics_port=int(a.metrics_port) if a.metrics_port is not None else None,
         mqtt_process=not a.mqtt_in_process, ack_interval_s=a.ack_interval, nats=nats,
     )

@@ -3,14 +3,15 @@
 paho's receive path costs about 50 µs of Python per message, the core's
 decode, validation and fold about 25 µs more. In one process they share one
 GIL and one CPU: the core drained about half of what a bare paho loop
-receives. Here the connection (``edge_agent.mqtt.MqttClient``, unchanged)
+receives. Here the connection (``edge_agent.wire.mqtt.MqttClient``, unchanged)
 lives in a child process that forwards messages to the core in batches over a
 pipe, and takes the core's publishes the other way; the core spends its CPU
 on ingest while the child spends another CPU on MQTT.
 
-:class:`MqttProcess` has the surface of ``MqttClient`` that the core uses
+:class:`MqttProcess` is a :class:`edge_agent.wire.bus.Bus`, as ``MqttClient`` is
 (``subscribe``, ``start``, ``stop``, ``connected``, ``wait_connected``,
-``last_refusal``, ``publish`` returning a handle with ``wait`` and ``done``).
+``last_refusal``, ``publish`` returning a handle with ``wait`` and ``done``, and its
+declared ``capabilities``).
 Messages reach ``on_message`` in broker order, on one thread. The child
 PUBACKs a QoS 1 message once it is queued for the core, not once it is folded
 in, so the PUBACK promises nothing about ingest: a core SIGKILLed with reports
@@ -46,8 +47,9 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from cloud_core.errors import CoreError
-from edge_agent.logsetup import configure_child_logging
-from edge_agent.mqtt import Message, MqttSettings
+from edge_agent.wire.bus import BusCapabilities, Message
+from edge_agent.wire.logsetup import configure_child_logging
+from edge_agent.wire.mqtt import MqttSettings
 
 if TYPE_CHECKING:  # the NATS adapter (asyncio: 0.1 s of start-up) only when it is used
     from cloud_core.bus_nats import NatsIngestSettings
@@ -96,6 +98,8 @@ class RemoteHandle:
 
 
 class MqttProcess:
+    """The core's :class:`~edge_agent.wire.bus.Bus`: an MqttClient in a child process."""
+
     def __init__(self, settings: MqttSettings,
                  on_message: Callable[[Message], None] | None = None,
                  nats: NatsIngestSettings | None = None) -> None:
@@ -183,6 +187,18 @@ class MqttProcess:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def capabilities(self) -> BusCapabilities:
+        """Those of the child's MqttClient, with ``$share`` and edge sites on NATS (served
+        from JetStream: :mod:`cloud_core.bus_nats`)."""
+        v5, nats = self.settings.protocol == "mqtt5", self.nats is not None
+        return BusCapabilities(mqtt5_properties=v5, shared_subscriptions=v5 or nats,
+                               cheap_qos1_subscriptions=v5, edge_sites=nats)
+
+    def edge_site_events(self) -> dict[str, dict[str, int]]:
+        """The child's edge sites' counters (``bus_nats.SourceResumer``), as it last sent them."""
+        return self.edge
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)
@@ -284,7 +300,7 @@ class _Child:
                  cmd: Connection, out: Connection, nats: NatsIngestSettings | None = None,
                  ) -> None:
         from cloud_core.bus_nats import SharedIngest, parse_share
-        from edge_agent.mqtt import MqttClient  # paho only in the child
+        from edge_agent.wire.mqtt import MqttClient  # paho only in the child
 
         self.cmd, self.out = cmd, out
         self.inbox: deque[_Wire] = deque()

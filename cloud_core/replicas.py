@@ -20,10 +20,9 @@ from typing import Any
 
 import msgspec
 
-from cloud_core.mqtt_process import MqttProcess
 from cloud_core.state import ClusterState
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import MAX_PAYLOAD_BYTES, WireError, digest_topic, split_topic
+from edge_agent.wire.bus import Bus, Message
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class DigestExchange:
         self,
         replica: str,
         state: ClusterState,
-        mqtt: MqttClient | MqttProcess,
+        mqtt: Bus,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:

@@ -33,7 +33,6 @@ from cloud_core.replicas import DigestExchange
 from cloud_core.scheduler import Scheduler
 from cloud_core.state import ClusterState
 from cloud_core.store import Store
-from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import (
     DIGEST_WILDCARD,
     EVENTS_TOPIC,
@@ -44,9 +43,12 @@ from edge_agent.wire import (
     response_topic,
     split_topic,
 )
+from edge_agent.wire.bus import Bus, Message
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 
 if TYPE_CHECKING:  # the NATS adapter (asyncio: 0.1 s of start-up) only when it is used
     from cloud_core.bus_nats import NatsIngestSettings
+    from cloud_core.bus_retained import NatsLogin, RetainedStore
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,9 @@ class CoreConfig:
     # The NATS bus: shared ingest (share_group) through a JetStream consumer that
     # the replicas share (cloud_core/bus_nats.py); needs mqtt_process.
     nats: NatsIngestSettings | None = None
+    # The NATS bus: the console's native connection to the bus's retained store, which
+    # tells a request published with retain from a live one (cloud_core/bus_retained.py).
+    nats_console: NatsLogin | None = None
 
 
 class CoreService:
@@ -90,7 +95,7 @@ class CoreService:
         self.ingest = Ingest(self.state, clock)
         self.store = Store(cfg.db_path, clock)
         self.events = EventLog(self._publish_event, clock)
-        self.mqtt: MqttClient | MqttProcess = (
+        self.mqtt: Bus = (
             MqttProcess(cfg.mqtt, on_message=self._on_message, nats=cfg.nats)
             if cfg.mqtt_process
             else MqttClient(cfg.mqtt, on_message=self._on_message)
@@ -109,13 +114,13 @@ class CoreService:
         self.metrics.add_counters(
             "cfnet_acks", "End-to-end acks to agents: messages sent, reports acknowledged",
             "what", lambda: {"messages": self.acks.messages, "reports": self.acks.reports})
-        if cfg.nats is not None and isinstance(self.mqtt, MqttProcess):
-            mp = self.mqtt
+        if self.mqtt.capabilities.edge_sites:
+            bus = self.mqtt
             self.metrics.add_counters(
                 "cfnet_edge_site_events", "Edge sites (--nats-sites): sources linked, link "
                 "attempts failed, stalled sources re-armed, sources removed (site dropped), "
                 "edge streams created again (wiped leaf store); summed over sites",
-                "event", lambda: {k: sum(v.values()) for k, v in mp.edge.items()})
+                "event", lambda: {k: sum(v.values()) for k, v in bus.edge_site_events().items()})
         self.scheduler = Scheduler(
             store=self.store, registry=cfg.registry, state=self.state, events=self.events,
             actuator=self.actuator, health_config=cfg.health, clock=clock,
@@ -141,6 +146,13 @@ class CoreService:
             # retain-as-published: a request sent with the retain flag shows it even when
             # delivered live, so it is refused at once, not only after a restart
             self.mqtt.subscribe(REQUEST_WILDCARD, qos=1, retain_as_published=True)
+            # On NATS (MQTT 3.1.1) the flag is not shown live: the bus's retained store is
+            # asked instead (cloud_core/bus_retained.py).
+        self.retained: RetainedStore | None = None
+        if cfg.console and cfg.nats_console is not None:
+            from cloud_core.bus_retained import RetainedStore
+
+            self.retained = RetainedStore(cfg.nats_console)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cfnet-console")
         self._inflight: dict[str, int] = {}
         self._inflight_lock = threading.Lock()
@@ -153,6 +165,8 @@ class CoreService:
         if self.cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
             log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_addr, self.metrics_port)
+        if self.retained is not None:
+            self.retained.start()
         if connect:
             self.connect()
         self.acks.start()
@@ -182,6 +196,8 @@ class CoreService:
         self.acks.stop()  # last acks out before the connection goes
         self.mqtt.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.retained is not None:
+            self.retained.stop()
         self.metrics.close()
         self.store.close()
 
@@ -236,13 +252,29 @@ class CoreService:
 
         def run() -> None:
             try:
-                self.reply(operator, m,
-                           self.console.handle_message(operator, m.payload, retain=m.retain))
+                self.reply(operator, m, self.handle_request(operator, m))
             finally:
                 with self._inflight_lock:
                     self._inflight[operator] -= 1
 
         self._pool.submit(run)
+
+    def handle_request(self, operator: str, m: Message) -> Response:
+        """One console request as it came off the bus: on NATS first asked of the bus's
+        retained store (refused when it holds the request or cannot tell), then handled."""
+        retain = m.retain
+        if self.retained is not None:
+            from cloud_core.bus_retained import RetainedCheckError, Verdict
+
+            try:
+                found = self.retained.check(m.topic, m.payload, m.correlation_data)
+            except RetainedCheckError as exc:
+                log.warning("console request of %s: %s", operator, exc)
+                return self.console.refuse(
+                    operator, f"unavailable: cannot tell whether the request was published "
+                    f"with retain ({exc}); send it again")
+            retain = retain or found is Verdict.RETAINED
+        return self.console.handle_message(operator, m.payload, retain=retain)
 
     def reply(self, operator: str, m: Message, resp: Response) -> None:
         # Answer only on the operator's own response topic: a request naming

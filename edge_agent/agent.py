@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from edge_agent import __version__
 from edge_agent.buffer import ReportBuffer
 from edge_agent.host import HostSampler, local_addresses, read_interfaces
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.outbox import AckWindow
 from edge_agent.probes import LinkProbe
 from edge_agent.wire import (
@@ -38,6 +37,7 @@ from edge_agent.wire import (
     status_topic,
     telemetry_topic,
 )
+from edge_agent.wire.bus import Bus, Message
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Agent:
         interval_s: float,
         probe: LinkProbe,
         host: HostSampler,
-        mqtt: MqttClient,
+        mqtt: Bus,
         buffer: ReportBuffer,
         labels: tuple[tuple[str, str], ...] = (),
         boot: str | None = None,
@@ -93,14 +93,13 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self.outbox: AckWindow[int] = AckWindow(window=window, resend_s=resend_s)
         self._outbox_lock = threading.Lock()
-        # Re-sent on every (re)connect by MqttClient; the persistent session
-        # keeps acks the core sent while we were away. On NATS (MQTT 3.1.1) a QoS 1
-        # subscription is a JetStream consumer replicated on three servers, about 2 MiB
-        # and 4 ms of CPU a second per agent (docs/scale.md): QoS 0 there, and an ack
-        # sent while we were away is made up by resending, which the core deduplicates.
-        mqtt_settings = getattr(self.mqtt, "settings", None)
-        nats = getattr(mqtt_settings, "protocol", "mqtt5") == "mqtt311"
-        self.mqtt.subscribe(ack_topic(node), qos=0 if nats else 1)
+        # Re-sent on every (re)connect by the bus; the persistent session keeps acks
+        # the core sent while we were away. Where a QoS 1 subscription is dear (NATS: a
+        # JetStream consumer replicated on three servers, about 2 MiB and 4 ms of CPU a
+        # second per agent, docs/scale.md): QoS 0, and an ack sent while we were away is
+        # made up by resending, which the core deduplicates.
+        qos = 1 if self.mqtt.capabilities.cheap_qos1_subscriptions else 0
+        self.mqtt.subscribe(ack_topic(node), qos=qos)
 
     # ------------------------------------------------------------------ reports
 

@@ -28,8 +28,8 @@ with msgspec_imports():  # without typing_extensions, unused here: ~1.1 MiB of t
     import msgspec
     from msgspec import UNSET, UnsetType
 
-from edge_agent.logsetup import LOG_FORMATS, add_version_flag
 from edge_agent.wire import valid_id
+from edge_agent.wire.logsetup import LOG_FORMATS, add_version_flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ class AgentConfig:
     buffer_max_bytes: int = 16 * 1024 * 1024
     buffer_max_age_s: float = 7 * 86400.0
     metrics_port: int = 0
-    log_format: str = "text"  # text | json (edge_agent/logsetup.py)
+    log_format: str = "text"  # text | json (edge_agent/wire/logsetup.py)
     # "mosquitto" (MQTT 5) or "nats" (a NATS cluster's MQTT 3.1.1 listener), and the
     # clustered bus's other addresses ("host:port,...") tried when a node goes away.
     bus: str = "mosquitto"
@@ -181,7 +181,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         """argparse's formatter, told the width: left to find it, argparse imports
         ``shutil`` on every ``add_argument``, and with it bz2, lzma and zlib (their modules
         and shared libraries), ~0.4 MiB of the long-lived agent's memory for a width only
-        ``--help`` uses (issue 27)."""
+        ``--help`` uses."""
 
         def __init__(self, prog: str) -> None:
             super().__init__(prog, width=max(_columns() - 2, 20))

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.errors import AgentError
-from edge_agent.logsetup import configure_logging
+from edge_agent.wire.logsetup import configure_logging
 
 if TYPE_CHECKING:
     from edge_agent.bpf_loader import Pending
-    from edge_agent.mqtt import MqttSettings
+    from edge_agent.wire.mqtt import MqttSettings
 
 log = logging.getLogger("cfnet.agent")
 
@@ -47,7 +47,7 @@ def start_loader_early(cfg: AgentConfig) -> Pending | None:
 def read_config(argv: list[str] | None) -> AgentConfig:
     """The configuration (:func:`edge_agent.config.load_config`); then what only parsing
     the command line needed (argparse) is dropped before the heavy imports, which reuse its
-    memory (issue 27, :func:`edge_agent.lightimport.forget`)."""
+    memory (:func:`edge_agent.lightimport.forget`)."""
     from edge_agent.config import PARSE_ONLY_MODULES
     from edge_agent.lightimport import forget
 
@@ -58,7 +58,7 @@ def read_config(argv: list[str] | None) -> AgentConfig:
 
 
 def mqtt_settings(cfg: AgentConfig) -> MqttSettings:
-    from edge_agent.mqtt import MqttSettings, protocol_for_bus
+    from edge_agent.wire.mqtt import MqttSettings, protocol_for_bus
 
     failover = tuple((a.rpartition(":")[0].strip("[]"), int(a.rpartition(":")[2]))
                      for a in cfg.broker_failover)
@@ -92,9 +92,9 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     from edge_agent.agent import Agent, offline_status
     from edge_agent.buffer import ReportBuffer
     from edge_agent.host import HostSampler, local_addresses
-    from edge_agent.mqtt import MqttClient, Will
     from edge_agent.probes import ProbeConfig, open_probe
     from edge_agent.wire import status_topic
+    from edge_agent.wire.mqtt import MqttClient, Will
 
     boot = uuid.uuid4().hex[:16]
     addrs = local_addresses()
@@ -195,7 +195,7 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 def one_malloc_arena() -> bool:
-    """One glibc malloc arena for all the agent's threads (issue 27); True if set.
+    """One glibc malloc arena for all the agent's threads; True if set.
 
     glibc gives each thread that allocates an arena of its own (up to 8 per core), and
     each keeps its freed memory: 0.2-0.3 MiB of the agent's resident memory for its

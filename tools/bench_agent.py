@@ -184,7 +184,8 @@ def run_agent_once(lab: Any, broker: Any, tmp: Path, mode: str, seconds: float,
 
 def run_bench(reps: int, phase_s: float, segs_per_s: float,
               before_tree: Path | None = None) -> list[dict[str, Any]]:
-    from edge_agent.mqtt import Message, MqttClient, MqttSettings
+    from edge_agent.wire.bus import Message
+    from edge_agent.wire.mqtt import MqttClient, MqttSettings
     from tools.broker import Broker
     from tools.lab import Lab, SiteSpec
     from tools.netns import in_netns

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloud_core.mqtt_process import MqttProcess
 from cloud_core.service import CoreService
 from tools.bench_ingest import process_cpu_s, quantile, sample_core
 from tools.broker import Broker
@@ -205,7 +206,8 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
             if rest > 0:
                 time.sleep(rest)
             # The follower replica's bus connection dies.
-            pid = cores[1].mqtt.pid if hasattr(cores[1].mqtt, "pid") else None
+            mqtt = cores[1].mqtt
+            pid = mqtt.pid if isinstance(mqtt, MqttProcess) else None
             t_kill = time.time()
             if pid:
                 os.kill(pid, signal.SIGKILL)
@@ -255,7 +257,7 @@ def sessions_run(kind: str, k: int, seconds: float, log: Any, qos: int = 1,
     per agent, each subscribed QoS 1 to its ack topic, as the agent is) and one QoS 1 ack
     a second to each, as the core sends them."""
     from edge_agent import wire
-    from edge_agent.mqtt import MqttClient, MqttSettings
+    from edge_agent.wire.mqtt import MqttClient, MqttSettings
 
     out = Sessions(kind, k)
     with tempfile.TemporaryDirectory(prefix=f"cfnet-bench-sess-{kind}-") as tmp:

@@ -6,7 +6,7 @@ One TLS Mosquitto (the harness broker, production settings), one run, three part
    (plus 10,000 retained statuses) on the broker for four offline persistent
    sessions at once; then each receiver connects alone and drains its queue:
    a **raw paho-mqtt** loop that only counts (the baseline), the project's
-   MQTT adapter (``edge_agent.mqtt.MqttClient``) that only counts, and the
+   MQTT adapter (``edge_agent.wire.mqtt.MqttClient``) that only counts, and the
    **core** (``CoreService``: parse, validate, dedupe, fold into state), once
    with its MQTT connection in its own process and once in a child process
    (``cloud_core.mqtt_process``, what ``cfnet-core`` runs).
@@ -24,7 +24,7 @@ One TLS Mosquitto (the harness broker, production settings), one run, three part
    (places) and a follower (ingest only): how many reports each ingests, whether
    together they got all, and what the leader alone sees of the fleet.
 
-paho is imported directly here (not through ``edge_agent.mqtt``), as in
+paho is imported directly here (not through ``edge_agent.wire.mqtt``), as in
 ``tests/integration/test_broker_security.py``: the baseline *is* plain paho.
 The simulator runs as a separate process (``python -m tools.simulate``). On a
 shared 2-core machine the broker, the simulator and the receiver compete for
@@ -56,8 +56,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from cloud_core.mqtt_process import MqttProcess
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import STATUS_WILDCARD, TELEMETRY_WILDCARD
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 from tools.broker import Broker, Credentials, free_port
 
 REPO = Path(__file__).resolve().parent.parent

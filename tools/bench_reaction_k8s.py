@@ -51,7 +51,7 @@ from cloud_core.k8s.registry import AGENT_ID, RESIDENCY_REGION, SECURITY
 from cloud_core.k8s.wiring import KubeRunner, KubeSettings, start_kubernetes
 from cloud_core.placement import ReplanConfig
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import MqttSettings
+from edge_agent.wire.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.lab import Lab, SiteSpec
 from tools.netns import in_netns

@@ -39,7 +39,7 @@ from typing import Any
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
 from cloud_core.k8s.registry import AGENT_ID, RESIDENCY_REGION, SECURITY
 from cloud_core.view import fmt_bps, fmt_us, nodes_table, table
-from edge_agent.mqtt import MqttSettings
+from edge_agent.wire.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.lab import Lab, SiteSpec
 from tools.netns import in_netns

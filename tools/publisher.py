@@ -1,6 +1,6 @@
 """A minimal MQTT 5 QoS 1 publisher: the fleet simulator's load generator, not a device client.
 
-Why not paho here: through ``edge_agent.mqtt`` (paho, one network thread per
+Why not paho here: through ``edge_agent.wire.mqtt`` (paho, one network thread per
 connection) the simulator spent about 140 µs of CPU per QoS 1 report, most
 of it in paho's per-message bookkeeping and in threads trading the GIL. One
 simulator process then topped out near 8,000 reports/s using a whole core
@@ -30,7 +30,7 @@ import ssl
 import struct
 import time
 
-from edge_agent.mqtt import MqttSettings, wire_client_id
+from edge_agent.wire.mqtt import MqttSettings, wire_client_id
 
 # CONNACK reason codes a refusal is most likely to carry (MQTT 5, 3.2.2.2).
 _REFUSALS = {0x84: "unsupported protocol version", 0x85: "client id not valid",

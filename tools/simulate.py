@@ -58,14 +58,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent.mqtt import (
-    BUSES,
-    Message,
-    MqttClient,
-    MqttSettings,
-    PublishHandle,
-    protocol_for_bus,
-)
 from edge_agent.outbox import AckWindow
 from edge_agent.wire import (
     ACK_WILDCARD,
@@ -76,6 +68,8 @@ from edge_agent.wire import (
     status_topic,
     telemetry_topic,
 )
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import BUSES, MqttClient, MqttSettings, PublishHandle, protocol_for_bus
 from tools.publisher import Publisher, PublisherError
 
 log = logging.getLogger("tools.simulate")
@@ -989,7 +983,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-pending", type=int, default=2000,
                     help="unacknowledged QoS 1 reports per connection before it waits")
     ap.add_argument("--client", choices=("lean", "paho"), default="lean",
-                    help="publisher: lean (tools.publisher, default) or paho (edge_agent.mqtt)")
+                    help="publisher: lean (tools.publisher, default) or paho "
+                    "(edge_agent.wire.mqtt)")
     ap.add_argument("--ack-account", default="",
                     help="a sim-* account to hear the core's end-to-end acks on: each node "
                          "then keeps its reports until acknowledged, as the agent does")

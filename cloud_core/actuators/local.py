@@ -29,7 +29,7 @@ MAX_PLACEMENT_BYTES = MAX_PAYLOAD_BYTES
 
 
 class Acknowledgeable(Protocol):
-    """A QoS 1 publish in flight (``edge_agent.mqtt.PublishHandle`` or the MQTT process's)."""
+    """A QoS 1 publish in flight (``edge_agent.wire.mqtt.PublishHandle`` or the MQTT process's)."""
 
     def wait(self, timeout_s: float) -> bool: ...
 

@@ -7,8 +7,9 @@ import uuid
 
 from cloud_core.console.protocol import Request, Response, encode_request, parse_response
 from cloud_core.errors import CoreError
-from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import WireError, request_topic, response_topic
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 
 
 class ConsoleUnavailable(CoreError):

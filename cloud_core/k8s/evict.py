@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_agent.names import ID_MAX, name_problem
+from edge_agent.wire.names import ID_MAX, name_problem
 
 MIRROR = "kubernetes.io/config.mirror"
 SOURCE = "kubernetes.io/config.source"

@@ -14,14 +14,6 @@ import msgspec
 import yaml
 
 from cloud_core.errors import SpecError
-from edge_agent.names import (
-    ID_MAX,
-    NAME_MAX,
-    label_key_problem,
-    label_value_problem,
-    name_problem,
-    uid_problem,
-)
 
 from . import quantity
 from .model import (
@@ -36,6 +28,14 @@ from .model import (
     SpreadConstraint,
     Toleration,
     Workload,
+)
+from .names import (
+    ID_MAX,
+    NAME_MAX,
+    label_key_problem,
+    label_value_problem,
+    name_problem,
+    uid_problem,
 )
 
 SCHEDULER_NAME = "cfnet-scheduler"
@@ -837,7 +837,7 @@ def parse_plain(doc: Mapping[str, Any], where: str = "") -> list[Workload]:
 
 
 def _check_name(value: object, field: str, max_len: int) -> None:
-    """The one name rule (``edge_agent.names``) for every name a workload carries."""
+    """The one name rule (``names``) for every name a workload carries."""
     if why := name_problem(value, max_len):
         raise SpecError(field, why)
 

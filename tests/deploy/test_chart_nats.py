@@ -58,6 +58,18 @@ def test_deploy_renders_a_three_node_cluster() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_default_image_is_the_version_the_tests_build_and_run() -> None:
+    """The integration tests run tools/nats/build.sh's nats-server; the chart's default
+    image is that same release, so what is tested is what is deployed."""
+    import re
+
+    build = (Path(__file__).parents[2] / "tools" / "nats" / "build.sh").read_text()
+    (version,) = re.findall(r'VERSION="\$\{CFNET_NATS_VERSION:-v([0-9.]+)\}"', build)
+    sts = kinds(["nats.mode=deploy"])[("StatefulSet", "nats")]
+    images = {c["name"]: c["image"] for c in sts["spec"]["template"]["spec"]["containers"]}  # type: ignore[index]
+    assert images["nats"] == f"docker.io/library/nats:{version}-alpine", images
+
+
 def test_accounts_conf_is_rendered_from_the_cert_store(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     from tools.certs import CertStore

@@ -11,7 +11,7 @@ import pytest
 
 from cloud_core.registry import parse_registry
 from cloud_core.service import CoreConfig, CoreService
-from tests.integration.helpers import FakeAgent, settings
+from tests.integration.helpers import FakeAgent, nats_console, settings
 from tools.broker import Broker
 
 REGISTRY = """
@@ -29,7 +29,7 @@ def core(broker: Broker, tmp_path: Path) -> Iterator[CoreService]:
         mqtt=settings(broker, creds, client_id="core-0"), db_path=tmp_path / "core.db",
         registry=parse_registry(REGISTRY),
         roles={"alice": "operator", "carol": "operator", "victor": "viewer", "root": "admin"},
-        step_interval_s=0.2,
+        step_interval_s=0.2, nats_console=nats_console(broker, creds),
     )
     c = CoreService(cfg)
     c.start()

@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from cloud_core.bus_retained import NatsLogin
 from edge_agent.agent import offline_status
-from edge_agent.mqtt import MqttClient, MqttSettings, Will
 from edge_agent.wire import (
     LinkSample,
     NodeStatus,
@@ -22,6 +22,7 @@ from edge_agent.wire import (
     status_topic,
     telemetry_topic,
 )
+from edge_agent.wire.mqtt import MqttClient, MqttSettings, Will
 from tools.broker import Broker, Credentials
 
 
@@ -37,6 +38,16 @@ def settings(broker: Broker, creds: Credentials, **kw: Any) -> MqttSettings:
         tls=broker.tls, ca_file=creds.ca_file if broker.tls else None,
         client_id=kw.pop("client_id", f"{creds.username}-{uuid.uuid4().hex[:6]}"), **kw,
     )
+
+
+def nats_console(broker: Broker, creds: Credentials) -> NatsLogin | None:
+    """The core's native login for the retained-request check on a NATS cluster (it has
+    ``nats_urls``); None on Mosquitto, whose retain-as-published does that job."""
+    urls = getattr(broker, "nats_urls", None)
+    if urls is None:
+        return None
+    return NatsLogin(urls=tuple(urls), username=creds.username, password=creds.password,
+                     ca_file=creds.ca_file if broker.tls else None)
 
 
 def wait_for(pred: Callable[[], Any], timeout_s: float = 15.0, what: str = "condition") -> Any:

@@ -40,7 +40,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from edge_agent.bpfsys import prog_alive
-from edge_agent.mqtt import Message, MqttClient
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import settings, wait_for
 from tools.broker import Broker
 

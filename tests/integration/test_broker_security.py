@@ -20,7 +20,7 @@ same publisher sends a sentinel the receiver may read; Mosquitto delivers one
 publisher's messages to one subscriber in order, so once the sentinel is in,
 the forbidden message would have been too.
 
-paho is used directly here (not through ``edge_agent.mqtt``) because these
+paho is used directly here (not through ``edge_agent.wire.mqtt``) because these
 tests assert raw reason codes that an adapter rightly hides.
 """
 

@@ -8,10 +8,10 @@ shared ``core`` and ``agents`` fixtures of tests/integration/conftest.py run on 
   another node's acks or placements; a wrong password is refused;
 - console roles: a viewer's ``drain`` is refused and audited, an operator's runs, and
   a reply reaches only the asker;
-- retained requests: never executed when replayed from the retained store (a core that
-  subscribes later refuses it); on Mosquitto the live copy is refused too
-  (retain-as-published), on NATS (3.1.1 has no such option) the live copy is an
-  ordinary request, answered once;
+- retained requests: refused and audited live on both (Mosquitto: retain-as-published;
+  NATS, whose 3.1.1 has no such option: the bus's retained store holds the request,
+  cloud_core/bus_retained.py); Mosquitto replays it to a core that subscribes later,
+  which refuses it too; on NATS the core deletes the stored copy, nothing is left;
 - store-and-forward with end-to-end acks: 60 simulated agents that keep each report
   until the core acknowledges it; ``cfnet-core`` as shipped is SIGKILLed and
   restarted, then a bus node is SIGKILLed (NATS: the node every client connected to
@@ -37,7 +37,8 @@ from cloud_core.console.protocol import Request, encode_request
 from cloud_core.registry import parse_registry
 from cloud_core.service import CoreConfig, CoreService
 from edge_agent import wire
-from edge_agent.mqtt import Message, MqttClient
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
 from tools.nats.cluster import NatsCluster
@@ -187,42 +188,50 @@ def test_console_roles_and_private_replies(broker: Bus, ready: CoreService) -> N
             alice.call("uncordon", {"node": "edge-a"}, timeout_s=15)
 
 
-def test_retained_request_never_executed_on_replay(broker: Bus, ready: CoreService,
-                                                   tmp_path: Path) -> None:
+def test_retained_request_refused_live_and_on_replay(broker: Bus, ready: CoreService,
+                                                    tmp_path: Path) -> None:
     req = encode_request(Request("drain", {"node": "edge-b"}))
     with console(broker, "carol") as carol:
         r = carol.call_raw(req, timeout_s=15, retain=True)
-        if is_nats(broker):
-            # 3.1.1 has no retain-as-published: the live copy is an ordinary request.
-            assert r.ok, r.error
-        else:
-            assert not r.ok and "retained" in r.error, r
+        # Mosquitto: retain-as-published; NATS: the bus's retained store holds it.
+        assert not r.ok and "retained" in r.error, r
         live = [a for a in ready.store.audit_log() if a["operator"] == "carol"]
-        assert len(live) == 1, live
-        # A core that subscribes later is handed the retained copy: refused, audited.
-        creds = broker.add_account("core-late", "core")
-        late = CoreService(CoreConfig(
-            mqtt=settings(broker, creds, client_id="core-late", clean_start=True),
-            db_path=tmp_path / "late.db", registry=parse_registry("nodes: []\n"),
-            roles={"carol": "operator"}, place=False))
-        late.start()
-        try:
-            assert late.mqtt.wait_connected(15)
-            wait_for(lambda: any(a["operator"] == "carol" and a["result"].startswith(
-                "refused: retained") for a in late.store.audit_log()), 20,
-                "the late core refusing the replayed retained request")
-            assert [a for a in late.store.audit_log() if a["result"] == "ok"] == []
-        finally:
-            late.stop()
-        # Clear the retained request so it does not outlive the test.
-        raw = MqttClient(settings(broker, broker.credentials("carol"), client_id="carol-clear",
-                                  clean_start=True))
-        raw.start()
-        assert raw.wait_connected(15)
-        raw.publish(wire.request_topic("carol"), b"", retain=True).wait(5)
-        raw.stop()
-        with console(broker, "alice") as alice:
-            alice.call("uncordon", {"node": "edge-b"}, timeout_s=15)
+        assert [a["result"].startswith("refused: retained") for a in live] == [True], live
+        assert "edge-b" not in ready.store.cordoned()  # the drain did not run
+    if is_nats(broker):
+        # Nothing is left on the bus: the core deleted the stored copy, so a core that
+        # subscribes later is handed nothing; an ordinary request still runs.
+        assert isinstance(broker, NatsCluster)
+        assert broker.retained(wire.request_topic("carol")) is None
+        assert ready.retained is not None and ready.retained.deleted >= 1
+        with console(broker, "carol") as carol:
+            r = carol.call("cordon", {"node": "edge-b"}, timeout_s=15)
+            assert r.ok, r.error
+            assert carol.call("uncordon", {"node": "edge-b"}, timeout_s=15).ok
+        return
+    # Mosquitto keeps it: a core that subscribes later is handed the retained copy,
+    # refuses it and audits it.
+    creds = broker.add_account("core-late", "core")
+    late = CoreService(CoreConfig(
+        mqtt=settings(broker, creds, client_id="core-late", clean_start=True),
+        db_path=tmp_path / "late.db", registry=parse_registry("nodes: []\n"),
+        roles={"carol": "operator"}, place=False))
+    late.start()
+    try:
+        assert late.mqtt.wait_connected(15)
+        wait_for(lambda: any(a["operator"] == "carol" and a["result"].startswith(
+            "refused: retained") for a in late.store.audit_log()), 20,
+            "the late core refusing the replayed retained request")
+        assert [a for a in late.store.audit_log() if a["result"] == "ok"] == []
+    finally:
+        late.stop()
+    # Clear the retained request so it does not outlive the test.
+    raw = MqttClient(settings(broker, broker.credentials("carol"), client_id="carol-clear",
+                              clean_start=True))
+    raw.start()
+    assert raw.wait_connected(15)
+    raw.publish(wire.request_topic("carol"), b"", retain=True).wait(5)
+    raw.stop()
 
 
 # ---------------------------------------------------------------- store-and-forward
@@ -238,8 +247,8 @@ def core_proc(b: Bus, tmp: Path, log_name: str) -> subprocess.Popen[bytes]:
     creds = b.add_account("core-0", "core")
     (tmp / "core.pw").write_text(creds.password)
     bus_args = ["--bus", "nats", "--broker-failover",
-                ",".join(f"{h}:{p}" for h, p in b.failover)] if isinstance(b, NatsCluster) \
-        else ["--bus", "mosquitto"]
+                ",".join(f"{h}:{p}" for h, p in b.failover), "--nats-url",
+                ",".join(b.nats_urls)] if isinstance(b, NatsCluster) else ["--bus", "mosquitto"]
     out = open(tmp / log_name, "wb")  # noqa: SIM115 - the process owns it
     try:
         return subprocess.Popen(

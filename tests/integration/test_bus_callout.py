@@ -29,8 +29,8 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_agent.mqtt import MqttClient
 from edge_agent.wire import placements_topic
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import settings
 from tools.broker import mqtt_connect_probe
 from tools.nats.cluster import NatsCluster
@@ -162,7 +162,7 @@ def test_callout_holds_every_account_to_its_own_client_id(guarded: NatsCluster) 
 
 def test_callout_down_fails_closed_and_connected_clients_stay(guarded: NatsCluster) -> None:
     b = Client(guarded, 0, "nodeb", "agent-nodeb")
-    # The agent's own client (edge_agent.mqtt), as node A's agent connects: it keeps
+    # The agent's own client (edge_agent.wire.mqtt), as node A's agent connects: it keeps
     # retrying a refused CONNECT, so it comes back by itself once the callout does.
     conf = settings(guarded, guarded.credentials("nodea"),  # type: ignore[arg-type]
                     client_id="agent-nodea", reconnect_max_s=2.0)

@@ -8,7 +8,7 @@ the lab's router. The hub is a 3-node NATS JetStream cluster (tools/nats/cluster
 (``link_site``): the leaf's ``CFNET_EDGE`` stream, sourced by the hub's ``CFNET_INGEST``
 (the stream the core replicas fetch from, cloud_core/bus_nats.py).
 
-An agent's MQTT client (edge_agent.mqtt, MQTT 3.1.1 as on the clustered bus, TLS, its own
+An agent's MQTT client (edge_agent.wire.mqtt, MQTT 3.1.1 as on the clustered bus, TLS, its own
 account and ACL) in ``edge`` publishes numbered QoS 1 reports to the leaf: some with the
 link up, then many with the site's link down at the router (``Lab.link_down``), each
 acknowledged by the leaf, then the link comes back. Measured and asserted: every report
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from cloud_core.bus_nats import STREAM
-from edge_agent.mqtt import MqttClient, MqttSettings
 from edge_agent.wire import telemetry_topic
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 from tests.integration.helpers import wait_for
 from tools.lab import Lab, SiteSpec
 from tools.nats.cluster import ADMIN_USER, NatsCluster

@@ -19,7 +19,6 @@ import pytest
 
 from cloud_core.bus_nats import NatsIngestSettings
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import MqttClient, PublishHandle
 from edge_agent.wire import (
     NodeStatus,
     Resources,
@@ -29,6 +28,7 @@ from edge_agent.wire import (
     status_topic,
     telemetry_topic,
 )
+from edge_agent.wire.mqtt import MqttClient, PublishHandle
 from tests.integration.helpers import settings, wait_for
 from tools.nats.cluster import NatsCluster
 

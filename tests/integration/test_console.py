@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from cloud_core.service import CoreService
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import response_topic
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
 
@@ -125,6 +126,10 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert "state     unplaceable" in r.stdout and "runner-up" not in r.stdout
     assert rows_of(r.stdout, "insufficient cpu") == ["2", "edge-a,", "edge-b"]
     assert rows_of(r.stdout, "residency") == ["1", "edge-c"]
+    # the minimal conflict and the nearest change, checked by the validator
+    assert "conflict  each fails on every node alone: cpu 64" in r.stdout
+    (tip,) = [ln for ln in r.stdout.splitlines() if ln.startswith("would fit")]
+    assert "cpu 64 -> " in tip and ("edge-a fits" in tip or "edge-b fits" in tip), tip
     r = ctl(broker, "alice", "explain", "nope")
     assert r.returncode == 1 and "no workload 'nope'" in r.stderr
     # what-if: an answer, and nothing changed.

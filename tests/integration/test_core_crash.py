@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
-from edge_agent.mqtt import Message, MqttClient
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
 from tools.procs import stop_all

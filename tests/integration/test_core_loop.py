@@ -7,8 +7,9 @@ import json
 
 from cloud_core.console.client import ConsoleClient
 from cloud_core.service import CoreService
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import placements_topic
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
 

@@ -35,8 +35,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import MAX_PAYLOAD_BYTES, WireError, parse_report
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import settings as mqtt_settings
 from tests.integration.helpers import wait_for
 from tools.broker import Broker

@@ -28,8 +28,9 @@ import pytest
 
 from cloud_core.console.client import ConsoleClient, ConsoleUnavailable
 from cloud_core.console.protocol import Response
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import MAX_PAYLOAD_BYTES
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import MAX_PACKET_SIZE, Broker
 

@@ -13,8 +13,8 @@ from edge_agent.agent import Agent
 from edge_agent.buffer import ReportBuffer
 from edge_agent.host import HostSampler
 from edge_agent.metrics import serve_agent_metrics
-from edge_agent.mqtt import MqttClient, MqttSettings
 from edge_agent.wire import LinkSample
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
 

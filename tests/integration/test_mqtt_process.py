@@ -23,8 +23,9 @@ import pytest
 from cloud_core.console.client import ConsoleClient
 from cloud_core.mqtt_process import MqttProcess
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import Message, MqttClient
 from edge_agent.wire import EVENTS_TOPIC, TELEMETRY_WILDCARD, telemetry_topic
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import FakeAgent, settings, wait_for
 from tools.broker import Broker
 
@@ -128,7 +129,7 @@ CHILD_OF_A_CORE = """
 import sys, time
 from pathlib import Path
 from cloud_core.mqtt_process import MqttProcess
-from edge_agent.mqtt import MqttSettings
+from edge_agent.wire.mqtt import MqttSettings
 mp = MqttProcess(MqttSettings(host=sys.argv[1], port=int(sys.argv[2]), username=sys.argv[3],
                               password=sys.argv[4], ca_file=Path(sys.argv[5]),
                               client_id=sys.argv[3]))

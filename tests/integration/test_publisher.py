@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from edge_agent.mqtt import Message, MqttClient, MqttSettings
 from edge_agent.wire import STATUS_WILDCARD, TELEMETRY_WILDCARD, status_topic, telemetry_topic
+from edge_agent.wire.bus import Message
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 from tests.integration.helpers import settings, wait_for
 from tools.broker import Broker
 from tools.publisher import Publisher, PublisherError, _read_varint, parse_properties, varint

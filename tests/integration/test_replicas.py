@@ -13,7 +13,6 @@ from pathlib import Path
 
 from cloud_core.main import build_config, parse_args
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import MqttClient
 from edge_agent.wire import (
     LinkSample,
     NodeStatus,
@@ -25,6 +24,7 @@ from edge_agent.wire import (
     status_topic,
     telemetry_topic,
 )
+from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import settings, wait_for
 from tools.broker import Broker
 

@@ -19,8 +19,8 @@ import pytest
 
 from cloud_core.registry import parse_registry
 from cloud_core.service import CoreConfig, CoreService
-from edge_agent.mqtt import MqttClient, MqttSettings
 from edge_agent.wire import parse_report, parse_status, telemetry_topic
+from edge_agent.wire.mqtt import MqttClient, MqttSettings
 from tests.integration.helpers import settings, wait_for
 from tools.broker import Broker
 from tools.simulate import (

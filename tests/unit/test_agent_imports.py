@@ -1,6 +1,6 @@
 """The CO-RE agent's import set is pinned: nothing heavy that its path does not use.
 
-Issue 27 (the agent's resident memory): every module a long-lived agent imports stays
+The agent's resident memory: every module a long-lived agent imports stays
 mapped for its life. These imports happen only where they are used, and these tests keep
 them there (a subprocess, so this process's imports do not count):
 
@@ -66,7 +66,7 @@ from edge_agent.active import ActiveProber, EchoServer
 from edge_agent.agent import Agent, offline_status
 from edge_agent.buffer import ReportBuffer
 from edge_agent.host import HostSampler, local_addresses
-from edge_agent.mqtt import MqttClient, Will
+from edge_agent.wire.mqtt import MqttClient, Will
 from edge_agent.probes import ProbeConfig, open_probe
 from edge_agent.probes.ebpf import EbpfProbe
 from edge_agent import bpf_loader, libbpf_loader
@@ -114,7 +114,7 @@ def test_the_metrics_module_brings_prometheus_client() -> None:
 
 
 def test_urllib_request_after_paho_is_the_real_module() -> None:
-    code = ("import json, sys, edge_agent.mqtt\n"
+    code = ("import json, sys, edge_agent.wire.mqtt\n"
             "assert 'urllib.request' not in sys.modules\n"
             "import urllib.request\n"
             "assert callable(urllib.request.getproxies), urllib.request\n"
@@ -131,7 +131,7 @@ def test_with_pysocks_present_paho_is_imported_as_is(tmp_path: Path) -> None:
     (tmp_path / "socks.py").write_text('"""fake PySocks for the import test"""\n'
                                        'HTTP, SOCKS4, SOCKS5 = 3, 1, 2\n')
     code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
-            "import json, edge_agent.mqtt, paho.mqtt.client as c\n"
+            "import json, edge_agent.wire.mqtt, paho.mqtt.client as c\n"
             "assert c.socks is not None\n"
             "assert callable(c.urllib.request.proxy_bypass)\n"
             "print(json.dumps(sorted(sys.modules)))")
@@ -232,7 +232,7 @@ def test_a_dataclass_without_a_docstring_still_gets_its_signature() -> None:
 
 
 def test_one_malloc_arena_unless_the_environment_says_otherwise() -> None:
-    # cfnet-agent asks glibc for one malloc arena before its threads start (issue 27); an
+    # cfnet-agent asks glibc for one malloc arena before its threads start; an
     # explicit MALLOC_ARENA_MAX (or GLIBC_TUNABLES arena setting) is left to glibc.
     code = "from edge_agent.main import one_malloc_arena\nprint(one_malloc_arena())"
 

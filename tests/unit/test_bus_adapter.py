@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent import wire
-from edge_agent.mqtt import MqttError, protocol_for_bus, unwrap, wire_client_id, wrap
+from edge_agent.wire.errors import MqttError
+from edge_agent.wire.mqtt import protocol_for_bus, unwrap, wire_client_id, wrap
 from tools.nats.cluster import mqtt_to_subject, nats_permissions, subject_to_topic
 
 NODE = st.from_regex(r"\A[a-z0-9]([a-z0-9._-]{0,20}[a-z0-9])?\Z")
@@ -112,7 +113,7 @@ def test_agent_config_bus_checked() -> None:
 
 
 def test_shared_filters_are_refused_on_mqtt311() -> None:
-    from edge_agent.mqtt import MqttClient, MqttSettings
+    from edge_agent.wire.mqtt import MqttClient, MqttSettings
 
     c = MqttClient(MqttSettings(protocol="mqtt311", tls=False, client_id="x"))
     with pytest.raises(MqttError):

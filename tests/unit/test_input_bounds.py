@@ -32,8 +32,8 @@ from cloud_core.service import CoreConfig, CoreService
 from cloud_core.state import ClusterState
 from cloud_core.store import AUDIT_ARGS_MAX, Store, WorkloadRow, audit_json
 from edge_agent import wire
-from edge_agent.mqtt import MqttSettings
-from edge_agent.names import name_problem, uid_problem
+from edge_agent.wire.mqtt import MqttSettings
+from edge_agent.wire.names import name_problem, uid_problem
 from tests.unit.reports import report_dict
 
 

@@ -24,7 +24,7 @@ from cloud_core.metrics import CoreMetrics
 from cloud_core.readiness import Readiness
 from cloud_core.state import ClusterState
 from edge_agent import __version__
-from edge_agent.logsetup import JsonFormatter, configure_logging
+from edge_agent.wire.logsetup import JsonFormatter, configure_logging
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_agent import wire
+from edge_agent.wire import decode as wire_decode
 from tests.unit.reports import report_bytes, report_dict
 
 
@@ -143,9 +144,9 @@ _vals = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**64), st.floats(al
         {"p50": _vals, "p95": _vals, "min": _vals})), "connect_us": _vals, "conns": _vals,
         "active": _vals}))
 def test_link_fast_path_agrees_with_full_validator(d: dict[str, Any]) -> None:
-    fast = wire._link_fast(d)
+    fast = wire_decode._link_fast(d)
     try:
-        slow: wire.LinkSample | None = wire._parse_link(wire._Obj(d, "links[0]"))
+        slow: wire.LinkSample | None = wire_decode._parse_link(wire_decode._Obj(d, "links[0]"))
     except wire.WireError:
         slow = None
     if fast is not None:
@@ -154,13 +155,13 @@ def test_link_fast_path_agrees_with_full_validator(d: dict[str, Any]) -> None:
 
 def test_link_fast_path_takes_the_common_case() -> None:
     link = report_dict()["links"][0]
-    fast = wire._link_fast(link)
-    assert fast is not None and fast == wire._parse_link(wire._Obj(link, "links[0]"))
-    assert wire._link_fast({**link, "loss": float("nan")}) is None  # left to the validator
+    fast = wire_decode._link_fast(link)
+    assert fast is not None and fast == wire_decode._parse_link(wire_decode._Obj(link, "links[0]"))
+    assert wire_decode._link_fast({**link, "loss": float("nan")}) is None  # left to the validator
 
 
 def test_encode_report_is_drop_none_of_asdict() -> None:
-    """encode_report skips asdict's deep copy (issue 27: a fifth of the agent's sampler
+    """encode_report skips asdict's deep copy (a fifth of the agent's sampler
     time); its bytes are still those of ``_drop_none(asdict(report))``."""
     from dataclasses import asdict, replace
 

@@ -43,7 +43,14 @@ from types import TracebackType
 
 from cloud_core.bus_callout import account_public, new_account_seed
 from cloud_core.bus_nats import EDGE_STREAM, STREAM, subject_to_topic, topic_to_subject
-from edge_agent.mqtt import wire_client_id
+from cloud_core.bus_retained import (
+    MSG_GET,
+    RETAINED_PREFIX,
+    RETAINED_STREAM,
+    stored_payload,
+    topic_subject,
+)
+from edge_agent.wire.mqtt import wire_client_id
 from tools.accounts import BusAccounts
 from tools.broker import free_port, mqtt_connect_probe
 from tools.certs import CertStore, Credentials, Role, acl_rules
@@ -133,7 +140,11 @@ def nats_permissions(name: str, role: Role) -> dict[str, object]:
                 # Any domain: a site is added without re-rendering this file.
                 f"$JS.*.API.STREAM.INFO.{EDGE_STREAM}", f"$JS.*.API.STREAM.CREATE.{EDGE_STREAM}",
                 f"{api}.CONSUMER.*.{STREAM}.>", f"{api}.CONSUMER.DURABLE.CREATE.{STREAM}.>",
-                f"{api}.CONSUMER.MSG.NEXT.{STREAM}.>", f"$JS.ACK.{STREAM}.>"]
+                f"{api}.CONSUMER.MSG.NEXT.{STREAM}.>", f"$JS.ACK.{STREAM}.>",
+                # The console's retained-request check (cloud_core/bus_retained.py): read
+                # the bus's retained store, delete a retained request's stored copy.
+                f"{api}.STREAM.MSG.GET.{RETAINED_STREAM}",
+                f"{api}.STREAM.MSG.DELETE.{RETAINED_STREAM}"]
         sub.append(f"_INBOX_{name}.>")
     return {"publish": {"allow": pub or ["_cfnet_nothing"]},
             "subscribe": {"allow": sub}}
@@ -575,6 +586,29 @@ class NatsCluster(BusAccounts):
     # ------------------------------------------------------------------ diagnostics
     def log_tail(self, n: _Node, lines: int = 15) -> str:
         return log_tail(n.log, lines)
+
+    def retained(self, topic: str) -> bytes | None:
+        """What the bus's retained store holds for ``topic`` (the raw MQTT payload), or
+        None: asked as the harness's admin user over native NATS."""
+        import asyncio
+        import ssl
+
+        import nats
+
+        async def ask() -> bytes | None:
+            tls = ssl.create_default_context(cafile=str(self.ca_file)) if self.tls else None
+            nc = await nats.connect(servers=self.nats_urls, user=ADMIN_USER,
+                                    password=self.admin_password, tls=tls, connect_timeout=5)
+            try:
+                body = json.dumps({"last_by_subj": RETAINED_PREFIX + topic_subject(topic)})
+                msg = await nc.request(MSG_GET, body.encode(), timeout=5)
+            finally:
+                await nc.close()
+            found = stored_payload(json.loads(msg.data))
+            return None if found is None else found[1]
+
+        found: bytes | None = in_netns(self.netns, asyncio.run, ask())
+        return found
 
     def log_text(self) -> str:
         out = []

@@ -1,4 +1,5 @@
-"""The project's one MQTT adapter: a thin, typed wrapper over paho-mqtt 2.x.
+"""The project's one MQTT adapter: a thin, typed wrapper over paho-mqtt 2.x, a
+:class:`~edge_agent.wire.bus.Bus`.
 
 Agents, the core and the console all talk MQTT through this module, so paho's
 callback API, its property objects and its reason codes stay in one place.
@@ -18,8 +19,8 @@ and the core, see :func:`protocol_for_bus`):
   read here so callers still see typed ``Message`` fields; response topic -> none
   needed (the contract fixes the reply topic to the operator's own); retain-as-
   published -> 3.1.1 marks a message retained only when it comes from the retained
-  store, so a retained request is refused whenever it is replayed and executes at
-  most once, live, like any request. The client id has no ``.`` (NATS refuses it):
+  store; the core asks the bus's retained store about each live console request
+  (``cloud_core/bus_retained.py``). The client id has no ``.`` (NATS refuses it):
   ``.`` becomes ``~``, a character no cfnet name contains, so ids stay distinct.
 """
 
@@ -37,6 +38,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edge_agent.lightimport import paho_imports
+from edge_agent.wire.bus import MQTT5, MQTT311_ON_NATS, BusCapabilities, Message
+from edge_agent.wire.errors import MqttError
 
 with paho_imports():  # without urllib.request, unused here: ~2 MiB of the agent's RSS
     import paho.mqtt.client as paho
@@ -47,10 +50,6 @@ with paho_imports():  # without urllib.request, unused here: ~2 MiB of the agent
     from paho.mqtt.subscribeoptions import SubscribeOptions
 
 log = logging.getLogger(__name__)
-
-
-class MqttError(RuntimeError):
-    """Connecting, publishing or subscribing failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +83,8 @@ class MqttSettings:
     failover: tuple[tuple[str, int], ...] = ()
 
 
-Bus = Literal["mosquitto", "nats"]
-BUSES: tuple[Bus, ...] = ("mosquitto", "nats")
+BusKind = Literal["mosquitto", "nats"]
+BUSES: tuple[BusKind, ...] = ("mosquitto", "nats")
 
 
 def protocol_for_bus(bus: str) -> Literal["mqtt5", "mqtt311"]:
@@ -139,18 +138,6 @@ def unwrap(payload: bytes) -> tuple[bytes, bytes | None, float | None]:
     except (ValueError, TypeError, AttributeError):
         return payload, None, None
     return payload[n + 2 + size:], corr, exp
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A message received from the broker."""
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-    user_properties: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +292,15 @@ class MqttClient:
         if self._tls_ctx is None:
             raise MqttError("no TLS: no client certificate to reload")
         self._tls_ctx.load_cert_chain(str(certfile), str(keyfile))
+
+    @property
+    def capabilities(self) -> BusCapabilities:
+        """MQTT 5 (Mosquitto) or NATS's MQTT 3.1.1 listener: see the module docstring."""
+        return MQTT5 if self._v5 else MQTT311_ON_NATS
+
+    def edge_site_events(self) -> dict[str, dict[str, int]]:
+        """None here: edge sites are the core's shared ingest (its MQTT process)."""
+        return {}
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)

@@ -1,242 +1,36 @@
-"""The wire contract between agents, the core and the console (MQTT topics, schema v1).
+"""Decoding and validating wire messages: the core's and the agent's one parser.
 
-Both sides import this module, so it stays dependency-free (standard library
-only) to keep the agent light. Wire data is parsed here exactly once, into
-frozen dataclasses; everything past this module works with those, never with
-raw dicts. A report that breaks the contract raises :class:`WireError` whose
-``reason`` is a short, stable code the core counts drops by.
+A message that breaks the contract raises :class:`~edge_agent.wire.errors.WireError`
+whose ``reason`` is a short, stable code the core counts drops by. Hostile input is
+bounded before it is expanded: the payload's size, integer literals' digits, nesting
+depth and list lengths are checked before anything is built from them.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
-
-from edge_agent.names import label_key_problem, label_value_problem
-
-SCHEMA_VERSION = 1
-TOPIC_ROOT = "cfnet/v1"
-EVENTS_TOPIC = f"{TOPIC_ROOT}/events"
-# A report from a node with a few hundred peers is ~100 KiB; anything far past
-# that is hostile or broken, and parsing it would cost the core memory.
-MAX_PAYLOAD_BYTES = 256 * 1024
-MAX_LINKS = 1024
-MAX_GPUS = 64
-# Node and operator ids double as MQTT usernames and topic levels, so they must
-# not contain '/', '+', '#' or whitespace. DNS-label-like, as Kubernetes node names.
-ID_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
-
-Probe = Literal["ebpf", "sockdiag"]
-PROBES: tuple[str, ...] = ("ebpf", "sockdiag")
-
-
-class WireError(ValueError):
-    """A message that breaks the wire contract. ``reason`` is a stable counter key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
-# --------------------------------------------------------------------------- topics
-
-
-def valid_id(value: str) -> bool:
-    """A node id or operator name: ``edge_agent.names``' rule at 63 characters."""
-    return isinstance(value, str) and bool(ID_RE.fullmatch(value))
-
-
-# an IPv4/IPv6 address as an agent writes it (hex, digits, '.', ':', an optional %zone)
-_ADDRESS_RE = re.compile(r"[0-9A-Za-z.:%_-]{1,64}")
-
-
-def valid_address(value: str) -> bool:
-    return bool(_ADDRESS_RE.fullmatch(value))
-
-
-def telemetry_topic(node: str) -> str:
-    return f"{TOPIC_ROOT}/nodes/{node}/telemetry"
-
-
-def status_topic(node: str) -> str:
-    return f"{TOPIC_ROOT}/nodes/{node}/status"
-
-
-def placements_topic(node: str) -> str:
-    return f"{TOPIC_ROOT}/nodes/{node}/placements"
-
-
-def ack_topic(node: str) -> str:
-    """Core -> agent: which of the node's reports the core has ingested (see AckBatch)."""
-    return f"{TOPIC_ROOT}/nodes/{node}/ack"
-
-
-def request_topic(operator: str) -> str:
-    return f"{TOPIC_ROOT}/console/{operator}/request"
-
-
-def response_topic(operator: str) -> str:
-    return f"{TOPIC_ROOT}/console/{operator}/response"
-
-
-TELEMETRY_WILDCARD = f"{TOPIC_ROOT}/nodes/+/telemetry"
-# Core replicas that split ingest through $share tell each other what they took in.
-DIGEST_WILDCARD = f"{TOPIC_ROOT}/core/+/digest"
-
-
-def digest_topic(replica: str) -> str:
-    return f"{TOPIC_ROOT}/core/{replica}/digest"
-
-
-STATUS_WILDCARD = f"{TOPIC_ROOT}/nodes/+/status"
-ACK_WILDCARD = f"{TOPIC_ROOT}/nodes/+/ack"
-REQUEST_WILDCARD = f"{TOPIC_ROOT}/console/+/request"
-
-
-def split_topic(topic: str) -> tuple[str, str, str]:
-    """Return (area, id, leaf) for ``cfnet/v1/<area>/<id>/<leaf>``; WireError otherwise."""
-    parts = topic.split("/")
-    if len(parts) != 5 or f"{parts[0]}/{parts[1]}" != TOPIC_ROOT:
-        raise WireError("topic", f"not a cfnet v1 topic: {topic[:120]!r}")
-    area, ident, leaf = parts[2], parts[3], parts[4]
-    if not valid_id(ident):
-        raise WireError("topic", f"bad id in topic: {ident[:64]!r}")
-    return area, ident, leaf
-
-
-# --------------------------------------------------------------------------- schema
-
-
-@dataclass(frozen=True, slots=True)
-class RttStats:
-    """Smoothed RTT distribution over one interval, microseconds."""
-
-    p50: float
-    p95: float
-    min: float
-
-
-@dataclass(frozen=True, slots=True)
-class LinkSample:
-    """What one node measured of its TCP traffic with one peer over one interval.
-
-    ``peer`` is the peer's IP address as the agent saw it; the core maps it to
-    a node id through the addresses nodes announce in their status.
-    """
-
-    peer: str
-    rtt_us: RttStats | None
-    retrans: int
-    segs_out: int
-    loss: float
-    tx_bps: float
-    rx_bps: float
-    samples: int
-    connect_us: float | None = None
-    conns: int = 0
-    active: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    """One GPU of a node: utilisation, memory, power and temperature (the last two if known)."""
-    index: int
-    name: str
-    util: float
-    mem_total_bytes: int
-    mem_used_bytes: int
-    power_w: float | None = None
-    temp_c: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Resources:
-    """A node's host resources over one interval: CPU, memory, GPUs, disk, power, load."""
-    cpu_cores: int
-    cpu_util: float
-    mem_total_bytes: int
-    mem_used_bytes: int
-    gpus: tuple[Gpu, ...] = ()
-    disk_total_bytes: int | None = None
-    disk_used_bytes: int | None = None
-    power_w: float | None = None
-    load1: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TelemetryReport:
-    """Agent -> core: one interval's report of a node (its links and host resources)."""
-    node: str
-    seq: int
-    boot: str
-    ts: float
-    interval_s: float
-    probe: str
-    resources: Resources
-    links: tuple[LinkSample, ...]
-    buffered: int = 0
-    dropped: int = 0
-    v: int = SCHEMA_VERSION
-    interfaces: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStatus:
-    """Retained presence message; ``offline`` is also the agent's last will."""
-
-    node: str
-    state: Literal["online", "offline"]
-    ts: float
-    boot: str = ""
-    addresses: tuple[str, ...] = ()
-    labels: tuple[tuple[str, str], ...] = ()
-    version: str = ""
-
-
-# --------------------------------------------------------------------------- encode
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _plain(obj: Any) -> Any:
-    """``_drop_none(asdict(obj))`` without ``asdict``'s deep copy of every leaf: the same
-    dicts and lists, about 5x faster. An agent encodes a report every second, and
-    ``asdict`` was a fifth of its sampler's time (issue 27)."""
-    if obj is None or isinstance(obj, (str, int, float)):
-        return obj
-    names = _FIELD_NAMES.get(type(obj))
-    if names is None and hasattr(type(obj), "__dataclass_fields__"):
-        names = _FIELD_NAMES.setdefault(type(obj), tuple(f.name for f in fields(obj)))
-    if names is not None:
-        out = {}
-        for name in names:
-            v = getattr(obj, name)
-            if v is not None:
-                out[name] = _plain(v)
-        return out
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items() if v is not None}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    return obj
-
-
-def encode_report(report: TelemetryReport) -> bytes:
-    return json.dumps(_plain(report), separators=(",", ":"), allow_nan=False).encode()
-
-
-def encode_status(status: NodeStatus) -> bytes:
-    d = asdict(status)
-    d["labels"] = dict(status.labels)
-    return json.dumps(d, separators=(",", ":"), allow_nan=False).encode()
-
-
-# --------------------------------------------------------------------------- decode
+from typing import Any
+
+from edge_agent.wire.errors import WireError
+from edge_agent.wire.names import label_key_problem, label_value_problem
+from edge_agent.wire.schema import (
+    MAX_ACK_BOOTS,
+    MAX_ACK_RANGES,
+    MAX_GPUS,
+    MAX_LINKS,
+    MAX_PAYLOAD_BYTES,
+    PROBES,
+    SCHEMA_VERSION,
+    AckBatch,
+    Gpu,
+    LinkSample,
+    NodeStatus,
+    Resources,
+    RttStats,
+    TelemetryReport,
+)
+from edge_agent.wire.topics import ADDRESS_RE, valid_address, valid_id
 
 
 def _reject_constant(name: str) -> float:
@@ -398,7 +192,7 @@ def _link_fast(raw: Any) -> LinkSample | None:
     peer, retrans, segs = d.get("peer"), d.get("retrans"), d.get("segs_out")
     loss, tx, rx, samples = d.get("loss"), d.get("tx_bps"), d.get("rx_bps"), d.get("samples")
     if not (
-        type(peer) is str and 0 < len(peer) <= 64 and _ADDRESS_RE.fullmatch(peer)
+        type(peer) is str and 0 < len(peer) <= 64 and ADDRESS_RE.fullmatch(peer)
         and type(retrans) is int and 0 <= retrans <= _MAX_INT
         and type(segs) is int and 0 <= segs <= _MAX_INT
         and type(samples) is int and 0 <= samples <= _MAX_INT
@@ -567,45 +361,6 @@ def parse_status(payload: bytes, topic_node: str | None = None) -> NodeStatus:
         labels=labels,
         version=o.str_("version", max_len=64, required=False),
     )
-
-
-# --------------------------------------------------------------------------- acks
-
-# Bounds on one acknowledgement message: a core acks at most this many boots
-# and seq ranges per node per message (more go in the next message).
-MAX_ACK_BOOTS = 16
-MAX_ACK_RANGES = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class AckBatch:
-    """The core ingested (accepted, or already had) these reports of ``node``.
-
-    ``acks`` is ``((boot, ((lo, hi), ...)), ...)``: every seq in each inclusive
-    range of that boot. Ranges, not a high-water mark: a report the broker
-    dropped must not be acknowledged by a later one that got through.
-    """
-
-    node: str
-    ts: float
-    acks: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]
-
-
-def seq_ranges(seqs: list[int]) -> tuple[tuple[int, int], ...]:
-    """Sorted, merged inclusive ranges covering ``seqs`` (duplicates allowed)."""
-    out: list[tuple[int, int]] = []
-    for s in sorted(set(seqs)):
-        if out and s == out[-1][1] + 1:
-            out[-1] = (out[-1][0], s)
-        else:
-            out.append((s, s))
-    return tuple(out)
-
-
-def encode_ack(batch: AckBatch) -> bytes:
-    body = {"v": SCHEMA_VERSION, "node": batch.node, "ts": batch.ts,
-            "acks": [{"boot": b, "seqs": [[lo, hi] for lo, hi in r]} for b, r in batch.acks]}
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def parse_ack(payload: bytes, topic_node: str | None = None) -> AckBatch:
