@@ -1,12 +1,14 @@
 """The structure checks (docs/design.md, "Code structure"), read from the source with ``ast``:
 
 * no import cycle among the modules of ``cloud_core/``, ``edge_agent/`` and ``tools/``,
-  imports inside functions and under ``TYPE_CHECKING`` counted too;
+  imports inside functions counted too (those under ``if TYPE_CHECKING:`` never run and
+  are left out);
 * no upward import: ``edge_agent`` never imports ``cloud_core`` or ``tools``; ``cloud_core``
   never imports ``tools``; ``cloud_core/placement`` imports nothing from ``edge_agent``;
 * no file in ``cloud_core/`` or ``edge_agent/`` over 600 lines and no function over 100
-  lines, but those listed with a reason in docs/design.md's "Size exceptions" table, and
-  those no longer than the lines the table records.
+  lines, but those listed with a reason in docs/design.md's "Size exceptions" table: no
+  longer than the lines recorded there, or any length while the reason says "pending"
+  (being split as the table is written).
 """
 
 from __future__ import annotations
@@ -54,7 +56,13 @@ def _imports(module: str) -> set[str]:
     mods = _modules()
     path = mods[module]
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and _type_checking(node)
+                   for stmt in node.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -70,6 +78,13 @@ def _imports(module: str) -> set[str]:
             if parts and ".".join(parts) != module:
                 out.add(".".join(parts))
     return out
+
+
+def _type_checking(node: ast.If) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): imports for the type checker."""
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
 @cache
@@ -191,7 +206,7 @@ _ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*`?([^|`]+?)`?\s*\|\s*(\d+)\s*\|\s*(.+
 
 def _exceptions() -> dict[tuple[str, str], int]:
     """docs/design.md's "Size exceptions" rows: (path, function or "(file)") -> the lines
-    recorded there, which the item may not exceed."""
+    recorded there, which the item may not exceed (no bound while it is "pending")."""
     text = (ROOT / "docs" / "design.md").read_text()
     at = text.index("### Size exceptions")
     out: dict[tuple[str, str], int] = {}
@@ -202,7 +217,8 @@ def _exceptions() -> dict[tuple[str, str], int]:
         if m:
             path, name, lines, reason = m.groups()
             assert reason.strip(), f"size exception without a reason: {line}"
-            out[path, name.strip()] = int(lines)
+            pending = reason.strip().lower().startswith("pending")
+            out[path, name.strip()] = 1 << 30 if pending else int(lines)
     return out
 
 
