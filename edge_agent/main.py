@@ -38,7 +38,7 @@ def start_loader_early(cfg: AgentConfig) -> Pending | None:
     # The probe filters on the node's addresses, which a node nearly always has;
     # if it has none the probe sees another request and loads again.
     pending, why = start_early(include_loopback=cfg.include_loopback, filter_local=True,
-                               probe_port=cfg.probe_port)
+                               probe_port=cfg.probe_port, bcc_fallback=cfg.bcc_fallback)
     if pending is None:
         log.debug("eBPF loader not started early: %s", why)
     return pending
@@ -117,7 +117,7 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     try:
         probe, reason = open_probe(
             ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs,
-                        probe_port=cfg.probe_port),
+                        probe_port=cfg.probe_port, bcc_fallback=cfg.bcc_fallback),
             pending=early,
         )
     except BaseException:
@@ -155,10 +155,10 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
         agent.announce()
     metrics = None
     if cfg.metrics_port:
-        from edge_agent.metrics import serve_agent_metrics
+        from edge_agent.health import serve
 
-        metrics = serve_agent_metrics(agent, cfg.metrics_port)
-        log.info("metrics on :%d/metrics", cfg.metrics_port)
+        metrics = serve(agent, cfg.metrics_port, fallback=reason)
+        log.info("/healthz, /readyz, /status and /metrics on :%d", cfg.metrics_port)
     agent.start()
     if cfg.identity == "certificate" and cfg.certfile is not None and cfg.keyfile is not None:
         from edge_agent.enroll import Renewer, enroll_settings
@@ -184,7 +184,7 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     if echo is not None:
         echo.stop()
     if metrics is not None:
-        metrics.shutdown()
+        metrics.stop()
     probe.close()
     host.close()
     buffer.close()

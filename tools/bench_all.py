@@ -43,7 +43,9 @@ ORDER = ("placement", "k8s", "agent", "offline", "ingest", "reaction", "reaction
 # Short modes; each benchmark's own defaults are its full run (--full).
 QUICK: dict[str, list[str]] = {
     "placement": ["--quick"],
-    "k8s": ["--quick"],  # 100 nodes / 500 pods, 3 reps; --nodes/--pods for the larger sizes
+    # 100 nodes / 500 pods, 3 reps; --nodes/--pods for the larger sizes; then pods arriving
+    # at 20/s for 10 s on each running scheduler (the headline's arrival row)
+    "k8s": ["--quick", "--arrival", "20", "--arrival-seconds", "10"],
     "agent": ["--phase-seconds", "6"],
     "offline": ["--kills", "5", "--cuts", "3", "--partitions", "2", "--no-doc"],
     "ingest": ["--quick"],
@@ -89,7 +91,7 @@ HEADLINE: tuple[Headline, ...] = (
     Headline("Agent, eBPF CO-RE: steady RSS, CPU of one core, first report (bench_agent)",
              "agent", "ebpf-core", ("steady RSS MiB", "CPU % of 1 core", "first report s"),
              base_row="sockdiag"),
-    Headline("Offline detection: agent killed, link down (bench_offline)", "offline",
+    Headline("Offline detection: an agent killed (bench_offline)", "offline",
              "agent SIGKILL", ("p50", "max"), base_columns=("Kubernetes default",)),
     Headline("Ingest: queued reports drained by the core (bench_ingest)", "ingest",
              "MQTT in a child process", ("cfnet", "ratio"),

@@ -98,8 +98,8 @@ class Diagnosis:
                 "dead_ends": [f"{x.text}: {why}" for x, why in self.dead_ends],
                 "summary": str(c)}
 
-    def event_text(self) -> str:
-        """One line for a FailedScheduling event (bounded: :data:`EVENT_CHARS`)."""
+    def event_text(self, limit: int = EVENT_CHARS) -> str:
+        """One line for a FailedScheduling event, at most ``limit`` characters."""
         c = self.conflict
         if c.fits or not c.nodes:
             return ""
@@ -107,16 +107,19 @@ class Diagnosis:
                 if c.alone else " + ".join(x.text for x in c.constraints) + " admit no node")
         tips = "; ".join(str(r) for r in self.relaxations)
         text = f"cfnet: {what}" + (f"; would fit: {tips}" if tips else "")
-        return text if len(text) <= EVENT_CHARS else text[:EVENT_CHARS - 3] + "..."
+        return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."
 
 
 def diagnose(snapshot: ClusterSnapshot, w: Workload, config: EngineConfig | None = None,
-             gang_size: int = 1) -> Diagnosis:
+             gang_size: int = 1, prepared: PreparedCluster | None = None) -> Diagnosis:
     """Why ``w`` fits no node of ``snapshot`` and what would make it fit (its own running
-    pod, if any, taken out first). ``gang_size``: the members of ``w.gang``, itself included."""
+    pod, if any, taken out first). ``gang_size``: the members of ``w.gang``, itself included.
+    ``prepared``: ``snapshot`` prepared once for many pending pods (used when ``w`` does not
+    run in it; nothing in it is changed)."""
     cfg = config or EngineConfig()
     snap = _without(snapshot, (w.uid,))
-    pc = PreparedCluster(snap, cfg, eager=False)
+    pc = (prepared if prepared is not None and snap is snapshot
+          and prepared.snapshot is snapshot else PreparedCluster(snap, cfg, eager=False))
     parts = parts_of(snap, w, pc, gang_size)
     conflict = minimal_conflict(parts)
     if conflict.fits or not conflict.nodes:
@@ -493,7 +496,9 @@ def explain_extras(snapshot: ClusterSnapshot, w: Workload, node: str | None,
         out["conflict"] = diagnose(snapshot, w, cfg, gang_size).doc()
     elif w.latency_to is not None:
         nd = next((n for n in snapshot.nodes if n.name == node), None)
-        if nd is not None:
+        if nd is not None and w.latency_to in (nd.name, nd.zone, nd.region):
+            out["link"] = f"{node} -> {w.latency_to}: inside it (0 ms)"
+        elif nd is not None:
             ev = link_evidence(snapshot, nd, w.latency_to, cfg)
             out["link"] = (f"{node} -> {w.latency_to}: {ev}" if ev
                            else f"{node} -> {w.latency_to}: no measured link")

@@ -18,10 +18,11 @@ import pytest
 from cloud_core.console.protocol import Request, Response
 from cloud_core.console.service import ConsoleService
 from cloud_core.events import EventLog
-from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+from cloud_core.k8s.actuator import ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.registry import NodeRegistry
+from cloud_core.k8s.wiring import build_actuator
 from tests.k8s.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.slow
 class Console:
     def __init__(self, client: KubeClient) -> None:
         self.events = EventLog(lambda ev: None)
-        self.act = Actuator(client, NodeRegistry(), ActuatorConfig(identity="console-test"),
+        self.act = build_actuator(client, NodeRegistry(), ActuatorConfig(identity="console-test"),
                             events=self.events)
         self.svc = ConsoleService({"op": "operator"}.get)
         # What the agents report with, by Node name (wiring.py reads it from the telemetry
