@@ -684,7 +684,8 @@ def render_accounts(store: CertStore, *, callout_issuer: str | None = None,
     ``nats.deploy.accountsSecretName``). Passwords as the store holds them; keep the
     Secret as private as the store. With ``callout_issuer`` (the callout's account public
     key) the accounts are the callout's to admit (:func:`callout_accounts`): only the
-    callout's own user and the ``auth_callout`` block are rendered; ``callout_bypass``:
+    callout's own users (and its system-account user's bypass) and the ``auth_callout``
+    block are rendered; ``callout_bypass``:
     more users the server admits itself (the hub's leaf user, ``cfnet-leaf``, with
     ``nats.leaf``: a leaf connection would otherwise go to the callout and be refused)."""
     if callout_issuer is None:
@@ -693,7 +694,8 @@ def render_accounts(store: CertStore, *, callout_issuer: str | None = None,
         raise NatsError("a callout config needs the callout user's password")
     users = json.dumps([callout_user(callout_password)], indent=1)
     return (f"authorization {{ users: {users},\n"
-            f"{callout_conf(callout_issuer, [CALLOUT_USER, *callout_bypass])} }}\n")
+            f"{callout_conf(callout_issuer, [CALLOUT_USER, CALLOUT_SYS_USER, *callout_bypass])}"
+            " }\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -709,6 +711,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--callout-password-file", type=Path)
     ap.add_argument("--callout-bypass", action="append", default=[],
                     help="a user the server admits itself (cfnet-leaf with nats.leaf)")
+    ap.add_argument("--revoke", action="append", default=[], metavar="NODE",
+                    help="callout-accounts: a node whose enrolled certificate is refused "
+                         "(and its open connections cut off); repeat for more")
     a = ap.parse_args(argv)
     if a.what == "callout-seed":
         print(new_account_seed())
@@ -718,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     store = CertStore(a.pki)
     if a.what == "callout-accounts":
-        sys.stdout.write(json.dumps(callout_accounts(store), indent=1) + "\n")
+        sys.stdout.write(json.dumps(callout_accounts(store, a.revoke), indent=1) + "\n")
         return 0
     issuer = password = None
     if a.callout_seed_file:
