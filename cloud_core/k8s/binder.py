@@ -1,54 +1,108 @@
-"""The actuator as the decision loop's sink for placements: ``pods/binding`` and its events.
+"""The loop's sink for placements: ``pods/binding`` and its events.
 
-``commit_placements`` assumes each placed pod on its node (the next batch counts it before the
-watch shows the binding) and binds it in the background (a pool of ``bind_workers``), with a
-UID precondition and a ``Scheduled`` event; a pod the engine could not place gets a
-``FailedScheduling`` event and goes back to the queue with what rejected it. A 409 re-reads the
-pod (never bound twice); an unreachable API server is reported at the next step (back-off).
+``commit_placements`` assumes each placed pod on its node in the scheduler cache
+(``cache.py``: the next batch counts it before the watch shows the binding) and binds it in
+the background (a pool of ``bind_workers``), with a UID precondition and a ``Scheduled``
+event; a pod the engine could not place gets a ``FailedScheduling`` event and goes back to
+the queue with what rejected it. A failed binding forgets its pod (placed again after its
+backoff); a 409 re-reads the pod (never bound twice); an unreachable API server is reported
+at the next step (``take_error``: back-off).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from cloud_core.errors import KubeConflict, KubeNotFound, KubeUnavailable
-from cloud_core.k8s.actuator_state import ActuatorState
-from cloud_core.k8s.client import JSON
+from cloud_core.k8s.cache import SchedulerCache
+from cloud_core.k8s.client import JSON, KubeClient
+from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
 from cloud_core.k8s.informer import obj_key
-from cloud_core.k8s.podcache import _assumed_pod, _gang, _priority
-from cloud_core.k8s.queue import rejections
+from cloud_core.k8s.pending import PendingPods
 from cloud_core.loop import Observation, PlaceOutcome
 from cloud_core.placement.model import Workload
 
 log = logging.getLogger(__name__)
 
 
-class Binder(ActuatorState):
+class Binder:
     """Binding placed pods, and the events of a batch (see the module docstring)."""
+
+    def __init__(self, client: KubeClient, config: ActuatorConfig, stats: ActuatorStats,
+                 cache: SchedulerCache, pending: PendingPods, *,
+                 is_leader: Callable[[], bool], wake: Callable[[], None],
+                 consume_reservation: Callable[[JSON | None, str], None],
+                 pages_go: threading.Event,
+                 on_bound: Callable[[str, str], None] | None = None) -> None:
+        self._client = client
+        self._config = config
+        self._stats = stats
+        self._cache = cache
+        self._pending = pending
+        self._is_leader = is_leader
+        self._wake = wake
+        self._consume_reservation = consume_reservation  # a pinned replacement's (moves.py)
+        self._pages_go = pages_go  # the pods' list goes on once the first batch is out
+        self._on_bound = on_bound
+        self._pool = ThreadPoolExecutor(config.bind_workers, thread_name_prefix="bind")
+        self._lock = threading.Lock()
+        self._binding = 0  # bindings submitted and not yet done
+        self._error: KubeUnavailable | None = None  # from a binding in flight
+        self._last_failure: dict[str, str] = {}  # pod uid -> last FailedScheduling message
+
+    def in_flight(self) -> int:
+        """Bindings submitted and not yet done."""
+        with self._lock:
+            return self._binding
+
+    def has_error(self) -> bool:
+        with self._lock:
+            return self._error is not None
+
+    def take_error(self) -> KubeUnavailable | None:
+        """What a binding in flight met (the API server gone), once."""
+        with self._lock:
+            err, self._error = self._error, None
+            return err
+
+    def last_failure(self, uid: str) -> str | None:
+        """The last FailedScheduling message for pod ``uid`` (None: none, or placed)."""
+        with self._lock:
+            return self._last_failure.get(uid)
+
+    def forget_pod(self, uid: str) -> None:
+        """Pod ``uid`` was deleted."""
+        with self._lock:
+            self._last_failure.pop(uid, None)
+
+    def close(self) -> None:
+        """Wait for the bindings in flight; no more are taken."""
+        self._pool.shutdown(wait=True)
 
     def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
         gen, pods = obs.generation, obs.objects
         for uid, msg in obs.invalid.items():
-            self._unschedulable_now(pods[uid], gen, msg)
+            self.unschedulable(pods[uid], gen, msg)
         if not obs.pending:
             return 0
-        self._count("batches")
-        if not self.is_leader():
+        self._stats.add("batches")
+        if not self._is_leader():
             return 0  # lost the lease while computing: the new leader redoes this batch
         wl = {w.uid: w for w in obs.pending}
         # Assume, then bind in the background (as kube-scheduler does): the next batch is
-        # computed while these bind and counts them (snapshot() reads ``_assumed``); a binding
-        # that fails forgets its pod, and a KubeUnavailable is re-raised at the next step.
-        now = time.monotonic()
+        # computed while these bind and counts them (the cache's view); a binding that fails
+        # forgets its pod, and a KubeUnavailable is re-raised at the next step.
         todo = [(pods[u], node, wl[u]) for u, node in outcome.assignments.items()
                 if u in pods and u in wl]
+        for pod, node, w in todo:
+            key = obj_key(pod)
+            self._cache.assume(key, node, w)
+            self._pending.taken(key)  # assumed: back in only if its binding fails
         with self._lock:
-            for pod, node, w in todo:
-                key = obj_key(pod)
-                self._assumed[key] = (node, now, _assumed_pod(key, node, w))
-                self.queue.remove(key)  # assumed: back in only if its binding fails
             self._binding += len(todo)
         for pod, node, w in todo:
             self._pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
@@ -59,7 +113,7 @@ class Binder(ActuatorState):
                 g = wl[u].gang if u in wl else None
                 if g is not None and f"gang {g}" not in msg:
                     msg = f"gang {g}: {msg}"  # say which gang (namespace/name) waits
-                self._unschedulable_now(pods[u], gen, msg)
+                self.unschedulable(pods[u], gen, msg)
         # A pinned replacement takes its reservation now: its binding is assumed, and a
         # failed one is placed again by a later step like any pending pod.
         for u in outcome.assignments:
@@ -76,22 +130,30 @@ class Binder(ActuatorState):
         # placed as any pending pod.
         return 0
 
-    def _unschedulable_now(self, pod: JSON, gen: int, message: str) -> None:
+    def unschedulable(self, pod: JSON, gen: int, message: str) -> None:
+        """``pod`` was not placed: back to the queue with what rejected it, and a
+        ``FailedScheduling`` event unless its last one said the same."""
         md = pod.get("metadata") or {}
         uid = str(md.get("uid"))
+        self._pending.failed(obj_key(pod), message, time.monotonic())
         with self._lock:
-            self.queue.failed(obj_key(pod), rejections(message), time.monotonic(),
-                              self._fits_after)
             repeat = self._last_failure.get(uid) == message
             self._last_failure[uid] = message
         if repeat:
             return
-        self._count("failed_scheduling")
-        with self._lock:
-            self.stats.failed_by_namespace[str(md.get("namespace", ""))] += 1
+        self._stats.add("failed_scheduling")
+        self._stats.failed_in(str(md.get("namespace", "")))
         # queued (client.EventRecorder): never a blocking call per pod; repeats form a series
-        self.client.record_event(pod, reason="FailedScheduling", message=message,
-                                 event_type="Warning", instance=self.config.identity)
+        self._client.record_event(pod, reason="FailedScheduling", message=message,
+                                  event_type="Warning", instance=self._config.identity)
+
+    def bind(self, pod: JSON, node: str, w: Workload, why: str = "",
+             pinned: bool = False) -> None:
+        """Bind ``pod`` to ``node`` now, on this thread (``commit_placements`` submits this
+        to the pool)."""
+        with self._lock:
+            self._binding += 1
+        self._bind(pod, node, w, why, pinned)
 
     def _bind(self, pod: JSON, node: str, w: Workload, why: str = "",
               pinned: bool = False) -> None:
@@ -106,50 +168,46 @@ class Binder(ActuatorState):
         ns, name, uid = str(md.get("namespace")), str(md.get("name")), str(md.get("uid"))
         key = f"{ns}/{name}"
         try:
-            if not self.is_leader():
+            if not self._is_leader():
                 raise KubeNotFound("lost the lease before binding")
-            self.client.bind_pod(ns, name, uid, node)
+            self._client.bind_pod(ns, name, uid, node)
         except BaseException as e:
-            with self._lock:
-                self._assumed.pop(key, None)  # forget: placed again by a later batch
-                if key in self._pending and not isinstance(e, KubeConflict):
-                    p = self._pending[key]
-                    self.queue.add(key, ns, _priority(p.get("spec") or {}), time.monotonic(),
-                                   _gang(p))
-                    self.queue.requeue(key, time.monotonic())  # after its backoff
+            self._cache.forget(key)  # placed again by a later batch
+            if not isinstance(e, KubeConflict):
+                self._pending.retry(key, time.monotonic())  # after its backoff
             if isinstance(e, KubeConflict):
-                self._count("conflicts")
+                self._stats.add("conflicts")
                 self._after_conflict(pod, w)
             elif isinstance(e, KubeUnavailable):
-                self._bind_error = e
-                self._wake.set()
+                with self._lock:
+                    self._error = e
+                self._wake()
             elif not isinstance(e, KubeNotFound):  # NotFound: deleted meanwhile
                 log.warning("binding %s failed: %s", key, e)
             return
-        self._count("bound")
+        self._cache.finish_binding(key, time.monotonic())
+        self._stats.add("bound")
         if pinned:
-            self._count("pinned_bound")
-        with self._lock:
-            self.stats.bound_pods.append(key)
-        if self.on_bound is not None:
-            self.on_bound(key, node)
+            self._stats.add("pinned_bound")
+        self._stats.bound_pod(key)
+        if self._on_bound is not None:
+            self._on_bound(key, node)
         # queued (client.EventRecorder): never a blocking call per pod; repeats form a series
-        self.client.record_event(pod, reason="Scheduled", instance=self.config.identity,
-                                 action="Binding",
-                                 message=f"Successfully assigned {key} to {node}"
-                                 + (f" ({why})" if why else ""))
+        self._client.record_event(pod, reason="Scheduled", instance=self._config.identity,
+                                  action="Binding",
+                                  message=f"Successfully assigned {key} to {node}"
+                                  + (f" ({why})" if why else ""))
 
     def _after_conflict(self, pod: JSON, w: Workload) -> None:
         md = pod.get("metadata") or {}
         key = obj_key(pod)
         try:
-            live = self.client.get(f"/api/v1/namespaces/{md.get('namespace')}/pods/"
-                                   f"{md.get('name')}")
+            live = self._client.get(f"/api/v1/namespaces/{md.get('namespace')}/pods/"
+                                    f"{md.get('name')}")
         except KubeNotFound:
             return
         node = (live.get("spec") or {}).get("nodeName")
         if node and (live.get("metadata") or {}).get("uid") == md.get("uid"):
-            self._count("already_bound")  # an earlier attempt (or another replica) won
-            with self._lock:
-                self._assumed[key] = (str(node), time.monotonic(),
-                                      _assumed_pod(key, str(node), w))
+            self._stats.add("already_bound")  # an earlier attempt (or another replica) won
+            self._cache.assume(key, str(node), w)
+            self._cache.finish_binding(key, time.monotonic())

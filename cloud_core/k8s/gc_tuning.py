@@ -1,8 +1,7 @@
 """Process-wide garbage-collector tuning for a scheduler's heap (the Kubernetes entry points).
 
 ``tune_gc`` raises the young generation's threshold; ``settle_listed`` freezes a listed page's
-objects out of the collector, only in a process ``tune_gc`` was called in. Split out of
-``actuator.py``, which re-exports both.
+objects out of the collector, only in a process ``tune_gc`` was called in (``GC_TUNED``).
 """
 
 from __future__ import annotations
@@ -23,10 +22,10 @@ def tune_gc(young: int = 20_000) -> None:
     """
     _, second, third = gc.get_threshold()
     gc.set_threshold(young, max(second, 20), max(third, 20))
-    _GC_TUNED.set()
+    GC_TUNED.set()
 
 
-_GC_TUNED = threading.Event()  # set by tune_gc: this process is a scheduler, its heap ours
+GC_TUNED = threading.Event()  # set by tune_gc: this process is a scheduler, its heap ours
 
 
 def settle_listed() -> None:
@@ -40,5 +39,5 @@ def settle_listed() -> None:
     Only in a process ``tune_gc`` was called in (the entry points), never in a library
     caller's heap.
     """
-    if _GC_TUNED.is_set():
+    if GC_TUNED.is_set():
         gc.freeze()

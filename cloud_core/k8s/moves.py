@@ -5,7 +5,7 @@ eviction is an ``EvictionBlocked`` event, retried when the pod strikes out again
 ``Rescheduling`` event in the engine's words. Its destination is reserved under the pod's
 controller and template (``replacement_key``) for ``RESERVATION_TTL_S``; the next pending pod
 of that controller and template (the replacement its controller creates) is pinned there
-(``_pinned``) if the validator still agrees. A pod no controller owns is not moved (``NotMoved``
+(``pinned``) if the validator still agrees. A pod no controller owns is not moved (``NotMoved``
 event; cfnet creates no pods, k8s/evict.py); a copy an older leader made (annotated with what
 it replaces and where the move planned it) is still bound where its plan says. Running pods that no
 longer fit a changed node raise an alert (``report_misfits``) before they are moved.
@@ -19,16 +19,17 @@ when the replacement is bound or the reservation expires, and read back by a new
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cloud_core.errors import KubeError, KubeNotFound
-from cloud_core.k8s.actuator_state import ActuatorState
-from cloud_core.k8s.client import JSON
+from cloud_core.k8s.client import JSON, KubeClient
+from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
 from cloud_core.k8s.evict import unowned
 from cloud_core.k8s.informer import obj_key
-from cloud_core.k8s.ledger import Entry
+from cloud_core.k8s.ledger import Entry, MoveLedger
 from cloud_core.k8s.registry import LabelChange
 from cloud_core.loop import Move, Observation
 from cloud_core.placement.model import Workload
@@ -58,8 +59,33 @@ def replacement_key(pod: Mapping[str, Any]) -> tuple[str, ...] | None:
     return ("copy", ns, str(rep)) if rep else None
 
 
-class Moves(ActuatorState):
+class Moves:
     """Evictions, reservations, copies and alerts (see the module docstring)."""
+
+    def __init__(self, client: KubeClient, config: ActuatorConfig, stats: ActuatorStats, *,
+                 is_leader: Callable[[], bool],
+                 recent_changes: Callable[[str], list[LabelChange]],
+                 on_alert: Callable[[dict[str, Any]], None] | None = None,
+                 ledger: MoveLedger | None = None) -> None:
+        self._client = client
+        self._config = config
+        self._stats = stats
+        self._is_leader = is_leader
+        self._recent_changes = recent_changes  # a node's latest label changes (handlers.py)
+        self._on_alert = on_alert
+        # where the reservations outlive this leader (ledger.py; wiring.py sets it)
+        self.ledger = ledger
+        self._lock = threading.Lock()
+        # a move's destination per replacement key: [(node, moved pod uid, expiry)]
+        self._reserved: dict[tuple[str, ...], list[tuple[str, str, float]]] = {}
+        self._restore_due = True  # read the ledger back at the next step (taking the Lease)
+        self._forget_due = False  # drop the reservations in memory at the next step
+        self._alerted: set[str] = set()  # pod uids already reported as violating
+
+    def forget_pod(self, uid: str) -> None:
+        """Pod ``uid`` was deleted: a new pod of that uid would be alerted again."""
+        with self._lock:
+            self._alerted.discard(uid)
 
     def restore_moves(self) -> None:
         """Read the planned moves of an earlier leader back into the reservations (on taking
@@ -79,7 +105,7 @@ class Moves(ActuatorState):
                 if all(r[1] != uid for r in slots):
                     slots.append((node, uid, mono + (exp - wall)))
         if entries:
-            self._count("moves_restored")
+            self._stats.add("moves_restored")
             log.info("restored %d planned move(s) of an earlier leader", len(entries))
 
     def forget_moves(self) -> None:
@@ -108,7 +134,7 @@ class Moves(ActuatorState):
                     "planned moves not written to the Lease: %s", e)
             return False
 
-    def _pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
+    def pinned(self, pending: list[Workload], pods: Mapping[str, JSON]
                 ) -> dict[str, tuple[str, str]]:
         if self._forget_due:
             self._forget_due = False
@@ -142,7 +168,7 @@ class Moves(ActuatorState):
                     out[w.uid] = (str(planned), str(ann.get(PLANNED_FROM, "")))
         return out
 
-    def _consume_reservation(self, pod: JSON | None, moved_uid: str) -> None:
+    def consume_reservation(self, pod: JSON | None, moved_uid: str) -> None:
         key = replacement_key(pod) if pod is not None else None
         with self._lock:
             if key not in self._reserved:
@@ -153,7 +179,7 @@ class Moves(ActuatorState):
         self._sync_ledger()
 
     def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]:
-        if not self.is_leader():
+        if not self._is_leader():
             return []
         done = []
         for m in moves:
@@ -174,8 +200,8 @@ class Moves(ActuatorState):
         rkey = replacement_key(pod)
         bare = unowned(pod)
         if bare:  # evicted, it would be gone: cfnet creates no pods (k8s/evict.py)
-            self.client.record_event(pod, reason="NotMoved", event_type="Warning",
-                                     instance=self.config.identity, message=f"cfnet would move "
+            self._client.record_event(pod, reason="NotMoved", event_type="Warning",
+                                     instance=self._config.identity, message=f"cfnet would move "
                                      f"{key} from {m.src} to {m.dst} ({m.reason}), but {bare}")
             return False
         slot = (m.dst, m.workload_uid, time.monotonic() + RESERVATION_TTL_S)
@@ -193,15 +219,15 @@ class Moves(ActuatorState):
                 else:
                     self._reserved.pop(rkey, None)
             if not written:
-                self._count("moves_unrecorded")
+                self._stats.add("moves_unrecorded")
                 return False
             self._sync_ledger()
-            self._count("evictions_blocked")
+            self._stats.add("evictions_blocked")
             self._event(pod, "EvictionBlocked", "Warning",
                         f"cfnet would move {key} from {m.src} to {m.dst} ({m.reason}), but a "
                         "PodDisruptionBudget refused the eviction; will retry")
             return False
-        self._count("moves")
+        self._stats.add("moves")
         self._event(pod, "Rescheduling", "Warning",
                     f"cfnet moves {key} from {m.src} to {m.dst}: {m.reason}")
         return True
@@ -211,15 +237,15 @@ class Moves(ActuatorState):
         disruption budget refused). Its controller recreates it pending; we place that one."""
         md = pod.get("metadata") or {}
         ns, name = str(md.get("namespace")), str(md.get("name"))
-        if not self.client.evict_pod(ns, name, str(md.get("uid") or "") or None):
+        if not self._client.evict_pod(ns, name, str(md.get("uid") or "") or None):
             return False
-        self._count("replaced")
+        self._stats.add("replaced")
         return True
 
     def _event(self, pod: JSON, reason: str, event_type: str, message: str) -> None:
         try:
-            self.client.emit_event(pod, reason=reason, message=message, event_type=event_type,
-                                   instance=self.config.identity)
+            self._client.emit_event(pod, reason=reason, message=message, event_type=event_type,
+                                   instance=self._config.identity)
         except KubeError as err:
             log.warning("%s event for %s lost: %s", reason, obj_key(pod), err)
 
@@ -230,24 +256,27 @@ class Moves(ActuatorState):
         them (its ``Rescheduling`` event, eviction, the replacement bound where it planned)."""
         for uid, (node, problems) in misfits.items():
             pod = obs.objects.get(uid)
-            if pod is not None and uid not in self._alerted:
-                with self._lock:
-                    changes = list(self._changes.get(node, ()))
-                self._alert(pod, node, problems, changes)
+            with self._lock:
+                said = uid in self._alerted
+            if pod is not None and not said:
+                self.alert(pod, node, problems, self._recent_changes(node))
 
-    def _alert(self, pod: JSON, node: str, problems: list[str],
-               changes: list[LabelChange]) -> None:
+    def alert(self, pod: JSON, node: str, problems: list[str],
+              changes: list[LabelChange]) -> None:
+        """Say that ``pod`` no longer fits ``node`` after ``changes``: ``on_alert`` and a
+        ``ConstraintViolated`` Warning event."""
         key = obj_key(pod)
-        self._alerted.add(str((pod.get("metadata") or {}).get("uid")))
+        with self._lock:
+            self._alerted.add(str((pod.get("metadata") or {}).get("uid")))
         what = ", ".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)
         msg = f"node {node} changed ({what}); pod no longer fits: {'; '.join(problems)}"
-        self._count("alerts")
+        self._stats.add("alerts")
         alert = {"kind": "constraint-violation", "pod": key, "node": node, "problems": problems,
                  "changes": [c.__dict__ for c in changes], "message": msg}
-        if self.on_alert is not None:
-            self.on_alert(alert)
+        if self._on_alert is not None:
+            self._on_alert(alert)
         try:
-            self.client.emit_event(pod, reason="ConstraintViolated", message=msg,
-                                   event_type="Warning", instance=self.config.identity)
+            self._client.emit_event(pod, reason="ConstraintViolated", message=msg,
+                                   event_type="Warning", instance=self._config.identity)
         except KubeError as err:
             log.warning("alert event for %s lost: %s", key, err)

@@ -10,7 +10,7 @@ of a pod another scheduler places, every spec field but what its node counts
 (``tools/bench_decode.py``).
 
 The result is still plain dicts of the API's JSON (a ``TypedDict`` decodes to a ``dict``), so
-every reader above (``podcache``, ``registry``, the spec parser, ``evict``) is unchanged.
+every reader above (``handlers``, ``registry``, the spec parser, ``evict``) is unchanged.
 Every leaf cfnet reads is typed ``Any``: it is decoded exactly as the generic decoder would,
 and checked where it is read, as before. The spec of a pod cfnet places is kept whole: the
 spec parser refuses a pod naming any PodSpec field it does not know (``check_supported``, in a
@@ -57,7 +57,7 @@ class ObjectMeta(TypedDict, total=False):
 
 
 class PodStatus(TypedDict, total=False):
-    """What ``podcache`` reads of a pod's status: bound, live or finished."""
+    """What ``handlers`` reads of a pod's status: bound, live or finished."""
 
     phase: Any
 
@@ -88,7 +88,7 @@ class OtherSpec(TypedDict, total=False):
     bound and what it takes there (``spec.usage_workload``: requests, overhead, host ports,
     pod (anti-)affinity), its priority and scheduler. Its volumes, env, tolerations,
     security contexts, the ServiceAccount's projected volume... are never read: such a pod
-    is only ever counted on its node (``podcache._bound_entry``; ``spec.parse_pod`` refuses
+    is only ever counted on its node (``handlers.EventHandlers``; ``spec.parse_pod`` refuses
     it at its ``schedulerName``, before it looks at any other field)."""
 
     schedulerName: Any
@@ -104,7 +104,7 @@ class OtherSpec(TypedDict, total=False):
 
 
 class NodeStatus(TypedDict, total=False):
-    """What ``registry.record_of`` and ``podcache._node_may_help`` read of a node's status."""
+    """What ``registry.record_of`` and ``handlers.node_may_help`` read of a node's status."""
 
     capacity: Any
     allocatable: Any

@@ -37,8 +37,8 @@ from typing import Any
 
 from cloud_core.events import Event, EventLog
 from cloud_core.k8s.client import JSON
-from cloud_core.k8s.podcache import parse_workload
 from cloud_core.k8s.pool_objects import PoolPlan, digest, pool_replicas, template_digest
+from cloud_core.k8s.workloads import parse_workload
 from cloud_core.loop import Move, Observation, PlaceOutcome, with_placements
 from cloud_core.placement.model import ClusterSnapshot, Health, Resources, Taint, Workload
 
@@ -77,7 +77,7 @@ class PoolApp:
     retry_at: float = 0.0  # when the unplaced replicas are tried again
 
 
-class _WithoutHealth(EventLog):
+class WithoutHealth(EventLog):
     """The pool loop's events, but for node health: the pod loop says each change once."""
 
     def __init__(self, inner: EventLog) -> None:

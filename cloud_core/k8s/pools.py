@@ -37,7 +37,7 @@ from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.informer import Reflector
-from cloud_core.k8s.pool_loop import Key, PoolSide, _WithoutHealth
+from cloud_core.k8s.pool_loop import Key, PoolSide, WithoutHealth
 from cloud_core.k8s.pool_objects import (
     CFNET,
     FLAVOURS,
@@ -79,7 +79,7 @@ def pool_loop(side: PoolSide, events: EventLog | None = None, engine_config: Any
               replan_max_share: float | None = None) -> DecisionLoop:
     """The decision loop of one framework's pool replicas (its node health is the pod loop's
     to say: those events are not repeated)."""
-    return DecisionLoop(side, side, _WithoutHealth(events or EventLog()),
+    return DecisionLoop(side, side, WithoutHealth(events or EventLog()),
                         engine_config=engine_config, replan_config=replan_config,
                         replan_interval_s=replan_interval_s, replan_max_share=replan_max_share,
                         report_assignments=False)

@@ -20,18 +20,32 @@ from typing import Any
 from cloud_core.console.service import ConsoleService
 from cloud_core.events import MAX_EVENT_MESSAGE, EventLog
 from cloud_core.health import HealthConfig, all_health
-from cloud_core.k8s.actuator import Actuator, ActuatorConfig, tune_gc
+from cloud_core.k8s import objects
+from cloud_core.k8s.actuator import Actuator, Effects, Parts
+from cloud_core.k8s.binder import Binder
+from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import KubeClient
-from cloud_core.k8s.console import register_kubernetes_commands
+from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
+from cloud_core.k8s.console import KubernetesCluster
 from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
+from cloud_core.k8s.gc_tuning import settle_listed, tune_gc
+from cloud_core.k8s.handlers import EventHandlers
+from cloud_core.k8s.informer import Reflector
 from cloud_core.k8s.leader import LeaderElector
 from cloud_core.k8s.ledger import MoveLedger
 from cloud_core.k8s.lines import no_line
+from cloud_core.k8s.moves import Moves
+from cloud_core.k8s.pending import PendingPods
 from cloud_core.k8s.pools import PoolController
-from cloud_core.k8s.prefetch import FirstLists
+from cloud_core.k8s.prefetch import BOUND_PODS, NODES_PATH, PAGE_SIZE, PODS_PATH, FirstLists
+from cloud_core.k8s.queue import SchedulingQueue
 from cloud_core.k8s.registry import NodeRegistry, RegistryConfig
+from cloud_core.k8s.source import Source, SourceInputs
+from cloud_core.k8s.workloads import Workloads
+from cloud_core.loop import DecisionLoop
 from cloud_core.placement import EngineConfig, ReplanConfig, solver
 from cloud_core.placement.model import Health
+from cloud_core.placement.spec import SCHEDULER_NAME as PARSER_SCHEDULER
 from cloud_core.snapshot import translated_links
 from cloud_core.state import ClusterState
 
@@ -175,6 +189,151 @@ def node_label_events(client: KubeClient, identity: str
     return emit
 
 
+def build_actuator(client: KubeClient, registry: NodeRegistry | None = None,
+                   config: ActuatorConfig | None = None, *,
+                   is_leader: Callable[[], bool] = lambda: True,
+                   on_alert: Callable[[dict[str, Any]], None] | None = None,
+                   on_bound: Callable[[str, str], None] | None = None,
+                   links: Callable[[], Mapping[tuple[str, str], Any]] | None = None,
+                   events: EventLog | None = None,
+                   agent_health: Callable[[], Mapping[str, Health]] | None = None,
+                   first: FirstLists | None = None,
+                   ledger: MoveLedger | None = None) -> Actuator:
+    """The Kubernetes core's parts, each built once and handed what it needs, and the
+    :class:`~cloud_core.k8s.actuator.Actuator` that runs them (not started).
+
+    ``agent_health``: Node name -> its agent's verdict (heartbeats, will, peers' links:
+    cloud_core.health), combined with the Node's Ready condition. ``first``: the first lists,
+    asked for at the process start (prefetch.FirstLists); each reflector takes its own if it
+    was asked as the reflector would ask. ``ledger``: where planned moves outlive this leader
+    (the Lease, ledger.py)."""
+    registry = registry or NodeRegistry()
+    config = config or ActuatorConfig()
+    stats = ActuatorStats()
+    wake = threading.Event()
+    # the pods' list pages go on: closed while the first batch is decided (Actuator.schedule_
+    # once; the backlog's later pages would only compete with it for the interpreter: first
+    # binding at 5,000 nodes / 10,000 pods, 20 pages of 500, ~40 ms each to decode and handle)
+    pages_go = threading.Event()
+    pages_go.set()
+    cache = SchedulerCache(config.assumed_ttl_s)
+    workloads = Workloads()
+    # activeQ / backoffQ / unschedulable pods with queueing hints, fair across namespaces
+    pending = PendingPods(config.scheduler_name,
+                          SchedulingQueue(max_unschedulable_s=config.retry_unschedulable_s),
+                          cache, registry, workloads)
+    forget: list[Callable[[str], None]] = []  # what else forgets a deleted pod
+    handlers = EventHandlers(client, config, stats, registry, cache, pending, workloads,
+                             wake.set, on_deleted=forget)
+    moves = Moves(client, config, stats, is_leader=is_leader, on_alert=on_alert, ledger=ledger,
+                  recent_changes=handlers.recent_changes)
+    binder = Binder(client, config, stats, cache, pending, is_leader=is_leader,
+                    wake=wake.set, consume_reservation=moves.consume_reservation,
+                    pages_go=pages_go, on_bound=on_bound)
+    forget += [binder.forget_pod, moves.forget_pod]
+    nodes, pods = reflectors(client, config, handlers, pages_go, first)
+    source = Source(config, cache, pending, SourceInputs(
+        registry=registry, workloads=workloads, generation=handlers.generation,
+        label_changes=handlers.take_label_changes, pinned=moves.pinned,
+        bindings=binder.in_flight, bind_error=binder.has_error, pods_synced=pods.synced,
+        links=links or (lambda: {}), agent_health=agent_health))
+    loop = DecisionLoop(
+        source, Effects(binder, moves), events or EventLog(lambda ev: None),
+        engine_config=config.engine_config, replan_config=config.replan_config,
+        replan_interval_s=config.replan_interval_s, replan_max_share=config.replan_max_share,
+        report_assignments=config.placement_events)
+    return Actuator(Parts(config=config, stats=stats, is_leader=is_leader, registry=registry,
+                          cache=cache, pending=pending, workloads=workloads,
+                          handlers=handlers, source=source, binder=binder, moves=moves,
+                          loop=loop, nodes=nodes, pods=pods, wake=wake, pages_go=pages_go))
+
+
+def reflectors(client: KubeClient, config: ActuatorConfig, handlers: EventHandlers,
+               pages_go: threading.Event, first: FirstLists | None
+               ) -> tuple[Reflector, Reflector]:
+    """The nodes' and the pods' reflectors, feeding ``handlers``.
+
+    The pods already on a node are listed first: with them and the nodes the engine can
+    decide, so the first bindings go out while the backlog's pages still arrive. Those pages
+    are asked for once the nodes are in: nothing can be placed before, and until then they
+    only compete with the node list for the interpreter. Decoded into what cfnet reads of
+    them (objects.py): the rest is most of the bytes. A pod's spec is whole when this
+    scheduler places it, or when the spec parser would read past its schedulerName (which
+    refuses any other)."""
+    nodes = Reflector(client, NODES_PATH, handlers.on_node, name="nodes",
+                      after_page=settle_listed, schema=objects.NODE, page_size=PAGE_SIZE,
+                      first=first.nodes if first is not None else None)
+    pods = Reflector(client, PODS_PATH, handlers.on_pod, name="pods",
+                     # the spec parser's own name (not prefetch's copy of it): a first list
+                     # asked with another is not taken
+                     schema=objects.PodSchema(frozenset(
+                         {config.scheduler_name, PARSER_SCHEDULER})),
+                     prime=dict(BOUND_PODS), page_size=PAGE_SIZE,
+                     pages_after=nodes.synced, after_page=settle_listed,
+                     first=first.pods if first is not None else None,
+                     first_prime=first.bound_pods if first is not None else None,
+                     page_gate=pages_go)
+    return nodes, pods
+
+
+class AgentView:
+    """What the agents say (``ClusterState``), by Node name: the registry's
+    ``node-restriction.kubernetes.io/cfnet-agent-id`` labels translate agent ids."""
+
+    def __init__(self, registry: NodeRegistry, state: ClusterState, health: HealthConfig,
+                 clock: Callable[[], float]) -> None:
+        self.registry = registry
+        self.state = state
+        self.health_config = health
+        self.clock = clock
+
+    def links(self) -> dict[tuple[str, str], Any]:
+        names = self.registry.agent_names()
+        return translated_links(self.state.snapshot(self.clock()), names.get)
+
+    def health(self) -> dict[str, Health]:
+        """Node name -> its agent's verdict, as local mode judges it (cloud_core.health)."""
+        snap = self.state.snapshot(self.clock())
+        if not snap.nodes:
+            return {}
+        names = self.registry.agent_names()
+        return {names[a]: h for a, h in all_health(snap, self.health_config).items()
+                if a in names}
+
+    def probes(self) -> dict[str, str]:
+        """Node name -> the probe its agent reports with (the console's ``nodes``)."""
+        names = self.registry.agent_names()
+        return {names[a]: v.probe for a, v in self.state.snapshot(self.clock()).nodes.items()
+                if a in names}
+
+
+def warm_up_when_quiet(actuator: Actuator) -> None:
+    """Import CP-SAT in the background once the caches hold whole lists and the first batch
+    has had its moment (first binding ~1 s after start), so the import does not compete with
+    it; and not during a burst (a batch that needs CP-SAT before then imports it itself)."""
+    def warm() -> None:
+        if actuator.wait_synced(600):
+            until = time.monotonic() + WARM_UP_MAX_S
+            time.sleep(WARM_UP_DELAY_S)
+            while actuator.busy() and time.monotonic() < until:
+                time.sleep(0.2)
+            solver.warm_up()
+
+    threading.Thread(target=warm, daemon=True, name="warm-up").start()
+
+
+def say_when_synced(actuator: Actuator, line: Callable[..., None]) -> None:
+    """Say ``ready`` once nodes and bound pods are listed (deciding starts), ``synced``
+    once the pods' list is whole."""
+    def synced() -> None:
+        if actuator.wait_ready(600):
+            line("ready")
+        if actuator.wait_synced(600):
+            line("synced")
+
+    threading.Thread(target=synced, daemon=True, name="synced").start()
+
+
 def start_kubernetes(
     client: KubeClient,
     state: ClusterState,
@@ -190,27 +349,16 @@ def start_kubernetes(
 ) -> KubeRunner:
     """Start the actuator and the election. ``on_lead``/``on_follow`` run when this
     replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading).
-    With ``console``, its commands answer from and act on the cluster (``k8s.console``),
-    registered before this replica can lead, so before any request can arrive. With ``say``
+    With ``console``, its cluster commands answer from and act on the cluster
+    (``k8s.console.KubernetesCluster``), given to it before this replica can lead, so before
+    any request can arrive. With ``say``
     (``k8s.lines.say_line``), lifecycle lines: leading, following, ready, synced, alerts and,
     with ``say_bindings``, one per binding. ``first``: the actuator's first lists, asked
     for at the process start (``prefetch.FirstLists``)."""
     line = say or no_line
     registry = NodeRegistry(RegistryConfig(edge_taint=settings.edge_taint))
     registry.on_problems = node_label_events(client, settings.identity)
-
-    def links() -> dict[tuple[str, str], Any]:
-        names = registry.agent_names()
-        return translated_links(state.snapshot(clock()), names.get)
-
-    def agent_health() -> dict[str, Health]:
-        """Node name -> its agent's verdict, as local mode judges it (cloud_core.health)."""
-        snap = state.snapshot(clock())
-        if not snap.nodes:
-            return {}
-        names = registry.agent_names()
-        return {names[a]: h for a, h in all_health(snap, settings.health).items()
-                if a in names}
+    agents = AgentView(registry, state, settings.health, clock)
 
     def leading() -> None:
         if on_lead is not None:
@@ -241,28 +389,20 @@ def start_kubernetes(
         lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
         retry_period_s=settings.retry_period_s, on_started=leading, on_stopped=following,
     )
-    actuator = Actuator(
+    actuator = build_actuator(
         client, registry, ActuatorConfig(identity=settings.identity, replan_config=settings.replan,
                                          engine_config=settings.engine,
                                          # bound() says each placement once it is made
                                          placement_events=False,
                                          eviction=settings.eviction or DEFAULT_POLICY),
-        is_leader=elector.is_leader, on_alert=alert_to_event(events, line), links=links,
-        on_bound=bound,
-        events=events, agent_health=agent_health, first=first,
-    )
-    # planned moves outlive this leader on its Lease (ledger.py)
-    actuator.ledger = MoveLedger(client, settings.lease_namespace, settings.lease_name,
-                                 settings.identity)
-    def agent_probes() -> dict[str, str]:
-        """Node name -> the probe its agent reports with (the console's ``nodes``)."""
-        names = registry.agent_names()
-        return {names[a]: v.probe for a, v in state.snapshot(clock()).nodes.items()
-                if a in names}
-
+        is_leader=elector.is_leader, on_alert=alert_to_event(events, line), links=agents.links,
+        on_bound=bound, events=events, agent_health=agents.health, first=first,
+        # planned moves outlive this leader on its Lease (ledger.py)
+        ledger=MoveLedger(client, settings.lease_namespace, settings.lease_name,
+                          settings.identity))
     if console is not None:
-        register_kubernetes_commands(console, actuator, client, events, clock,
-                                     agent_probes=agent_probes)
+        console.use_cluster(KubernetesCluster(actuator, client, events, clock,
+                                              agent_probes=agents.probes))
     pools = PoolController(client, actuator, is_leader=elector.is_leader)
     tune_gc()  # the core is this process: its caches are the scheduler's
     actuator.start()
@@ -271,24 +411,7 @@ def start_kubernetes(
     # waits for its informers' sync before its leader elector runs: a replacement pod does
     # not take the Lease from a warm standby while it is still listing.
     elector.start(ready=actuator.wait_ready)
-    def warm() -> None:
-        # once the caches hold whole lists, and the first batch has had its moment
-        # (first binding ~1 s after start), so the import does not compete with it; and
-        # not during a burst (a batch that needs CP-SAT before then imports it itself)
-        if actuator.wait_synced(600):
-            until = time.monotonic() + WARM_UP_MAX_S
-            time.sleep(WARM_UP_DELAY_S)
-            while actuator.busy() and time.monotonic() < until:
-                time.sleep(0.2)
-            solver.warm_up()
-
-    threading.Thread(target=warm, daemon=True, name="warm-up").start()
+    warm_up_when_quiet(actuator)
     if say is not None:
-        def synced() -> None:
-            if actuator.wait_ready(600):
-                line("ready")  # nodes and bound pods listed: deciding starts
-            if actuator.wait_synced(600):
-                line("synced")
-
-        threading.Thread(target=synced, daemon=True, name="synced").start()
+        say_when_synced(actuator, line)
     return KubeRunner(actuator, elector, pools, notices)

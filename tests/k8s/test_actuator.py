@@ -21,6 +21,7 @@ from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.informer import Reflector
 from cloud_core.k8s.prefetch import FirstLists
 from cloud_core.k8s.registry import RESIDENCY_REGION, NodeRegistry
+from cloud_core.k8s.wiring import build_actuator
 from cloud_core.placement import ClusterSnapshot, parse_pod, validate
 from tests.k8s.conftest import Cluster, wait_for
 from tools.envtest import ControlPlane
@@ -32,10 +33,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def actuator(core_client: KubeClient, cluster: Cluster) -> Iterator[Actuator]:
     alerts: list[dict[str, Any]] = []
-    # 8 bindings in flight (the default is 24): the restart test stops the API server on the
-    # 10th binding and needs the 120-pod burst to still be going when it is down
-    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="test", bind_workers=8),
-                   on_alert=alerts.append)
+    act = build_actuator(core_client, NodeRegistry(),
+                         ActuatorConfig(identity="test", bind_workers=8), on_alert=alerts.append)
     act.alerts = alerts  # type: ignore[attr-defined]
     act.start()
     assert act.wait_synced(30)
@@ -134,7 +133,7 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
     assert failed["badspec-0"].startswith("invalid workload spec") and "high" in failed["badspec-0"]
     assert actuator.stats.bound == 200
     actuator.snapshot()
-    assert not actuator._assumed  # every assumed binding was confirmed by the watch
+    assert actuator.cache.assumed() == {}  # every assumed binding was confirmed by the watch
 
 
 def test_bind_conflict_409_is_survived(cluster: Cluster, admin: KubeClient,
@@ -144,8 +143,8 @@ def test_bind_conflict_409_is_survived(cluster: Cluster, admin: KubeClient,
     cluster.node("n-2", region="eu-west")
     pod = cluster.pod("raced")  # no actuator runs in this test: the admin binds it first
     admin.bind_pod(cluster.namespace, "raced", pod["metadata"]["uid"], "n-1")
-    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="conflict-test"))
-    act._bind(pod, "n-2", parse_pod(pod))  # stale view: it still looks unbound
+    act = build_actuator(core_client, NodeRegistry(), ActuatorConfig(identity="conflict-test"))
+    act.binder.bind(pod, "n-2", parse_pod(pod))  # stale view: it still looks unbound
     assert act.stats.conflicts == 1 and act.stats.already_bound == 1 and act.stats.bound == 0
     assert bound(cluster) == {"raced": "n-1"}
     act.stop()
@@ -178,7 +177,7 @@ def test_expired_watch_410_relists(control_plane: ControlPlane, cluster: Cluster
 
 
 def test_apiserver_restart_mid_run(control_plane: ControlPlane, cluster: Cluster,
-                                   actuator: Actuator) -> None:
+                                   core_client: KubeClient) -> None:
     for i in range(10):
         cluster.node(f"r-{i}", region="eu-west", cpu="8")
     down = threading.Event()
@@ -190,13 +189,27 @@ def test_apiserver_restart_mid_run(control_plane: ControlPlane, cluster: Cluster
             at_stop.append(actuator.stats.bound)
             down.set()
 
-    actuator.on_bound = stop_on_tenth
     go = threading.Event()
-    actuator.is_leader = go.is_set  # hold the burst back until all 120 pods exist
+    # 8 bindings in flight (the default is 24): the API server stops on the 10th binding,
+    # with the 120-pod burst still going
+    actuator = build_actuator(core_client, NodeRegistry(),
+                              ActuatorConfig(identity="test", bind_workers=8),
+                              on_bound=stop_on_tenth,
+                              is_leader=go.is_set)  # hold the burst back until all 120 exist
+    actuator.start()
+    assert actuator.wait_synced(30)
+    try:
+        restarted_mid_run(control_plane, cluster, actuator, go, down, at_stop)
+    finally:
+        actuator.stop()
+
+
+def restarted_mid_run(control_plane: ControlPlane, cluster: Cluster, actuator: Actuator,
+                      go: threading.Event, down: threading.Event, at_stop: list[int]) -> None:
     for i in range(120):
         cluster.pod(f"before-{i}")
     go.set()
-    actuator._wake.set()
+    actuator.wake()
     assert down.wait(60)
     time.sleep(2.0)
     control_plane.start_apiserver()
@@ -273,7 +286,7 @@ def test_region_label_change_alerts_and_replaces(cluster: Cluster, actuator: Act
 def test_a_move_a_dead_leader_left_unfinished_is_finished(cluster: Cluster,
                                                          actuator: Actuator) -> None:
     """A leader evicted a bare pod and created its copy, then died before binding it: the copy
-    carries the move's plan (``cfnet.io/planned-node``, as ``Actuator._replace`` writes it),
+    carries the move's plan (``cfnet.io/planned-node``, as ``Moves`` writes it),
     so the next leader (this actuator, which never saw the move) binds it there."""
     for n in ("pl-1", "pl-2", "pl-3"):
         cluster.node(n, region="eu-west")
@@ -338,7 +351,7 @@ def test_first_lists_real_apiserver(cluster: Cluster, admin: KubeClient,
                             {"name": "app", "image": "registry.example/app:1"}]}})
     cluster.pod("pending-early", scheduler="other-scheduler")
     first = FirstLists(core_client)
-    act = Actuator(core_client, NodeRegistry(), ActuatorConfig(identity="first-lists"),
+    act = build_actuator(core_client, NodeRegistry(), ActuatorConfig(identity="first-lists"),
                    is_leader=lambda: False, first=first)
     act.start()
     try:
@@ -476,4 +489,4 @@ def test_snapshot_follows_pod_versions(cluster: Cluster, admin: KubeClient,
     admin.delete(path, grace_period_s=0)
     wait_for(lambda: not [p for p in actuator.pods.items()
                           if p["metadata"]["name"] == "web"], what="web deleted")
-    assert all(b.key != f"{cluster.namespace}/web" for b in actuator._running_cache.values())
+    assert not actuator.cache.is_bound(f"{cluster.namespace}/web")

@@ -20,6 +20,7 @@ import pytest
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.registry import NodeRegistry
+from cloud_core.k8s.wiring import build_actuator
 from tests.k8s.conftest import Cluster, make_node, wait_for
 from tools.envtest import ControlPlane
 
@@ -32,7 +33,7 @@ HOST = "kubernetes.io/hostname"
 @pytest.fixture(scope="module")
 def act(control_plane: ControlPlane) -> Iterator[Actuator]:
     c = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
-    a = Actuator(c, NodeRegistry(), ActuatorConfig(identity="constraints", batch_wait_s=0.1,
+    a = build_actuator(c, NodeRegistry(), ActuatorConfig(identity="constraints", batch_wait_s=0.1,
                                                    retry_unschedulable_s=2.0))
     a.start()
     assert a.wait_synced(30)

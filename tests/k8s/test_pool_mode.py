@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from cloud_core.errors import KubeNotFound
-from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+from cloud_core.k8s.actuator import ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.pools import PoolController, edge_application, yurt_app_set
 from cloud_core.k8s.registry import NodeRegistry
+from cloud_core.k8s.wiring import build_actuator
 from tests.k8s.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ def pool_deployment(ns: str, name: str, replicas: int, flavour: str,
 def pool_controller(client: KubeClient, identity: str, **actuator_kw: Any
                     ) -> Iterator[PoolController]:
     """An actuator with its caches synced and a pool controller on it (resync 1 s)."""
-    act = Actuator(client, NodeRegistry(), ActuatorConfig(identity=identity), **actuator_kw)
+    act = build_actuator(client, NodeRegistry(), ActuatorConfig(identity=identity), **actuator_kw)
     act.start()
     try:
         assert act.wait_synced(30)

@@ -32,7 +32,7 @@ import pytest
 from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.registry import AGENT_ID, NodeRegistry
-from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
+from cloud_core.k8s.wiring import KubeSettings, build_actuator, start_kubernetes
 from cloud_core.placement import ClusterSnapshot, ReplanConfig, parse_pod, validate
 from cloud_core.service import CoreConfig, CoreService
 from tests.integration.helpers import FakeAgent, settings
@@ -77,7 +77,7 @@ def validator_clean(admin: KubeClient, pods: list[dict[str, Any]]) -> list[Any]:
 
 @pytest.fixture
 def actuator(admin: KubeClient, cluster: Cluster) -> Iterator[Actuator]:
-    act = Actuator(admin, NodeRegistry(), ActuatorConfig(identity="test-workloads"))
+    act = build_actuator(admin, NodeRegistry(), ActuatorConfig(identity="test-workloads"))
     act.start()
     assert act.wait_synced(30)
     yield act

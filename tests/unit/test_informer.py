@@ -102,7 +102,7 @@ def test_without_prime_ready_comes_with_the_whole_list() -> None:
 def test_tune_gc_raises_the_young_threshold() -> None:
     import gc
 
-    from cloud_core.k8s.actuator import _GC_TUNED, tune_gc
+    from cloud_core.k8s.gc_tuning import GC_TUNED, tune_gc
 
     before = gc.get_threshold()
     try:
@@ -111,7 +111,7 @@ def test_tune_gc_raises_the_young_threshold() -> None:
         assert gc.get_threshold() == (20_000, 20, 20)
     finally:
         gc.set_threshold(*before)
-        _GC_TUNED.clear()
+        GC_TUNED.clear()
 
 
 def test_listed_pages_are_frozen_out_of_the_collector_only_in_a_tuned_process() -> None:
@@ -120,7 +120,7 @@ def test_listed_pages_are_frozen_out_of_the_collector_only_in_a_tuned_process() 
     never in a library caller's process."""
     import gc
 
-    from cloud_core.k8s import actuator
+    from cloud_core.k8s import gc_tuning
 
     calls: list[int] = []
     fake = FakeClient([pod("b", node="n1")], [[pod("p1")], [pod("p2")]])
@@ -137,65 +137,112 @@ def test_listed_pages_are_frozen_out_of_the_collector_only_in_a_tuned_process() 
 
     before = gc.get_threshold()
     gc.unfreeze()
-    actuator._GC_TUNED.clear()
+    gc_tuning.GC_TUNED.clear()
     try:
-        actuator.settle_listed()
+        gc_tuning.settle_listed()
         assert gc.get_freeze_count() == 0  # not tuned: the heap is the caller's
-        actuator.tune_gc()
-        actuator.settle_listed()
+        gc_tuning.tune_gc()
+        gc_tuning.settle_listed()
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
-        actuator._GC_TUNED.clear()
+        gc_tuning.GC_TUNED.clear()
         gc.set_threshold(*before)
 
 
-def test_a_burst_still_binding_counts_as_a_backlog() -> None:
-    """More bindings queued than the binding workers take at once: the observation says
-    backlog (a due re-plan waits for them); at most that many in flight: no backlog. The
-    client is never called here (no reflector started): the Actuator is built over None."""
-    from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+class HeldBindings:
+    """A fake of the API client's ``bind_pod`` (the binder's one I/O edge here): each
+    binding waits until ``release`` lets one through."""
 
-    act = Actuator(None, config=ActuatorConfig(bind_workers=4))  # type: ignore[arg-type]
+    def __init__(self) -> None:
+        self.gate = threading.Semaphore(0)
+
+    def bind_pod(self, ns: str, name: str, uid: str, node: str) -> None:
+        assert self.gate.acquire(timeout=10)
+
+    def record_event(self, *a: Any, **kw: Any) -> None:
+        pass
+
+
+def start_bindings(act: Any, n: int) -> list[threading.Thread]:
+    """``n`` bindings in flight through the actuator's binder (held by HeldBindings)."""
+    from cloud_core.placement.model import Resources, Workload
+
+    threads = []
+    for i in range(n):
+        p = {"metadata": {"name": f"b{i}", "namespace": "ns", "uid": f"ub{i}"}}
+        w = Workload(uid=f"ub{i}", name=f"b{i}", requests=Resources())
+        t = threading.Thread(target=act.binder.bind, args=(p, "n1", w))
+        t.start()
+        threads.append(t)
+    return threads
+
+
+def in_flight(act: Any, n: int) -> bool:
+    import time
+
+    until = time.monotonic() + 5
+    while act.binder.in_flight() != n and time.monotonic() < until:
+        time.sleep(0.01)
+    return bool(act.binder.in_flight() == n)
+
+
+def test_a_burst_still_binding_counts_as_a_backlog() -> None:
+    """More bindings in flight than the binding workers take at once: the observation says
+    backlog (a due re-plan waits for them); at most that many in flight: no backlog. No
+    reflector is started: the client only takes the bindings."""
+    from cloud_core.k8s.config import ActuatorConfig
+    from cloud_core.k8s.wiring import build_actuator
+
+    client = HeldBindings()
+    act = build_actuator(client, config=ActuatorConfig(bind_workers=4))  # type: ignore[arg-type]
+    threads = start_bindings(act, 5)
     try:
         act.pods.synced.set()
-        assert act.observe().backlog is False
-        act._binding = 5
+        assert in_flight(act, 5)
         assert act.observe().backlog is True
-        act._binding = 4
+        client.gate.release()
+        assert in_flight(act, 4)
         assert act.observe().backlog is False
     finally:
-        act._pool.shutdown()
+        for _ in threads:
+            client.gate.release()
+        for t in threads:
+            t.join(5)
+        act.stop()
+    assert act.stats.bound == 5
 
 
 def test_the_cp_sat_warm_up_waits_while_a_burst_is_under_way() -> None:
     """``Actuator.busy`` (what the background CP-SAT import waits on, wiring.py): the pods'
     first list still coming, a pod to try now, a batch being decided, or a binding in flight;
-    none of them: a lull.
-    Built over None as above (no reflector started)."""
+    none of them: a lull. Built as above (no reflector started)."""
     import time
 
-    from cloud_core.k8s.actuator import Actuator
+    from cloud_core.k8s.wiring import build_actuator
 
-    act = Actuator(None)  # type: ignore[arg-type]
+    client = HeldBindings()
+    act = build_actuator(client)  # type: ignore[arg-type]
+    pending = act.parts.pending
     try:
         assert act.busy()  # the pods' list is not in yet
         act.pods.synced.set()
         assert not act.busy()
-        act._binding = 1
+        (t,) = start_bindings(act, 1)
+        assert in_flight(act, 1) and act.busy()
+        client.gate.release()
+        t.join(5)
+        assert not act.busy()
+        p = {"metadata": {"name": "p", "namespace": "ns", "uid": "up"},
+             "spec": {"schedulerName": "cfnet-scheduler"}}
+        pending.arrived("ns/p", p, None, time.monotonic())
         assert act.busy()
-        act._binding = 0
-        with act._lock:
-            act.queue.add("ns/p", "ns", 0, time.monotonic())
-        assert act.busy()
-        with act._lock:
-            assert act.queue.pop_batch(10, time.monotonic()) == ["ns/p"]
+        assert pending.pop(10, time.monotonic(), None, lambda k: False) == [p]
         assert act.busy()  # taken by a step, being decided: not a lull either
-        with act._lock:
-            act.queue.remove("ns/p")
+        pending.left("ns/p")
         assert not act.busy()
     finally:
-        act._pool.shutdown()
+        act.stop()
 
 
 def test_a_closed_page_gate_holds_the_full_lists_pages() -> None:

@@ -42,7 +42,7 @@ def test_a_cfnet_label_typo_is_named(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_node_writable_labels_decide_nothing() -> None:
-    """Issue 26, weakness 9: a kubelet may set any label outside NodeRestriction's
+    """A kubelet may set any label outside NodeRestriction's
     ``node-restriction.kubernetes.io/`` on its own Node. The older keys and the topology
     region are read for no security fact; the node is named, once, through ``on_problems``
     (the core's Warning event). The same against a real API server with a kubelet identity:
@@ -95,7 +95,7 @@ def test_edge_taint_setting_is_checked() -> None:
 
 
 class FakeEventClient:
-    """A fake of the API client's event call (the one I/O edge of ``Actuator._alert``); the
+    """A fake of the API client's event call (the one I/O edge of ``Moves.alert``); the
     same path against a real API server: tests/k8s/test_actuator.py's label-change test."""
 
     def __init__(self) -> None:
@@ -110,15 +110,14 @@ def test_a_constraint_alert_reaches_the_core_events_in_words() -> None:
     """wiring read a ``message`` key the actuator's alert lacked: the event was a dict's
     repr."""
     from cloud_core.events import EventLog
-    from cloud_core.k8s.actuator import Actuator
     from cloud_core.k8s.registry import LabelChange
-    from cloud_core.k8s.wiring import alert_to_event
+    from cloud_core.k8s.wiring import alert_to_event, build_actuator
 
     events = EventLog()
     client = FakeEventClient()
-    act = Actuator(client, on_alert=alert_to_event(events))  # type: ignore[arg-type]
+    act = build_actuator(client, on_alert=alert_to_event(events))  # type: ignore[arg-type]
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}}
-    act._alert(pod, "n1", ["residency: region eu not allowed"],
+    act.moves.alert(pod, "n1", ["residency: region eu not allowed"],
                [LabelChange("n1", "topology.kubernetes.io/region", "us", "eu")])
     (ev,) = events.recent(kind="alert")
     assert ev.message == client.events[0]

@@ -69,7 +69,7 @@ def test_a_page_that_does_not_fit_reads_as_the_generic_decoder_reads_it(body: An
 
 def test_wrong_leaf_types_pass_through_for_the_readers_to_refuse() -> None:
     # labels a list, phase a number, spec a string: typed Any, so exactly as before; the
-    # spec parser and podcache check them where they read them
+    # spec parser and the pod handler check them where they read them
     o = {"metadata": {"name": "p", "labels": ["a"], "uid": 5}, "spec": "x",
          "status": {"phase": 3, "conditions": 1}}
     data = _encode({"items": [o]})

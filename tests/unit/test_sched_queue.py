@@ -137,11 +137,12 @@ class FakeKubeClient:
 
 
 def test_actuator_backlog_plus_deletions_leaves_the_canary_first() -> None:
-    from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+    from cloud_core.k8s.config import ActuatorConfig
     from cloud_core.k8s.registry import NodeRegistry
+    from cloud_core.k8s.wiring import build_actuator
 
     fake = FakeKubeClient()
-    act = Actuator(fake, NodeRegistry(),  # type: ignore[arg-type]
+    act = build_actuator(fake, NodeRegistry(),  # type: ignore[arg-type]
                    ActuatorConfig(batch_wait_s=0.0, max_batch=50, first_batch=50))
     rv = [0]
 
@@ -157,28 +158,28 @@ def test_actuator_backlog_plus_deletions_leaves_the_canary_first() -> None:
                 "spec": spec, "status": {"phase": "Pending"}}
 
     try:
-        act._on_node("ADDED", {
+        act.handlers.on_node("ADDED", {
             "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/region": "eu"}},
             "spec": {}, "status": {"allocatable": {"cpu": "8", "memory": "8Gi"},
                                    "conditions": [{"type": "Ready", "status": "True"}]}}, None)
         for i in range(120):  # distinct, fit no node; more than a batch
-            act._on_pod("ADDED", pod("noisy", f"big-{i}", str(100 + i)), None)
+            act.handlers.on_pod("ADDED", pod("noisy", f"big-{i}", str(100 + i)), None)
         busy = [pod("noisy", f"busy-{i}", "10m", "n1") for i in range(10)]
         for b in busy:
-            act._on_pod("ADDED", b, None)
+            act.handlers.on_pod("ADDED", b, None)
         for _ in range(3):
             act.schedule_once()
         assert act.stats.failed_scheduling == 120
-        act._on_pod("ADDED", pod("canary", "c0", "100m"), None)
+        act.handlers.on_pod("ADDED", pod("canary", "c0", "100m"), None)
         for k in range(30):  # deletions that free 10m: no help to any backlog pod
-            act._on_pod("DELETED", busy.pop(0), None)
+            act.handlers.on_pod("DELETED", busy.pop(0), None)
             busy.append(pod("noisy", f"busy-x{k}", "10m", "n1"))
-            act._on_pod("ADDED", busy[-1], None)
+            act.handlers.on_pod("ADDED", busy[-1], None)
         popped = act.queue.stats.popped
         act.schedule_once()
         assert act.queue.stats.popped - popped == 1  # the canary alone
     finally:
-        act._pool.shutdown(wait=True)
+        act.stop()
     assert ("canary", "c0", "n1") in fake.bound
 
 
@@ -202,37 +203,38 @@ def test_the_pods_list_is_held_while_the_first_batch_is_decided() -> None:
     """The actuator closes its pod list's page gate (informer.Reflector(page_gate=)) while
     its first batch is decided, and opens it once that batch's bindings are submitted;
     later batches do not close it."""
-    from cloud_core.k8s.actuator import Actuator, ActuatorConfig
+    from cloud_core.k8s.config import ActuatorConfig
     from cloud_core.k8s.registry import NodeRegistry
+    from cloud_core.k8s.wiring import build_actuator
 
     fake = FakeKubeClient()
-    act = Actuator(fake, NodeRegistry(),  # type: ignore[arg-type]
+    act = build_actuator(fake, NodeRegistry(),  # type: ignore[arg-type]
                    ActuatorConfig(batch_wait_s=0.0, max_batch=5, first_batch=2))
-    assert act.pods.page_gate is act._pages_go and act._pages_go.is_set()
+    assert act.pods.page_gate is act.pages_go and act.pages_go.is_set()
     seen: list[bool] = []
     place = act.loop.place
 
     def placing(obs):  # type: ignore[no-untyped-def]
-        seen.append(act._pages_go.is_set())
+        seen.append(act.pages_go.is_set())
         return place(obs)
 
     act.loop.place = placing  # type: ignore[method-assign]
     try:
-        act._on_node("ADDED", {
+        act.handlers.on_node("ADDED", {
             "metadata": {"name": "n1"}, "spec": {},
             "status": {"allocatable": {"cpu": "8", "memory": "8Gi", "pods": "110"},
                        "conditions": [{"type": "Ready", "status": "True"}]}}, None)
         for i in range(6):
-            act._on_pod("ADDED", {
+            act.handlers.on_pod("ADDED", {
                 "metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}",
                              "resourceVersion": str(i + 1)},
                 "spec": {"schedulerName": "cfnet-scheduler",
                          "containers": [{"name": "c", "image": "x"}]},
                 "status": {"phase": "Pending"}}, None)
         act.schedule_once()
-        assert act._pages_go.is_set()  # open again once the first batch is out
+        assert act.pages_go.is_set()  # open again once the first batch is out
         act.schedule_once()
     finally:
-        act._pool.shutdown(wait=True)
+        act.stop()
     assert seen == [False, True]
     assert len(fake.bound) == 2 + 4
