@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .budget import Budget
 from .classes import ClassSpec, capacity_per_node, objective
 from .config import EngineConfig
 
@@ -143,24 +144,28 @@ def _anti_affinity(m: cp_model.CpModel, classes: Sequence[ClassSpec],
 
 def cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
           icost: list[np.ndarray], penalty: int, hint: list[list[int]], cfg: EngineConfig,
-          det_time: float | None = None, wall_cap_hits: list[int] | None = None,
+          det_time: float | None = None, budget: Budget | None = None,
           count_only: bool = False, presolve: bool = True
           ) -> tuple[list[list[int]], int, str] | None:
     """Solve ``class_model`` from ``hint`` within ``det_time`` (default
-    ``cpsat_deterministic_time``): (placement, objective, "optimal" or "feasible"), None
-    when CP-SAT found nothing. A wall-clock cap that is hit is counted in
-    ``wall_cap_hits``."""
+    ``cpsat_deterministic_time``) and what is left of ``budget``: (placement, objective,
+    "optimal" or "feasible"), None when CP-SAT found nothing. The work it took and a
+    wall-clock stop are charged to ``budget``."""
     from ortools.sat.python import cp_model
 
-    if wall_cap_hits is None:
-        wall_cap_hits = [0]
+    if budget is None:
+        budget = Budget()
+    det, wall, by_deadline = budget.limits(
+        det_time if det_time is not None else cfg.cpsat_deterministic_time,
+        cfg.cpsat_wall_cap_s)
     cm = class_model(classes, free, domains, icost, penalty, hint, count_only)
-    s = cp_solver(cfg, det_time if det_time is not None else cfg.cpsat_deterministic_time)
+    s = cp_solver(cfg, det)
+    s.parameters.max_time_in_seconds = wall
     # small neighbourhoods: presolve costs more than it saves (measured: 10 ms vs 45 ms)
     s.parameters.cp_model_presolve = presolve
     st = s.solve(cm.model)
-    if s.wall_time >= s.parameters.max_time_in_seconds * 0.98:
-        wall_cap_hits[0] += 1
+    budget.charge(s.response_proto.deterministic_time,
+                  s.wall_time >= s.parameters.max_time_in_seconds * 0.98, by_deadline)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     got = cm.placement(s, len(classes))

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .budget import Budget
 from .classes import ClassSpec
 from .config import EngineConfig
 from .cpsat import cpsat
@@ -19,18 +20,20 @@ from .packing import Pack
 
 
 def lns(pa: Pack, free: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
-        cfg: EngineConfig, wall_cap_hits: list[int]) -> int:
+        cfg: EngineConfig, budget: Budget) -> int:
     """Large neighbourhood search for count: take a left-out pod, the ``lns_near`` nodes
     it may use that are closest to fitting it, and ``lns_slack`` nodes with the most
     room among those the pods already there may move to; every pod on them and the
     left-out pods that could go there are re-placed exactly by CP-SAT (most pods, then
     least cost), kept only when strictly better. A pod that fails ``lns_tries`` times is
-    given up. Seeded and bounded by counts, never by the clock: deterministic."""
+    given up. Seeded and bounded by counts and the step's ``budget``."""
     classes = pa.classes
     rng = random.Random(cfg.cpsat_seed)
     solved = 0
     fails: dict[int, int] = {}
     for _ in range(cfg.lns_iterations):
+        if not budget.open():
+            break
         out = [ci for ci, c in enumerate(classes)
                if len(pa.got[ci]) < c.count and c.gang is None
                and fails.get(ci, 0) < cfg.lns_tries]
@@ -63,7 +66,7 @@ def lns(pa: Pack, free: np.ndarray, domains: Mapping[str, np.ndarray], penalty: 
             det = cfg.lns_gpu_deterministic_time
         before = len(pa.got[ci0])
         _solve_sub(pa, np.array(sorted(pick), dtype=np.int64), domains, penalty, cfg,
-                        wall_cap_hits, det_time=det)
+                   budget, det_time=det)
         solved += 1
         if len(pa.got[ci0]) == before:
             fails[ci0] = fails.get(ci0, 0) + 1
@@ -100,7 +103,7 @@ def _gpu_ring(pa: Pack, pick: list[int], may: np.ndarray, cfg: EngineConfig,
 
 
 def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
-             wall_cap_hits: list[int]) -> int:
+             budget: Budget) -> int:
     """Cost among the pods that fit: for the pods that pay most above their cheapest
     allowed node (largest regret first), a neighbourhood of their node, their
     ``lns_near`` cheapest allowed nodes and the ``cost_lns_slack`` nodes with the most
@@ -108,7 +111,7 @@ def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: Eng
     only if its pods move on), re-placed by CP-SAT with the full objective (count
     first, then cost), ``cost_lns_deterministic_time`` each -- never fewer pods. Up to
     ``cost_lns_passes`` passes (regrets recomputed), while a pass lowers the cost;
-    ``cost_lns_iterations`` neighbourhoods in all."""
+    ``cost_lns_iterations`` neighbourhoods in all, within the step's ``budget``."""
     classes = pa.classes
     done = 0
     for _pass in range(max(cfg.cost_lns_passes, 1)):
@@ -128,7 +131,7 @@ def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: Eng
         seen: set[int] = set()
         start = done
         for _, ci, n in regret:
-            if done >= cfg.cost_lns_iterations:
+            if done >= cfg.cost_lns_iterations or not budget.open():
                 break
             if n in seen or n not in pa.got[ci]:
                 continue
@@ -140,12 +143,13 @@ def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: Eng
                 pick.update(_roomy(pa, sorted(pick), cfg.cost_lns_slack))
             seen.update(pick)
             _solve_sub(pa, np.array(sorted(pick), dtype=np.int64), domains, penalty,
-                            cfg, wall_cap_hits, count_only=False,
-                            det_time=cfg.cost_lns_deterministic_time)
+                       cfg, budget, count_only=False,
+                       det_time=cfg.cost_lns_deterministic_time)
             done += 1
         after = sum(int(pa.icost[ci][np.asarray(g)].sum())
                     for ci, g in enumerate(pa.got) if g and classes[ci].gang is None)
-        if done == start or after >= total or done >= cfg.cost_lns_iterations:
+        if (done == start or after >= total or done >= cfg.cost_lns_iterations
+                or not budget.open()):
             break
     return done
 
@@ -176,8 +180,10 @@ def _roomy(pa: Pack, nodes: list[int], k: int) -> list[int]:
 
 
 def _solve_sub(pa: Pack, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
-               cfg: EngineConfig, wall_cap_hits: list[int], count_only: bool = True,
+               cfg: EngineConfig, budget: Budget, count_only: bool = True,
                det_time: float | None = None) -> None:
+    """Re-place every pod on ``nodes`` and left-out pods that may go there by CP-SAT; kept
+    only when strictly better (count first, then cost, or count alone)."""
     classes = pa.classes
     removed: list[tuple[int, int]] = [(cj, int(n)) for n in nodes.tolist()
                                       for cj in pa.on[n]
@@ -210,9 +216,8 @@ def _solve_sub(pa: Pack, nodes: np.ndarray, domains: Mapping[str, np.ndarray], p
     sub_dom = {k: domains[k][nodes] for k in domains}
     sub_cost = [pa.icost[ci][nodes] for ci in members]
     res = cpsat(sub, sub_free, sub_dom, sub_cost, penalty, hint, cfg,
-                 det_time=det_time or cfg.lns_deterministic_time,
-                 wall_cap_hits=wall_cap_hits,
-                 count_only=count_only, presolve=False)
+                det_time=det_time or cfg.lns_deterministic_time, budget=budget,
+                count_only=count_only, presolve=False)
     pa.work += 1
     better = res is not None and res[1] < before
     new = res[0] if better and res is not None else hint

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .budget import Budget
 from .classes import (
     ClassSpec,
     Packer,
@@ -92,7 +93,7 @@ def _arcs(classes: Sequence[ClassSpec], free: np.ndarray) -> int:
 
 def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
                 domains: Mapping[str, np.ndarray], icost: list[np.ndarray], penalty: int,
-                cfg: EngineConfig, stats: dict[str, float], wall_cap_hits: list[int]
+                cfg: EngineConfig, stats: dict[str, float], budget: Budget
                 ) -> list[list[int]]:
     """Count first: rigid-and-large-first tightest-fit packing with demand look-ahead,
     ejection repair, CP-SAT neighbourhoods for what is still out, then cheaper moves."""
@@ -110,10 +111,10 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
             break
     assert pa is not None
     if cfg.use_cpsat and placeable(classes, free, pa.got):
-        stats["lns_solved"] = float(lns(pa, free, domains, penalty, cfg, wall_cap_hits))
+        stats["lns_solved"] = float(lns(pa, free, domains, penalty, cfg, budget))
     if cfg.use_cpsat and cfg.cost_lns_iterations and (
             sum(c.count for c in classes) <= cfg.pack_flow_max_pods):
-        stats["cost_lns_solved"] = float(cost_lns(pa, domains, penalty, cfg, wall_cap_hits))
+        stats["cost_lns_solved"] = float(cost_lns(pa, domains, penalty, cfg, budget))
     got = finish(classes, free, domains, [list(g) for g in pa.got])
     stats["pack_work"] = float(pa.work)
     return improve_cost(classes, free, domains, icost, penalty, got, cfg, stats)
@@ -136,10 +137,10 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
     if len(classes) == 1 and classes[0].count == 1:
         return SolveOutput(_single(classes, free, domains), "single", stats)
     icost, penalty = integer_costs(classes, cfg.cost_scale)
-    hits = [0]
     total = sum(c.count for c in classes)
+    budget = Budget.for_batch(cfg, total)
     if cfg.pack and _tight(classes, free, cfg):
-        got = _pack_route(classes, free, domains, icost, penalty, cfg, stats, hits)
+        got = _pack_route(classes, free, domains, icost, penalty, cfg, stats, budget)
         best_obj = objective(classes, icost, penalty, got)
         method = "pack"
         arcs_total: int | None = None  # counted only if the CP-SAT polish may run
@@ -165,18 +166,26 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
                 for ci, nodes in enumerate(got):
                     for n in nodes:
                         pa.put(ci, n)
-                stats["cost_lns_solved"] = float(cost_lns(pa, domains, penalty, cfg, hits))
+                stats["cost_lns_solved"] = float(cost_lns(pa, domains, penalty, cfg, budget))
                 got = [list(g) for g in pa.got]
             got = improve_cost(classes, free, domains, icost, penalty, got, cfg, stats)
             best_obj = objective(classes, icost, penalty, got)
-    if (cfg.use_cpsat and cfg.cpsat_polish and _coupled(classes)
+    # the whole-batch polish: always with cpsat_polish (local mode), else (the Kubernetes
+    # path) for small batches that left out pods some allowed node could hold, with less
+    # work and kept only when strictly better (a batch that placed everything never
+    # imports CP-SAT here: the time to a scheduler's first binding)
+    small = (not cfg.cpsat_polish and total <= cfg.small_polish_max_pods
+             and placeable(classes, free, got) > 0)
+    if (cfg.use_cpsat and (cfg.cpsat_polish or small) and _coupled(classes) and budget.open()
             and (_arcs(classes, free) if arcs_total is None else arcs_total)
             <= cfg.cpsat_max_arcs):
-        res = cpsat(classes, free, domains, icost, penalty, got, cfg, wall_cap_hits=hits)
+        det = cfg.small_polish_deterministic_time if small else cfg.cpsat_deterministic_time
+        res = cpsat(classes, free, domains, icost, penalty, got, cfg, det_time=det,
+                    budget=budget)
         if res is not None:
             got2, obj2, status = res
             stats["cpsat_objective"] = float(obj2)
-            if obj2 <= best_obj:
+            if obj2 < best_obj or (obj2 == best_obj and not small):
                 # an answer stopped by the work limit may leave room: fill it (no gangs)
                 pk2 = replay(classes, free, domains, got2)
                 fill(pk2, got2, skip_gangs=True)
@@ -193,7 +202,11 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
         if sum(map(len, got)) > before:
             stats["refilled"] = float(sum(map(len, got)) - before)
             best_obj = objective(classes, icost, penalty, got)
-    if hits[0]:
-        stats["cpsat_wall_cap_hits"] = float(hits[0])
+    if budget.wall_cap_hits:
+        stats["cpsat_wall_cap_hits"] = float(budget.wall_cap_hits)
+    if budget.deadline_hits:
+        stats["budget_deadline_hits"] = float(budget.deadline_hits)
+    if budget.spent:
+        stats["cpsat_work"] = budget.spent
     stats["objective"] = float(best_obj)
     return SolveOutput(got, method, stats)
