@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import time
 import tomllib
 import urllib.error
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster import faults
 from tests.cluster.conftest import RealCluster
@@ -709,9 +712,21 @@ def test_node_services_restart_and_everything_returns(release: Release) -> None:
     cert = rc.node.dir / "cfnet-agent-state" / "identity" / "client.crt"
     before = (cert.read_bytes(), _agent_csrs(rc))
     agent0 = _agent_metrics(rc)
+    def containers() -> dict[str, str]:
+        return {p["metadata"]["name"]: str(c.get("containerID"))
+                for p in _pods(rc, NS, "app.kubernetes.io/instance=cfnet")
+                for c in (p.get("status") or {}).get("containerStatuses") or []}
+
+    old = containers()
     t0 = time.monotonic()
     node_ready = rc.node.restart_services()
-    release.wait(release.all_ready, 300, "every pod of the release back, Running and Ready")
+
+    def returned() -> bool:
+        now = containers()  # every container a new one (the API may still show the old Ready)
+        return bool(now) and not set(now.items()) & set(old.items()) and bool(
+            release.all_ready())
+
+    release.wait(returned, 300, "every pod of the release back in new containers, Ready")
     back = time.monotonic() - t0
     release.wait(release.one_leader, 90, "one leading core")
 
@@ -724,6 +739,115 @@ def test_node_services_restart_and_everything_returns(release: Release) -> None:
     assert (cert.read_bytes(), _agent_csrs(rc)) == before  # the same identity, no new CSR
     print(f"[faults] kubelet and containerd restarted: node Ready {node_ready:.1f} s, every "
           f"pod Ready {back:.1f} s after the stop", file=sys.__stderr__, flush=True)
+
+
+def _scrape_targets(rc: RealCluster, d: Path) -> None:
+    """The release's pods with a ``metrics`` port, as Kubernetes service discovery's role
+    ``pod`` lists them (address, job = app.kubernetes.io/name, namespace, pod), into the
+    file Prometheus reads: Debian's prometheus 2.42 is built without Kubernetes service
+    discovery, so the API server's pod list is read here instead."""
+    groups = []
+    for p in _get(rc, f"/api/v1/namespaces/{NS}/pods")["items"]:
+        ip = (p.get("status") or {}).get("podIP")
+        name = (p["metadata"].get("labels") or {}).get("app.kubernetes.io/name", "")
+        if not ip or name not in ("cfnet-core", "cfnet-agent"):
+            continue
+        for c in p["spec"]["containers"]:
+            for port in c.get("ports") or []:
+                if port.get("name") == "metrics":
+                    groups.append({"targets": [f"{ip}:{port['containerPort']}"],
+                                   "labels": {"job": name, "namespace": NS,
+                                              "pod": p["metadata"]["name"]}})
+    tmp = d / "targets.json.tmp"
+    tmp.write_text(json.dumps(groups))
+    tmp.replace(d / "targets.json")
+
+
+def _prometheus_config(rc: RealCluster, d: Path) -> Path:
+    """A Prometheus configuration: cfnet's rules (CfnetAgentStale's ``for`` cut to 10 s, so
+    the test waits 40 s, not 90 s) and one scrape job over the release's pods' ``metrics``
+    ports (both cores and the agent on the node's host network, :func:`_scrape_targets`),
+    every 2 s."""
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "cfnet-rules.yaml").read_text())
+    for rule in rules["groups"][0]["rules"]:
+        if rule["alert"] == "CfnetAgentStale":
+            rule["for"] = "10s"
+    (d / "rules.yaml").write_text(yaml.safe_dump(rules))
+    _scrape_targets(rc, d)
+    cfg = {"global": {"scrape_interval": "2s", "evaluation_interval": "2s",
+                      "scrape_timeout": "2s"},
+           "rule_files": [str(d / "rules.yaml")],
+           "scrape_configs": [{"job_name": "cfnet", "file_sd_configs": [
+               {"files": [str(d / "targets.json")], "refresh_interval": "2s"}]}]}
+    (d / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    return d / "prometheus.yml"
+
+
+def test_prometheus_scrapes_cfnet_and_the_agent_stale_alert_fires(
+        release: Release, tmp_path: Path) -> None:
+    """Debian's Prometheus in the node's network namespace, scraping the core replicas and the
+    agent found in the API server's pod list: all three scraped (up 1), one leader
+    (sum of cfnet_leader), the agent's loader core; then the agent stopped (its DaemonSet
+    moved off the node): CfnetAgentStale fires; the agent returns."""
+    rc = release.rc
+    exe = shutil.which("prometheus")
+    assert exe, "prometheus not found: tools/setup.sh installs Debian's prometheus package"
+    cfg = _prometheus_config(rc, tmp_path)
+    port = 19090
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{rc.node.ns}", exe,
+                             f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=log, stderr=log)
+    log.close()
+    ds_path = f"/apis/apps/v1/namespaces/{NS}/daemonsets/cfnet-agent"
+    moved = False
+
+    def query(q: str) -> list[dict[str, Any]]:
+        code, body = _http(rc, f"http://127.0.0.1:{port}/api/v1/query?query="
+                               + urllib.parse.quote(q))
+        return list(json.loads(body)["data"]["result"]) if code == 200 else []
+
+    def story() -> str:
+        return f"--- prometheus log\n{(tmp_path / 'prometheus.log').read_text()[-2000:]}"
+
+    try:
+        def scraped() -> list[str] | None:
+            up = query('up{namespace="cfnet-system"} == 1')
+            jobs = sorted(r["metric"]["job"] for r in up)
+            return jobs if jobs == ["cfnet-agent", "cfnet-core", "cfnet-core"] else None
+
+        release.wait(scraped, 90, "Prometheus scraping 2 cores and the agent", story=story)
+        release.wait(lambda: [r for r in query("sum(cfnet_leader)") if r["value"][1] == "1"],
+                     30, "sum(cfnet_leader) == 1 in Prometheus", story=story)
+        assert query('cfnet_agent_loader{loader="core"} == 1'), story()
+        ds = _get(rc, ds_path)
+        ds["spec"]["template"]["spec"]["nodeSelector"] = {"cfnet-test/stopped": "yes"}
+        rc.cp.request("PUT", ds_path, ds)
+        moved = True
+        release.wait(lambda: not _pods(rc, NS, "app.kubernetes.io/name=cfnet-agent"), 90,
+                     "the agent stopped")
+        t0 = time.monotonic()
+
+        def firing() -> list[dict[str, Any]] | None:
+            code, body = _http(rc, f"http://127.0.0.1:{port}/api/v1/alerts")
+            alerts = json.loads(body)["data"]["alerts"] if code == 200 else []
+            return [a for a in alerts if a["labels"]["alertname"] == "CfnetAgentStale"
+                    and a["state"] == "firing"] or None
+
+        (alert,) = release.wait(firing, 120, "CfnetAgentStale firing", story=story)
+        assert alert["labels"]["namespace"] == NS and alert["labels"]["severity"] == "warning"
+        print(f"[prometheus] CfnetAgentStale firing {time.monotonic() - t0:.1f} s after the "
+              "agent stopped", file=sys.__stderr__, flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if moved:
+            ds = _get(rc, ds_path)
+            ds["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
+            rc.cp.request("PUT", ds_path, ds)
+    release.wait(lambda: (p := _pods(rc, NS, "app.kubernetes.io/name=cfnet-agent"))
+                 and _ready(p[0]), 120, "the agent back, Ready")
 
 
 def test_upgrade_takes_effect_and_uninstall_leaves_nothing(release: Release) -> None:
