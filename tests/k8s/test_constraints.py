@@ -33,8 +33,8 @@ HOST = "kubernetes.io/hostname"
 @pytest.fixture(scope="module")
 def act(control_plane: ControlPlane) -> Iterator[Actuator]:
     c = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
-    a = build_actuator(c, NodeRegistry(), ActuatorConfig(identity="constraints", batch_wait_s=0.1,
-                                                   retry_unschedulable_s=2.0))
+    a = build_actuator(c, NodeRegistry(), ActuatorConfig(identity="constraints",
+                                                         retry_unschedulable_s=2.0))
     a.start()
     assert a.wait_synced(30)
     yield a
