@@ -18,7 +18,7 @@ lint: setup
 	$(VENV)/bin/mypy edge_agent cloud_core tools
 
 bench: setup
-	$(PY) -m tools.bench_all --doc docs/scale.md --readme README.md
+	$(PY) -m tools.bench_all --results docs/benchmarks/results.md --readme README.md
 
 clean:
 	$(PY) -m tools.lab cleanup || true

@@ -138,7 +138,7 @@ static __always_inline int cf_addrs_from_tp(struct cf_addr *local, struct cf_add
  * sin6_addr at 8) inside its record, which is the program's context: the bytes are read
  * straight from it, loads at constant offsets (all a tracepoint context allows), where a
  * bpf_probe_read_kernel of the 28-byte sockaddr was a helper call per address per event
- * (issue 27: the in-kernel cost per segment).  0: not an inet family. */
+ * (the in-kernel cost per segment).  0: not an inet family. */
 /* One element each, with a constant index, so that CO-RE relocates each load's offset (a
  * loop would relocate the array's base into a register first: a modified context pointer,
  * which the verifier refuses). */

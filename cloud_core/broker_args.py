@@ -26,7 +26,7 @@ def add_broker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--bus", choices=BUSES, default=env("CFNET_BUS", "mosquitto"),
                    help="mosquitto (MQTT 5, the default) or nats (a NATS JetStream cluster's "
-                        "MQTT 3.1.1 listener; docs/scale.md)")
+                        "MQTT 3.1.1 listener; docs/nats.md)")
     p.add_argument("--broker-failover", default=env("CFNET_BROKER_FAILOVER", ""),
                    help="other host:port addresses of a clustered bus, comma-separated, "
                         "tried in turn when the connection drops")

@@ -19,7 +19,7 @@ the core's end-to-end ack, and it resends what no core acknowledged.
 This runs in the core's MQTT child process, on a thread with its own asyncio loop
 (nats-py, the NATS project's own Python client, is asyncio-only).
 
-**Edge sites' sources** (docs/scale.md, "Edge sites"): an edge site's leaf node keeps its
+**Edge sites' sources** (docs/nats.md, "Edge sites"): an edge site's leaf node keeps its
 agents' reports in its own stream while its uplink is down, and ``CFNET_INGEST`` *sources*
 that stream through the site's JetStream domain. nats-server re-creates a failed source
 consumer with a growing back-off (``calculateRetryBackoff`` in server/stream.go: 10 s more

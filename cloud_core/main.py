@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nats-sites", default=env("CFNET_NATS_SITES", ""),
                    help="with --bus nats and --share-group: edge sites (their leaf nodes' "
                         "JetStream domains, a,b,...) whose stream the core creates on the "
-                        "leaf and sources into its ingest stream (docs/scale.md)")
+                        "leaf and sources into its ingest stream (docs/nats.md)")
     p.add_argument("--step-interval", type=float, default=0.5)
     p.add_argument("--apply-interval", type=float, default=0.0,
                    help="pause between node applies (paces large roll-outs)")

@@ -117,6 +117,20 @@ class _Counters(Collector):
         yield fam
 
 
+class _Gauges(Collector):
+    """Gauges another part keeps (read at scrape time), one labelled family."""
+
+    def __init__(self, name: str, doc: str, label: str,
+                 read: Callable[[], dict[str, int]]) -> None:
+        self.name, self.doc, self.label, self.read = name, doc, label, read
+
+    def collect(self) -> Iterator[Any]:
+        fam = GaugeMetricFamily(self.name, self.doc, labels=[self.label])
+        for k, v in sorted(self.read().items()):
+            fam.add_metric([k], v)
+        yield fam
+
+
 class _Leader(Collector):
     """``cfnet_leader``: read at scrape time from the election (absent without one)."""
 
@@ -208,6 +222,11 @@ class CoreMetrics:
                      read: Callable[[], dict[str, int]]) -> None:
         """Export counters kept elsewhere (read when scraped, never copied)."""
         self.registry.register(_Counters(name, doc, label, read))
+
+    def add_gauges(self, name: str, doc: str, label: str,
+                   read: Callable[[], dict[str, int]]) -> None:
+        """Export gauges kept elsewhere (read when scraped, never copied)."""
+        self.registry.register(_Gauges(name, doc, label, read))
 
     def set_leader(self, read: Callable[[], bool]) -> None:
         """Export ``cfnet_leader`` from ``read`` (the Lease election's ``is_leader``)."""

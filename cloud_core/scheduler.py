@@ -41,6 +41,7 @@ from cloud_core.placement import (
     parse_pod,
     parse_workload_yaml,
 )
+from cloud_core.placement.relax import explain_extras
 from cloud_core.registry import Registry
 from cloud_core.snapshot import build_snapshot
 from cloud_core.state import ClusterState
@@ -247,6 +248,10 @@ class Scheduler:
             row = self.store.get(uid)
             if row is None:
                 raise CoreError(f"no workload {uid!r}")
-            ex = explain(self.snapshot(), self.workload(row), self.engine_config, node=row.node)
+            snap, w = self.snapshot(), self.workload(row)
+            ex = explain(snap, w, self.engine_config, node=row.node)
             return {"workload": uid, "state": row.state, "node": row.node, "reason": row.reason,
-                    "explanation": ex}
+                    "explanation": ex,
+                    # a pod on no node although nodes fit waits on capacity: no conflict
+                    **(explain_extras(snap, w, row.node, self.engine_config)
+                       if row.node or not ex.fit else {})}

@@ -49,6 +49,7 @@ def link_info(lk: LinkView, now: float) -> LinkInfo | None:
         loss=lk.loss,
         tx_bps=lk.tx_bps,
         age_s=max(0.0, now - lk.updated),
+        samples=lk.samples,
     )
 
 

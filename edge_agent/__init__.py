@@ -6,5 +6,5 @@ from edge_agent.lightimport import dataclasses_imports
 __version__ = "0.1.0"
 
 # Before the package's first dataclass: dataclasses without inspect (~0.7 MiB of the agent's
-# resident memory, issue 27; see edge_agent.lightimport).
+# resident memory; see edge_agent.lightimport).
 dataclasses_imports()

@@ -111,7 +111,7 @@ class ActiveProber:
         self._round_lock = threading.Lock()
 
     def due(self, peers: Sequence[str], now: float | None = None) -> list[str]:
-        """The peers this round would probe: not probed recently, oldest first, capped."""
+        """The peers a round started now would probe: not probed recently, oldest first, capped."""
         t = time.monotonic() if now is None else now
         ready = [p for p in dict.fromkeys(peers)
                  if t - self._last.get(p, float("-inf")) >= self.min_interval_s]

@@ -96,7 +96,7 @@ class Agent:
         # Re-sent on every (re)connect by the bus; the persistent session keeps acks
         # the core sent while we were away. Where a QoS 1 subscription is dear (NATS: a
         # JetStream consumer replicated on three servers, about 2 MiB and 4 ms of CPU a
-        # second per agent, docs/scale.md): QoS 0, and an ack sent while we were away is
+        # second per agent, docs/nats.md): QoS 0, and an ack sent while we were away is
         # made up by resending, which the core deduplicates.
         qos = 1 if self.mqtt.capabilities.cheap_qos1_subscriptions else 0
         self.mqtt.subscribe(ack_topic(node), qos=qos)

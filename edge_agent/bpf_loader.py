@@ -340,7 +340,7 @@ class PendingCore:
     libbpf's work (parsing the kernel's BTF, relocating) and the kernel's (verifying,
     attaching) run in C with the GIL released (ctypes releases it around each call), so
     they overlap the agent's own imports, buffer and broker connect instead of following
-    them: about a third of the CPU before the first report (issue 27).
+    them: about a third of the CPU before the first report.
     """
 
     loader = "core"

@@ -212,7 +212,7 @@ class BpfMap:
         ``BPF_MAP_LOOKUP_AND_DELETE_BATCH`` (hash maps, Linux 5.6+): one system call for up
         to 64 entries, each bucket's entries copied and deleted under its lock, where the
         walk below makes two per entry (get-next-key, lookup-and-delete) and builds a key
-        object for each (issue 27: the agent's CPU per report). A kernel without it gets
+        object for each (the agent's CPU per report). A kernel without it gets
         the walk, from then on."""
         if self._batch:
             try:

@@ -181,7 +181,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         """argparse's formatter, told the width: left to find it, argparse imports
         ``shutil`` on every ``add_argument``, and with it bz2, lzma and zlib (their modules
         and shared libraries), ~0.4 MiB of the long-lived agent's memory for a width only
-        ``--help`` uses (issue 27)."""
+        ``--help`` uses."""
 
         def __init__(self, prog: str) -> None:
             super().__init__(prog, width=max(_columns() - 2, 20))

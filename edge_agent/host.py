@@ -171,7 +171,7 @@ def _sysfs(name: str, attr: str) -> str | None:
     """``/sys/class/net/<name>/<attr>``, stripped, or None. ``os.open``/``os.read``: the
     sampler reads two of these per interface every report, and a text-mode ``open`` builds
     a buffered reader and a decoder and makes four more system calls (fstat, ioctl, lseek,
-    a second read) for a one-line attribute (issue 27: the agent's CPU per report)."""
+    a second read) for a one-line attribute (the agent's CPU per report)."""
     try:
         fd = os.open(f"/sys/class/net/{name}/{attr}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

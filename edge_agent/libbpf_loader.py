@@ -22,7 +22,7 @@ program descriptors are duplicated, each link is *disconnected* (``bpf_link__dis
 destroying it then frees libbpf's memory without detaching, and leaves its descriptors
 open: the BPF link's and, for a tracepoint, the perf event's it holds), the object is
 closed, and when no load is running and no object is kept libbpf itself is unloaded
-(``dlclose``: libbpf and libelf, ~0.4 MiB of the agent's resident memory, issue 27).
+(``dlclose``: libbpf and libelf, ~0.4 MiB of the agent's resident memory).
 Closing the handoff's descriptors then detaches, as with BCC's. The perf event's
 descriptor is read from libbpf's ``struct bpf_link_perf`` (``libbpf_internal.h``, the same
 from 1.0 to 1.7), checked against ``bpf_link__fd`` and the descriptor's kind; where a

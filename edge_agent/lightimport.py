@@ -1,14 +1,14 @@
 """Importing paho-mqtt and msgspec without the parts of them the agent never runs, and
 dropping what only its start-up needs (memory).
 
-Each module the long-lived agent imports stays resident for its life (issue 27). Two of
+Each module the long-lived agent imports stays resident for its life. Two of
 its libraries import, at their top, something only other users of theirs need:
 
 **paho-mqtt** 2.x imports ``urllib.request`` at its top for one thing: looking up an
 ``mqtt_proxy`` environment variable, which it does only when PySocks is installed
 (``socks`` importable). ``urllib.request`` brings ``http.client``, ``email``,
 ``tempfile``, ``shutil``, ``bz2`` and ``lzma`` along: ~2 MiB of the agent's resident
-memory (issue 27), for nothing when PySocks is absent (the agent does not depend on it).
+memory, for nothing when PySocks is absent (the agent does not depend on it).
 
 :func:`paho_imports` imports paho with a placeholder standing in for ``urllib.request``
 for the length of that import, and only when PySocks is absent and nothing imported

@@ -47,7 +47,7 @@ def start_loader_early(cfg: AgentConfig) -> Pending | None:
 def read_config(argv: list[str] | None) -> AgentConfig:
     """The configuration (:func:`edge_agent.config.load_config`); then what only parsing
     the command line needed (argparse) is dropped before the heavy imports, which reuse its
-    memory (issue 27, :func:`edge_agent.lightimport.forget`)."""
+    memory (:func:`edge_agent.lightimport.forget`)."""
     from edge_agent.config import PARSE_ONLY_MODULES
     from edge_agent.lightimport import forget
 
@@ -195,7 +195,7 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 def one_malloc_arena() -> bool:
-    """One glibc malloc arena for all the agent's threads (issue 27); True if set.
+    """One glibc malloc arena for all the agent's threads; True if set.
 
     glibc gives each thread that allocates an arena of its own (up to 8 per core), and
     each keeps its freed memory: 0.2-0.3 MiB of the agent's resident memory for its

@@ -6,21 +6,27 @@ machine: known benchmarks get the arguments in ``QUICK`` below, an unknown
 ``bench_*`` gets ``--quick`` if its ``--help`` offers it. Every benchmark
 prints markdown tables with its baseline measured in the same run; this
 collects every table row into one table (benchmark | row | the row's figures,
-each labelled with its column), prints it, prints the benchmarks' own tables
-below it, and with ``--doc FILE`` writes both between the ``bench_all``
-markers of that file (``docs/scale.md`` by default when ``--doc`` is given
-without a value). With ``--readme [FILE]`` each benchmark's tables also replace
-what stands between its ``<!-- bench:NAME:begin -->`` / ``<!-- bench:NAME:end -->``
-markers in the README (a benchmark that failed leaves its block alone), with a
-line saying which run produced them; ``make bench`` does both.
+each labelled with its column) and prints it.
 
-    python -m tools.bench_all [--full] [--only ingest,reaction] [--doc [FILE]] [--readme [FILE]]
+``--results [FILE]`` (``docs/benchmarks/results.md`` by default) writes each
+benchmark's output into its own section of that generated file, between
+``<!-- results:NAME:begin -->`` / ``<!-- results:NAME:end -->`` markers, under a
+line with the date, the machine and the command; a benchmark that failed or did
+not run leaves its section as it was. ``--readme [FILE]`` rewrites the headline
+table between ``<!-- bench:headline:begin -->`` / ``<!-- bench:headline:end -->``
+in the README: one row per entry of ``HEADLINE``, each taken from the tables of
+the benchmark it names (its cfnet row beside the baseline row or columns of the
+same run) and dated; a row this run did not measure keeps its previous text,
+or says "not measured yet". ``make bench`` does both.
+
+    python -m tools.bench_all [--full] [--only ingest,reaction] [--results [FILE]] [--readme [FILE]]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -29,9 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "scale.md"
+RESULTS = REPO / "docs" / "benchmarks" / "results.md"
 README = REPO / "README.md"
-BEGIN, END = "<!-- bench_all:begin -->", "<!-- bench_all:end -->"
+HEADLINE_BEGIN, HEADLINE_END = "<!-- bench:headline:begin -->", "<!-- bench:headline:end -->"
+NOT_MEASURED = "not measured yet"
 ORDER = ("placement", "k8s", "agent", "offline", "ingest", "reaction", "reaction_k8s")
 # Short modes; each benchmark's own defaults are its full run (--full).
 QUICK: dict[str, list[str]] = {
@@ -47,6 +54,49 @@ FULL_EXTRA: dict[str, list[str]] = {"offline": ["--no-doc"]}
 NEEDS_ROOT = {"agent", "offline", "reaction", "reaction_k8s"}
 TIMEOUT_S = {"placement": 600, "k8s": 900, "agent": 300, "offline": 600, "ingest": 600,
              "reaction": 900, "reaction_k8s": 600}
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One row of the README's headline table and where its figures come from.
+
+    The figures are the ``columns`` of the first row matching ``row`` in the first
+    table of benchmark ``bench`` that has those columns (and, when ``table`` is set,
+    a header mentioning it). The baseline is the same columns of the row matching
+    ``base_row`` in that table, or else the ``base_columns`` of the cfnet row itself.
+    Rows and columns match exactly, else by prefix, else by substring (case ignored).
+    """
+
+    label: str
+    bench: str
+    row: str
+    columns: tuple[str, ...]
+    base_row: str = ""
+    base_columns: tuple[str, ...] = ()
+    table: str = ""
+
+
+HEADLINE: tuple[Headline, ...] = (
+    Headline("Kubernetes burst: pods bound per second, first binding (bench_k8s)", "k8s",
+             "cfnet", ("pods/s", "first binding s"), base_row="kube-scheduler, QPS 5000"),
+    # Pods created one at a time: a bench_k8s table whose header says "arrival", with
+    # p50 and p99 columns and a cfnet and a kube-scheduler row, fills this row.
+    Headline("Kubernetes arrival latency, pods created one at a time (bench_k8s)", "k8s",
+             "cfnet", ("p50", "p99"), base_row="kube-scheduler", table="arrival"),
+    Headline("Placement engine alone: batch throughput, cost above the LP bound "
+             "(bench_placement)", "placement", "cfnet engine", ("pods/s (wall)", "gap vs bound"),
+             base_row="kube-style"),
+    Headline("Agent, eBPF CO-RE: steady RSS, CPU of one core, first report (bench_agent)",
+             "agent", "ebpf-core", ("steady RSS MiB", "CPU % of 1 core", "first report s"),
+             base_row="sockdiag"),
+    Headline("Offline detection: agent killed, link down (bench_offline)", "offline",
+             "agent SIGKILL", ("p50", "max"), base_columns=("Kubernetes default",)),
+    Headline("Ingest: queued reports drained by the core (bench_ingest)", "ingest",
+             "MQTT in a child process", ("cfnet", "ratio"),
+             base_columns=("baseline",)),
+    Headline("Reaction: link degraded to re-placement decision (bench_reaction)", "reaction",
+             "degradation -> re-placement", ("p50 s", "p99 s"), base_row="sensing floor"),
+)
 
 
 @dataclass
@@ -72,6 +122,14 @@ class Outcome:
         if cur:
             out.append(cur)
         return [t for t in out if len(t) >= 3]
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and bool(self.tables)
+
+    @property
+    def command(self) -> str:
+        return "python " + " ".join(self.argv[1:])
 
 
 def discover() -> list[str]:
@@ -109,6 +167,27 @@ def run_one(name: str, full: bool) -> Outcome:
     return Outcome(name, argv, rc, took, out, err)
 
 
+def machine() -> str:
+    """The machine in a few words: CPUs, their model, memory, load when this runs."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = " ".join(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kib / 2**20:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{os.cpu_count()} CPUs {platform.machine()}{f' ({model})' if model else ''}"
+            f"{mem}, load average {load:.1f} at the end")
+
+
 def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
@@ -134,35 +213,156 @@ def combined(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def write_doc(text: str, path: Path) -> None:
-    block = f"{BEGIN}\n{text}\n{END}"
-    old = path.read_text() if path.exists() else ""
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip() + "\n\n" + block + "\n"
-    path.write_text(new)
+def _find(names: Sequence[str], want: str) -> int | None:
+    """Index of the name matching ``want``: exactly, else by prefix, else by substring."""
+    low = [n.casefold() for n in names]
+    w = want.casefold()
+    for test in (lambda n: n == w, lambda n: n.startswith(w), lambda n: w in n):
+        for i, n in enumerate(low):
+            if test(n):
+                return i
+    return None
 
 
-def readme_markers(name: str) -> tuple[str, str]:
-    return f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+def _figures(head: Sequence[str], cells: Sequence[str], columns: Sequence[str]) -> str | None:
+    out = []
+    for c in columns:
+        i = _find(head, c)
+        if i is None or i >= len(cells):
+            return None
+        out.append(f"{head[i]}: {cells[i]}")
+    return "; ".join(out)
 
 
-def update_readme(outcomes: Sequence[Outcome], path: Path, when: str, full: bool) -> list[str]:
-    """Replace each benchmark's README block with the tables it printed; returns the
-    names whose block was rewritten."""
+def headline_cells(spec: Headline, outcome: Outcome) -> tuple[str, str] | None:
+    """(cfnet figures, baseline figures) for one headline row, or None when the
+    benchmark's tables do not hold them."""
+    for t in outcome.tables:
+        head = _cells(t[0])
+        if spec.table and spec.table.casefold() not in t[0].casefold():
+            continue
+        rows = [_cells(r) for r in t[2:]]
+        labels = [r[0] if r else "" for r in rows]
+        i = _find(labels, spec.row)
+        if i is None:
+            continue
+        ours = _figures(head, rows[i], spec.columns)
+        if ours is None:
+            continue
+        if spec.base_row:
+            j = _find(labels, spec.base_row)
+            base = None if j is None else _figures(head, rows[j], spec.columns)
+            base = f"{labels[j]}: {base}" if base is not None and j is not None else None
+        else:
+            base = _figures(head, rows[i], spec.base_columns)
+        return ours, base if base is not None else "–"
+    return None
+
+
+def _old_rows(block: str) -> dict[str, str]:
+    rows = {}
+    for line in block.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            rows[_cells(line)[0]] = line
+    return rows
+
+
+def headline_block(outcomes: Sequence[Outcome], old: str, when: str, where: str,
+                   command: str) -> str:
+    """The README's headline table: fresh rows from this run, the others as they were."""
+    previous = _old_rows(old)
+    by_name = {o.name: o for o in outcomes if o.ok}
+    lines = [f"<!-- written by `{command}` ({when}; {where}): edit tools/bench_all.py "
+             "(HEADLINE), not this block -->", "",
+             "| figure | cfnet | baseline, same run | measured |", "|---|---|---|---|"]
+    for spec in HEADLINE:
+        o = by_name.get(spec.bench)
+        got = headline_cells(spec, o) if o is not None else None
+        if got is not None and o is not None:
+            lines.append(f"| {spec.label} | {got[0]} | {got[1]} | {when}, `{o.command}` |")
+        elif spec.label in previous:
+            lines.append(previous[spec.label])
+        else:
+            lines.append(f"| {spec.label} | {NOT_MEASURED} | – | – |")
+    return "\n".join(lines)
+
+
+def _between(text: str, begin: str, end: str) -> tuple[int, int] | None:
+    if begin in text and end in text[text.index(begin):]:
+        start = text.index(begin)
+        return start, text.index(end, start) + len(end)
+    return None
+
+
+def update_readme(outcomes: Sequence[Outcome], path: Path, when: str, where: str,
+                  command: str) -> list[str]:
+    """Rewrite the README's headline block; returns the labels of the rows this run
+    measured. A README without the markers is left alone."""
     text = path.read_text()
+    span = _between(text, HEADLINE_BEGIN, HEADLINE_END)
+    if span is None:
+        return []
+    block = headline_block(outcomes, text[span[0]:span[1]], when, where, command)
+    path.write_text(f"{text[:span[0]]}{HEADLINE_BEGIN}\n{block}\n\n{HEADLINE_END}"
+                    f"{text[span[1]:]}")
+    return [h.label for h in HEADLINE
+            if any(o.name == h.bench and o.ok and headline_cells(h, o) for o in outcomes)]
+
+
+def results_markers(name: str) -> tuple[str, str]:
+    return f"<!-- results:{name}:begin -->", f"<!-- results:{name}:end -->"
+
+
+def _as_markdown(stdout: str) -> str:
+    """A benchmark's stdout as markdown: each table, and each run of other lines, a
+    paragraph of its own (a line next to a table would break it)."""
+    groups: list[list[str]] = []
+    for line in (ln.rstrip() for ln in stdout.strip().splitlines()):
+        if not line.strip():
+            continue
+        is_row = line.lstrip().startswith("|")
+        if groups and groups[-1][0].lstrip().startswith("|") == is_row:
+            groups[-1].append(line.strip() if is_row else line)
+        else:
+            groups.append([line.strip() if is_row else line])
+    return "\n\n".join("\n".join(g) for g in groups)
+
+
+RESULTS_HEAD = """# Benchmark results
+
+<!-- generated by `make bench` (tools/bench_all.py); edit the benchmarks, not this file -->
+
+The latest figures of each benchmark in `tools/`, written by `make bench`
+(`python -m tools.bench_all --results docs/benchmarks/results.md --readme README.md`).
+Each section says when, on what machine and with which command its figures were
+measured; a benchmark that fails or does not run leaves its section as it was. Every
+table holds the baseline measured in the same run, and the median and spread where
+the benchmark repeats a measurement. What each benchmark measures and how: its
+module docstring (`python -m tools.bench_NAME --help`) and the page of its area
+([docs/README.md](../README.md)).
+"""
+
+
+def update_results(outcomes: Sequence[Outcome], path: Path, when: str, where: str,
+                   full: bool) -> list[str]:
+    """Replace (or add) each successful benchmark's section of the results file;
+    returns the names written."""
+    text = path.read_text() if path.exists() else RESULTS_HEAD
     done = []
     for o in outcomes:
-        begin, end = readme_markers(o.name)
-        if o.rc != 0 or not o.tables or begin not in text or end not in text:
+        if not o.ok:
             continue
-        tables = "\n\n".join("\n".join(t) for t in o.tables)
-        note = (f"<!-- written by `make bench` ({'full' if full else 'quick'} mode, "
-                f"`{' '.join(o.argv[2:])}`), {when}: edit the benchmark, not this block -->")
-        block = f"{begin}\n{note}\n\n{tables}\n\n{end}"
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+        begin, end = results_markers(o.name)
+        body = (f"{begin}\nMeasured {when} on {where}, {o.seconds:.0f} s "
+                f"({'full' if full else 'quick'} mode of `make bench`):\n"
+                f"`{o.command}`\n\n{_as_markdown(o.stdout)}\n{end}")
+        span = _between(text, begin, end)
+        if span is None:
+            text = f"{text.rstrip()}\n\n## bench_{o.name}\n\n{body}\n"
+        else:
+            text = text[:span[0]] + body + text[span[1]:]
         done.append(o.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return done
 
@@ -172,10 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--full", action="store_true", help="each benchmark's full defaults")
     ap.add_argument("--only", default="", help="comma list, e.g. ingest,reaction")
-    ap.add_argument("--doc", nargs="?", const=str(DOC), default=None,
-                    help="write the tables between the bench_all markers of this file")
+    ap.add_argument("--results", nargs="?", const=str(RESULTS), default=None,
+                    help="write each benchmark's section of this generated results file")
     ap.add_argument("--readme", nargs="?", const=str(README), default=None,
-                    help="replace each benchmark's marked block in this README")
+                    help="rewrite the headline table between the bench:headline markers")
     a = ap.parse_args(argv)
     names = discover()
     if a.only:
@@ -184,22 +384,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     outcomes = [run_one(n, a.full) for n in names]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    head = (f"`make bench` ({'full' if a.full else 'quick'} mode), {when}, "
-            f"{os.cpu_count()} CPUs (shared), {time.monotonic() - t0:.0f} s in all. Each "
-            "figure sits beside its baseline, measured in the same run.")
+    where = machine()
+    command = "python -m tools.bench_all " + " ".join(argv if argv is not None else sys.argv[1:])
+    head = (f"`{command.strip()}` ({'full' if a.full else 'quick'} mode), {when}, {where}, "
+            f"{time.monotonic() - t0:.0f} s in all. Each figure sits beside its baseline, "
+            "measured in the same run.")
     parts = [head, "", combined(outcomes)]
     for o in outcomes:
-        parts += ["", f"### bench_{o.name} (`{' '.join(o.argv[2:])}`, {o.seconds:.0f} s, "
-                  f"rc {o.rc})", ""]
-        body = [ln for ln in o.stdout.strip().splitlines() if ln.strip()]
-        parts += body or [f"(no output; {o.stderr.strip().splitlines()[-1:] or ''})"]
-    text = "\n".join(parts)
-    print(text)
-    if a.doc:
-        write_doc(text, Path(a.doc))
+        parts += ["", f"### bench_{o.name} (`{o.command}`, {o.seconds:.0f} s, rc {o.rc})", ""]
+        parts.append(_as_markdown(o.stdout) or f"(no output; {o.stderr.strip()[-200:]})")
+    print("\n".join(parts))
+    if a.results:
+        done = update_results(outcomes, Path(a.results), when, where, a.full)
+        print(f"# results sections written: {', '.join(done) or 'none'}", file=sys.stderr)
     if a.readme:
-        done = update_readme(outcomes, Path(a.readme), when, a.full)
-        print(f"# README blocks rewritten: {', '.join(done) or 'none'}", file=sys.stderr)
+        rows = update_readme(outcomes, Path(a.readme), when, where, command.strip())
+        print(f"# README headline rows measured: {len(rows)}", file=sys.stderr)
     return 0 if all(o.rc in (0, -1) for o in outcomes) else 1
 
 

@@ -17,10 +17,11 @@ agent, ``--cuts`` link cuts and ``--partitions`` partitions, the time from the
 kill or cut until the core's health says ``down`` or ``unreachable``, and
 prints a table (p50 / p95 / max) beside the Kubernetes defaults
 (node-monitor-grace-period 40 s, 50 s in some releases, then eviction after
-the 300 s default toleration), and writes it into ``docs/disconnection.md``
-between the ``bench_offline`` markers. ``--core-outage SECONDS`` instead stops
-``cfnet-core`` under a simulated fleet with end-to-end acks (:func:`core_outage`)
-and writes its table between the ``bench_offline_core`` markers. Every loop is
+the 300 s default toleration), and writes it into its section of the results
+file (``docs/benchmarks/results.md``, the ``results:offline`` markers; ``--no-doc``
+prints only). ``--core-outage SECONDS`` instead stops ``cfnet-core`` under a
+simulated fleet with end-to-end acks (:func:`core_outage`) and writes its table
+between the ``results:offline_core`` markers. Every loop is
 bounded in count and time.
 """
 
@@ -54,9 +55,9 @@ log = logging.getLogger("tools.bench_offline")
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-DOC = REPO / "docs" / "disconnection.md"
-BEGIN, END = "<!-- bench_offline:begin -->", "<!-- bench_offline:end -->"
-CORE_BEGIN, CORE_END = "<!-- bench_offline_core:begin -->", "<!-- bench_offline_core:end -->"
+DOC = REPO / "docs" / "benchmarks" / "results.md"
+BEGIN, END = "<!-- results:offline:begin -->", "<!-- results:offline:end -->"
+CORE_BEGIN, CORE_END = "<!-- results:offline_core:begin -->", "<!-- results:offline_core:end -->"
 AGENT_BUFFER_BYTES = 16 * 1024 * 1024  # the agent's default buffer bound
 OFFLINE = (Health.DOWN, Health.UNREACHABLE)
 # Kubernetes defaults for comparison: kube-controller-manager marks a node

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -176,7 +177,34 @@ def render_explain(d: dict[str, Any]) -> str:
         lines.append(table(why_rows, ("RULED OUT BY (first failing filter)", "NODES", "E.G.")))
     if ex.get("best") and not node:
         lines.append("cheapest fitting: " + ", ".join(f"{n} {c:.5f} $/h" for n, c in ex["best"]))
+    if d.get("link"):
+        lines.append(f"link      {d['link']}")
+    lines.extend(render_conflict(d.get("conflict")))
     return "\n".join(lines)
+
+
+def render_conflict(raw: Any) -> list[str]:
+    """The minimal conflict of a pod that fits no node (``relax.Diagnosis.doc``) and the
+    changes that would make it fit, each with the node it opens (wrapped to the width)."""
+    c: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    if not c or c.get("fits"):
+        return []
+    if c.get("alone"):
+        rows = [("conflict", "each fails on every node alone: " + "; ".join(c["alone"]))]
+    elif c.get("conflict"):
+        rows = [("conflict", "no node meets these together (drop any one and one does): "
+                 + " + ".join(c["conflict"]))]
+    else:
+        rows = [("conflict", str(c.get("summary", "")))]
+    rows += [("would fit" if i == 0 else "", str(s))
+             for i, s in enumerate(c.get("suggestions") or [])]
+    rows += [("no change", str(s)) for s in c.get("dead_ends") or []]
+    out: list[str] = []
+    for label, text in rows:
+        wrapped = textwrap.wrap(text, WIDTH - 10, subsequent_indent="  ") or [""]
+        out.append(f"{label:9} {wrapped[0]}")
+        out.extend(f"{'':9} {more}" for more in wrapped[1:])
+    return out
 
 
 def render_received(d: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ from cloud_core.k8s.informer import obj_key
 from cloud_core.loop import what_if as engine_answer
 from cloud_core.placement import explain, parse_workload_yaml
 from cloud_core.placement.model import Health
+from cloud_core.placement.relax import explain_extras
 
 MAX_WHAT_IF = 1000
 
@@ -129,9 +130,12 @@ def register_kubernetes_commands(console: ConsoleService, actuator: Actuator,
             ex = explain(snap, w, actuator.config.engine_config, node=node)
         except CoreError as exc:
             raise CommandError(str(exc)) from exc
+        extras = (explain_extras(snap, w, node, actuator.config.engine_config)
+                  if node or not ex.fit else {})
         return jsonable({"workload": obj_key(pod), "uid": w.uid,
                           "state": "bound" if node else "pending", "node": node,
-                          "reason": actuator.last_failure(w.uid), "explanation": ex})
+                          "reason": actuator.last_failure(w.uid), "explanation": ex,
+                          **extras})
 
     def what_if(op: str, args: dict[str, Any]) -> Any:
         raw = args.get("specs")

@@ -762,7 +762,7 @@ def _affinity_deps(reps: list[Workload]) -> dict[int, list[tuple[PodAffinityTerm
 def _ready(reps: list[Workload], pending: set[int],
            deps: dict[int, list[tuple[PodAffinityTerm, set[int]]]],
            pods: PodIndex) -> tuple[set[int], set[int]]:
-    """Classes placeable this round, and those that may only place their first pod.
+    """Classes placeable in the current round, and those that may only place their first pod.
 
     A class waits while another pending class could satisfy its pod affinity (its pods may
     open domains that running pods don't). When everything waits, a class that can go on

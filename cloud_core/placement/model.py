@@ -264,6 +264,7 @@ class LinkInfo:
     loss: float = 0.0
     tx_bps: float = 0.0
     age_s: float = 0.0
+    samples: int = 0  # RTT samples behind the figures (0: not known)
 
 
 @dataclass(frozen=True, slots=True)

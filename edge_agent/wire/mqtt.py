@@ -12,7 +12,7 @@ and the core, see :func:`protocol_for_bus`):
 - ``mqtt5`` (Mosquitto, the default bus): session expiry, response topic,
   correlation data, message expiry, retain-as-published as MQTT 5 properties.
 - ``mqtt311`` (NATS's MQTT listener, the clustered bus, which speaks 3.1.1 only).
-  What replaces each MQTT 5 feature (docs/scale.md, "The clustered bus"):
+  What replaces each MQTT 5 feature (docs/nats.md):
   session expiry -> ``clean_session=False`` (NATS keeps the session in JetStream
   until a clean connect with that client id removes it); correlation data and
   message expiry -> a small envelope before the payload (:func:`wrap`), written and

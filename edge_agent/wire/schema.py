@@ -116,7 +116,7 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 def _plain(obj: Any) -> Any:
     """``_drop_none(asdict(obj))`` without ``asdict``'s deep copy of every leaf: the same
     dicts and lists, about 5x faster. An agent encodes a report every second, and
-    ``asdict`` was a fifth of its sampler's time (issue 27)."""
+    ``asdict`` was a fifth of its sampler's time."""
     if obj is None or isinstance(obj, (str, int, float)):
         return obj
     names = _FIELD_NAMES.get(type(obj))

@@ -71,7 +71,7 @@ VENV_BIN = Path(sys.executable).parent
 NODE = "leaf-agent-1"
 CORE = "core-leaf"
 CUT_S = 45.0
-CATCH_UP_BOUND_S = 20.0  # measured 6.7-9.2 s (docs/scale.md)
+CATCH_UP_BOUND_S = 20.0  # a few seconds with the core re-arming the source (docs/nats.md)
 LINK_BOUND_S = 45.0  # the core's back-off is at most 30 s (bus_nats.LINK_BACKOFF_MAX_S)
 # After the wipe: the core sees the stall (3 s), waits out its per-site re-arm interval
 # (10 s since the cut's re-arm at most) and creates the stream again.

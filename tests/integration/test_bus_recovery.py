@@ -1,6 +1,6 @@
 """Why the clustered bus recovers slowly from a killed node: the engine's Raft election.
 
-The side-by-side benchmark (docs/scale.md) found the NATS bus takes longer than
+The side-by-side benchmark (docs/nats.md) finds the NATS bus takes longer than
 Mosquitto to have every node fresh again after a bus node is SIGKILLed. This measures
 the engine's own share, on the real 3-node cluster (tools/nats/cluster.py) with a
 replicated stream shaped like the core's ``CFNET_INGEST`` (3 replicas, file storage),
@@ -15,7 +15,7 @@ from a native client that publishes with JetStream acknowledgements:
 - SIGKILL a node that does not lead it: the stream keeps acknowledging (the client,
   connected to another node, sees no gap beyond 3 s).
 
-Prints both gaps (docs/scale.md, "Recovery after a bus node is killed").
+Prints both gaps (docs/nats.md, "Side by side").
 """
 
 from __future__ import annotations

@@ -126,6 +126,10 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert "state     unplaceable" in r.stdout and "runner-up" not in r.stdout
     assert rows_of(r.stdout, "insufficient cpu") == ["2", "edge-a,", "edge-b"]
     assert rows_of(r.stdout, "residency") == ["1", "edge-c"]
+    # the minimal conflict and the nearest change, checked by the validator
+    assert "conflict  each fails on every node alone: cpu 64" in r.stdout
+    (tip,) = [ln for ln in r.stdout.splitlines() if ln.startswith("would fit")]
+    assert "cpu 64 -> " in tip and ("edge-a fits" in tip or "edge-b fits" in tip), tip
     r = ctl(broker, "alice", "explain", "nope")
     assert r.returncode == 1 and "no workload 'nope'" in r.stderr
     # what-if: an answer, and nothing changed.

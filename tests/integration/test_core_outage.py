@@ -8,7 +8,7 @@ its state: the core acks only after ingest), no agent gave one up or hit its
 bound, and no (node, boot, seq) is in the restarted core's state twice. The
 benchmark runs the same with 2,000 agents and a 5-minute stop
 (``python -m tools.bench_offline --core-outage 300``; numbers in
-docs/disconnection.md).
+docs/benchmarks/results.md).
 """
 
 from __future__ import annotations

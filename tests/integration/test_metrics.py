@@ -120,3 +120,24 @@ def test_actuator_counters_are_exported_as_they_are_kept() -> None:
     assert out[("cfnet_actuator_events_total", (("event", "conflicts"),))] == 2
     assert ("cfnet_actuator_events_total", (("event", "unavailable"),)) in out
     assert not any("bound_pods" in str(k) for k in out)  # not a counter
+
+
+def test_unschedulable_pods_by_conflicting_constraint() -> None:
+    # cfnet-core --kubernetes registers the conflict reporter's tally like this (main.py)
+    from prometheus_client import generate_latest
+
+    from cloud_core.ingest import Ingest
+    from cloud_core.metrics import CoreMetrics
+    from cloud_core.state import ClusterState
+
+    state = ClusterState()
+    cm = CoreMetrics(Ingest(state), state)
+    tally = {"latency": 2, "residency": 1}
+    cm.add_gauges("cfnet_unschedulable_pods", "Unschedulable pods by conflicting constraint",
+                  "constraint", lambda: dict(tally))
+    tally["latency"] = 3
+    out = {(smp.name, tuple(smp.labels.items())): smp.value
+           for fam in text_string_to_metric_families(generate_latest(cm.registry).decode())
+           for smp in fam.samples}
+    assert out[("cfnet_unschedulable_pods", (("constraint", "latency"),))] == 3
+    assert out[("cfnet_unschedulable_pods", (("constraint", "residency"),))] == 1

@@ -1,5 +1,5 @@
-"""Tenants, the running core and the canary, shared by the shared-cluster tests (issue 26:
-tests/k8s/test_tenancy.py, test_rbac.py, test_evictions.py, test_node_facts.py).
+"""Tenants, the running core and the canary, shared by the shared-cluster tests
+(tests/k8s/test_tenancy.py, test_rbac.py, test_evictions.py, test_node_facts.py).
 
 * ``Tenant``: a namespace and a ServiceAccount holding ``admin`` there and nowhere else, a
   real RBAC identity (its own token, the API server's authorizer);

@@ -1,4 +1,4 @@
-"""What cfnet never evicts, against a real API server (issue 26, weakness 8).
+"""What cfnet never evicts, against a real API server.
 
 cloud_core/k8s/evict.py follows sigs.k8s.io/descheduler's DefaultEvictor defaults (mirror and
 static pods, DaemonSet pods, system-critical priority, local storage; kube-system as cfnet's

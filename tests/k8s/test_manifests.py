@@ -142,7 +142,7 @@ def _template_pod(docs: list[dict[str, Any]], kind: str, name: str, ns: str) -> 
 
 def test_pod_security_admission_on_the_charts_pods(control_plane: ControlPlane,
                                                    admin: KubeClient) -> None:
-    """Issue 26, weakness 10, on the real API server's PodSecurity admission: in a namespace
+    """On the real API server's PodSecurity admission: in a namespace
     enforcing ``restricted``, the chart's Mosquitto pod is admitted as rendered (non-root,
     seccomp, no capabilities, no privilege escalation) while the agent's is refused (so the
     enforcement is on); the agent's refusal names ``privileged`` only on the documented

@@ -1,4 +1,4 @@
-"""Security facts never from a label the node writes itself (issue 26, weakness 9), against a
+"""Security facts never from a label the node writes itself, against a
 real API server.
 
 The control plane runs ``--authorization-mode=Node,RBAC`` with the NodeRestriction admission

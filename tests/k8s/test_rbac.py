@@ -114,7 +114,7 @@ def test_verbs_the_role_lacks_are_refused(service_account_client: KubeClient,
     if not role_grants("", "nodes", "patch"):
         msg = _refused(lambda: sa.patch("/api/v1/nodes/rb-2", {"spec": {"unschedulable": True}}))
         assert 'cannot patch resource "nodes"' in msg
-    # Pods: no create (issue 26: a stolen token ran a pod as kube-system's
+    # Pods: no create (a stolen token ran a pod as kube-system's
     # generic-garbage-collector in a dry run), no update/patch (the binding is the only write
     # to a pending pod), no delete, no exec.
     for where, account in ((ns, "default"), ("kube-system", "generic-garbage-collector")):
@@ -196,7 +196,7 @@ def _doc_table() -> set[Triple]:
 
 def test_role_is_kube_schedulers_plus_the_documented_table(
         service_account_client: KubeClient, cluster: Cluster, admin: KubeClient) -> None:
-    """Issue 26, weakness 7: every (group, resource, verb) the core's ServiceAccount holds,
+    """Every (group, resource, verb) the core's ServiceAccount holds,
     as the real API server evaluates the chart's rendered RBAC (SelfSubjectRulesReview under
     the account's own token), is upstream's ``system:kube-scheduler`` (the live bootstrap
     ClusterRole), everyone's, or a row of docs/security.md's table; and the table lists
@@ -242,7 +242,7 @@ def test_role_is_kube_schedulers_plus_the_documented_table(
 
 def test_the_core_serves_a_tenant_and_its_token_runs_no_pod(
         cluster: Cluster, tenant: Tenant, service_account_client: KubeClient) -> None:
-    """Issue 26, weakness 7, on a shared cluster: the core, running under the chart's role,
+    """On a shared cluster: the core, running under the chart's role,
     binds a tenant's pod (the tenant a ServiceAccount with ``admin`` in its namespace only) and
     a canary in another namespace within 10 s, its memory within the chart's limit; the same
     token creates no pod in the tenant's namespace nor one that would run as kube-system's

@@ -1,4 +1,4 @@
-"""A cluster shared by tenants (issue 26), against a real API server.
+"""A cluster shared by tenants, against a real API server.
 
 Each tenant is a real RBAC identity: a ServiceAccount bound to the ``admin`` ClusterRole in
 its own namespace only. The core runs as ``cfnet-core --kubernetes`` runs it
@@ -32,7 +32,7 @@ def _container(cpu: str, name: str = "app") -> dict[str, Any]:
 def test_int64_requests_of_another_schedulers_pod(
         control_plane: ControlPlane, cluster: Cluster, tenant: Tenant,
         service_account_client: KubeClient) -> None:
-    """Weakness 1: a pod bound by ``nodeName`` whose containers each ask for int64's
+    """A pod bound by ``nodeName`` whose containers each ask for int64's
     maximum of cpu fills its node for cfnet (with an event), and nothing else."""
     n1, n2 = f"{cluster.namespace}-n1", f"{cluster.namespace}-n2"
     cluster.node(n1, region="eu", cpu="4")
@@ -58,7 +58,7 @@ def test_int64_requests_of_another_schedulers_pod(
 def test_unschedulable_backlog_with_deletions_does_not_starve_another_namespace(
         control_plane: ControlPlane, cluster: Cluster, tenant: Tenant,
         service_account_client: KubeClient) -> None:
-    """Weakness 2: distinct unschedulable pods plus a stream of deletions of bound pods in
+    """Distinct unschedulable pods plus a stream of deletions of bound pods in
     one namespace; another namespace's pods are bound within 10 s, and the deletions do not
     make every unschedulable pod eligible again (queueing hints)."""
     backlog = 300
@@ -110,7 +110,7 @@ def test_unschedulable_backlog_with_deletions_does_not_starve_another_namespace(
 
 def test_gangs_are_per_namespace(control_plane: ControlPlane, cluster: Cluster,
                                  admin: KubeClient, service_account_client: KubeClient) -> None:
-    """Weakness 3: tenant A's gang ``train`` is not blocked by tenant B's gang ``train``
+    """Tenant A's gang ``train`` is not blocked by tenant B's gang ``train``
     (which cannot fit), and B's FailedScheduling names B's gang (namespace/name)."""
     a, b = Tenant(control_plane, admin), Tenant(control_plane, admin)
     try:
@@ -157,7 +157,7 @@ def _yas(ns: str, name: str) -> str:
 def test_pool_controller_owns_isolates_and_bounds(
         control_plane: ControlPlane, cluster: Cluster, admin: KubeClient,
         service_account_client: KubeClient) -> None:
-    """Weaknesses 4-6 in one running core: a tenant's pool-mode Deployment named like the
+    """In one running core: a tenant's pool-mode Deployment named like the
     platform team's YurtAppSet never takes it over (event, object unchanged, not deleted when
     the annotation goes); another tenant's template the parser refuses and a third's
     ``replicas: 2000000`` are refused with events naming why, and a well-formed tenant's

@@ -1,5 +1,5 @@
 """One check for every case taken from kube-scheduler's plugin tests: the engine, the validator
-and ``explain`` give the same answer on every node (issue 26: "explain agrees with the validator
+and ``explain`` give the same answer on every node ("explain agrees with the validator
 on every node in those tests").
 
 The validator (``validate``, which the core runs before it binds) is the reference: a node it

@@ -1,6 +1,6 @@
 """The CO-RE agent's import set is pinned: nothing heavy that its path does not use.
 
-Issue 27 (the agent's resident memory): every module a long-lived agent imports stays
+The agent's resident memory: every module a long-lived agent imports stays
 mapped for its life. These imports happen only where they are used, and these tests keep
 them there (a subprocess, so this process's imports do not count):
 
@@ -232,7 +232,7 @@ def test_a_dataclass_without_a_docstring_still_gets_its_signature() -> None:
 
 
 def test_one_malloc_arena_unless_the_environment_says_otherwise() -> None:
-    # cfnet-agent asks glibc for one malloc arena before its threads start (issue 27); an
+    # cfnet-agent asks glibc for one malloc arena before its threads start; an
     # explicit MALLOC_ARENA_MAX (or GLIBC_TUNABLES arena setting) is left to glibc.
     code = "from edge_agent.main import one_malloc_arena\nprint(one_malloc_arena())"
 

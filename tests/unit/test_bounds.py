@@ -1,4 +1,4 @@
-"""Bounded arithmetic where a pod's numbers enter a sum (issue 26, weakness 1), and a pod
+"""Bounded arithmetic where a pod's numbers enter a sum, and a pod
 requesting none of a resource on a node over-committed in it (NodeResourcesFit).
 
 A pod of another scheduler asking for int64's maximum three times over once overflowed the

@@ -91,7 +91,7 @@ def test_a_bucket_larger_than_the_batch_grows_it(monkeypatch: pytest.MonkeyPatch
 
 def test_batch_drain_makes_one_system_call_where_the_walk_made_two_per_entry(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # The point of the batch (issue 27): a report's drain of ~20 entries in one call.
+    # The point of the batch: a report's drain of ~20 entries in one call.
     calls: list[int] = []
     real = bpfsys._sys_bpf
 

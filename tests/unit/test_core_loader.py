@@ -5,7 +5,7 @@
 - It loads in the agent's process, relocated against this kernel's BTF, with the
   parameters set in .rodata; it counts loopback traffic with the kernel's own counters;
   closing it detaches the programs. Once attached, libbpf is done with: its descriptors
-  are the agent's and libbpf (with libelf) is unmapped (issue 27's memory); closing leaves
+  are the agent's and libbpf (with libelf) is unmapped (the agent's memory); closing leaves
   no descriptor behind. Where libbpf's link does not read as expected, the object is kept
   and closing it detaches through libbpf.
 - The early load (cfnet-agent starts it in a thread right after its configuration): the

@@ -74,7 +74,7 @@ def test_a_label_problem_on_many_nodes_is_one_line_per_cause(
 
 
 def test_node_writable_labels_decide_nothing() -> None:
-    """Issue 26, weakness 9: a kubelet may set any label outside NodeRestriction's
+    """A kubelet may set any label outside NodeRestriction's
     ``node-restriction.kubernetes.io/`` on its own Node. The older keys and the topology
     region are read for no security fact; the node is named, once, through ``on_problems``
     (the core's Warning event). The same against a real API server with a kubelet identity:

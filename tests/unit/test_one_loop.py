@@ -1,4 +1,4 @@
-"""Every decision of the core goes through ``DecisionLoop`` (grep-able, issue 24): no module of
+"""Every decision of the core goes through ``DecisionLoop`` (grep-able): no module of
 ``cloud_core`` calls the engine's ``place`` or ``plan_moves`` (or places on a
 ``PreparedCluster`` of its own) except inside ``class DecisionLoop`` in ``cloud_core/loop.py``.
 

@@ -1,4 +1,4 @@
-"""Names that belong to a tenant stay in its namespace (issue 26, weakness 3): gangs.
+"""Names that belong to a tenant stay in its namespace: gangs.
 
 The same against a real API server with tenants as RBAC identities:
 tests/k8s/test_tenancy.py::test_gangs_are_per_namespace."""

@@ -1,5 +1,5 @@
 """Cases taken from kube-scheduler's own plugin tests, each run through cfnet's engine,
-validator and ``explain`` (which must agree on every node). Issue 26's semantic items;
+validator and ``explain`` (which must agree on every node): the semantic cases;
 each case names its upstream file and case.
 """
 

@@ -161,7 +161,7 @@ def test_link_fast_path_takes_the_common_case() -> None:
 
 
 def test_encode_report_is_drop_none_of_asdict() -> None:
-    """encode_report skips asdict's deep copy (issue 27: a fifth of the agent's sampler
+    """encode_report skips asdict's deep copy (a fifth of the agent's sampler
     time); its bytes are still those of ``_drop_none(asdict(report))``."""
     from dataclasses import asdict, replace
 

@@ -22,7 +22,7 @@ name, which MQTT needs anyway):
 
 Everything else (placements, acks, console) flows over the leaf connection as plain
 NATS while it is up, and not while it is down. Limits of this harness and design:
-docs/scale.md, "Edge sites".
+docs/nats.md, "Edge sites".
 """
 
 from __future__ import annotations

@@ -309,7 +309,7 @@ def test_pods_differing_only_in_preferences_are_separate_classes(cfg: EngineConf
 
 
 def test_unplaced_summary_names_the_constraints_checked_pod_by_pod() -> None:
-    """Issue 26: the unplaced message tallied only the batch filters, so a pod refused for a
+    """The unplaced message tallied only the batch filters, so a pod refused for a
     host port in use or a node's pod count said "2/3 nodes fit". Each node now counts under
     its first refusal, the pod-by-pod checks included, as kube-scheduler's "0/3 nodes are
     available: 1 Insufficient cpu, 1 node(s) didn't have free ports for the requested pod
