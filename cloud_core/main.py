@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from cloud_core.k8s.enroll import EnrollLoop
     from cloud_core.k8s.leader import LeaderElector
     from cloud_core.k8s.prefetch import FirstLists
+    from cloud_core.k8s.wiring import KubeRunner
     from cloud_core.readiness import Check
     from cloud_core.service import CoreConfig, CoreService
 
@@ -248,9 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         if client is None:
             return 2
         first = FirstLists(client)
-    from cloud_core.metrics import int_fields
     from cloud_core.service import CoreService
-    from cloud_core.view import render_links, render_nodes
 
     try:
         cfg = build_config(a)
@@ -270,71 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     enroll: EnrollLoop | None = None
     say = say_line if a.json_lines else no_line
     if client is not None:
-        # Imported here: the kubernetes client is only needed in this mode.
-        from cloud_core.k8s import objects
-        from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
-
-        kube = start_kubernetes(client, core.state, core.events, KubeSettings(
-            identity=a.identity, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
-            lease_duration_s=a.lease_duration,
-            renew_deadline_s=a.renew_deadline or a.lease_duration * 2 / 3,
-            retry_period_s=a.retry_period or max(1.0, a.lease_duration / 7.5),
-            edge_taint=a.edge_taint, engine=scheduler_engine_config(a),
-            eviction=eviction_policy(a)),
-            on_lead=core.connect, on_follow=core.disconnect, console=core.console,
-            say=say if a.json_lines else None, say_bindings=a.log_bindings, first=first)
-        say("started", identity=a.identity)
-        # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
-        core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
-                                  "event", int_fields(kube.actuator.stats))
-        # List pages / watch events that did not fit the lean schemas (decoded generically):
-        # a rise says the API server answers in a shape objects.py does not expect.
-        core.metrics.add_counters("cfnet_kube_decode", "Kubernetes objects decoded "
-                                  "generically (shape outside the lean schema)", "what",
-                                  lambda: dict(objects.STATS))
-        elector = kube.elector
-        core.metrics.set_leader(elector.is_leader)
-        ready = core.metrics.readiness
-        ready.add("broker", broker_check(core, elector.is_leader))
-        ready.add("kubernetes-caches", lambda: None if kube is not None and kube.actuator
-                  .wait_synced(0) else "pod and node caches not synced yet")
-        ready.add("kubernetes-api", api_check(elector, a.lease_duration))
-        log.info("placing through the Kubernetes API as %s (lease %s/%s)",
-                 a.identity, a.lease_namespace, a.lease_name)
+        kube = start_kube(a, client, core, say, first)
         if a.agent_ca_secret:
-            from cloud_core.k8s.enroll import (
-                AgentEnroller,
-                EnrollError,
-                EnrollLoop,
-                agent_user,
-                ca_from_secret,
-            )
-
-            ca_ns, _, ca_name = a.agent_ca_secret.partition("/")
-            try:
-                if not ca_ns or not ca_name:
-                    raise EnrollError(f"--agent-ca-secret {a.agent_ca_secret!r}: expected "
-                                      "NAMESPACE/NAME")
-                enroller = AgentEnroller(
-                    client, lambda: ca_from_secret(client, ca_ns, ca_name,
-                                                   days=a.agent_cert_days),
-                    agent_user=agent_user(a.agent_service_account
-                                          or f"{a.lease_namespace}:cfnet-agent"),
-                    instance=a.identity)
-            except CoreError as exc:
-                log.error("%s", exc)
+            enroll = start_enroll(a, client, core, kube.elector)
+            if enroll is None:
                 kube.stop()
                 core.stop()
                 return 2
-            enroll = EnrollLoop(enroller, elector.is_leader).start()
-            core.metrics.add_counters("cfnet_agent_enrollment", "Agent CSRs handled by the "
-                                      "leader (signer cfnet.io/agent)", "outcome",
-                                      enroller.stats.as_dict)
-            core.metrics.add_counters("cfnet_agent_enrollment_denied", "Agent CSRs denied, "
-                                      "by reason", "reason",
-                                      lambda: dict(enroller.stats.denied_by_reason))
-            log.info("enrolling agents: CSRs of %s for signer cfnet.io/agent, CA %s",
-                     enroller.agent_user, a.agent_ca_secret)
     else:
         core.metrics.readiness.add("broker", broker_check(core, None))
     core.metrics.readiness.started()
@@ -344,6 +285,101 @@ def main(argv: list[str] | None = None) -> int:
     if not a.kubernetes and not core.mqtt.wait_connected(10):
         log.warning("broker %s:%s not reachable yet (%s); retrying in the background",
                     a.broker_host, a.broker_port, core.mqtt.last_refusal or "no answer")
+    serve(a, core, kube, stop, say)
+    if kube is not None:
+        # The Lease first: a standby takes over while the rest of this replica winds down.
+        kube.elector.stop(release=True)
+    if enroll is not None:
+        enroll.stop()
+    if kube is not None:
+        kube.stop()
+        say("stopped", identity=a.identity, bound=kube.actuator.stats.bound)
+    core.stop()
+    return 0
+
+
+def start_kube(a: argparse.Namespace, client: KubeClient, core: CoreService,
+               say: Callable[..., None], first: FirstLists | None) -> KubeRunner:
+    """Place through the Kubernetes API: the actuator, the election, their counters on
+    /metrics and their readiness checks."""
+    # Imported here: the kubernetes client is only needed in this mode.
+    from cloud_core.k8s import objects
+    from cloud_core.k8s.wiring import KubeSettings, start_kubernetes
+    from cloud_core.metrics import int_fields
+
+    kube = start_kubernetes(client, core.state, core.events, KubeSettings(
+        identity=a.identity, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
+        lease_duration_s=a.lease_duration,
+        renew_deadline_s=a.renew_deadline or a.lease_duration * 2 / 3,
+        retry_period_s=a.retry_period or max(1.0, a.lease_duration / 7.5),
+        edge_taint=a.edge_taint, engine=scheduler_engine_config(a),
+        eviction=eviction_policy(a)),
+        on_lead=core.connect, on_follow=core.disconnect, console=core.console,
+        say=say if a.json_lines else None, say_bindings=a.log_bindings, first=first)
+    say("started", identity=a.identity)
+    # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
+    core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
+                              "event", int_fields(kube.actuator.stats))
+    # List pages / watch events that did not fit the lean schemas (decoded generically):
+    # a rise says the API server answers in a shape objects.py does not expect.
+    core.metrics.add_counters("cfnet_kube_decode", "Kubernetes objects decoded "
+                              "generically (shape outside the lean schema)", "what",
+                              lambda: dict(objects.STATS))
+    elector = kube.elector
+    core.metrics.set_leader(elector.is_leader)
+    ready = core.metrics.readiness
+    ready.add("broker", broker_check(core, elector.is_leader))
+    ready.add("kubernetes-caches", lambda: None if kube.actuator.wait_synced(0)
+              else "pod and node caches not synced yet")
+    ready.add("kubernetes-api", api_check(elector, a.lease_duration))
+    log.info("placing through the Kubernetes API as %s (lease %s/%s)",
+             a.identity, a.lease_namespace, a.lease_name)
+    return kube
+
+
+def start_enroll(a: argparse.Namespace, client: KubeClient, core: CoreService,
+                 elector: LeaderElector) -> EnrollLoop | None:
+    """``--agent-ca-secret``: the leader approves and signs the agents' CSRs; None, said in
+    the log, when the flags or the CA cannot be used."""
+    from cloud_core.k8s.enroll import (
+        AgentEnroller,
+        EnrollError,
+        EnrollLoop,
+        agent_user,
+        ca_from_secret,
+    )
+
+    ca_ns, _, ca_name = a.agent_ca_secret.partition("/")
+    try:
+        if not ca_ns or not ca_name:
+            raise EnrollError(f"--agent-ca-secret {a.agent_ca_secret!r}: expected "
+                              "NAMESPACE/NAME")
+        enroller = AgentEnroller(
+            client, lambda: ca_from_secret(client, ca_ns, ca_name, days=a.agent_cert_days),
+            agent_user=agent_user(a.agent_service_account
+                                  or f"{a.lease_namespace}:cfnet-agent"),
+            instance=a.identity)
+    except CoreError as exc:
+        log.error("%s", exc)
+        return None
+    enroll = EnrollLoop(enroller, elector.is_leader).start()
+    core.metrics.add_counters("cfnet_agent_enrollment", "Agent CSRs handled by the "
+                              "leader (signer cfnet.io/agent)", "outcome",
+                              enroller.stats.as_dict)
+    core.metrics.add_counters("cfnet_agent_enrollment_denied", "Agent CSRs denied, "
+                              "by reason", "reason",
+                              lambda: dict(enroller.stats.denied_by_reason))
+    log.info("enrolling agents: CSRs of %s for signer cfnet.io/agent, CA %s",
+             enroller.agent_user, a.agent_ca_secret)
+    return enroll
+
+
+def serve(a: argparse.Namespace, core: CoreService, kube: KubeRunner | None,
+          stop: threading.Event, say: Callable[..., None]) -> None:
+    """Until ``stop``: the node and link tables every ``--table-every`` seconds, and with
+    ``--json-lines`` a stats line every ``--stats-every``."""
+    from cloud_core.view import render_links, render_nodes
+
     every = [x for x in (a.table_every, a.stats_every if kube is not None else 0) if x > 0]
     next_table = time.monotonic() + a.table_every
     while not stop.wait(min(every) if every else 3600):
@@ -358,16 +394,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info("ingest: %d accepted, %d duplicate, %d rejected %s\n%s\n\n%s",
                  c.accepted, c.duplicates, c.rejected_total, c.rejected or "",
                  render_nodes(snap), render_links(snap))
-    if kube is not None:
-        # The Lease first: a standby takes over while the rest of this replica winds down.
-        kube.elector.stop(release=True)
-    if enroll is not None:
-        enroll.stop()
-    if kube is not None:
-        kube.stop()
-        say("stopped", identity=a.identity, bound=kube.actuator.stats.bound)
-    core.stop()
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 from cloud_core.acks import Acknowledger
 from cloud_core.actuators import Actuator
 from cloud_core.actuators.local import LocalActuator
-from cloud_core.console.commands import register_commands
+from cloud_core.console.commands import COMMANDS
+from cloud_core.console.context import ConsoleContext
+from cloud_core.console.local import LocalCluster
 from cloud_core.console.protocol import Response, encode_response
 from cloud_core.console.service import ConsoleService
 from cloud_core.events import Event, EventLog
@@ -126,12 +128,13 @@ class CoreService:
             actuator=self.actuator, health_config=cfg.health, clock=clock,
             apply_interval_s=cfg.apply_interval_s, on_placement=self.metrics.observe_placement,
         )
-        self.console = ConsoleService(cfg.roles.get, self.store.audit, clock)
-        register_commands(
-            self.console, state=self.state, ingest=self.ingest, store=self.store,
-            scheduler=self.scheduler, events=self.events, registry=cfg.registry,
-            health_config=cfg.health, clock=clock,
-        )
+        local = LocalCluster(state=self.state, store=self.store, scheduler=self.scheduler,
+                             events=self.events, registry=cfg.registry,
+                             health_config=cfg.health, clock=clock)
+        self.console = ConsoleService(
+            cfg.roles.get, ConsoleContext(local, self.state, self.ingest, self.events,
+                                          self.store.audit_log, clock),
+            commands=COMMANDS, audit=self.store.audit, clock=clock)
         prefix = f"$share/{cfg.share_group}/" if cfg.share_group else ""
         self.digests: DigestExchange | None = None
         if cfg.share_group:

@@ -51,6 +51,11 @@ class AgentStats:
     acked: int = 0  # reports the core acknowledged (deleted from the buffer)
     bad_acks: int = 0  # ack messages that did not validate (ignored)
     probe_errors: int = 0
+    # time.monotonic() of the latest report taken, ack applied and probe failure (0: none
+    # yet): what the agent's liveness and readiness (edge_agent.health) judge by
+    last_report: float = 0.0
+    last_ack: float = 0.0
+    last_probe_error: float = 0.0
 
 
 def offline_status(node: str, boot: str) -> bytes:
@@ -110,6 +115,7 @@ class Agent:
         except Exception as exc:
             # A probe failing once must not stop host metrics or the heartbeat.
             self.stats.probe_errors += 1
+            self.stats.last_probe_error = time.monotonic()
             log.warning("probe %s failed: %s", self.probe.name, exc)
             links = []
         self._probe_idle_peers(links)
@@ -150,6 +156,7 @@ class Agent:
         report = self.sample()
         self.buffer.put(report.seq, report.ts, encode_report(report), report.boot)
         self.stats.reports += 1
+        self.stats.last_report = time.monotonic()
         self._wake_sender.set()
         return report
 
@@ -185,6 +192,8 @@ class Agent:
         with self._outbox_lock:
             self.outbox.acked(ids, time.monotonic())
         self.stats.acked += len(ids)
+        if ids:
+            self.stats.last_ack = time.monotonic()
         self._wake_sender.set()
 
     def drain_once(self) -> int:

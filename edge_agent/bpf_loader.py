@@ -3,7 +3,9 @@
 :func:`choose` picks the loader: **CO-RE** (:mod:`edge_agent.libbpf_loader`, the prebuilt
 object loaded by libbpf in the agent's process) wherever the kernel has BTF and libbpf is
 installed, else **BCC**, which compiles the same C source on the device. The choice and
-its reason travel in the :class:`Handoff` and the agent logs them. ``CFNET_BPF_LOADER``
+its reason travel in the :class:`Handoff`; the agent logs them and shows them in its
+``/status`` and ``cfnet_agent_loader`` (:mod:`edge_agent.health`). BCC is a fallback only
+where the operator asked for it (``bcc_fallback``). ``CFNET_BPF_LOADER``
 (``auto``, the default; ``core``; ``bcc``) forces one, for the tests that run both and
 for an operator working around a kernel.
 
@@ -402,11 +404,15 @@ Pending = PendingLoad | PendingCore
 """A load started early, of either loader: the probe claims it (``result``) or drops it."""
 
 
-def choose() -> tuple[str, str]:
-    """("core" or "bcc", why): CO-RE where it can work, BCC otherwise (or as forced).
+def choose(bcc_fallback: bool = False) -> tuple[str, str]:
+    """("core" or "bcc", why): CO-RE where it can work; BCC only where asked for.
 
-    CO-RE needs the kernel's BTF, libbpf and the prebuilt object; the reason given for
-    BCC is the first of those that is missing. Nothing is loaded here.
+    CO-RE needs the kernel's BTF, libbpf and the prebuilt object; where one is missing the
+    reason names it and the fix. BCC compiles the C on the device, which needs a compiler
+    and kernel headers there, the thing the CO-RE agent exists to avoid: it is used only
+    when the operator asked, by ``bcc_fallback`` (the agent's ``bcc_fallback: true``, the
+    agent-bcc image's default) or ``CFNET_BPF_LOADER=bcc``; otherwise an unusable CO-RE
+    loader is a :class:`ProbeError` with that reason. Nothing is loaded here.
     """
     from edge_agent import libbpf_loader
 
@@ -419,16 +425,23 @@ def choose() -> tuple[str, str]:
     obj = libbpf_loader.object_path(bpf_dir())
     why = ""
     if not btf.exists():
-        why = f"no kernel BTF at {btf}: CO-RE needs it"
+        why = (f"no kernel BTF at {btf}: CO-RE needs a kernel built with "
+               "CONFIG_DEBUG_INFO_BTF (use such a kernel, or the BCC loader)")
     elif not obj.is_file():
-        why = f"no CO-RE object at {obj} (tools/build_bpf.py builds it)"
+        why = (f"no CO-RE object at {obj}: install the agent from a wheel that carries it "
+               "(building the wheel compiles it), or build it in a checkout with "
+               "python -m tools.build_bpf")
     else:
         why = libbpf_loader.available()
     if not why:
         return "core", f"kernel BTF at {btf}"
     if forced == "core":
         raise ProbeError(f"CO-RE loader forced by {ENV_LOADER}=core but unusable: {why}")
-    return "bcc", why
+    if bcc_fallback:
+        return "bcc", why
+    raise ProbeError(f"CO-RE loader unusable: {why}. The BCC loader (a compiler and kernel "
+                     "headers on the device) is used only where asked for: bcc_fallback: "
+                     "true (CFNET_BCC_FALLBACK=true), or the agent-bcc image")
 
 
 def load_core(req: LoadRequest, reason: str = "") -> Handoff:

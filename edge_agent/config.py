@@ -48,6 +48,10 @@ class AgentConfig:
     interval_s: float = 1.0
     keepalive_s: int = 3
     ebpf: bool = True
+    # Where the CO-RE loader cannot load (no BTF, no object, no libbpf): compile with BCC on
+    # the device (needs python3-bpfcc and kernel headers) instead of sock_diag. Off unless
+    # asked: the agent-bcc image sets it (CFNET_BCC_FALLBACK).
+    bcc_fallback: bool = False
     include_loopback: bool = False
     probe_port: int = 7946
     probe_bind: str = "0.0.0.0"

@@ -22,8 +22,14 @@ from edge_agent.errors import AgentError
 from edge_agent.wire.logsetup import configure_logging
 
 if TYPE_CHECKING:
+    from edge_agent.active import EchoServer
+    from edge_agent.agent import Agent
     from edge_agent.bpf_loader import Pending
-    from edge_agent.wire.mqtt import MqttSettings
+    from edge_agent.buffer import ReportBuffer
+    from edge_agent.health import HealthServer
+    from edge_agent.host import HostSampler
+    from edge_agent.probes import LinkProbe
+    from edge_agent.wire.mqtt import MqttClient, MqttSettings
 
 log = logging.getLogger("cfnet.agent")
 
@@ -38,7 +44,7 @@ def start_loader_early(cfg: AgentConfig) -> Pending | None:
     # The probe filters on the node's addresses, which a node nearly always has;
     # if it has none the probe sees another request and loads again.
     pending, why = start_early(include_loopback=cfg.include_loopback, filter_local=True,
-                               probe_port=cfg.probe_port)
+                               probe_port=cfg.probe_port, bcc_fallback=cfg.bcc_fallback)
     if pending is None:
         log.debug("eBPF loader not started early: %s", why)
     return pending
@@ -88,13 +94,9 @@ def run(cfg: AgentConfig, stop: threading.Event, early: Pending | None = None) -
 
 
 def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
-    from edge_agent.active import ActiveProber, EchoServer
-    from edge_agent.agent import Agent, offline_status
     from edge_agent.buffer import ReportBuffer
     from edge_agent.host import HostSampler, local_addresses
     from edge_agent.probes import ProbeConfig, open_probe
-    from edge_agent.wire import status_topic
-    from edge_agent.wire.mqtt import MqttClient, Will
 
     boot = uuid.uuid4().hex[:16]
     addrs = local_addresses()
@@ -105,19 +107,11 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     if host.gpus.reason:
         log.info("%s", host.gpus.reason)
     agent_ref: list[Agent] = []
-    mqtt = MqttClient(
-        mqtt_settings(cfg),
-        will=Will(status_topic(cfg.node), offline_status(cfg.node, boot)),
-        on_connect=lambda: agent_ref[0].announce() if agent_ref else None,
-        on_message=lambda m: agent_ref[0].on_message(m) if agent_ref else None,
-    )
-    # Connecting while the eBPF load runs: the TLS handshake is off the path
-    # to the first report. Nothing is announced until the agent exists (below).
-    mqtt.start()
+    mqtt = _connect(cfg, boot, agent_ref)
     try:
         probe, reason = open_probe(
             ProbeConfig(ebpf=cfg.ebpf, include_loopback=cfg.include_loopback, local_addrs=addrs,
-                        probe_port=cfg.probe_port),
+                        probe_port=cfg.probe_port, bcc_fallback=cfg.bcc_fallback),
             pending=early,
         )
     except BaseException:
@@ -129,37 +123,8 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
         "node %s boot %s: probe %s%s; addresses %s",
         cfg.node, boot, probe.name, f" (fallback: {reason})" if reason else "", ", ".join(addrs),
     )
-    echo: EchoServer | None = None
-    prober: ActiveProber | None = None
-    if cfg.active_probing:
-        echo = EchoServer(cfg.probe_bind, cfg.probe_port)
-        echo.start()
-        prober = ActiveProber(cfg.probe_port)
-    agent = Agent(
-        node=cfg.node,
-        interval_s=cfg.interval_s,
-        probe=probe,
-        host=host,
-        mqtt=mqtt,
-        buffer=buffer,
-        labels=cfg.labels,
-        boot=boot,
-        active_probe=prober.start if prober else None,
-        peers=cfg.peers,
-    )
-    agent_ref.append(agent)
-    if mqtt.connected:
-        # Connected before the agent existed: on_connect skipped the announce.
-        # (If it connected just now, on_connect announces as well; the retained
-        # status is the same, so twice is harmless.)
-        agent.announce()
-    metrics = None
-    if cfg.metrics_port:
-        from edge_agent.metrics import serve_agent_metrics
-
-        metrics = serve_agent_metrics(agent, cfg.metrics_port)
-        log.info("metrics on :%d/metrics", cfg.metrics_port)
-    agent.start()
+    running = _Running(cfg, boot, mqtt, probe, host, buffer)
+    agent = running.start_agent(agent_ref, reason)
     if cfg.identity == "certificate" and cfg.certfile is not None and cfg.keyfile is not None:
         from edge_agent.enroll import Renewer, enroll_settings
 
@@ -177,18 +142,93 @@ def _run(cfg: AgentConfig, stop: threading.Event, early: Pending | None) -> int:
     log.info("stopped: %d reports taken, %d published, %d acknowledged by the core, "
              "%d still buffered", agent.stats.reports, agent.stats.published,
              agent.stats.acked, buffer.depth())
-    if mqtt.connected:
-        # A clean stop says so itself; the will is only for crashes.
-        mqtt.publish(status_topic(cfg.node), offline_status(cfg.node, boot), retain=True).wait(2)
-    mqtt.stop()
-    if echo is not None:
-        echo.stop()
-    if metrics is not None:
-        metrics.shutdown()
-    probe.close()
-    host.close()
-    buffer.close()
+    running.close()
     return 0
+
+
+def _connect(cfg: AgentConfig, boot: str, agent_ref: list[Agent]) -> MqttClient:
+    """The broker connection, started: connecting while the eBPF load runs takes the TLS
+    handshake off the path to the first report. Nothing is announced until the agent
+    exists (``agent_ref`` holds it then)."""
+    from edge_agent.agent import offline_status
+    from edge_agent.wire import status_topic
+    from edge_agent.wire.mqtt import MqttClient, Will
+
+    mqtt = MqttClient(
+        mqtt_settings(cfg),
+        will=Will(status_topic(cfg.node), offline_status(cfg.node, boot)),
+        on_connect=lambda: agent_ref[0].announce() if agent_ref else None,
+        on_message=lambda m: agent_ref[0].on_message(m) if agent_ref else None,
+    )
+    mqtt.start()
+    return mqtt
+
+
+class _Running:
+    """The agent's parts once the probe is open: started in order, closed in order."""
+
+    def __init__(self, cfg: AgentConfig, boot: str, mqtt: MqttClient, probe: LinkProbe,
+                 host: HostSampler, buffer: ReportBuffer) -> None:
+        self.cfg, self.boot, self.mqtt = cfg, boot, mqtt
+        self.probe, self.host, self.buffer = probe, host, buffer
+        self.echo: EchoServer | None = None
+        self.metrics: HealthServer | None = None
+
+    def start_agent(self, agent_ref: list[Agent], fallback: str | None) -> Agent:
+        """The echo server and the active prober (if on), the agent, its metrics port
+        (``fallback``: why the probe is not the one configured, for ``/status``)."""
+        from edge_agent.active import ActiveProber, EchoServer
+        from edge_agent.agent import Agent
+
+        cfg = self.cfg
+        prober: ActiveProber | None = None
+        if cfg.active_probing:
+            self.echo = EchoServer(cfg.probe_bind, cfg.probe_port)
+            self.echo.start()
+            prober = ActiveProber(cfg.probe_port)
+        agent = Agent(
+            node=cfg.node,
+            interval_s=cfg.interval_s,
+            probe=self.probe,
+            host=self.host,
+            mqtt=self.mqtt,
+            buffer=self.buffer,
+            labels=cfg.labels,
+            boot=self.boot,
+            active_probe=prober.start if prober else None,
+            peers=cfg.peers,
+        )
+        agent_ref.append(agent)
+        if self.mqtt.connected:
+            # Connected before the agent existed: on_connect skipped the announce.
+            # (If it connected just now, on_connect announces as well; the retained
+            # status is the same, so twice is harmless.)
+            agent.announce()
+        if cfg.metrics_port:
+            from edge_agent.health import serve
+
+            self.metrics = serve(agent, cfg.metrics_port, fallback=fallback)
+            log.info("/healthz, /readyz, /status and /metrics on :%d", cfg.metrics_port)
+        agent.start()
+        return agent
+
+    def close(self) -> None:
+        """After the agent stopped: the offline status, then every part."""
+        from edge_agent.agent import offline_status
+        from edge_agent.wire import status_topic
+
+        node, mqtt = self.cfg.node, self.mqtt
+        if mqtt.connected:
+            # A clean stop says so itself; the will is only for crashes.
+            mqtt.publish(status_topic(node), offline_status(node, self.boot), retain=True).wait(2)
+        mqtt.stop()
+        if self.echo is not None:
+            self.echo.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
+        self.probe.close()
+        self.host.close()
+        self.buffer.close()
 
 
 M_ARENA_MAX = -8  # glibc's malloc.h

@@ -1,20 +1,28 @@
-"""Prometheus metrics of the agent, read at scrape time from the running agent."""
+"""Prometheus metrics of the agent, read at scrape time from the running agent.
+
+Served on the agent's metrics port by :mod:`edge_agent.health`, which imports this module
+at the first scrape. ``cfnet_agent_loader`` names the eBPF loader in use and why (value 1).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edge_agent.agent import Agent
 
+if TYPE_CHECKING:  # only a type here: health imports this module (at the first scrape)
+    from edge_agent.health import Loader
+
 
 class _AgentCollector(Collector):
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, loader: Loader) -> None:
         self.agent = agent
+        self.loader = loader
 
     def collect(self) -> Iterator[Any]:
         a = self.agent
@@ -51,11 +59,15 @@ class _AgentCollector(Collector):
         p = GaugeMetricFamily("cfnet_agent_probe", "The link probe in use", labels=["probe"])
         p.add_metric([a.probe.name], 1)
         yield p
+        ld = GaugeMetricFamily("cfnet_agent_loader", "The eBPF loader in use (core, bcc; none:"
+                               " a probe without eBPF) and why (value 1)",
+                               labels=["loader", "reason"])
+        ld.add_metric([self.loader.name, self.loader.why[:200]], 1)
+        yield ld
 
 
-def serve_agent_metrics(agent: Agent, port: int, addr: str = "0.0.0.0") -> Any:
-    """Start /metrics for ``agent``; returns the HTTP server (call shutdown() to stop)."""
+def exposition(agent: Agent, loader: Loader) -> Callable[[], bytes]:
+    """A function returning ``agent``'s metrics in Prometheus' text format, read when called."""
     registry = CollectorRegistry()
-    registry.register(_AgentCollector(agent))
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
-    return server
+    registry.register(_AgentCollector(agent, loader))
+    return lambda: generate_latest(registry)

@@ -35,7 +35,19 @@ node, and the table also gives pods/s from the scheduler's start to the last pod
 and the time to the first one (created → Running, beside created → bound); kwok's own
 status updates load the same API server, so its figures are a second table, not the first.
 
+With ``--arrival RATES`` (pods/s, e.g. ``20,200``) the same Nodes then also take pods
+created at a fixed rate for ``--arrival-seconds`` (at most ``--arrival-max-pods``) on a
+scheduler already running: per scheduler, repetition and rate, the scheduler (the tuned
+kube-scheduler and ``cfnet-core --kubernetes``, started as above, alternated) is started on
+an empty namespace, binds a warm-up pod, and then the pods arrive; each is timed from its
+create call's return to the watch first seeing it bound. The table (``tools.arrival``) gives
+the latency p50 / p90 / p99 / max and the scheduler's and kube-apiserver's CPU per pod over
+the arrival window, median (min–max) over the repetitions. ``--background N`` first binds N
+pods to the Nodes directly (no scheduler), a steady population both schedulers see.
+
     python -m tools.bench_k8s [--nodes 100 --pods 500 --reps 3] [--quick] [--kwok]
+    python -m tools.bench_k8s --nodes 1000 --arrival 20,200 [--arrival-seconds 30]
+        [--background 2000] [--only kube-qps,cfnet]
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ from typing import Any
 
 from cloud_core.errors import KubeError
 from cloud_core.k8s.client import KubeClient
+from tools import arrival
 from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane, all_binary_paths
 from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
@@ -345,6 +358,7 @@ class Bench:
         assert cp.api_proc is not None
         self.api_pid = cp.api_proc.pid
         self.nodes: list[dict[str, Any]] = []
+        self.bg: list[dict[str, Any]] = []  # --background: pods bound without a scheduler
         # cfnet-core's broker, as the chart deploys one beside it (TLS, passwords, ACL)
         self.broker = Broker(self.dir / "broker")
         self.broker.start()
@@ -579,6 +593,137 @@ class Bench:
               + f"{len(r.violations)} violations "
               f"{r.violations[:3]}", file=sys.stderr, flush=True)
         return r
+
+    # -- arrival mode ------------------------------------------------------------------------
+    def background(self, n: int) -> None:
+        """``n`` pods bound at creation (``spec.nodeName``, round robin over the Nodes; no
+        scheduler): a steady population both schedulers see as running pods."""
+        ns, names = "bench-bg", [nd["metadata"]["name"] for nd in self.nodes]
+        self.cp.ensure_namespace(ns)
+
+        def one(i: int) -> None:
+            self.admin.create(f"/api/v1/namespaces/{ns}/pods", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"bg-{i:05d}", "namespace": ns, "labels": {"app": "bg"}},
+                "spec": {"nodeName": names[i % len(names)],
+                         "tolerations": [{"key": EDGE, "operator": "Exists"}],
+                         "containers": [{"name": "app", "image": "registry.example/app:1",
+                                         "resources": {"requests": {"cpu": "100m",
+                                                                    "memory": "64Mi"}}}]}})
+
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(one, range(n)))
+        self.bg = self.admin.list(f"/api/v1/namespaces/{ns}/pods")[0]
+
+    def arrival_run(self, name: str, rep: int, rate: float) -> arrival.ArrivalRun:
+        """``name`` started on an empty namespace; once it has bound a warm-up pod, pods
+        arrive at ``rate`` per second; each timed from its create call's return to the
+        watch first seeing it bound."""
+        tag = f"{SHORT[name]}-a{rate:g}-{rep}".replace(".", "-")
+        ns = f"arr-{tag}-{os.getpid() % 10000}"
+        path = f"/api/v1/namespaces/{ns}/pods"
+        sched = "default-scheduler" if name.startswith("kube-scheduler") else "cfnet-scheduler"
+        self.admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": ns}})
+        due = arrival.slots(rate, self.args.arrival_seconds, self.args.arrival_max_pods)
+        nan = float("nan")
+        r = arrival.ArrivalRun(name, rep, rate, [nan] * len(due), [nan] * len(due))
+        seen: dict[str, float] = {}  # pod -> when the watch first saw it bound
+        stop = threading.Event()
+        rv = [self.admin.list(path)[1]]
+
+        def watch() -> None:
+            while not stop.is_set():
+                try:
+                    for kind, obj in self.admin.watch(path, rv[0], timeout_s=60, stop=stop):
+                        md = obj.get("metadata") or {}
+                        rv[0] = md.get("resourceVersion", rv[0])
+                        if kind != "BOOKMARK" and (obj.get("spec") or {}).get("nodeName"):
+                            seen.setdefault(md["name"], time.monotonic())
+                except KubeError as e:
+                    print(f"# watch: {e}", file=sys.stderr)
+                    time.sleep(0.2)
+
+        threading.Thread(target=watch, daemon=True).start()
+        proc = self._start(name, tag)
+        children = name.startswith("cfnet")
+        try:
+            warm = pod_object(0, ns, sched)
+            warm["metadata"]["name"] = "warm-up"
+            self.admin.create(path, warm)
+            deadline = time.monotonic() + 4 * self.args.stall_s
+            while "warm-up" not in seen and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            if "warm-up" not in seen:
+                raise RuntimeError(f"{name} bound no warm-up pod (see {self.dir / tag}.log)")
+            time.sleep(2.0)  # its start-up's tail (cfnet: the CP-SAT warm-up) not counted
+            c0, a0 = cpu_seconds(proc.pid, children=children), cpu_seconds(self.api_pid)
+            self._arrive(path, sched, due, r)
+            want = {f"p-{i:05d}" for i, c in enumerate(r.created) if c == c}
+            last = (-1, time.monotonic())
+            while not want <= seen.keys() and proc.poll() is None:
+                got = len(want & seen.keys())
+                if got != last[0]:
+                    last = (got, time.monotonic())
+                if time.monotonic() - last[1] > self.args.stall_s:
+                    break
+                time.sleep(0.05)
+            r.sched_cpu_s = cpu_seconds(proc.pid, children=children) - c0
+            r.api_cpu_s = cpu_seconds(self.api_pid) - a0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            stop.set()
+        r.bound = [seen.get(f"p-{i:05d}", nan) for i in range(len(due))]
+        pods = self.admin.list(path)[0]
+        r.violations = check([*pods, *self.bg], self.nodes)
+        try:
+            self.admin.request("DELETE", path, body={"apiVersion": "v1", "kind": "DeleteOptions",
+                                                     "gracePeriodSeconds": 0}, timeout=300)
+        except KubeError as e:
+            print(f"# deleting the pods of {ns}: {e}", file=sys.stderr)
+        print(f"# arrival {name} {rate:g}/s rep {rep}: {r.n_bound}/{r.pods} bound, p50 "
+              f"{r.percentile_ms(0.5):.0f} ms, p99 {r.percentile_ms(0.99):.0f} ms, max "
+              f"{r.max_ms():.0f} ms, cpu {r.sched_cpu_s:.2f} s, apiserver {r.api_cpu_s:.2f} s, "
+              f"{len(r.violations)} violations {r.violations[:3]}", file=sys.stderr, flush=True)
+        return r
+
+    def _arrive(self, path: str, sched: str, due: Sequence[float],
+                r: arrival.ArrivalRun) -> None:
+        """Create pod i at ``due[i]`` s from now (open loop: a late slot is created at once),
+        recording when each create call returned."""
+        ns = path.split("/")[4]
+        nxt = iter(range(len(due)))
+        lock = threading.Lock()
+        t0 = time.monotonic() + 0.05
+
+        def creator() -> None:
+            while True:
+                with lock:
+                    i = next(nxt, None)
+                if i is None:
+                    return
+                wait = t0 + due[i] - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                try:
+                    self.admin.create(path, pod_object(i, ns, sched))
+                except KubeError as e:
+                    print(f"# create p-{i:05d}: {e}", file=sys.stderr)
+                    continue
+                r.created[i] = time.monotonic()
+
+        threads = [threading.Thread(target=creator, daemon=True)
+                   for _ in range(min(ARRIVAL_THREADS, max(len(due), 1)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def _child_threads(self, pid: int, tag: str) -> None:
         """The MQTT child process's CPU per thread (the profile's other half), appended to
@@ -821,6 +966,10 @@ def table(runs: Sequence[Run], names: Sequence[str], nodes: int, pods: int,
 
 
 SCHEDULERS = ("kube-scheduler", "kube-scheduler, QPS 5000", "cfnet")
+# --arrival: the tuned kube-scheduler and cfnet (kube-scheduler's default client QPS of 50
+# caps what it can bind per second, so it runs only when --only names it)
+ARRIVAL = (SCHEDULERS[1], SCHEDULERS[2])
+ARRIVAL_THREADS = 32  # creators: pods are due faster than one create call returns
 BASELINE = "cfnet, baseline tree"
 SHORT = {SCHEDULERS[0]: "kube", SCHEDULERS[1]: "kube-qps", SCHEDULERS[2]: "cfnet",
          BASELINE: "cfnet-base", "ceiling": "ceiling"}
@@ -849,6 +998,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kwok", action="store_true",
                     help="the nodes are kwok's (sigs.k8s.io/kwok, its fast stages): pods "
                          "also go Running, and the table times created -> Running too")
+    ap.add_argument("--arrival", default="",
+                    help="pods/s, comma list (e.g. 20,200): after the burst runs (none with "
+                         "--pods 0), pods created at that rate on a running scheduler")
+    ap.add_argument("--arrival-seconds", type=float, default=30.0)
+    ap.add_argument("--arrival-max-pods", type=int, default=10000,
+                    help="at most this many pods per arrival run")
+    ap.add_argument("--background", type=int, default=0,
+                    help="pods bound to the Nodes directly before the runs (a steady load)")
     ap.add_argument("--sample-to", help=argparse.SUPPRESS)
     ap.add_argument("--binder", help=argparse.SUPPRESS)
     ap.add_argument("--kubeconfig", help=argparse.SUPPRESS)
@@ -880,18 +1037,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         b = Bench(cp, a)
         try:
             b.setup()
-            for rep in range(a.reps):
+            if a.background:
+                b.background(a.background)
+            for rep in range(a.reps if a.pods > 0 else 0):
                 runs.extend(b.rep(rep, want))
+            arrivals = arrival_runs(b, a, want)
         finally:
             b.broker.stop()
-    print(table(runs, [*SCHEDULERS, BASELINE, "ceiling"], a.nodes, a.pods, a.kwok))
+    if runs:
+        print(table(runs, [*SCHEDULERS, BASELINE, "ceiling"], a.nodes, a.pods, a.kwok))
+        print()
+        print(f"Median (min–max) of {a.reps} repetitions, order alternated; pods/s from the "
+              "scheduler's start to its last binding of a backlog created beforehand (the "
+              "ceiling's clock starts after its start-up); CPU from /proc over the same span; "
+              "violations by the bench's own checker.")
+    if arrivals:
+        print()
+        print(arrival.table(arrivals, [s for s in SCHEDULERS if s in want], a.nodes,
+                            a.background))
+        print()
+        print(f"Median (min–max) of {a.reps} repetitions, order alternated; pods created at "
+              f"the rate for {a.arrival_seconds:g} s (at most {a.arrival_max_pods}), each timed "
+              "from its create call's return to the watch seeing it bound; CPU over the "
+              "arrival window (from the first create to the last binding) per pod bound.")
     print(f"# logs and profiles: {b.dir}", file=sys.stderr)
-    print()
-    print(f"Median (min–max) of {a.reps} repetitions, order alternated; pods/s from the "
-          "scheduler's start to its last binding of a backlog created beforehand (the "
-          "ceiling's clock starts after its start-up); CPU from /proc over the same span; "
-          "violations by the bench's own checker.")
-    return 0 if all(not r.violations for r in runs) else 1
+    bad = any(r.violations for r in runs) or any(r.violations for r in arrivals)
+    return 1 if bad else 0
+
+
+def arrival_runs(b: Bench, a: argparse.Namespace, want: Sequence[str]
+                 ) -> list[arrival.ArrivalRun]:
+    """``--arrival``: per rate and repetition, each arrival scheduler in ``want`` (order
+    alternated by repetition)."""
+    names = [s for s in SCHEDULERS if s in want and (s in ARRIVAL or a.only)]
+    out: list[arrival.ArrivalRun] = []
+    for rate in [float(x) for x in a.arrival.split(",") if x.strip()]:
+        for rep in range(a.reps):
+            for n in names if rep % 2 == 0 else names[::-1]:
+                out.append(b.arrival_run(n, rep, rate))
+    return out
 
 
 if __name__ == "__main__":

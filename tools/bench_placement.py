@@ -197,8 +197,9 @@ def cost_of(snap: ClusterSnapshot, pods: Sequence[Workload], assign: dict[str, s
 
 def lower_bound(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineConfig,
                 min_placed: int | None, time_limit_s: float) -> tuple[float, bool]:
-    from cloud_core.placement.engine import class_key
-    from cloud_core.placement.solver import ClassSpec, lp_lower_bound
+    from cloud_core.placement.classes import ClassSpec
+    from cloud_core.placement.prepared import class_key
+    from tools.placement_ref import lp_lower_bound
 
     pc = PreparedCluster(snap, cfg)
     groups: dict[object, list[Workload]] = {}
@@ -301,7 +302,7 @@ def run(n_nodes: int, n_pods: int, seed: int, lp_limit: float, single: int) -> N
 def run_small(seed: int) -> None:
     """Small instances: the engine against the pod-level CP-SAT proven optimum."""
     from cloud_core.placement.engine import PreparedCluster as PC
-    from cloud_core.placement.solver import solve_exact_pods
+    from tools.placement_ref import solve_exact_pods
 
     cfg = EngineConfig()
     print("\n| small instance | cfnet cost | kube-style cost | CP-SAT optimum | cfnet = optimum |")

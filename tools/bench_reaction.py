@@ -1,6 +1,6 @@
 """Reaction benchmark: from an injected link degradation to the core's re-placement decision.
 
-The outage rig of ``tools.bench_offline`` (a network lab; a TLS Mosquitto and
+The outage rig of ``tools.outage_rig`` (a network lab; a TLS Mosquitto and
 the core in the ``cloud`` namespace; real ``cfnet-agent`` processes, sock_diag
 probe, 1 s interval) with three edge sites: ``edgea`` and ``edgeb`` can run
 the workload, ``users`` is where its users are (node ``edge-u``, cordoned so
@@ -51,7 +51,7 @@ from pathlib import Path
 
 from cloud_core.placement import ReplanConfig
 from cloud_core.scheduler import expand_doc
-from tools.bench_offline import Rig, rig, wait_until
+from tools.outage_rig import Rig, rig, wait_until
 from tools.stats import pct
 
 log = logging.getLogger("tools.bench_reaction")
@@ -241,20 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("tools.lab", "cloud_core", "edge_agent"):
         logging.getLogger(name).setLevel(logging.WARNING)
     if a.kubernetes:
-        from tools import bench_reaction_k8s as k8s
+        from tools import bench_reaction_k8s
 
-        with tempfile.TemporaryDirectory(prefix="cfnet-bench-reaction-k8s-") as tmp:
-            runs = k8s.bench(a.runs, a.sla_ms, a.degraded_mbit, a.cooldown, a.flow_mbit,
-                             Path(tmp), a.delay_ms)
-        print()
-        print(k8s.table(runs, a.sla_ms, a.degraded_mbit, a.delay_ms))
-        print(f"\n(cfnet-core --kubernetes wiring, kwok Nodes; agents: eBPF probe, 1 s "
-              f"interval; replan every 1 s; violation_intervals 3; cooldown {a.cooldown:g} s; "
-              f"2 shared CPUs)")
-        if a.json:
-            print(json.dumps([{"src": r.src, "dst": r.dst, **{s: r.since(s) for s in k8s.STAGES}}
-                              for r in runs], indent=1))
-        return 0
+        return bench_reaction_k8s.report(a.runs, a.sla_ms, a.degraded_mbit, a.cooldown,
+                                         a.flow_mbit, a.delay_ms, a.json)
     with tempfile.TemporaryDirectory(prefix="cfnet-bench-reaction-") as tmp:
         results = bench(a.runs, a.loss_runs, a.sla_ms, a.degraded_mbit, a.loss, a.cooldown,
                         a.flow_mbit, Path(tmp))

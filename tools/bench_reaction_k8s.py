@@ -35,13 +35,16 @@ The loop's ``commit_moves`` is wrapped here to time stages 4 and 5 (the product 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import logging
 import math
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,7 @@ from edge_agent.wire.mqtt import MqttSettings
 from tools.broker import Broker
 from tools.lab import Lab, SiteSpec
 from tools.netns import in_netns
+from tools.outage_rig import wait_until
 from tools.procs import stop_all
 from tools.stats import pct
 
@@ -85,17 +89,6 @@ class Run:
 
     def since(self, stage: str) -> float:
         return self.at[stage] - self.t0 if stage in self.at else math.nan
-
-
-def wait_until(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(poll_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
 
 
 def _deployment(sla_ms: float) -> dict[str, Any]:
@@ -385,12 +378,43 @@ def table(runs: list[Run], sla_ms: float, degraded_mbit: float,
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tools.bench_reaction_k8s [...]``: ``tools.bench_reaction --kubernetes``
-    (its options; ``make bench`` runs it with ``--runs 5``)."""
-    from tools.bench_reaction import main as reaction
+def report(runs: int, sla_ms: float, degraded_mbit: float, cooldown_s: float,
+           flow_mbit: float, delay_ms: float | None, as_json: bool) -> int:
+    """Run the benchmark and print its table (and the runs as JSON with ``as_json``)."""
+    with tempfile.TemporaryDirectory(prefix="cfnet-bench-reaction-k8s-") as tmp:
+        done = bench(runs, sla_ms, degraded_mbit, cooldown_s, flow_mbit, Path(tmp), delay_ms)
+    print()
+    print(table(done, sla_ms, degraded_mbit, delay_ms))
+    print(f"\n(cfnet-core --kubernetes wiring, kwok Nodes; agents: eBPF probe, 1 s "
+          f"interval; replan every 1 s; violation_intervals 3; cooldown {cooldown_s:g} s; "
+          f"2 shared CPUs)")
+    if as_json:
+        print(json.dumps([{"src": r.src, "dst": r.dst, **{s: r.since(s) for s in STAGES}}
+                          for r in done], indent=1))
+    return 0
 
-    return reaction(["--kubernetes", *(sys.argv[1:] if argv is None else argv)])
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tools.bench_reaction_k8s [...]``, the same as ``python -m
+    tools.bench_reaction --kubernetes [...]`` (``make bench`` runs it with ``--runs 5``)."""
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_reaction_k8s",
+                                 description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--sla-ms", type=float, default=20.0)
+    ap.add_argument("--degraded-mbit", type=float, default=1.0)
+    ap.add_argument("--flow-mbit", type=float, default=3.0,
+                    help="each paced flow, each way (0 for none, active probing only)")
+    ap.add_argument("--cooldown", type=float, default=3.0, help="ReplanConfig.cooldown_s")
+    ap.add_argument("--delay-ms", type=float, default=None,
+                    help="add this one-way delay instead of the rate cut")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    for name in ("tools.lab", "cloud_core", "edge_agent"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return report(a.runs, a.sla_ms, a.degraded_mbit, a.cooldown, a.flow_mbit, a.delay_ms,
+                  a.json)
 
 
 if __name__ == "__main__":

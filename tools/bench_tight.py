@@ -490,14 +490,9 @@ def engine_classes(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineC
     """The batch as the engine's solver sees it (one round: these instances have no pod
     affinity): classes with every filter but resources, all anti-affinity between classes,
     the nodes' free resources and domains; and ``assign`` as node indices per class."""
-    from cloud_core.placement.engine import (
-        PreparedCluster,
-        _all_ok,
-        _req,
-        _set_conflicts,
-        class_key,
-    )
-    from cloud_core.placement.solver import ClassSpec
+    from cloud_core.placement.classes import ClassSpec
+    from cloud_core.placement.engine import PreparedCluster, set_conflicts
+    from cloud_core.placement.prepared import all_ok, class_key, request_vector
 
     pc = PreparedCluster(snap, cfg)
     groups: dict[object, list[Workload]] = {}
@@ -506,10 +501,11 @@ def engine_classes(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineC
     specs: list[ClassSpec] = []
     hint: list[list[int]] = []
     for g in groups.values():
-        mask = _all_ok(pc.filter_results(g[0], resources=False))
-        specs.append(ClassSpec(len(g), _req(g[0]), mask, pc.cost(g[0], mask), gang=g[0].gang))
+        mask = all_ok(pc.filter_results(g[0], resources=False))
+        specs.append(ClassSpec(len(g), request_vector(g[0]), mask, pc.cost(g[0], mask),
+                               gang=g[0].gang))
         hint.append([int(pc.ix.pos[assign[w.uid]]) for w in g if w.uid in assign])
-    _set_conflicts([g[0] for g in groups.values()], specs)
+    set_conflicts([g[0] for g in groups.values()], specs)
     domains = {k: pc.ix.domain_ids(k)[0] for sp in specs for k in sp.conflicts}
     return specs, pc.free, domains, hint
 
@@ -521,7 +517,7 @@ def proof_rows(n_nodes: int, n_pods: int, util: float, seeds: Sequence[int],
     beat) and how far each path sits above the optimum, per instance. Returns the
     Kubernetes path's gap to CP-SAT's answer per instance (each row prints as it is found,
     so a run cut short still reports what it had)."""
-    from cloud_core.placement.solver import cpsat_cost_reference, lp_lower_bound
+    from tools.placement_ref import cpsat_cost_reference, lp_lower_bound
 
     cfg = EngineConfig()
     gaps: list[float] = []
@@ -567,10 +563,10 @@ def engine_configs(baseline: bool) -> dict[str, EngineConfig]:
 
 def _int_cost(specs: Sequence[Any], cfg: EngineConfig, got: list[list[int]]) -> float:
     """$/hour of ``got`` in the solver's integer units (as CP-SAT counts it)."""
-    from cloud_core.placement.solver import _objective, _penalty
+    from cloud_core.placement.classes import integer_costs, objective
 
-    icost, _ = _penalty(specs, cfg.cost_scale)
-    return _objective(specs, icost, 0, got) / cfg.cost_scale
+    icost, _ = integer_costs(specs, cfg.cost_scale)
+    return objective(specs, icost, 0, got) / cfg.cost_scale
 
 
 def reference_row(name: str, snap: ClusterSnapshot, pods: Sequence[Workload],
@@ -578,7 +574,7 @@ def reference_row(name: str, snap: ClusterSnapshot, pods: Sequence[Workload],
     """CP-SAT (the engine's exact class model, one worker) from the Kubernetes path's answer
     as the hint, for ``seconds`` of CPU: its best cost at each checkpoint, with the count
     it reached, its proven bound, and each path's gap to the best at each checkpoint."""
-    from cloud_core.placement.solver import cpsat_cost_reference, lp_lower_bound
+    from tools.placement_ref import cpsat_cost_reference, lp_lower_bound
 
     cfg = EngineConfig()
     k8s = results[K8S]
@@ -610,7 +606,7 @@ def family_rows(n_nodes: int, n_pods: int, seeds: Sequence[int], seconds: float
     """The second family (``make_sla``): per seed, both paths' count and cost against
     CP-SAT's best for ``seconds`` of CPU from the Kubernetes path's answer. Returns the
     Kubernetes path's gaps."""
-    from cloud_core.placement.solver import cpsat_cost_reference
+    from tools.placement_ref import cpsat_cost_reference
 
     cfg = EngineConfig()
     gaps = []

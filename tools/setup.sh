@@ -23,6 +23,9 @@ APT_PKGS=(mosquitto mosquitto-clients python3-bpfcc bpfcc-tools libbpfcc nftable
           # the CO-RE BPF object (tools/build_bpf.py): clang/llvm compile it once against a
           # vmlinux.h that bpftool generates from BTF; libbpf1 loads it (the agent, via ctypes)
           clang llvm bpftool libbpf-dev libbpf1
+          # promtool checks and unit-tests the chart's alerting rules (tests/deploy); the
+          # test cluster's Prometheus scrapes cfnet through Kubernetes service discovery
+          prometheus
           # arm64 images (tools/images.sh): mmdebstrap --arch arm64 runs the arm64 dpkg under qemu
           qemu-user-static binfmt-support arch-test)
 missing=()
@@ -41,6 +44,11 @@ fi
 if systemctl is-active --quiet mosquitto 2>/dev/null; then
   systemctl stop mosquitto && systemctl disable mosquitto >/dev/null 2>&1 || true
   say "mosquitto: stopped the system service (tests and demo run their own brokers)"
+fi
+# Nor the packaged Prometheus 9090: the tests run promtool, and their own Prometheus.
+if systemctl is-active --quiet prometheus 2>/dev/null; then
+  systemctl stop prometheus && systemctl disable prometheus >/dev/null 2>&1 || true
+  say "prometheus: stopped the system service (tests run promtool and their own server)"
 fi
 
 # --- kernel headers: for the BCC fallback's tests only -----------------------

@@ -17,21 +17,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from cloud_core.errors import CoreError
 from cloud_core.store import WorkloadRow
 from edge_agent.wire import MAX_PAYLOAD_BYTES, SCHEMA_VERSION, placements_topic
+from edge_agent.wire.bus import Delivery
 
 # The broker's max_packet_size is MAX_PAYLOAD_BYTES + 16 KiB (topic, properties): a set
 # within the wire's payload cap always passes.
 MAX_PLACEMENT_BYTES = MAX_PAYLOAD_BYTES
-
-
-class Acknowledgeable(Protocol):
-    """A QoS 1 publish in flight (``edge_agent.wire.mqtt.PublishHandle`` or the MQTT process's)."""
-
-    def wait(self, timeout_s: float) -> bool: ...
 
 
 class ActuationError(CoreError):
@@ -60,7 +54,7 @@ class LocalActuator:
 
     def __init__(
         self,
-        publish: Callable[[str, bytes], Acknowledgeable],
+        publish: Callable[[str, bytes], Delivery],
         ack_timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
         on_refused: Callable[[str, str], object] | None = None,

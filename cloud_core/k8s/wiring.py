@@ -26,7 +26,7 @@ from cloud_core.k8s.binder import Binder
 from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
-from cloud_core.k8s.console import register_kubernetes_commands
+from cloud_core.k8s.console import KubernetesCluster
 from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
 from cloud_core.k8s.gc_tuning import settle_listed, tune_gc
 from cloud_core.k8s.handlers import EventHandlers
@@ -349,8 +349,9 @@ def start_kubernetes(
 ) -> KubeRunner:
     """Start the actuator and the election. ``on_lead``/``on_follow`` run when this
     replica gains or loses the Lease (`cfnet-core` connects to MQTT only while leading).
-    With ``console``, its commands answer from and act on the cluster (``k8s.console``),
-    registered before this replica can lead, so before any request can arrive. With ``say``
+    With ``console``, its cluster commands answer from and act on the cluster
+    (``k8s.console.KubernetesCluster``), given to it before this replica can lead, so before
+    any request can arrive. With ``say``
     (``k8s.lines.say_line``), lifecycle lines: leading, following, ready, synced, alerts and,
     with ``say_bindings``, one per binding. ``first``: the actuator's first lists, asked
     for at the process start (``prefetch.FirstLists``)."""
@@ -400,8 +401,8 @@ def start_kubernetes(
         ledger=MoveLedger(client, settings.lease_namespace, settings.lease_name,
                           settings.identity))
     if console is not None:
-        register_kubernetes_commands(console, actuator, client, events, clock,
-                                     agent_probes=agents.probes)
+        console.use_cluster(KubernetesCluster(actuator, client, events, clock,
+                                              agent_probes=agents.probes))
     pools = PoolController(client, actuator, is_leader=elector.is_leader)
     tune_gc()  # the core is this process: its caches are the scheduler's
     actuator.start()

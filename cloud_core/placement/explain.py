@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -101,53 +100,3 @@ class Explanation:
         for name, why in self.examples:
             lines.append(f"  e.g. {name}: {why}")
         return "\n".join(lines)
-
-
-def pod_by_pod_results(pc: Any, w: Any, usage_of: Any = None) -> list[FilterResult]:
-    """The constraints the engine checks pod by pod (``sequential.py``), as filters over
-    every node, so that ``explain`` never says "fits" of a node the validator rejects: pod
-    slots, extended resources, host ports, and hard (``DoNotSchedule``) topology spread.
-    Empty when ``w`` has none of them (the common case costs nothing). ``usage_of``: a
-    function giving the ``NodeUsage`` to count against (default: the snapshot's pods); after a
-    batch, the engine's, with the batch's placements, built once for all its unplaced pods."""
-    from .sequential import NodeUsage, SpreadState
-
-    n = pc.ix.n
-    out: list[FilterResult] = []
-    if w.spread or w.host_ports or w.extended or any(
-            nd.max_pods is not None for nd in pc.ix.nodes):
-        usage = NodeUsage(pc, pc.snapshot.pods) if usage_of is None else usage_of()
-        slots = usage.pods < usage.max_pods
-        out.append(FilterResult("pods", slots, np.zeros(n, np.int64), ("too many pods",)))
-        if w.extended:
-            names = tuple(f"insufficient {k}" for k in w.extended)
-            ok = np.ones(n, dtype=bool)
-            labels = np.zeros(n, dtype=np.int64)
-            for j, (k, v) in enumerate(w.extended.items()):
-                cap, used = usage._ext(k)
-                short = ok & (cap - used < int(v))
-                labels[short] = j
-                ok &= ~short
-            out.append(FilterResult("extended_resources", ok, labels, names))
-        if w.host_ports:
-            from .sequential import ports_conflict
-
-            ok = np.ones(n, dtype=bool)
-            for i, taken in usage.ports.items():
-                if any(ports_conflict(a, b) for a in w.host_ports for b in taken):
-                    ok[i] = False
-            out.append(FilterResult("host_ports", ok, np.zeros(n, np.int64),
-                                    ("host port in use",)))
-    hard = [c for c in w.spread if c.hard]
-    if hard:
-        by_name = {f.name: f.ok for f in pc.filter_results(w, resources=False)}
-        static_ok = by_name["node_selector"] & by_name["node_affinity"]
-        ok = np.ones(n, dtype=bool)
-        labels = np.zeros(n, dtype=np.int64)
-        names = tuple(f"spread skew > {c.max_skew} ({c.topology_key})" for c in hard)
-        for j, c in enumerate(hard):
-            bad = ok & ~SpreadState(pc, w, c, static_ok, by_name["taints"]).ok()
-            labels[bad] = j
-            ok &= ~bad
-        out.append(FilterResult("spread", ok, labels, names))
-    return out

@@ -9,7 +9,6 @@ summaries ("residency", "latency > 50 ms", "insufficient GPU").
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,15 +173,6 @@ def check_resources(req: Resources, free: Resources) -> str | None:
     if req.mem_bytes > 0 and req.mem_bytes > free.mem_bytes:
         return "insufficient memory"
     return None
-
-
-def check_latency(max_ms: float | None, p95_ms: float) -> str | None:
-    """``p95_ms`` is the effective (staleness-inflated) p95; inf means no usable data."""
-    if max_ms is None:
-        return None
-    if not math.isfinite(p95_ms):
-        return "no latency data"
-    return None if p95_ms <= max_ms else f"latency > {max_ms:g} ms"
 
 
 FILTER_ORDER = ("health", "residency", "security", "node_selector", "node_affinity", "taints",

@@ -496,7 +496,9 @@ def explain_extras(snapshot: ClusterSnapshot, w: Workload, node: str | None,
         out["conflict"] = diagnose(snapshot, w, cfg, gang_size).doc()
     elif w.latency_to is not None:
         nd = next((n for n in snapshot.nodes if n.name == node), None)
-        if nd is not None:
+        if nd is not None and w.latency_to in (nd.name, nd.zone, nd.region):
+            out["link"] = f"{node} -> {w.latency_to}: inside it (0 ms)"
+        elif nd is not None:
             ev = link_evidence(snapshot, nd, w.latency_to, cfg)
             out["link"] = (f"{node} -> {w.latency_to}: {ev}" if ev
                            else f"{node} -> {w.latency_to}: no measured link")

@@ -35,6 +35,7 @@ from .model import (
     Workload,
 )
 from .scores import dominant_share
+from .sla import breach, judge
 from .validate import validate
 
 
@@ -171,17 +172,21 @@ def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]
             lat[key] = h
         # horizon 0: forecasts off, act on measurements only
         ahead = p95 if cfg.horizon <= 0 else h.forecast(cfg.horizon) if h else math.inf
-        if not math.isfinite(p95) or p95 > sla or ahead > sla:
+        # measured and forecast p95 against the SLA, and against the hysteresis bound
+        both = np.array([p95, ahead])
+        if not judge(sla, both).met.all():
             severe = cfg.severe_ratio > 0 and math.isfinite(p95) and p95 >= cfg.severe_ratio * sla
             weight = max(1, min(2, cfg.violation_intervals - 1)) if severe else 1
             strikes[w.uid] = strikes.get(w.uid, 0) + weight
-        elif p95 <= cfg.clear_ratio * sla and ahead <= cfg.clear_ratio * sla:
+        elif judge(cfg.clear_ratio * sla, both).met.all():
             strikes.pop(w.uid, None)
         if strikes.get(w.uid, 0) >= cfg.violation_intervals and \
                 now - last_move.get(w.uid, -math.inf) >= cfg.cooldown_s:
-            what = ("no latency data" if not math.isfinite(p95)
-                    else f"p95 {p95:.1f} ms > {sla:g} ms" if p95 > sla
-                    else f"forecast p95 {ahead:.1f} ms > {sla:g} ms")
+            what = breach(sla, p95, w.latency_to)
+            if what is None:  # the strikes came before; the measurement is within it now
+                later = breach(sla, ahead, w.latency_to)
+                what = (f"forecast {later}" if later is not None
+                        else f"p95 {p95:.1f} ms within {sla:g} ms now")
             need.append((w, node, f"SLA at risk for {strikes[w.uid]} intervals: {what}"))
     moves: list[Move] = []
     if need:

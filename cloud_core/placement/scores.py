@@ -14,6 +14,7 @@ from .config import EngineConfig
 from .filters import term_matches_pod, tolerates
 from .index import ClusterIndex
 from .model import PodAffinityTerm, RunningPod, Taint, Toleration, Workload
+from .sla import judge
 
 Arr = np.ndarray
 TERMS = ("price", "energy", "carbon", "data", "latency", "balance", "affinity", "taint",
@@ -56,13 +57,6 @@ def data_cost(data_gb: float | Arr, same_zone: Arr, same_region: Arr, cfg: Engin
     per_gb = np.where(same_zone, 0.0, np.where(same_region, cfg.intra_region_per_gb,
                                                cfg.inter_region_per_gb))
     return data_gb * per_gb / cfg.data_amortize_hours
-
-
-def latency_cost(p95_ms: Arr, max_ms: float | None) -> Arr:
-    """Fraction of the SLA used: less margin costs more (0 without an SLA)."""
-    if max_ms is None or max_ms <= 0:
-        return np.zeros_like(p95_ms, dtype=np.float64)
-    return np.where(np.isfinite(p95_ms), np.minimum(p95_ms / max_ms, 1.0), 1.0)
 
 
 def balance_cost(alloc_after: Arr, cap: Arr) -> Arr:
@@ -243,8 +237,9 @@ def _terms(w: Workload, ix: ClusterIndex, sel: Arr | slice, pod_cost: Arr | None
     elif zeros:
         out["data"] = np.zeros_like(share)
     if w.max_latency_ms is not None and w.latency_to is not None:
-        out["latency"] = wt.latency * latency_cost(_at(ix.latency_to(w.latency_to), sel),
-                                                   w.max_latency_ms)
+        # the share of the SLA used (sla.judge): less margin costs more
+        out["latency"] = wt.latency * judge(w.max_latency_ms,
+                                            _at(ix.latency_to(w.latency_to), sel)).used
     elif zeros:
         out["latency"] = np.zeros_like(share)
     # the largest share after placing, column by column (no (N, 3) temporaries)
@@ -330,17 +325,14 @@ def total_costs(ws: list[Workload], ix: ClusterIndex, sels: list[Arr]) -> Arr:
         out += np.where(each(f) != 0, data, 0.0)
     if any(w.max_latency_ms is not None and w.latency_to is not None for w in ws):
         p95 = np.zeros(sel.size, dtype=np.float64)
-        bound = []  # latency_cost's per class: 0 without a bound (or a bound <= 0)
+        bound = []  # per class: 0 without a bound (or a bound <= 0): judge's used is 0
         for i, w in enumerate(ws):
             on = w.max_latency_ms is not None and w.latency_to is not None and (
                 w.max_latency_ms > 0)
             bound.append(float(w.max_latency_ms) if on and w.max_latency_ms else 0.0)
             if on and w.latency_to is not None:
                 p95[starts[i]:ends[i]] = ix.latency_to(w.latency_to).take(sels[i])
-        mx = each(bound)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            used = np.where(np.isfinite(p95), np.minimum(p95 / mx, 1.0), 1.0)
-        out += wt.latency * np.where(mx > 0, used, 0.0)
+        out += wt.latency * judge(each(bound), p95).used
     alloc = ix.alloc.take(sel, axis=0)
     after = (alloc[:, 0] + req[:, 0]) * inv[:, 0]
     for r in (1, 2):

@@ -7,7 +7,7 @@ resources, pods-per-node capacity, and the ``spread`` scoring policy (least-allo
 balanced, recomputed after each pod). Classes with any of these are placed here, one pod at a
 time, after the solver's classes of the same batch (so their counts include them):
 
-* every filter of the engine (``PreparedCluster.filter_results``, resources included), then
+* every filter of the engine (``ClusterView.filter_results``, resources included), then
 * pods-per-node (``NodeInfo.max_pods``), extended resources (``NodeInfo.extended``), host
   port conflicts (same protocol and port, overlapping hostIP; ``0.0.0.0`` overlaps all), and
 * each ``DoNotSchedule`` spread constraint, as kube-scheduler's PodTopologySpread filter:
@@ -22,17 +22,15 @@ time, after the solver's classes of the same batch (so their counts include them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from . import scores
+from .explain import FilterResult
 from .filters import selector_matches
 from .model import HostPort, PodAffinityTerm, RunningPod, SpreadConstraint, Workload
-
-if TYPE_CHECKING:
-    from .engine import PreparedCluster
+from .prepared import ClusterView, PodIndex, all_ok, as_running, request_vector
 
 BIG = np.iinfo(np.int64).max // 4
 
@@ -52,7 +50,7 @@ def ports_conflict(a: HostPort, b: HostPort) -> bool:
 class NodeUsage:
     """Per node: pods bound, extended resources used, host ports taken (kept up to date)."""
 
-    def __init__(self, pc: PreparedCluster, pods: Sequence[RunningPod]) -> None:
+    def __init__(self, pc: ClusterView, pods: Sequence[RunningPod]) -> None:
         ix = pc.ix
         self.n = ix.n
         self.max_pods = np.array([BIG if nd.max_pods is None else nd.max_pods
@@ -68,7 +66,7 @@ class NodeUsage:
             if i is not None:
                 self.add(i, p.extended, p.host_ports)
 
-    def _ext(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def extended_use(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         if name not in self.ext_cap:
             self.ext_cap[name] = np.array([nd.extended.get(name, 0) for nd in self._nodes],
                                           dtype=np.int64)
@@ -78,7 +76,7 @@ class NodeUsage:
     def add(self, i: int, extended: object, host_ports: Sequence[HostPort]) -> None:
         self.pods[i] += 1
         for name, v in dict(extended).items():  # type: ignore[call-overload]
-            used = self._ext(name)[1]  # saturating: a sum past int64 is "full"
+            used = self.extended_use(name)[1]  # saturating: a sum past int64 is "full"
             used[i] = min(int(used[i]) + min(int(v), BIG), BIG)
         if host_ports:
             self.ports.setdefault(i, []).extend(host_ports)
@@ -90,7 +88,7 @@ class NodeUsage:
         if not ok.any():
             return ok, "too many pods"
         for name, v in w.extended.items():
-            cap, used = self._ext(name)
+            cap, used = self.extended_use(name)
             ok &= cap - used >= int(v)
             if not ok.any():
                 return ok, f"insufficient {name}"
@@ -105,7 +103,7 @@ class NodeUsage:
 class SpreadState:
     """Counts of one spread constraint of one workload class, per topology domain."""
 
-    def __init__(self, pc: PreparedCluster, w: Workload, c: SpreadConstraint,
+    def __init__(self, pc: ClusterView, w: Workload, c: SpreadConstraint,
                  static_ok: np.ndarray, taints_ok: np.ndarray) -> None:
         self.c = c
         self.dom, names = pc.ix.domain_ids(c.topology_key)
@@ -150,24 +148,22 @@ class SpreadState:
             self.counts[self.dom[i]] += 1
 
 
-def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
+def place_class(pc: ClusterView, w: Workload, count: int, usage: NodeUsage,
                 policy: str) -> tuple[list[int], np.ndarray, np.ndarray, str | None]:
     """Place up to ``count`` pods like ``w`` one by one; accounts each in ``pc`` and ``usage``.
 
     Returns the node indices, the mask and cost the first pod saw (for explanations), and
     why the rest could not be placed (None: all were).
     """
-    from .engine import _all_ok, _as_running, _req
-
     frs = pc.filter_results(w, resources=False)
     by_name = {f.name: f.ok for f in frs}
     # kube's node inclusion policy looks at nodeSelector and required node affinity only
     static_ok = by_name["node_selector"] & by_name["node_affinity"]
     taints_ok = by_name["taints"]
     spreads = [SpreadState(pc, w, c, static_ok, taints_ok) for c in w.spread]
-    req = _req(w)
+    req = request_vector(w)
     dynamic = bool(w.pod_affinity or w.pod_anti_affinity or pc.pods.repelling(w))
-    base = _all_ok(frs)
+    base = all_ok(frs)
     placed: list[int] = []
     first_mask: np.ndarray | None = None
     first_cost: np.ndarray | None = None
@@ -185,7 +181,7 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
                                                                policy, [])
     for k in range(count):
         if k and dynamic:
-            base = _all_ok(pc.filter_results(w, resources=False))
+            base = all_ok(pc.filter_results(w, resources=False))
         mask = base & fits
         if not mask.any():
             why = "no node satisfies every constraint" if not base.any() else \
@@ -218,7 +214,7 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
         fits[i] = bool((pc.free[i] >= req).all())
         if full is not None:
             full[i] = scores.policy_cost(w, pc.ix, np.array([i]), policy, [])[0]
-        pc.pods.add(_as_running(w, pc.ix.nodes[i].name))
+        pc.pods.add(as_running(w, pc.ix.nodes[i].name))
         usage.add(i, w.extended, w.host_ports)
         for s in spreads:
             s.placed(i)
@@ -229,19 +225,15 @@ def place_class(pc: PreparedCluster, w: Workload, count: int, usage: NodeUsage,
     return placed, first_mask, first_cost, why
 
 
-def place_classes(pc: PreparedCluster, reps: list[Workload], members: list[list[Workload]],
+def place_classes(pc: ClusterView, reps: list[Workload], members: list[list[Workload]],
                   seq: set[int], placed_nodes: list[list[int]],
                   base_mask: dict[int, np.ndarray], batch_cost: dict[int, np.ndarray],
                   deferred: dict[int, str]) -> None:
     """The engine's hook, after the solver's rounds: trim what the solver put on nodes past
     their pod count, then place the ``seq`` classes (and the trimmed pods) pod by pod."""
-    from .engine import PodIndex, _req
-
     if not seq and all(nd.max_pods is None for nd in pc.ix.nodes):
         return
-    if pc.pods._todo:
-        pc.pods._flush()
-    all_pods = [p for lst in pc.pods.by_ns.values() for p in lst]
+    all_pods = pc.pods.indexed()
     usage = NodeUsage(pc, all_pods)
     over = np.flatnonzero(usage.pods > usage.max_pods)
     order = set(seq)
@@ -256,7 +248,7 @@ def place_classes(pc: PreparedCluster, reps: list[Workload], members: list[list[
                 if excess.get(n, 0) > 0:
                     excess[n] -= 1
                     trimmed.add(members[ci][j].uid)
-                    pc.free[n] += _req(reps[ci])
+                    pc.free[n] += request_vector(reps[ci])
                     order.add(ci)
                 else:
                     keep.append(n)
@@ -278,3 +270,50 @@ def place_classes(pc: PreparedCluster, reps: list[Workload], members: list[list[
         batch_cost.setdefault(ci, cost)
         if why is not None:
             deferred[ci] = why
+
+
+def pod_by_pod_results(pc: ClusterView, w: Workload,
+                       usage_of: Callable[[], NodeUsage] | None = None) -> list[FilterResult]:
+    """The constraints the engine checks pod by pod (``sequential.py``), as filters over
+    every node, so that ``explain`` never says "fits" of a node the validator rejects: pod
+    slots, extended resources, host ports, and hard (``DoNotSchedule``) topology spread.
+    Empty when ``w`` has none of them (the common case costs nothing). ``usage_of``: a
+    function giving the ``NodeUsage`` to count against (default: the snapshot's pods); after a
+    batch, the engine's, with the batch's placements, built once for all its unplaced pods."""
+    n = pc.ix.n
+    out: list[FilterResult] = []
+    if w.spread or w.host_ports or w.extended or any(
+            nd.max_pods is not None for nd in pc.ix.nodes):
+        usage = NodeUsage(pc, pc.snapshot.pods) if usage_of is None else usage_of()
+        slots = usage.pods < usage.max_pods
+        out.append(FilterResult("pods", slots, np.zeros(n, np.int64), ("too many pods",)))
+        if w.extended:
+            names = tuple(f"insufficient {k}" for k in w.extended)
+            ok = np.ones(n, dtype=bool)
+            labels = np.zeros(n, dtype=np.int64)
+            for j, (k, v) in enumerate(w.extended.items()):
+                cap, used = usage.extended_use(k)
+                short = ok & (cap - used < int(v))
+                labels[short] = j
+                ok &= ~short
+            out.append(FilterResult("extended_resources", ok, labels, names))
+        if w.host_ports:
+            ok = np.ones(n, dtype=bool)
+            for i, taken in usage.ports.items():
+                if any(ports_conflict(a, b) for a in w.host_ports for b in taken):
+                    ok[i] = False
+            out.append(FilterResult("host_ports", ok, np.zeros(n, np.int64),
+                                    ("host port in use",)))
+    hard = [c for c in w.spread if c.hard]
+    if hard:
+        by_name = {f.name: f.ok for f in pc.filter_results(w, resources=False)}
+        static_ok = by_name["node_selector"] & by_name["node_affinity"]
+        ok = np.ones(n, dtype=bool)
+        labels = np.zeros(n, dtype=np.int64)
+        names = tuple(f"spread skew > {c.max_skew} ({c.topology_key})" for c in hard)
+        for j, c in enumerate(hard):
+            bad = ok & ~SpreadState(pc, w, c, static_ok, by_name["taints"]).ok()
+            labels[bad] = j
+            ok &= ~bad
+        out.append(FilterResult("spread", ok, labels, names))
+    return out

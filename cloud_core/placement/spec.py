@@ -44,7 +44,7 @@ CONTROLLERS = ("Deployment", "StatefulSet", "ReplicaSet", "Job", "DaemonSet",
                "ReplicationController")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 # The most workloads one document may expand to (replicas), checked before expanding; the
-# console's per-request cap (commands.MAX_SUBMIT) is the same number.
+# console's per-request cap (console.registry.MAX_SUBMIT) is the same number.
 MAX_EXPAND = 1000
 LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")  # metav1.LabelSelector
 ANN = "cfnet.io/"

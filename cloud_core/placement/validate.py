@@ -23,6 +23,7 @@ from .model import (
     PodAffinityTerm,
     Workload,
 )
+from .sla import breach
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +186,9 @@ def _static(ctx: _Ctx, w: Workload, node: NodeInfo) -> list[tuple[str, str]]:
             out.append(("taints", f"untolerated {taint.key}={taint.value}:{taint.effect}"))
     if w.max_latency_ms is not None:
         lat = math.inf if w.latency_to is None else ctx.latency(node, w.latency_to)
-        if not lat <= w.max_latency_ms:
-            out.append(("latency", f"p95 {lat} ms > {w.max_latency_ms} ms to {w.latency_to}"))
+        why = breach(w.max_latency_ms, lat, w.latency_to)
+        if why is not None:
+            out.append(("latency", why))
     return out
 
 

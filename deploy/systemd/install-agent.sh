@@ -66,7 +66,7 @@ done
 if [[ -e "$PREFIX/bpf/obj/tcp_links.bpf.o" ]]; then
   say "bpf: CO-RE object and sources in $PREFIX/bpf"
 else
-  say "bpf: sources in $PREFIX/bpf, no CO-RE object in the wheel (the agent will need BCC)"
+  say "bpf: sources in $PREFIX/bpf, no CO-RE object in the wheel (the agent will need BCC: CFNET_WITH_BCC=1)"
 fi
 
 mkdir -p "$UNIT_DIR" "$CONF_DIR"
@@ -83,6 +83,10 @@ ca_file: $CONF_DIR/ca.crt
 password_file: $CONF_DIR/password
 interval_s: 1.0
 ebpf: true
+# BCC (compiles on this host) where the CO-RE object cannot load: only with CFNET_WITH_BCC=1.
+bcc_fallback: $([[ -n "${CFNET_WITH_BCC:-}" ]] && echo true || echo false)
+# a port for /healthz, /readyz, /status (the loader in use and why) and /metrics; 0: none
+metrics_port: 0
 buffer_path: /var/lib/cfnet-agent/buffer.db
 YAML
   chmod 0640 "$CONF_DIR/agent.yaml"

@@ -36,7 +36,8 @@ def open_probe(
 
             return (
                 EbpfProbe(include_loopback=cfg.include_loopback, local_addrs=cfg.local_addrs,
-                          probe_port=cfg.probe_port, pending=pending),
+                          probe_port=cfg.probe_port, pending=pending,
+                          bcc_fallback=cfg.bcc_fallback),
                 None,
             )
         except ProbeError as exc:
@@ -46,7 +47,9 @@ def open_probe(
             pending.cancel()
         reason = "eBPF disabled by configuration"
     # Said before sock_diag is tried: if that fails too, why eBPF was not used is not lost.
-    log.warning("link probe: eBPF not used: %s", reason)
+    # An error where eBPF was asked for: the reason names the cause and the fix.
+    log.log(logging.ERROR if cfg.ebpf else logging.WARNING, "link probe: eBPF not used: %s",
+            reason)
     # Imported only when used: pyroute2 costs the eBPF agent a few MiB for nothing.
     from edge_agent.probes.sockdiag import SockDiagProbe
 

@@ -40,6 +40,8 @@ class ProbeConfig:
     # The active prober's TCP port: its connections count as active, not passive, samples.
     # Must be the port the agent's echo server and prober use (AgentConfig.probe_port).
     probe_port: int = DEFAULT_PROBE_PORT
+    # Load with BCC (a compiler on the device) where CO-RE cannot load: only when asked.
+    bcc_fallback: bool = False
 
 
 class LinkProbe(Protocol):

@@ -54,15 +54,17 @@ class EbpfProbe:
         mss: int = DEFAULT_MSS,
         max_peers: int = 4096,
         pending: bpf_loader.Pending | None = None,
+        bcc_fallback: bool = False,
     ) -> None:
         """``pending``: a loader already started (:func:`start_early`) to claim instead of
-        starting one; it is used only if its request is the one this probe needs."""
+        starting one; it is used only if its request is the one this probe needs.
+        ``bcc_fallback``: BCC may load where CO-RE cannot (:func:`bpf_loader.choose`)."""
         self._local = tuple(local_addrs)
         try:
             _encode_all(self._local)  # a bad address is a config error, not a reason to fall back
             req = load_request(include_loopback=include_loopback, filter_local=bool(self._local),
                                probe_port=probe_port, max_peers=max_peers)
-            loader, why = bpf_loader.choose()
+            loader, why = bpf_loader.choose(bcc_fallback)
             if pending is not None and pending.loader != loader:
                 pending.cancel()  # started with the other loader (a test's switch)
                 pending = None
@@ -225,7 +227,7 @@ def load_request(*, include_loopback: bool = False, filter_local: bool = False,
 
 
 def start_early(*, include_loopback: bool = False, filter_local: bool = True,
-                probe_port: int = DEFAULT_PROBE_PORT
+                probe_port: int = DEFAULT_PROBE_PORT, bcc_fallback: bool = False
                 ) -> tuple[bpf_loader.Pending | None, str]:
     """Start the load now, before the agent's own start-up, for the probe to claim later.
 
@@ -238,7 +240,7 @@ def start_early(*, include_loopback: bool = False, filter_local: bool = True,
     """
     try:
         precheck()
-        loader, why = bpf_loader.choose()
+        loader, why = bpf_loader.choose(bcc_fallback)
         req = load_request(include_loopback=include_loopback, filter_local=filter_local,
                            probe_port=probe_port)
         if loader == "core":

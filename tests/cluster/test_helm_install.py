@@ -83,8 +83,8 @@ def overrides(node_dir: Path) -> list[str]:
         # apply caps"); the agent needs it only to raise RLIMIT_MEMLOCK on kernels before
         # 5.11. The chart's other capabilities, unchanged.
         "agent.capabilities={BPF,PERFMON,SYS_ADMIN,NET_ADMIN}",
-        # The operator this test asks as (cfnetctl), a viewer (the README installs with no
-        # console operator; the value is the chart's, core.consoleRoles).
+        # The operator this test asks as (cfnetctl), a viewer (the README's tour names its
+        # own operator the same way; the value is the chart's, core.consoleRoles).
         "core.consoleRoles.ops=viewer",
         # The agent's offline buffer under the node's temp dir, not the machine's /var/lib.
         f"agent.hostPaths.stateDir={node_dir / 'cfnet-agent-state'}",

@@ -38,7 +38,7 @@ def by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]
 # Edge nodes without cluster DNS reach the chart's broker through a NodePort (docs/install.md).
 EDGE_VALUES = ["mosquitto.service.type=NodePort", "mosquitto.service.nodePort=30883",
                "broker.agentHost=203.0.113.10", "core.serviceMonitor.enabled=true",
-               "core.logFormat=json", "agent.logFormat=json"]
+               "core.logFormat=json", "agent.logFormat=json", "prometheusRule.enabled=true"]
 
 
 @pytest.mark.parametrize("values", [[], ALT_VALUES, EDGE_VALUES],
@@ -120,6 +120,17 @@ def test_defaults_render_the_agent_as_asked() -> None:
         {"DirectoryOrCreate"}
     cm = objs[("ConfigMap", "cfnet-agent-config")]
     assert "broker_host: mosquitto.cfnet-system.svc" in cm["data"]["agent.yaml"]
+    # The agent's own probes (edge_agent/health.py) on the port its config serves.
+    assert "metrics_port: 9109" in cm["data"]["agent.yaml"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9109}]
+    probes = {k: (c[k]["httpGet"]["path"], c[k]["httpGet"]["port"])
+              for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes == {"startupProbe": ("/healthz", "metrics"),
+                      "livenessProbe": ("/healthz", "metrics"),
+                      "readinessProbe": ("/readyz", "metrics")}
+    # The startup probe outlasts the enrollment's wait for its certificate (600 s).
+    start = c["startupProbe"]
+    assert start["periodSeconds"] * start["failureThreshold"] > 600
     assert ("Deployment", "mosquitto") in objs and ("Service", "mosquitto") in objs
     # credentials are the operator's; the one Secret is the agent CA's, made empty (the
     # leading core fills it; the release owns it, so helm uninstall removes it)

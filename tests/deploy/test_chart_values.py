@@ -242,6 +242,13 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      lambda o: agent_conf(o)["interval_s"] == 5),
     ("agent.ebpf", ["agent.ebpf=false"], lambda o: agent_conf(o)["ebpf"] is False),
     ("agent.probePort", ["agent.probePort=17000"], lambda o: agent_conf(o)["probe_port"] == 17000),
+    ("prometheusRule.enabled", ["prometheusRule.enabled=true"],
+     lambda o: ("PrometheusRule", "cfnet") in o),
+    ("prometheusRule.labels", ["prometheusRule.enabled=true", "prometheusRule.labels.release=kps"],
+     lambda o: o[("PrometheusRule", "cfnet")]["metadata"]["labels"]["release"] == "kps"),
+    ("agent.metricsPort", ["agent.metricsPort=19109"],
+     lambda o: agent_conf(o)["metrics_port"] == 19109
+     and agent(o)["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 19109}]),
     ("agent.logFormat", ["agent.logFormat=json"], lambda o: agent_conf(o)["log_format"] == "json"),
     ("agent.tolerations", ["agent.tolerations[0].key=edge", "agent.tolerations[0].operator=Exists"],
      lambda o: agent(o)["tolerations"] == [{"key": "edge", "operator": "Exists"}]),
@@ -315,9 +322,10 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      and {"configMapRef": {"name": "cfnet-bus"}} in core_c(o)["envFrom"]
      and {"configMapRef": {"name": "cfnet-bus"}} in agent(o)["containers"][0]["envFrom"]
      and not any(a.startswith("--broker-host") for a in core_c(o)["args"])
-     # no certificate listener on the clustered bus: the agents keep the password
-     and agent_conf(o).get("password_file") == "/etc/cfnet-agent/password"
-     and not any(a.startswith("--agent-ca-secret") for a in core_c(o)["args"])),
+     # the chart's NATS checks the enrolled certificate (the callout names the agent by
+     # it): the agents enroll and the core signs, as on Mosquitto
+     and agent_conf(o).get("identity") == "certificate"
+     and any(a.startswith("--agent-ca-secret") for a in core_c(o)["args"])),
     ("nats.streamReplicas", ["nats.mode=deploy", "nats.streamReplicas=2"],
      lambda o: bus(o)["CFNET_NATS_REPLICAS"] == "2"),
     ("nats.external.mqttHost", [*NATS_EXT, "nats.external.mqttHost=bus.example.org"],
@@ -437,6 +445,8 @@ BAD = [
     ("broker.port=0", "broker.port"),
     ("broker.tls=maybe", "broker.tls"),
     ("agent.probePort=-1", "agent.probePort"),
+    ("agent.metricsPort=0", "agent.metricsPort"),
+    ("prometheusRule.enabled=maybe", "prometheusRule.enabled"),
     ("agent.intervalSeconds=0", "agent.intervalSeconds"),
     ("agent.capabilities={cap_bpf}", "agent.capabilities"),
     ("agent.hostPaths.stateDir=relative", "agent.hostPaths.stateDir"),

@@ -66,6 +66,12 @@ def test_image_configs(images: dict[str, str]) -> None:
         assert isinstance(agent, dict)
         assert agent["Entrypoint"] == ["cfnet-agent"]
         assert "CFNET_BPF_DIR=/opt/cfnet-app/bpf" in agent["Env"]
+        # BCC only in the image made for it: the CO-RE agent never falls back to a compiler.
+        assert ("CFNET_BCC_FALLBACK=true" in agent["Env"]) == (flavour == "agent-bcc")
+    # The CO-RE agent image stays within its budget (uncompressed, as podman counts it;
+    # README's table): 130 MB, a size an edge node pulls over a thin uplink.
+    size = inspect(images["agent"])["Size"]
+    assert isinstance(size, int) and size <= 130_000_000, f"agent image {size / 1e6:.1f} MB > 130 MB"
     # Both agents carry the CO-RE object and the C sources; only agent-bcc has BCC (and with
     # it LLVM/clang); the CO-RE agent has libbpf and no compiler at all.
     listing = ("import os, glob, ctypes; d = os.environ['CFNET_BPF_DIR']; "

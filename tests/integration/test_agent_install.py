@@ -1,13 +1,16 @@
 """The agent as users install it: a wheel in a fresh virtual environment, outside the checkout.
 
-One module-scoped agent process, started from that environment's own
-``cfnet-agent`` script (no PYTHONPATH, working directory outside the
-checkout), reporting to a real Mosquitto (tools/broker.py):
+The wheel is built from a clean tree (the sources as git has them: no ``bpf/obj``), so
+building it compiles the CO-RE object (setup.py's build hook). One module-scoped agent
+process, started from that environment's own ``cfnet-agent`` script (no PYTHONPATH,
+working directory outside the checkout, no compiler on its PATH), reporting to a real
+Mosquitto (tools/broker.py):
 
 - its reports say ``probe: ebpf``, loaded by the CO-RE loader in the agent's own process
-  -- so the wheel carried the prebuilt BPF object, found in site-packages, and Debian's
-  libbpf1 loaded it; the environment has no BCC at all (as ``pip install cfnet[agent]``
-  on a device with libbpf1 would be);
+  -- so the wheel carried the BPF object its build compiled, found in site-packages, and
+  Debian's libbpf1 loaded it; the environment has no BCC at all (as ``pip install
+  cfnet[agent]`` on a device with libbpf1 would be); its ``/status`` says ``loader: core``
+  and why, and it is ready (``/readyz``);
 - the process maps no LLVM/BCC library;
 - after SIGKILL no program it held is left in the kernel: a perf event (the
   tracepoint attachment) holds its program, so a program id that no longer
@@ -29,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,7 +47,7 @@ from edge_agent.bpfsys import prog_alive
 from edge_agent.wire.bus import Message
 from edge_agent.wire.mqtt import MqttClient
 from tests.integration.helpers import settings, wait_for
-from tools.broker import Broker
+from tools.broker import Broker, free_port
 
 pytestmark = [pytest.mark.root, pytest.mark.ebpf, pytest.mark.slow]
 
@@ -60,6 +64,7 @@ class Installed:
     proc: subprocess.Popen[bytes]
     log: Path
     reports: list[dict[str, object]]
+    health: str  # the agent's /healthz, /readyz, /status and /metrics
 
 
 def _base_requirements(wheel: Path) -> list[str]:
@@ -112,16 +117,25 @@ def installed(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     if os.geteuid() != 0:
         pytest.fail("the eBPF agent needs root (run the tests as root)")
     tmp = tmp_path_factory.mktemp("agent-install")
-    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    # Build from a clean copy (setuptools writes build/ and *.egg-info next to the
+    # sources): what git tracks, without the object a checkout may have built.
     src = tmp / "src"
-    src.mkdir()
-    shutil.copy(REPO / "pyproject.toml", src)
+    (src / "tools").mkdir(parents=True)
+    for f in ("pyproject.toml", "setup.py", "MANIFEST.in", "tools/__init__.py",
+              "tools/build_bpf.py"):
+        shutil.copy(REPO / f, src / f)
+    shutil.copytree(REPO / "bpf", src / "bpf", ignore=shutil.ignore_patterns("obj"))
     for pkg in ("edge_agent", "cloud_core"):
-        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / pkg, src / pkg, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    assert (src / "edge_agent" / "bpf").is_symlink() and not (src / "bpf" / "obj").exists()
     dist = tmp / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index",
-                    "--no-build-isolation", "-w", str(dist), str(src)],
-                   check=True, timeout=300, capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-index",
+                        "--no-build-isolation", "-w", str(dist), str(src)],
+                       timeout=300, capture_output=True, text=True)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    out = r.stdout + r.stderr
+    assert "cfnet: CO-RE object" in out, out[-3000:]  # compiled by the build hook
     wheel = next(dist.glob("cfnet-*.whl"))
     venv = tmp / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True,
@@ -142,7 +156,10 @@ def installed(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     assert chk.returncode == 0, chk.stdout + chk.stderr
 
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "CFNET_BPF_DIR", "CFNET_BPF_LOADER", "CFNET_BTF_PATH")}
+           if k not in ("PYTHONPATH", "CFNET_BPF_DIR", "CFNET_BPF_LOADER", "CFNET_BTF_PATH",
+                        "CFNET_BCC_FALLBACK")}
+    # No compiler the agent could reach: only the venv's scripts and the system's basics.
+    env["PATH"] = f"{venv / 'bin'}:/usr/sbin:/sbin"
     node = "edge-pkg"
     creds = broker.add_account(node, "agent")
     (tmp / "a.pw").write_text(creds.password)
@@ -159,15 +176,17 @@ def installed(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     assert watcher.wait_connected(10), watcher.last_refusal
     watcher.subscribe(f"cfnet/v1/nodes/{node}/telemetry")
     log = tmp / "agent.log"
+    port = free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [str(venv / "bin" / "cfnet-agent"), "--node", node, "--broker-host", broker.host,
              "--broker-port", str(broker.port), "--password-file", str(tmp / "a.pw"),
              "--ca-file", str(broker.ca_file), "--buffer-path", str(tmp / "buffer.db"),
-             "--interval-s", "1", "--no-active-probing", "--ebpf"],
+             "--interval-s", "1", "--no-active-probing", "--ebpf",
+             "--metrics-port", str(port)],
             stdout=out, stderr=subprocess.STDOUT, cwd=str(tmp), env=env)
     try:
-        yield Installed(venv, wheel, proc, log, reports)
+        yield Installed(venv, wheel, proc, log, reports, f"http://127.0.0.1:{port}")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -212,6 +231,22 @@ def test_installed_agent_reports_ebpf_and_maps_no_llvm(installed: Installed) -> 
     # CO-RE, in the agent's own process, and the log says why
     assert m.group(1) == "core" and "BTF" in m.group(2), m.group(0)
     assert int(m.group(3)) == installed.proc.pid, m.group(0)
+
+
+def test_installed_agent_status_says_loader_core_and_it_is_ready(installed: Installed) -> None:
+    wait_for(lambda: len(installed.reports) >= 1 or installed.proc.poll() is not None, 60,
+             "a report from the installed agent")
+    with urllib.request.urlopen(f"{installed.health}/status", timeout=10) as r:
+        status = json.loads(r.read())
+    assert status["loader"] == "core", status
+    assert "BTF" in status["loader_reason"] and status["probe"] == "ebpf", status
+    with urllib.request.urlopen(f"{installed.health}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert re.search(r'^cfnet_agent_loader\{loader="core",reason="kernel BTF at [^"]+"\} 1\.0$',
+                     metrics, re.M), metrics[-2000:]
+    # Connected and acknowledged by no core (none runs here): buffering within bounds.
+    with urllib.request.urlopen(f"{installed.health}/readyz", timeout=10) as r:
+        assert r.status == 200 and r.read() == b"[+]sampler ok\n[+]probe ok\n[+]reports ok\nok\n"
 
 
 def _held(pid: int) -> tuple[set[int], int]:

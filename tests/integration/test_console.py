@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,6 +131,31 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert "conflict  each fails on every node alone: cpu 64" in r.stdout
     (tip,) = [ln for ln in r.stdout.splitlines() if ln.startswith("would fit")]
     assert "cpu 64 -> " in tip and ("edge-a fits" in tip or "edge-b fits" in tip), tip
+    # two constraints that each admit a node but not together: each one's nearest change,
+    # the latency one with the link behind it (docs/console.md quotes this run)
+    sf = tmp_path / "secret.yaml"
+    sf.write_text("name: secret\nrequests: {cpu: 100m}\nminSecurityLevel: 3\n"
+                  "maxLatencyMs: 20\nlatencyTo: edge-a\n---\n"
+                  "name: near\nrequests: {cpu: 100m}\nmaxLatencyMs: 20\nlatencyTo: edge-a\n"
+                  "nodeSelector: {kubernetes.io/hostname: edge-b}\n")
+    assert ctl(broker, "alice", "submit", "-f", str(sf)).returncode == 0
+    wait_for(lambda: any(w.state == "unplaceable" and w.name == "secret"
+                         for w in ready.store.workloads()), what="secret unplaceable")
+    r = ctl(broker, "alice", "explain", "secret")
+    assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    print("\n$ cfnetctl explain secret\n" + r.stdout)
+    flat = " ".join(r.stdout.split())  # long lines are wrapped to 80 columns
+    assert "max latency 20 ms to edge-a + security level 3" in flat
+    assert re.search(r"would fit max latency 20 ms -> (\d+) ms: edge-c fits \(p95 [\d.]+ ms, "
+                     r"\d+ samples, \d+ s old\)", flat), flat
+    assert "security level 3 -> 2: edge-a fits" in flat
+    wait_for(lambda: any(w.state == "placed" and w.name == "near"
+                         for w in ready.store.workloads()), what="near placed")
+    r = ctl(broker, "alice", "explain", "near")  # placed: the link its SLA rests on
+    assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
+    print("\n$ cfnetctl explain near\n" + r.stdout)
+    assert re.search(r"^link      edge-b -> edge-a: p95 [\d.]+ ms, \d+ samples, \d+ s old$",
+                     r.stdout, re.M), r.stdout
     r = ctl(broker, "alice", "explain", "nope")
     assert r.returncode == 1 and "no workload 'nope'" in r.stderr
     # what-if: an answer, and nothing changed.

@@ -11,8 +11,8 @@ from cloud_core.registry import parse_registry
 from cloud_core.service import CoreConfig, CoreService
 from edge_agent.agent import Agent
 from edge_agent.buffer import ReportBuffer
+from edge_agent.health import serve
 from edge_agent.host import HostSampler
-from edge_agent.metrics import serve_agent_metrics
 from edge_agent.wire import LinkSample
 from edge_agent.wire.mqtt import MqttClient, MqttSettings
 from tests.integration.helpers import FakeAgent, settings, wait_for
@@ -85,15 +85,17 @@ def test_agent_metrics_show_buffer_and_counts(tmp_path: Path) -> None:
                   mqtt=mqtt, buffer=ReportBuffer(tmp_path / "b.db"))
     for _ in range(5):
         agent.tick()
-    server = serve_agent_metrics(agent, 0, "127.0.0.1")
+    server = serve(agent, 0, "127.0.0.1")
     try:
         m = scrape(server.server_port)
         assert m[("cfnet_agent_reports_total", (("stage", "taken"),))] == 5
         assert m[("cfnet_agent_buffer_reports", ())] == agent.buffer.depth() == 5
         assert m[("cfnet_agent_connected", ())] == 0
         assert m[("cfnet_agent_probe", (("probe", "sockdiag"),))] == 1
+        assert m[("cfnet_agent_loader", (("loader", "none"),
+                                         ("reason", "the sockdiag probe uses no eBPF loader")))] == 1
     finally:
-        server.shutdown()
+        server.stop()
 
 
 def test_actuator_counters_are_exported_as_they_are_kept() -> None:

@@ -29,7 +29,7 @@ import pytest
 
 from cloud_core.health import Health
 from tests.integration.helpers import wait_for
-from tools.bench_offline import Rig, rig
+from tools.outage_rig import Rig, rig
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

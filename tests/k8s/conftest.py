@@ -39,15 +39,25 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from cloud_core.console.commands import COMMANDS
+from cloud_core.console.context import ConsoleContext
+from cloud_core.console.service import ConsoleService
 from cloud_core.errors import KubeError, KubeNotFound
+from cloud_core.events import EventLog
+from cloud_core.ingest import Ingest
 from cloud_core.k8s.client import KubeClient
+from cloud_core.k8s.console import KubernetesCluster
 from cloud_core.k8s.registry import RESIDENCY_REGION, SECURITY
+from cloud_core.state import ClusterState
 from tests.envbuild import EnvBuild
 from tools.envtest import ControlPlane, EnvtestError
 from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
 from tools.envtest.kwok import Kwok
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from cloud_core.k8s.actuator import Actuator
     from tests.k8s.tenants import Tenant
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +91,19 @@ def wait_for(pred: Callable[[], Any], timeout: float = 30.0, every: float = 0.1,
             detail = f"\n(no description: {e!r})"
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})"
                          f"{detail}")
+
+
+def kubernetes_console(actuator: Actuator, client: KubeClient, events: EventLog | None = None,
+                       agent_probes: Callable[[], Mapping[str, str]] | None = None
+                       ) -> ConsoleService:
+    """The console as ``cfnet-core --kubernetes`` serves it, its cluster commands answered by
+    the cluster, for operator ``op`` (the core's telemetry here: none, so no links)."""
+    events = events or EventLog(lambda ev: None)
+    state = ClusterState()
+    cluster = KubernetesCluster(actuator, client, events, agent_probes=agent_probes)
+    return ConsoleService({"op": "operator"}.get,
+                          ConsoleContext(cluster, state, Ingest(state), events),
+                          commands=COMMANDS)
 
 
 def load_manifests(path: Path) -> list[dict[str, Any]]:

@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 
 from cloud_core.console.protocol import Request, Response
-from cloud_core.console.service import ConsoleService
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import ActuatorConfig
 from cloud_core.k8s.client import KubeClient
-from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.registry import NodeRegistry
 from cloud_core.k8s.wiring import build_actuator
-from tests.k8s.conftest import Cluster, wait_for
+from tests.k8s.conftest import Cluster, kubernetes_console, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +31,10 @@ class Console:
         self.events = EventLog(lambda ev: None)
         self.act = build_actuator(client, NodeRegistry(), ActuatorConfig(identity="console-test"),
                             events=self.events)
-        self.svc = ConsoleService({"op": "operator"}.get)
         # What the agents report with, by Node name (wiring.py reads it from the telemetry
         # state; tests/cluster/test_helm_install.py shows a real agent's ``ebpf`` there).
-        register_kubernetes_commands(self.svc, self.act, client, self.events,
-                                     agent_probes=lambda: {"cn-a": "ebpf"})
+        self.svc = kubernetes_console(self.act, client, self.events,
+                                      agent_probes=lambda: {"cn-a": "ebpf"})
         self.act.start()
         assert self.act.wait_synced(30)
 
@@ -118,11 +115,10 @@ def test_cordon_is_the_nodes_and_no_later_binding_lands_there(
     assert admin.get("/api/v1/nodes/cn-b")["spec"]["unschedulable"] is True
     assert not any(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
     assert not console("cordon", node="nope").ok
-    # the same roles as the local console (one table): a viewer may not drain here either
-    from cloud_core.console.service import COMMAND_ROLES
+    # the same commands and roles as the local console (one registry)
+    from cloud_core.console.commands import COMMANDS
 
-    assert {n: c.role for n, c in console.svc.commands.items() if c.role != "viewer"} == {
-        n: r for n, r in COMMAND_ROLES.items() if n in console.svc.commands}
+    assert console.svc.commands is COMMANDS
 
 
 def test_cordon_refused_without_the_verb(service_account_client: KubeClient,

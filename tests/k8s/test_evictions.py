@@ -38,14 +38,11 @@ from typing import Any
 import pytest
 
 from cloud_core.console.protocol import Request
-from cloud_core.console.service import ConsoleService
 from cloud_core.errors import KubeConflict, KubeError
-from cloud_core.events import EventLog
 from cloud_core.k8s.client import KubeClient
-from cloud_core.k8s.console import register_kubernetes_commands
 from cloud_core.k8s.flags import add_eviction_args, eviction_policy
 from cloud_core.k8s.registry import RESIDENCY_REGION
-from tests.k8s.conftest import Cluster, wait_for
+from tests.k8s.conftest import Cluster, kubernetes_console, wait_for
 from tests.k8s.tenants import Tenant, bound_within, running_core
 from tests.k8s.test_node_facts import kubelet_client
 from tools.envtest import ControlPlane
@@ -214,8 +211,7 @@ def test_replanner_and_drain_keep_what_the_descheduler_keeps(
             assert not_moved == {"unowned"}, not_moved
 
             # The console's drain, the same rules (as admin, who may cordon)
-            svc = ConsoleService({"op": "operator"}.get)
-            register_kubernetes_commands(svc, core.actuator, admin, EventLog(lambda ev: None))
+            svc = kubernetes_console(core.actuator, admin)
             pod("plain-3", resident=False, on=node)  # fits the node: the re-planner leaves it
             wait_for(lambda: "plain-3" in {(p.get("metadata") or {}).get("name")
                                            for p in core.actuator.pods.items()},
@@ -261,8 +257,7 @@ def test_tenant_namespace_excluded_from_drain(cluster: Cluster, admin: KubeClien
         wait_for(lambda: "tenant-pod" in {(p.get("metadata") or {}).get("name")
                                           for p in runner.actuator.pods.items()},
                  what="tenant-pod in the core's informer")
-        svc = ConsoleService({"op": "operator"}.get)
-        register_kubernetes_commands(svc, runner.actuator, admin, EventLog(lambda ev: None))
+        svc = kubernetes_console(runner.actuator, admin)
         r = svc.handle("op", Request("drain", {"node": node}))
         assert r.ok, r.error
         assert r.data["evicted"] == [], r.data

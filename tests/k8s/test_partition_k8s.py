@@ -14,7 +14,7 @@ Kubernetes alone would notice nothing for 40-50 s).
 - partition: the agent falls silent but its site peer still hears it: ``unreachable``, the
   pod stays for as long as the partition lasts; heal: ``online``, nothing moved.
 
-``CFNET_PARTITION_RUNS`` (default 1) repeats both for the timings in docs/kubernetes.md;
+``CFNET_PARTITION_RUNS`` (default 1) repeats both (docs/kubernetes.md, "Partition vs crash on Kubernetes");
 ``CFNET_PARTITION_HOLD_S`` (default 15) is how long the partition is held.
 
 The NotReady crash path (a Node whose Ready condition is False, on a node kwok does not manage,

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
@@ -189,17 +190,19 @@ def test_rodata_parameters_reach_the_programs(monkeypatch: pytest.MonkeyPatch) -
         probe.close()
 
 
-def test_without_btf_the_probe_falls_back_to_bcc_and_says_why(
+def test_without_btf_the_probe_falls_back_to_bcc_only_where_asked_and_says_why(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _need_root_btf()
     monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
     missing = tmp_path / "no-btf"
     monkeypatch.setenv("CFNET_BTF_PATH", str(missing))  # the test seam: a kernel without BTF
-    loader, why = bpf_loader.choose()
+    with pytest.raises(ProbeError, match=r"no kernel BTF .* bcc_fallback: true"):
+        bpf_loader.choose()  # not asked: no compiler is run on the device
+    loader, why = bpf_loader.choose(bcc_fallback=True)
     assert loader == "bcc" and str(missing) in why and "BTF" in why, why
     from edge_agent.probes.ebpf import EbpfProbe
 
-    probe = EbpfProbe(include_loopback=True)
+    probe = EbpfProbe(include_loopback=True, bcc_fallback=True)
     try:
         assert probe.loader == "bcc" and "no kernel BTF" in probe.loader_reason
         # BCC without BTF: no offsets for the kernel's counters, the loss is estimated
@@ -228,6 +231,35 @@ def test_core_forced_without_btf_falls_back_to_sockdiag_with_the_reason(
         assert probe.name == "sockdiag" and reason and "no kernel BTF" in reason, reason
     finally:
         probe.close()
+
+
+def test_a_missing_object_names_the_cause_and_the_fix_and_bcc_waits_to_be_asked(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An agent installed without the object (a bpf directory with the sources only).
+    for f in ("tcp_links.c", "cfnet_links.h", "cfnet_compat.h"):
+        (tmp_path / f).write_bytes((bpf_loader.bpf_dir() / f).read_bytes())
+    monkeypatch.setenv("CFNET_BPF_DIR", str(tmp_path))
+    monkeypatch.delenv("CFNET_BPF_LOADER", raising=False)
+    monkeypatch.delenv("CFNET_BTF_PATH", raising=False)
+    if not libbpf_loader.btf_path().exists():
+        pytest.skip("this kernel has no BTF: the reason is the BTF's, tested above")
+    with pytest.raises(ProbeError) as err:
+        bpf_loader.choose()
+    msg = str(err.value)
+    assert f"no CO-RE object at {tmp_path}/obj/tcp_links.bpf.o" in msg, msg
+    assert "python -m tools.build_bpf" in msg and "bcc_fallback: true" in msg, msg
+    assert bpf_loader.choose(bcc_fallback=True)[0] == "bcc"
+    from edge_agent.probes import ProbeConfig, open_probe
+
+    with caplog.at_level(logging.WARNING, logger="edge_agent.probes"):
+        probe, reason = open_probe(ProbeConfig(ebpf=True, local_addrs=("10.255.0.1",)))
+    try:
+        assert probe.name == "sockdiag" and reason and "no CO-RE object" in reason, reason
+    finally:
+        probe.close()
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors and "no CO-RE object" in errors[0].getMessage()
 
 
 def test_a_broken_object_is_refused_with_libbpfs_reason(tmp_path: Path) -> None:

@@ -73,3 +73,26 @@ def test_the_docs_index_links_every_page() -> None:
     assert pages, "no docs pages"
     assert not pages - linked, f"not in docs/README.md: {sorted(map(str, pages - linked))}"
     assert not {p for p in linked if not p.exists()}, "docs/README.md links a missing page"
+
+
+def test_the_readme_links_the_rest_and_carries_the_headline_table() -> None:
+    text = (ROOT / "README.md").read_text()
+    for target in ("docs/README.md", "docs/benchmarks/results.md", "CHANGELOG.md",
+                   "CONTRIBUTING.md", "LICENSE", "docs/install.md"):
+        assert f"]({target})" in text, target
+    block = text[text.index("<!-- bench:headline:begin -->"):
+                 text.index("<!-- bench:headline:end -->")]
+    assert "arrival latency" in block and "| Kubernetes burst" in block
+
+
+def test_relative_links_resolve() -> None:
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md",
+             *(ROOT / "docs").rglob("*.md")]
+    broken = []
+    for page in pages:
+        prose = re.sub(r"`[^`\n]*`", "", page.read_text())  # code spans hold no links
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            path = target.split("#", 1)[0]
+            if path and "://" not in target and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken

@@ -21,10 +21,13 @@ from hypothesis import strategies as st
 
 from cloud_core.actuators.local import LocalActuator, PlacementSetTooLarge, encode_placements
 from cloud_core.console import cli
+from cloud_core.console.context import ConsoleContext
 from cloud_core.console.protocol import Request, encode_response, parse_request
+from cloud_core.console.registry import CommandRegistry
 from cloud_core.console.service import ConsoleService
 from cloud_core.decode import ReportDecoder
 from cloud_core.errors import SpecError
+from cloud_core.events import EventLog
 from cloud_core.ingest import Ingest
 from cloud_core.placement.spec import parse_workload_yaml
 from cloud_core.registry import parse_registry
@@ -127,38 +130,29 @@ def test_spec_parser_refuses_before_expanding(doc: str) -> None:
 
 
 # -- console request parser and handler ------------------------------------------------
-def _console(tmp_path: Path) -> tuple[ConsoleService, Store]:
+def _console(tmp_path: Path, submit: Any = None) -> tuple[ConsoleService, Store]:
+    """A console with an ``echo`` command (and ``submit``, for operators, when given)."""
     store = Store(tmp_path / "c.db", lambda: 1.0)
-    svc = ConsoleService({"alice": "operator", "root": "admin"}.get, store.audit)
-    svc.register("echo", lambda op, args: args)
+    table = CommandRegistry()
+    table.command("echo")(lambda ctx, op, args: args)
+    if submit is not None:
+        table.command("submit", role="operator")(submit)
+    state = ClusterState()
+    nothing: Any = None  # no command here reads the cluster
+    ctx = ConsoleContext(nothing, state, Ingest(state), EventLog(lambda ev: None))
+    svc = ConsoleService({"alice": "operator", "root": "admin"}.get, ctx,
+                         commands=table.commands, audit=store.audit)
     return svc, store
 
 
 def test_retained_request_refused_and_audited(tmp_path: Path) -> None:
-    svc, store = _console(tmp_path)
     calls: list[Any] = []
-    svc.register("submit", lambda op, args: calls.append(args), role="operator")
+    svc, store = _console(tmp_path, lambda ctx, op, args: calls.append(args))
     r = svc.handle_message("alice", b'{"cmd": "submit", "args": {"x": 1}}', retain=True)
     assert not r.ok and "retained" in r.error
     assert calls == []
     last = store.audit_log(1)[-1]
     assert last["cmd"] == "submit" and last["result"].startswith("refused: retained")
-
-
-def test_command_roles_come_from_one_table(tmp_path: Path) -> None:
-    """Both consoles register their own handlers; the role is COMMAND_ROLES' for both, and
-    a registration that would grant a command to a lesser role is refused."""
-    from cloud_core.console.service import COMMAND_ROLES
-
-    svc, _store = _console(tmp_path)
-    for name, role in COMMAND_ROLES.items():
-        svc.register(name, lambda op, args: None)
-        assert svc.commands[name].role == role
-    assert svc.commands["echo"].role == "viewer"
-    with pytest.raises(ValueError, match="needs role 'operator'"):
-        svc.register("drain", lambda op, args: None, role="viewer")
-    r = svc.handle_message("alice", b'{"cmd": "audit", "args": {}}')  # operator, not admin
-    assert not r.ok and "needs role 'admin'" in r.error
 
 
 @pytest.mark.parametrize("payload", [

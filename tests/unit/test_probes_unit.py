@@ -358,7 +358,7 @@ def test_open_probe_reports_the_loader_process_failure(
     (tmp_path / "tcp_links.c").write_text("this is not C;\n")
     monkeypatch.setenv("CFNET_BPF_DIR", str(tmp_path))
     before = set(os.listdir("/proc/self/fd"))
-    probe, reason = open_probe(ProbeConfig(ebpf=True))
+    probe, reason = open_probe(ProbeConfig(ebpf=True, bcc_fallback=True))
     try:
         assert probe.name == "sockdiag"
         assert reason

@@ -295,3 +295,24 @@ def test_reported_set_is_minimal_and_suggestions_fit(case: tuple[ClusterSnapshot
     GANG[w.uid] = gang
     d = diagnose(s, w, gang_size=gang)
     check_answer(s, w, d, gang)
+
+
+def test_explain_extras_show_the_link_of_a_placed_pod() -> None:
+    from cloud_core.placement.relax import explain_extras
+
+    s = snap([node("a"), node("b")],
+             {("a", "user"): LinkInfo(5.0, 7.5, samples=31, age_s=2.0),
+              ("b", "user"): LinkInfo(5.0, 9.0, samples=3, age_s=400.0)})
+    w = wl("p", max_latency_ms=20, latency_to="user")
+    assert explain_extras(s, w, "a") == {
+        "link": "a -> user: p95 7.5 ms, 31 samples, 2 s old"}
+    assert explain_extras(s, w, "b") == {
+        "link": "b -> user: p95 9.0 ms, 3 samples, 400 s old, stale: counted x1.5"}
+    assert explain_extras(s, wl("q"), "a") == {}
+    stuck = explain_extras(s, wl("r", max_latency_ms=5, latency_to="user"), None)
+    conflict = stuck["conflict"]
+    assert isinstance(conflict, dict) and conflict["kinds"] == ["latency"]
+    assert conflict["suggestions"] == [
+        "max latency 5 ms -> 8 ms: a fits (p95 7.5 ms, 31 samples, 2 s old)"]
+    assert explain_extras(s, wl("s", max_latency_ms=5, latency_to="r1"), "a") == {
+        "link": "a -> r1: inside it (0 ms)"}

@@ -25,8 +25,8 @@ from cloud_core.placement import (
     prepare,
     validate,
 )
-from cloud_core.placement.engine import class_key
 from cloud_core.placement.model import ZONE
+from cloud_core.placement.prepared import class_key
 from cloud_core.placement.scores import TERMS
 
 SPREAD = (PodAffinityTerm(LabelSelector({"app": "web"})),)

@@ -25,7 +25,6 @@ from cloud_core.placement import (
 from cloud_core.placement.filters import (
     STATIC_FILTERS,
     check_health,
-    check_latency,
     check_node_affinity,
     check_node_selector,
     check_residency,
@@ -35,6 +34,7 @@ from cloud_core.placement.filters import (
     requirement_matches,
 )
 from cloud_core.placement.model import ZONE
+from cloud_core.placement.sla import breach, judge
 
 
 @pytest.mark.parametrize("health,want", [
@@ -133,10 +133,14 @@ def test_resources(req: Resources, free: Resources, want: str | None) -> None:
 
 @pytest.mark.parametrize("sla,p95,want", [
     (None, math.inf, None), (50.0, 10.0, None), (50.0, 50.0, None),
-    (50.0, 50.1, "latency > 50 ms"), (50.0, math.inf, "no latency data"),
+    (50.0, 50.1, "p95 50.1 ms > 50 ms to gw"), (50.0, math.inf, "no latency data to gw"),
+    (0.0, 0.0, None), (0.0, 0.5, "p95 0.5 ms > 0 ms to gw"),
 ])
 def test_latency_rule(sla: float | None, p95: float, want: str | None) -> None:
-    assert check_latency(sla, p95) == want
+    """One rule (``sla.judge``) for the filter, the score, the validator and the re-planner;
+    the reason from the real figures."""
+    assert breach(sla, p95, "gw") == want
+    assert bool(judge(sla, np.array([p95])).met[0]) is (want is None)
 
 
 # -- latency through the index: targets, staleness, direction ------------------------------

@@ -38,10 +38,10 @@ from cloud_core.placement import (
     place,
     validate,
 )
-from cloud_core.placement.engine import class_key
 from cloud_core.placement.model import HOSTNAME, REGION, ZONE
-from cloud_core.placement.solver import solve_exact_pods
+from cloud_core.placement.prepared import class_key
 from cloud_core.placement.validate import nodes_that_fit
+from tools.placement_ref import solve_exact_pods
 
 REGIONS = ("r0", "r1", "r2")
 APPS = ("a", "b", "c")
@@ -288,17 +288,17 @@ def _naive_place_class(pc: Any, w: Workload, count: int, usage: Any, policy: str
     """``sequential.place_class`` as it was written first: every pod recomputes what fits
     and its cost over all nodes (the reference for the incremental version)."""
     from cloud_core.placement import scores
-    from cloud_core.placement.engine import _all_ok, _as_running, _req
+    from cloud_core.placement.prepared import all_ok, as_running, request_vector
     from cloud_core.placement.sequential import SpreadState
 
     frs = pc.filter_results(w, resources=False)
     by_name = {f.name: f.ok for f in frs}
     static_ok = by_name["node_selector"] & by_name["node_affinity"]
     spreads = [SpreadState(pc, w, c, static_ok, by_name["taints"]) for c in w.spread]
-    req = _req(w)
+    req = request_vector(w)
     placed: list[int] = []
     for _ in range(count):
-        mask = _all_ok(pc.filter_results(w, resources=False)) & (pc.free >= req).all(axis=1)
+        mask = all_ok(pc.filter_results(w, resources=False)) & (pc.free >= req).all(axis=1)
         um, reason = usage.mask(w)
         mask &= um
         for s in spreads:
@@ -313,7 +313,7 @@ def _naive_place_class(pc: Any, w: Workload, count: int, usage: Any, policy: str
         placed.append(i)
         pc.free[i] -= req
         pc.ix.alloc[i] += req
-        pc.pods.add(_as_running(w, pc.ix.nodes[i].name))
+        pc.pods.add(as_running(w, pc.ix.nodes[i].name))
         usage.add(i, w.extended, w.host_ports)
         for s in spreads:
             s.placed(i)

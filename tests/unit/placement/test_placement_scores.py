@@ -16,7 +16,7 @@ from cloud_core.placement import (
     ScoreWeights,
     Taint,
     Toleration,
-    engine,
+    prepared,
 )
 from cloud_core.placement.filters import check_node_affinity
 from cloud_core.placement.model import HOSTNAME, ZONE, node_label
@@ -29,7 +29,6 @@ from cloud_core.placement.scores import (
     data_cost,
     dominant_share,
     energy_cost,
-    latency_cost,
     power_kw,
     preferred_weight,
     price_cost,
@@ -37,6 +36,7 @@ from cloud_core.placement.scores import (
     total_costs,
     untolerated_soft_taints,
 )
+from cloud_core.placement.sla import judge
 
 A = np.asarray
 
@@ -96,7 +96,7 @@ def test_data_gravity(gb: float, same_zone: bool, same_region: bool, want: float
     (10.0, None, 0.0),
 ])
 def test_latency_margin(p95: float, sla: float | None, want: float) -> None:
-    assert latency_cost(A([p95]), sla)[0] == pytest.approx(want)
+    assert judge(sla, A([p95])).used[0] == pytest.approx(want)
 
 
 @pytest.mark.parametrize("after,cap,want", [
@@ -331,6 +331,6 @@ def test_total_costs_is_total_cost_bit_for_bit(soft_taints: bool,
     masks = [np.isin(np.arange(40), s) for s in sels]
     for w, m, c in zip(ws, masks, pc.costs(ws, masks), strict=True):
         assert np.array_equal(c, pc.cost(w, m)), w.uid
-    monkeypatch.setattr(engine, "COST_RUN_CELLS", 50)  # many runs, some of one class
+    monkeypatch.setattr(prepared, "COST_RUN_CELLS", 50)  # many runs, some of one class
     for w, m, c in zip(ws, masks, pc.costs(ws, masks), strict=True):
         assert np.array_equal(c, pc.cost(w, m)), w.uid

@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 
 from cloud_core.placement import EngineConfig, PreparedCluster, place, validate
-from cloud_core.placement.engine import _runners_up
-from cloud_core.placement.solver import ClassSpec, _descend, _pressure, solve_exact_pods
+from cloud_core.placement.classes import ClassSpec
+from cloud_core.placement.descent import cost_descent
+from cloud_core.placement.engine import runners_up
+from cloud_core.placement.packing import pressure
 from tools.bench_tight import make_tight
+from tools.placement_ref import cpsat_cost_reference, lp_lower_bound, solve_exact_pods
 
 BUSY = ("import time\n"
         "t = time.monotonic()\n"
@@ -127,12 +130,12 @@ def test_descent_swaps_or_chains_a_pod_off_the_dear_node(with_spare: bool) -> No
     icost = [np.round(c.cost * 1e5).astype(np.int64) for c in classes]
     got = [[1], [0]]  # a on the GPU node, b filling the cpu node's cpu
     stats: dict[str, float] = {}
-    out = _descend(classes, np.array(free, dtype=np.int64), icost, got, EngineConfig(), stats)
+    out = cost_descent(classes, np.array(free, dtype=np.int64), icost, got, EngineConfig(), stats)
     assert out == ([[0], [2]] if with_spare else [[0], [1]])
     assert stats["descent_moves"] == 1
     # its (classes x nodes) tables are bounded: over the limit it is skipped, and says so
     skipped: dict[str, float] = {}
-    assert _descend(classes, np.array(free, dtype=np.int64), icost, got,
+    assert cost_descent(classes, np.array(free, dtype=np.int64), icost, got,
                     EngineConfig(descent_max_cells=1), skipped) == got
     assert skipped == {"descent_skipped": 1.0}
 
@@ -199,7 +202,6 @@ def test_lp_bound_is_loose_where_the_optimum_is_proven(seed: int) -> None:
     """The cost target "within 2 % of the LP bound" is out of reach on some tight instances
     for any placement: on these 30-pod ones CP-SAT proves the optimum (every pod placed) and
     it lies more than 2 % above the LP bound; the engine's cost is that optimum."""
-    from cloud_core.placement.solver import cpsat_cost_reference, lp_lower_bound
     from tools.bench_tight import engine_classes
 
     inst = make_tight(6, 30, seed=seed, util=(0.92, 0.98))
@@ -218,7 +220,7 @@ def test_lp_bound_is_loose_where_the_optimum_is_proven(seed: int) -> None:
 
 
 def test_pressure_is_the_class_by_class_sum() -> None:
-    """``_pressure`` (blocks of classes at once) gives the greedy pack the same pressure,
+    """``packing.pressure`` (blocks of classes at once) gives the greedy pack the same pressure,
     bit for bit, and the same per-class indices and shares as adding the classes one by
     one: the pack's scores are rounded, so a last-bit difference could change an answer.
     Several blocks (many nodes), empty masks, zero requests."""
@@ -232,7 +234,7 @@ def test_pressure_is_the_class_by_class_sum() -> None:
                          cost=np.zeros(n))
                for i in range(17)]
     press = np.zeros((n, 3))
-    where, tiled = _pressure(classes, press)
+    where, tiled = pressure(classes, press)
     want = np.zeros((n, 3))
     for c, wh, ti in zip(classes, where, tiled, strict=True):
         w = np.flatnonzero(c.mask)
@@ -244,7 +246,7 @@ def test_pressure_is_the_class_by_class_sum() -> None:
 
 
 def test_runners_up_are_the_per_class_ones() -> None:
-    """``engine._runners_up`` (blocks of classes) gives each class the count of nodes that
+    """``engine.runners_up`` (blocks of classes) gives each class the count of nodes that
     fit it before the batch and its two cheapest there, in the order ``_decide``'s
     per-class partition and stable sort give (ties included: costs on a coarse grid), so
     the decisions' runner-ups and reasons do not change."""
@@ -258,7 +260,7 @@ def test_runners_up_are_the_per_class_ones() -> None:
     base = {ci: rnd.random(n) < (0.0 if ci == 3 else 0.5) for ci in range(k)}
     costs = {ci: np.where(base[ci], np.round(rnd.uniform(0, 2, n), 1), np.inf)
              for ci in range(k)}
-    got = _runners_up(list(range(k)), reqs, base, costs, free0)
+    got = runners_up(list(range(k)), reqs, base, costs, free0)
     for ci in range(k):
         ok = base[ci].copy()
         for r in range(3):

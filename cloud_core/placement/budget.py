@@ -1,0 +1,79 @@
+"""A decision step's budget: how much CP-SAT work the solver's improving steps may spend on a
+batch, and the wall-clock time after which none starts.
+
+The work (CP-SAT's deterministic time, summed over the step's sub-solves) grows with the
+batch: ``budget_work_base + budget_work_per_pod x pods`` (300 pods: 0.65 units, about as
+many seconds of one core). It is counted, not timed, so the same batch gets the same answer
+on any load. A wall-clock deadline (``budget_wall_base_s`` > 0: ``budget_wall_base_s +
+budget_wall_per_pod_s x pods`` from the step's start) is the bound a loaded machine meets
+too: past it no further sub-solve starts and a running one is cut short, and the step keeps
+the best answer found so far (``stats["budget_deadline_hits"]`` says so: that answer may
+depend on load).
+What the budget leaves out -- more neighbourhoods -- only ever lowers the cost further;
+the count-first steps that need no CP-SAT (packing, repair, descent, slot flow, refill)
+always run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from .config import EngineConfig
+
+
+@dataclass
+class Budget:
+    """What is left of a step's CP-SAT work and until when it may run."""
+
+    work: float = math.inf  # CP-SAT deterministic time left
+    deadline: float = math.inf  # time.monotonic() past which no sub-solve starts
+    spent: float = 0.0
+    wall_cap_hits: int = 0  # CP-SAT stopped by its wall-clock safety net
+    deadline_hits: int = 0  # the step's deadline cut a sub-solve or stopped the next
+
+    @classmethod
+    def for_batch(cls, cfg: EngineConfig, pods: int) -> Budget:
+        """The budget of one batch of ``pods`` pods (no bound when ``cfg.budget`` is off)."""
+        if not cfg.budget:
+            return cls()
+        deadline = math.inf
+        if cfg.budget_wall_base_s > 0:
+            deadline = (time.monotonic() + cfg.budget_wall_base_s
+                        + cfg.budget_wall_per_pod_s * pods)
+        return cls(work=cfg.budget_work_base + cfg.budget_work_per_pod * pods,
+                   deadline=deadline)
+
+    def open(self) -> bool:
+        """May another sub-solve start?"""
+        if self.work <= 0:
+            return False
+        if self.deadline < math.inf and time.monotonic() >= self.deadline:
+            self.deadline_hits += 1
+            self.work = 0.0  # closed for the rest of the step
+            return False
+        return True
+
+    def limits(self, det_time: float, wall_cap_s: float) -> tuple[float, float, bool]:
+        """A sub-solve's deterministic time and wall-clock limit within what is left, and
+        whether the deadline (rather than ``wall_cap_s``) sets the latter."""
+        wall = wall_cap_s
+        by_deadline = False
+        if self.deadline < math.inf:
+            left = max(self.deadline - time.monotonic(), 1e-3)
+            if left < wall:
+                wall, by_deadline = left, True
+        return min(det_time, self.work), wall, by_deadline
+
+    def charge(self, det_time: float, wall_hit: bool, by_deadline: bool) -> None:
+        """Account a finished sub-solve: its deterministic time, and whether the wall clock
+        stopped it (the deadline's or the safety net's)."""
+        self.work -= det_time
+        self.spent += det_time
+        if wall_hit:
+            if by_deadline:
+                self.deadline_hits += 1
+                self.work = 0.0
+            else:
+                self.wall_cap_hits += 1

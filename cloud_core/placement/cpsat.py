@@ -1,0 +1,173 @@
+"""The class-level CP-SAT model: integer counts per (class, node), resources per node,
+anti-affinity per domain, gangs; minimise cost + penalty x unplaced from a hint. Bounded by
+work, never by the clock: a deterministic time limit, one worker, a fixed seed.
+
+CP-SAT (``ortools.sat``) is imported lazily: it pulls in pandas, which a scheduler's
+start-up should not pay for before it needs it (``warm_up``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .budget import Budget
+from .classes import ClassSpec, capacity_per_node, objective
+from .config import EngineConfig
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+
+
+def warm_up() -> None:
+    """Import CP-SAT now, off the decision path. It is imported lazily (it pulls in pandas:
+    0.8 s of CPU with compiled files, far more without), so a scheduler's first bindings do
+    not wait for it; but the first batch that needs it then stalled the loop for that long
+    mid-step (the starvation benchmark's canary p99). A long-running core calls this once its
+    first decisions are out (``k8s/wiring.py``)."""
+    from ortools.sat.python import cp_model  # noqa: F401
+
+
+def cp_solver(cfg: EngineConfig, det_time: float) -> cp_model.CpSolver:
+    """A CP-SAT solver bounded by work, not by the clock: a deterministic time limit, one
+    worker, a fixed seed -- the same model gives the same answer on a busy machine. The
+    wall-clock limit is only a safety net (far above what the work limit takes); a caller
+    that sees it hit reports it (``stats["cpsat_wall_cap_hits"]``), since that answer may
+    depend on load."""
+    from ortools.sat.python import cp_model  # lazily, as in cpsat
+
+    s = cp_model.CpSolver()
+    p = s.parameters
+    p.max_deterministic_time = det_time
+    p.max_time_in_seconds = cfg.cpsat_wall_cap_s
+    p.num_workers = 1
+    p.random_seed = cfg.cpsat_seed
+    return s
+
+
+@dataclass
+class ClassModel:
+    """A class-level CP-SAT model: ``x[class, node]`` counts the class's pods on the node."""
+
+    model: cp_model.CpModel
+    x: dict[tuple[int, int], cp_model.IntVar]
+
+    def placement(self, solver: cp_model.CpSolver, n_classes: int) -> list[list[int]]:
+        """Per class, its pods' nodes in ``solver``'s answer."""
+        got: list[list[int]] = [[] for _ in range(n_classes)]
+        for (ci, n), v in self.x.items():
+            got[ci].extend([n] * int(solver.value(v)))
+        return got
+
+
+def class_model(classes: Sequence[ClassSpec], free: np.ndarray,
+                domains: Mapping[str, np.ndarray], icost: list[np.ndarray], penalty: int,
+                hint: list[list[int]], count_only: bool = False) -> ClassModel:
+    """Integer counts per (class, node), resources per node, anti-affinity per domain,
+    gangs; minimise cost + penalty x unplaced (``count_only``: unplaced only), hinted with
+    ``hint``."""
+    # imported here: cp_model pulls in pandas (~0.5 s), which a scheduler's start-up (time to
+    # its first binding) should not pay before it needs CP-SAT
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    x: dict[tuple[int, int], cp_model.IntVar] = {}
+    per_node: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
+    placed = []
+    obj = []
+    for ci, c in enumerate(classes):
+        k = capacity_per_node(c.req, free)
+        hint_counts: dict[int, int] = {}
+        for n in hint[ci]:
+            hint_counts[n] = hint_counts.get(n, 0) + 1
+        vs = []
+        for n in np.flatnonzero(c.mask & (k > 0)).tolist():
+            v = m.new_int_var(0, int(min(k[n], c.count)), f"x{ci}_{n}")
+            m.add_hint(v, hint_counts.get(n, 0))
+            x[ci, n] = v
+            per_node.setdefault(n, []).append((ci, v))
+            vs.append(v)
+            if not count_only:
+                obj.append(int(icost[ci][n]) * v)
+        p = m.new_int_var(0, c.count, f"p{ci}")
+        m.add(p == sum(vs))
+        m.add_hint(p, len(hint[ci]))
+        placed.append(p)
+        obj.append((1 if count_only else penalty) * (c.count - p))
+    for n, lst in per_node.items():
+        for r in range(3):
+            if any(classes[ci].req[r] for ci, _ in lst):
+                m.add(sum(int(classes[ci].req[r]) * v for ci, v in lst) <= int(free[n, r]))
+    _anti_affinity(m, classes, domains, x)
+    gangs: dict[str, list[int]] = {}
+    for ci, c in enumerate(classes):
+        if c.gang is not None:
+            gangs.setdefault(c.gang, []).append(ci)
+    for cis in gangs.values():
+        y = m.new_bool_var("gang")
+        for ci in cis:
+            m.add(placed[ci] == classes[ci].count * y)
+    m.minimize(sum(obj))
+    return ClassModel(m, x)
+
+
+def _anti_affinity(m: cp_model.CpModel, classes: Sequence[ClassSpec],
+                   domains: Mapping[str, np.ndarray],
+                   x: dict[tuple[int, int], cp_model.IntVar]) -> None:
+    """Per topology key and domain: at most one pod of a class that repels itself, and
+    never two classes that repel each other (``u[ci, key, d]``: class ci has a pod in d)."""
+    used: dict[tuple[int, str, int], cp_model.IntVar] = {}
+
+    def u(ci: int, key: str, d: int) -> cp_model.IntVar:
+        if (ci, key, d) not in used:
+            b = m.new_bool_var(f"u{ci}_{key}_{d}")
+            dom = domains[key]
+            vs = [v for (cj, n), v in x.items() if cj == ci and dom[n] == d]
+            m.add(sum(vs) <= classes[ci].count * b)
+            used[ci, key, d] = b
+        return used[ci, key, d]
+
+    for ci, c in enumerate(classes):
+        for key, others in c.conflicts.items():
+            dom = domains[key]
+            ds = {int(dom[n]) for (cj, n) in x if cj == ci and dom[n] >= 0}
+            for d in ds:
+                if ci in others:
+                    m.add(sum(v for (cj, n), v in x.items() if cj == ci and dom[n] == d) <= 1)
+                for o in others:
+                    if o > ci or (o < ci and ci not in classes[o].conflicts.get(key, [])):
+                        m.add(u(ci, key, d) + u(o, key, d) <= 1)
+
+
+def cpsat(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
+          icost: list[np.ndarray], penalty: int, hint: list[list[int]], cfg: EngineConfig,
+          det_time: float | None = None, budget: Budget | None = None,
+          count_only: bool = False, presolve: bool = True
+          ) -> tuple[list[list[int]], int, str] | None:
+    """Solve ``class_model`` from ``hint`` within ``det_time`` (default
+    ``cpsat_deterministic_time``) and what is left of ``budget``: (placement, objective,
+    "optimal" or "feasible"), None when CP-SAT found nothing. The work it took and a
+    wall-clock stop are charged to ``budget``."""
+    from ortools.sat.python import cp_model
+
+    if budget is None:
+        budget = Budget()
+    det, wall, by_deadline = budget.limits(
+        det_time if det_time is not None else cfg.cpsat_deterministic_time,
+        cfg.cpsat_wall_cap_s)
+    cm = class_model(classes, free, domains, icost, penalty, hint, count_only)
+    s = cp_solver(cfg, det)
+    s.parameters.max_time_in_seconds = wall
+    # small neighbourhoods: presolve costs more than it saves (measured: 10 ms vs 45 ms)
+    s.parameters.cp_model_presolve = presolve
+    st = s.solve(cm.model)
+    budget.charge(s.response_proto.deterministic_time,
+                  s.wall_time >= s.parameters.max_time_in_seconds * 0.98, by_deadline)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    got = cm.placement(s, len(classes))
+    value = objective(classes, icost, penalty, got) if count_only else round(s.objective_value)
+    return got, value, "optimal" if st == cp_model.OPTIMAL else "feasible"
