@@ -41,6 +41,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import contextlib
 import hashlib
 import hmac
 import json
@@ -58,6 +59,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
+from cloud_core.bus_certs import AgentCA, AgentTemplate, CertIdentityError, parse_template
 from cloud_core.errors import CoreError
 
 log = logging.getLogger("cfnet.callout")
@@ -161,6 +163,7 @@ class Account:
     server_assigned: bool  # may connect with a server-assigned ID (clean-session consoles)
     permissions: dict[str, Any]
     connection_types: tuple[str, ...]
+    by_certificate: bool = False  # an enrolled agent, named by its client certificate
 
 
 def client_id_allowed(account: Account, client_id: str) -> bool:
@@ -171,8 +174,7 @@ def client_id_allowed(account: Account, client_id: str) -> bool:
             and client_id.lower() != client_id)
 
 
-def load_accounts(path: Path) -> dict[str, Account]:
-    """The accounts file ``python -m tools.nats.cluster callout-accounts`` renders."""
+def _read_doc(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_ACCOUNTS_BYTES + 1)
@@ -182,6 +184,15 @@ def load_accounts(path: Path) -> dict[str, Account]:
         raise CalloutError(f"accounts file {path} over {MAX_ACCOUNTS_BYTES} bytes")
     try:
         doc = json.loads(raw)
+    except ValueError as exc:
+        raise CalloutError(f"accounts file {path} is malformed: {exc!r}") from exc
+    if not isinstance(doc, dict):
+        raise CalloutError(f"accounts file {path} is not a JSON object")
+    return doc
+
+
+def _accounts(doc: dict[str, Any], path: Path) -> dict[str, Account]:
+    try:
         return {name: Account(name, str(u["password"]), frozenset(map(str, u["client_ids"])),
                               bool(u.get("server_assigned", False)), dict(u["permissions"]),
                               tuple(map(str, u["allowed_connection_types"])))
@@ -190,21 +201,49 @@ def load_accounts(path: Path) -> dict[str, Account]:
         raise CalloutError(f"accounts file {path} is malformed: {exc!r}") from exc
 
 
+def load_accounts(path: Path) -> dict[str, Account]:
+    """The accounts file ``python -m tools.nats.cluster callout-accounts`` renders."""
+    return _accounts(_read_doc(path), path)
+
+
+def load_template(path: Path) -> AgentTemplate | None:
+    """Its ``cert_agents`` entry (:mod:`cloud_core.bus_certs`); None without one."""
+    try:
+        return parse_template(_read_doc(path).get("cert_agents"))
+    except CertIdentityError as exc:
+        raise CalloutError(f"accounts file {path}: {exc}") from exc
+
+
+# Connections remembered per admitted name, to cut them off when it is revoked or removed
+# (the newest few: nats-server never reuses a connection id, and an old one that is gone
+# costs one no-op kick).
+MAX_CONNS_PER_NAME = 4
+
+
 class CalloutService:
     """Answers ``$SYS.REQ.USER.AUTH`` requests: :meth:`decide` then a signed response."""
 
-    def __init__(self, accounts_file: Path, issuer_seed: str, *, user_ttl_s: int = 0) -> None:
+    def __init__(self, accounts_file: Path, issuer_seed: str, *, user_ttl_s: int = 0,
+                 agent_ca: AgentCA | None = None) -> None:
         """``user_ttl_s``: the admitted connection's lifetime (0: until it disconnects).
         nats-server does not re-ask the callout on a config reload, so an account removed
-        from the accounts file stays connected until it reconnects; with a TTL the server
-        closes it at expiry and its reconnect comes back here."""
+        from the accounts file stays connected until it reconnects, unless the callout
+        cuts it off (:meth:`due_kicks`, with a system-account connection) or a TTL ends it.
+        ``agent_ca``: admit enrolled agents by their client certificate
+        (:mod:`cloud_core.bus_certs`)."""
         self.accounts_file = accounts_file
         self.user_ttl_s = user_ttl_s
+        self.agent_ca = agent_ca
         self.issuer = nkeys.from_seed(issuer_seed.encode())
         self.refusals: collections.Counter[str] = collections.Counter()
         self.accepted = 0
+        self.kicked = 0
         self._accounts: dict[str, Account] = {}
+        self._template: AgentTemplate | None = None
         self._stamp: tuple[int, ...] | None = None
+        # (kind, name) -> (server id, connection id) of its admitted connections, newest last
+        self._live: dict[tuple[str, str], collections.deque[tuple[str, int]]] = {}
+        self._kicks: list[tuple[str, str, int]] = []  # (name, server id, connection id)
         self.reload()
 
     def reload(self) -> None:
@@ -215,9 +254,40 @@ class CalloutService:
             raise CalloutError(f"cannot stat {self.accounts_file}: {exc}") from exc
         stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
         if stamp != self._stamp:
-            self._accounts = load_accounts(self.accounts_file)
-            self._stamp = stamp
-            log.info("callout: %d accounts from %s", len(self._accounts), self.accounts_file)
+            doc = _read_doc(self.accounts_file)
+            accounts = _accounts(doc, self.accounts_file)
+            try:
+                template = parse_template(doc.get("cert_agents"))
+            except CertIdentityError as exc:
+                raise CalloutError(f"accounts file {self.accounts_file}: {exc}") from exc
+            self._accounts, self._template, self._stamp = accounts, template, stamp
+            log.info("callout: %d accounts from %s%s", len(accounts), self.accounts_file,
+                     f", {len(template.revoked)} revoked nodes" if template else "")
+            self._cut_off_gone()
+
+    def _still_admitted(self, kind: str, name: str) -> bool:
+        if kind == "cert":
+            return self._template is not None and name not in self._template.revoked
+        return name in self._accounts
+
+    def _cut_off_gone(self) -> None:
+        for key in [k for k in self._live if not self._still_admitted(*k)]:
+            for server_id, cid in self._live.pop(key):
+                self._kicks.append((key[1], server_id, cid))
+            log.warning("callout: %s %r is no longer admitted: cutting off its connections",
+                        key[0], key[1])
+
+    def due_kicks(self) -> list[tuple[str, str, int]]:
+        """The connections to cut off now, (name, server id, connection id), each once:
+        those of a node revoked or an account removed since they were admitted."""
+        out, self._kicks = self._kicks, []
+        return out
+
+    def remember(self, kind: str, name: str, info: dict[str, Any], server_id: str) -> None:
+        cid = info.get("id")
+        if isinstance(cid, int) and not isinstance(cid, bool):
+            q = self._live.setdefault((kind, name), collections.deque(maxlen=MAX_CONNS_PER_NAME))
+            q.append((server_id, cid))
 
     def decide(self, request: dict[str, Any]) -> tuple[Account | None, str]:
         """The account a decoded request authenticates as, or None and the reason."""
@@ -226,14 +296,23 @@ class CalloutService:
         info = _dict(nats_claims.get("client_info"))
         user, password = opts.get("user"), opts.get("pass")
         mqtt_id = info.get("mqtt_id") or ""
-        if not isinstance(user, str) or not isinstance(password, str) or not user:
-            return None, "no username/password"
-        if not isinstance(mqtt_id, str) or max(len(user), len(password), len(mqtt_id)) > MAX_FIELD:
+        if not isinstance(mqtt_id, str) or len(mqtt_id) > MAX_FIELD:
             return None, "field too long"
         try:
             self.reload()
         except CalloutError as exc:
             log.error("%s", exc)  # keep the last good set
+        if self.agent_ca is not None:
+            try:
+                node = self.agent_ca.node_of(nats_claims.get("client_tls"))
+            except CertIdentityError as exc:
+                return None, str(exc)
+            if node is not None:
+                return self._certificate_agent(node, user, mqtt_id)
+        if not isinstance(user, str) or not isinstance(password, str) or not user:
+            return None, "no username/password"
+        if max(len(user), len(password)) > MAX_FIELD:
+            return None, "field too long"
         account = self._accounts.get(user)
         # compare_digest even for an unknown user: no timing tells which names exist.
         good = hmac.compare_digest(password.encode(), (account.password if account else
@@ -243,6 +322,22 @@ class CalloutService:
         is_mqtt = str(info.get("type", "")).lower() == "mqtt" or bool(mqtt_id)
         if is_mqtt and not client_id_allowed(account, mqtt_id):
             return None, f"client id {mqtt_id!r} is not account {user!r}'s"
+        return account, ""
+
+    def _certificate_agent(self, node: str, user: Any, mqtt_id: str) -> tuple[Account | None, str]:
+        """Node ``node``'s verified certificate: admitted with the agent role for that node
+        only, its own client IDs only (module :mod:`cloud_core.bus_certs`)."""
+        t = self._template
+        if t is None:
+            return None, "no certificate agents are admitted (no cert_agents)"
+        if node in t.revoked:
+            return None, f"node {node!r} is revoked"
+        if user not in (None, "", node):
+            return None, f"username {str(user)[:MAX_FIELD]!r} is not the certificate's node"
+        account = Account(node, "", t.client_ids_for(node), False, t.permissions_for(node),
+                          t.connection_types, by_certificate=True)
+        if not client_id_allowed(account, mqtt_id):
+            return None, f"client id {mqtt_id!r} is not node {node!r}'s"
         return account, ""
 
     def respond(self, data: bytes) -> bytes | None:
@@ -277,6 +372,8 @@ class CalloutService:
                      "allowed_connection_types": list(account.connection_types),
                      "type": "user", "version": 2}})
         self.accepted += 1
+        self.remember("cert" if account.by_certificate else "password", account.name,
+                      _dict(nc.get("client_info")), server_id)
         return encode_jwt(self.issuer, {**base, "nats": {
             "jwt": user_jwt, "type": "authorization_response", "version": 2}}).encode()
 
@@ -291,9 +388,40 @@ def _tls(ca_file: Path | None) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
 
 
+KICK_SUBJECT = "$SYS.REQ.SERVER.{}.KICK"  # nats-server's clientKickReqSubj (events.go)
+RELOAD_POLL_S = 1.0  # how often the accounts file is looked at for revocations
+
+
+async def cut_off(svc: CalloutService, sys_nc: Any | None) -> int:
+    """Re-read the accounts file and kick the connections of what it no longer admits
+    (``$SYS.REQ.SERVER.<id>.KICK``, as the system account); how many were kicked."""
+    try:
+        svc.reload()
+    except CalloutError as exc:
+        log.error("%s", exc)  # keep the last good set
+    done = 0
+    for name, server_id, cid in svc.due_kicks():
+        if sys_nc is None:
+            log.warning("callout: %r stays connected until it reconnects (connection %d): "
+                        "no system-account user to kick it with (--sys-user)", name, cid)
+            continue
+        try:
+            await sys_nc.request(KICK_SUBJECT.format(server_id),
+                                 json.dumps({"cid": cid}).encode(), timeout=2)
+            done += 1
+            log.warning("callout: kicked %r (server %s, connection %d)", name,
+                        server_id[:8], cid)
+        except Exception as exc:  # that server is away: the connection went with it
+            log.info("callout: kicking %r (connection %d): %s", name, cid, exc)
+    svc.kicked += done
+    return done
+
+
 async def serve(svc: CalloutService, urls: list[str], user: str, password: str,
-                ca_file: Path | None, stop: asyncio.Event) -> None:
-    """Answer requests on every ``urls`` server until ``stop``; prints ``ready`` once subscribed."""
+                ca_file: Path | None, stop: asyncio.Event,
+                sys_login: tuple[str, str] | None = None) -> None:
+    """Answer requests on every ``urls`` server until ``stop``; prints ``ready`` once
+    subscribed. ``sys_login``: a system-account user, to cut off what is revoked."""
     import nats
 
     async def on_request(msg: Any) -> None:
@@ -304,12 +432,22 @@ async def serve(svc: CalloutService, urls: list[str], user: str, password: str,
     nc = await nats.connect(servers=urls, user=user, password=password, tls=_tls(ca_file),
                             name="cfnet-callout", max_reconnect_attempts=-1,
                             reconnect_time_wait=0.5)
+    sys_nc = None
     try:
+        if sys_login is not None:
+            sys_nc = await nats.connect(servers=urls, user=sys_login[0], password=sys_login[1],
+                                        tls=_tls(ca_file), name="cfnet-callout-sys",
+                                        max_reconnect_attempts=-1, reconnect_time_wait=0.5)
         await nc.subscribe(CALLOUT_SUBJECT, queue=QUEUE, cb=on_request)
         await nc.flush()
         print("ready", flush=True)
-        await stop.wait()
+        while not stop.is_set():
+            await cut_off(svc, sys_nc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), RELOAD_POLL_S)
     finally:
+        if sys_nc is not None:
+            await sys_nc.close()
         await nc.close()
 
 
@@ -322,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--issuer-seed-file", type=Path, required=True)
     ap.add_argument("--accounts", type=Path, required=True)
     ap.add_argument("--ca-file", type=Path)
+    ap.add_argument("--agent-ca", type=Path,
+                    help="admit enrolled agents by a client certificate of this CA "
+                         "(the MQTT listener's TLS: verify optional, this ca_file)")
+    ap.add_argument("--sys-user", help="a system-account user: cut off revoked connections")
+    ap.add_argument("--sys-password-file", type=Path)
     ap.add_argument("--user-ttl", type=int, default=0, metavar="SECONDS",
                     help="close admitted connections after this long, so a removed account "
                          "is cut off (0: never; they reconnect through the callout)")
@@ -330,9 +473,15 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s")
     try:
         svc = CalloutService(a.accounts, a.issuer_seed_file.read_text().strip(),
-                             user_ttl_s=max(0, a.user_ttl))
+                             user_ttl_s=max(0, a.user_ttl),
+                             agent_ca=AgentCA(a.agent_ca) if a.agent_ca else None)
         password = a.password_file.read_text().strip()
-    except (OSError, CalloutError, nkeys.ErrInvalidSeed) as exc:
+        sys_login = None
+        if a.sys_user:
+            if not a.sys_password_file:
+                raise CalloutError("--sys-user needs --sys-password-file")
+            sys_login = (a.sys_user, a.sys_password_file.read_text().strip())
+    except (OSError, CalloutError, CertIdentityError, nkeys.ErrInvalidSeed) as exc:
         print(f"cfnet-callout: {exc}", file=sys.stderr)
         return 2
     stop = asyncio.Event()
@@ -342,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(svc, a.nats_url.split(","), a.user, password, a.ca_file, stop)
+        await serve(svc, a.nats_url.split(","), a.user, password, a.ca_file, stop, sys_login)
 
     asyncio.run(run())
     return 0

@@ -317,7 +317,8 @@ def results_markers(name: str) -> tuple[str, str]:
 
 def _as_markdown(stdout: str) -> str:
     """A benchmark's stdout as markdown: each table, and each run of other lines, a
-    paragraph of its own (a line next to a table would break it)."""
+    paragraph of its own (a line next to a table would break it); a run of several other
+    lines (a plain-text table, say) as a code block, so that its columns stay aligned."""
     groups: list[list[str]] = []
     for line in (ln.rstrip() for ln in stdout.strip().splitlines()):
         if not line.strip():
@@ -327,7 +328,8 @@ def _as_markdown(stdout: str) -> str:
             groups[-1].append(line.strip() if is_row else line)
         else:
             groups.append([line.strip() if is_row else line])
-    return "\n\n".join("\n".join(g) for g in groups)
+    return "\n\n".join("\n".join(g) if len(g) == 1 or g[0].lstrip().startswith("|")
+                         else "```text\n" + "\n".join(g) + "\n```" for g in groups)
 
 
 RESULTS_HEAD = """# Benchmark results
@@ -347,16 +349,16 @@ module docstring (`python -m tools.bench_NAME --help`) and the page of its area
 
 def update_results(outcomes: Sequence[Outcome], path: Path, when: str, where: str,
                    full: bool) -> list[str]:
-    """Replace (or add) each successful benchmark's section of the results file;
+    """Replace (or add) the section of each benchmark that ran and printed something;
     returns the names written."""
     text = path.read_text() if path.exists() else RESULTS_HEAD
     done = []
     for o in outcomes:
-        if not o.ok:
+        if o.rc != 0 or not o.stdout.strip():
             continue
         begin, end = results_markers(o.name)
         body = (f"{begin}\nMeasured {when} on {where}, {o.seconds:.0f} s "
-                f"({'full' if full else 'quick'} mode of `make bench`):\n"
+                f"({'full' if full else 'quick'} mode, tools/bench_all):\n"
                 f"`{o.command}`\n\n{_as_markdown(o.stdout)}\n{end}")
         span = _between(text, begin, end)
         if span is None:

@@ -111,6 +111,9 @@ def bus(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
     values = [
         "image.registry=localhost", "image.pullPolicy=Never",
         "mosquitto.enabled=false", "nats.mode=deploy", f"nats.deploy.image={IMAGE}",
+        # the hub's accounts as config users (the callout, on by default, is exercised on a
+        # real nats-server by tests/integration/test_bus_callout.py and test_bus_agent_certs.py)
+        "nats.deploy.callout.enabled=false",
         # as test_helm_install.py: the real node, no CAP_SYS_RESOURCE here, the state dir
         # under the node's temp dir; one core replica (the Lease hand-over is tested there)
         f"core.nodeSelector.kubernetes\\.io/hostname={NODE}", "core.replicas=1",

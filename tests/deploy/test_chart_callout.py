@@ -1,9 +1,14 @@
-"""The chart's NATS auth callout (``nats.deploy.callout``; cloud_core/bus_callout.py): off by
-default; on, every NATS pod gets a ``callout`` sidecar (the core image) that reaches its own
-server by its pod name over TLS, with the Secret of seed, password and accounts file; the
-accounts.conf ``python -m tools.nats.cluster accounts --callout-...`` renders holds only the
-callout's user and the ``auth_callout`` block, and the real nats-server accepts it with the
-chart's nats.conf. The callout's behaviour itself: tests/integration/test_bus_callout.py."""
+"""The chart's NATS auth callout (``nats.deploy.callout``; cloud_core/bus_callout.py): on by
+default; every NATS pod gets a ``callout`` sidecar (the core image) that reaches its own
+server by its pod name over TLS, with the Secret of seed, password, system-account password
+and accounts file; with ``agent.identity: certificate`` (the default) the MQTT listener
+checks a presented client certificate against the agent CA (``verify: "optional"``) and the
+callout names the agent by it (``--agent-ca``), the agents enroll as on Mosquitto; with
+``nats.leaf`` or the callout off they keep the password. The accounts.conf ``python -m
+tools.nats.cluster accounts --callout-...`` renders holds only the callout's users and the
+``auth_callout`` block, and the real nats-server accepts it with the chart's nats.conf. The
+callout's behaviour itself: tests/integration/test_bus_callout.py,
+tests/integration/test_bus_agent_certs.py."""
 
 from __future__ import annotations
 
@@ -29,20 +34,46 @@ def _objs(values: list[str]) -> dict[tuple[str, str], dict[str, object]]:
     return {(d["kind"], d["metadata"]["name"]): d for d in documents(template(values=values))}
 
 
-def test_off_by_default_and_a_sidecar_when_on() -> None:
-    pod = _objs(["nats.mode=deploy"])[("StatefulSet", "nats")]["spec"]["template"]["spec"]  # type: ignore[index]
-    assert [c["name"] for c in pod["containers"]] == ["nats"]
-    objs = _objs(["nats.mode=deploy", "nats.deploy.callout.enabled=true"])
+def test_on_by_default_with_agent_certificates() -> None:
+    objs = _objs(["nats.mode=deploy"])
     pod = objs[("StatefulSet", "nats")]["spec"]["template"]["spec"]  # type: ignore[index]
     side = {c["name"]: c for c in pod["containers"]}["callout"]
     cmd = " ".join(side["command"])
     assert "-m cloud_core.bus_callout" in cmd
     assert "tls://$(POD_NAME).nats-cluster.cfnet-system.svc:4222" in cmd
+    assert "--agent-ca /etc/nats/agent-ca/ca.crt" in cmd and "--sys-user cfnet-callout-sys" in cmd
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["callout"]["secret"]["secretName"] == "nats-callout"
+    assert vols["agent-ca"]["secret"]["secretName"] == "cfnet-agent-ca"
+    assert vols["agent-ca"]["secret"]["items"] == [{"key": "tls.crt", "path": "ca.crt"}]
+    conf = objs[("ConfigMap", "nats-config")]["data"]["nats.conf"]  # type: ignore[index]
+    assert 'ca_file: "/etc/nats/agent-ca/ca.crt", verify: "optional"' in conf
+    assert "system_account: SYS" in conf
+    # The agents enroll (CSR RBAC, the core signs) and keep no shared password.
+    assert ("ServiceAccount", "cfnet-agent") in objs
+    ds = objs[("DaemonSet", "cfnet-agent")]["spec"]["template"]["spec"]  # type: ignore[index]
+    assert "enroll-token" in json.dumps(ds)  # the pod-bound token it files its CSR with
     r = chart.helm("lint", "--strict", str(chart.CHART), "--set", "nats.mode=deploy",
-                   "--set", "nats.deploy.callout.enabled=true", check=False)
+                   check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("values", [
+    ["nats.deploy.callout.enabled=false"],  # no callout: nothing names an agent by it
+    ["agent.identity=password"],
+    ["nats.leaf.enabled=true", "nats.leaf.sites[0].name=siteA",  # a leaf has no callout
+     "nats.leaf.sites[0].address=10.1.0.5",
+     "nats.leaf.sites[0].nodeSelector.kubernetes\\.io/hostname=edge-gw-a"],
+])
+def test_agents_keep_the_password_without_the_callout_or_at_sites(values: list[str]) -> None:
+    objs = _objs(["nats.mode=deploy", *values])
+    conf = objs[("ConfigMap", "nats-config")]["data"]["nats.conf"]  # type: ignore[index]
+    assert 'verify: "optional"' not in conf
+    pod = objs[("StatefulSet", "nats")]["spec"]["template"]["spec"]  # type: ignore[index]
+    assert "agent-ca" not in {v["name"] for v in pod["volumes"]}
+    ds = objs[("DaemonSet", "cfnet-agent")]["spec"]["template"]["spec"]  # type: ignore[index]
+    assert "enroll-token" not in json.dumps(ds)
+    assert '{"secret": {"name": "cfnet-agent-credentials"}}' in json.dumps(ds)  # its password
 
 
 def test_callout_accounts_and_conf_are_rendered_and_accepted_by_nats_server(
@@ -61,18 +92,24 @@ def test_callout_accounts_and_conf_are_rendered_and_accepted_by_nats_server(
     users = json.loads(capsys.readouterr().out)["users"]
     assert users["edge-a"]["client_ids"] == ["agent-edge-a", "edge-a"]
     assert users["ops"]["server_assigned"] and not users["edge-a"]["server_assigned"]
+    assert nats_main(["callout-accounts", "--pki", pki, "--revoke", "edge-b"]) == 0
+    agents = json.loads(capsys.readouterr().out)["cert_agents"]
+    assert agents["revoked"] == ["edge-b"] and agents["client_ids"] == ["__NODE__",
+                                                                          "agent-__NODE__"]
     assert nats_main(["accounts", "--pki", pki, "--callout-seed-file", str(tmp_path / "seed"),
                       "--callout-password-file", str(tmp_path / "password"),
                       "--callout-bypass", "cfnet-leaf"]) == 0
     acc = capsys.readouterr().out
     assert account_public(seed) in acc and '"edge-a"' not in acc, acc
-    assert '"cfnet-leaf"' in acc
+    assert '"cfnet-leaf"' in acc and '"cfnet-callout-sys"' in acc
     # The chart's nats.conf with this accounts.conf, as the pod mounts them.
-    conf = _objs(["nats.mode=deploy", "nats.deploy.callout.enabled=true"])[
+    conf = _objs(["nats.mode=deploy"])[
         ("ConfigMap", "nats-config")]["data"]["nats.conf"]  # type: ignore[index]
     etc = tmp_path / "etc" / "nats"
     (etc / "tls").mkdir(parents=True)
     (etc / "accounts").mkdir()
+    (etc / "agent-ca").mkdir()
+    (etc / "agent-ca" / "ca.crt").write_bytes(Path(store.ca_file).read_bytes())
     for src, dst in ((store.broker_cert, "tls.crt"), (store.broker_key, "tls.key"),
                      (store.ca_file, "ca.crt")):
         (etc / "tls" / dst).write_bytes(Path(src).read_bytes())
@@ -81,5 +118,6 @@ def test_callout_accounts_and_conf_are_rendered_and_accepted_by_nats_server(
     (etc / "nats.conf").write_text(text)
     r = subprocess.run([str(build_nats()), "-t", "-c", str(etc / "nats.conf")],
                        capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "POD_NAME": "nats-0"})
+                       env={**os.environ, "POD_NAME": "nats-0",
+                            "NATS_CALLOUT_SYS_PASSWORD": "0123sys"})
     assert r.returncode == 0, f"nats-server refused the rendered config:\n{r.stderr}{text}"

@@ -125,7 +125,8 @@ def _check_conf(tmp_path: Path, conf: str, *, env: dict[str, str] | None = None)
     (etc / "nats.conf").write_text(text)
     r = subprocess.run([str(build_nats()), "-t", "-c", str(etc / "nats.conf")],
                        capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "POD_NAME": "nats-0", **(env or {})})
+                       env={**os.environ, "POD_NAME": "nats-0",
+                            "NATS_CALLOUT_SYS_PASSWORD": "0123sys", **(env or {})})
     assert r.returncode == 0, f"nats-server refused the rendered config:\n{r.stderr}{text}"
 
 

@@ -322,9 +322,10 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      and {"configMapRef": {"name": "cfnet-bus"}} in core_c(o)["envFrom"]
      and {"configMapRef": {"name": "cfnet-bus"}} in agent(o)["containers"][0]["envFrom"]
      and not any(a.startswith("--broker-host") for a in core_c(o)["args"])
-     # no certificate listener on the clustered bus: the agents keep the password
-     and agent_conf(o).get("password_file") == "/etc/cfnet-agent/password"
-     and not any(a.startswith("--agent-ca-secret") for a in core_c(o)["args"])),
+     # the chart's NATS checks the enrolled certificate (the callout names the agent by
+     # it): the agents enroll and the core signs, as on Mosquitto
+     and agent_conf(o).get("identity") == "certificate"
+     and any(a.startswith("--agent-ca-secret") for a in core_c(o)["args"])),
     ("nats.streamReplicas", ["nats.mode=deploy", "nats.streamReplicas=2"],
      lambda o: bus(o)["CFNET_NATS_REPLICAS"] == "2"),
     ("nats.external.mqttHost", [*NATS_EXT, "nats.external.mqttHost=bus.example.org"],

@@ -105,3 +105,14 @@ def test_results_sections_are_replaced_added_or_kept(tmp_path: Path) -> None:
     third = results.read_text()
     assert "| ebpf-core | 25.0 |" in third and "26.6" not in third
     assert third.count("## bench_agent") == 1 and third.count("results:agent:begin") == 1
+
+
+def test_plain_text_output_is_kept_aligned_in_a_code_block(tmp_path: Path) -> None:
+    results = tmp_path / "results.md"
+    out = ("5000 nodes, 20 pods\nper pod (CPU ms)  median  p10\ndiagnose   100.5   77.2\n"
+           "explain     67.1   53.5\n")
+    conflict = Outcome("conflict", ["py", "-m", "tools.bench_conflict"], 0, 15.0, out, "")
+    assert update_results([conflict], results, WHEN, WHERE, False) == ["conflict"]
+    text = results.read_text()
+    assert "```text\n5000 nodes, 20 pods\nper pod (CPU ms)  median  p10\n" in text
+    assert "explain     67.1   53.5\n```\n<!-- results:conflict:end -->" in text

@@ -37,11 +37,13 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from cloud_core.bus_callout import account_public, new_account_seed
+from cloud_core.bus_certs import NODE
 from cloud_core.bus_nats import EDGE_STREAM, STREAM, subject_to_topic, topic_to_subject
 from cloud_core.bus_retained import (
     MSG_GET,
@@ -71,6 +73,9 @@ READY_USER = "harness-ready"
 ADMIN_USER = "harness-admin"
 # The auth callout's own native-NATS user (cloud_core/bus_callout.py): bypasses the callout.
 CALLOUT_USER = "cfnet-callout"
+# The callout's system-account user: cuts off revoked nodes' connections ($SYS KICK).
+CALLOUT_SYS_USER = "cfnet-callout-sys"
+SYS_ACCOUNT = "SYS"
 # Room for the largest payload the wire accepts plus topic and envelope.
 MAX_PAYLOAD = 256 * 1024 + 16 * 1024
 
@@ -181,7 +186,7 @@ def own_client_ids(name: str, role: Role) -> set[str]:
     return ids
 
 
-def callout_accounts(store: CertStore) -> dict[str, object]:
+def callout_accounts(store: CertStore, revoked: Iterable[str] = ()) -> dict[str, object]:
     """What the auth callout (``cloud_core.bus_callout``) admits: every account of the
     store with its password, its own client IDs, its NATS permissions (JWT form) and
     connection types. An ID two accounts could both claim (node ``b``'s ``agent-b`` and an
@@ -201,7 +206,18 @@ def callout_accounts(store: CertStore) -> dict[str, object]:
             "server_assigned": role == "operator",
             "permissions": {"pub": perms["publish"], "sub": perms["subscribe"]},
             "allowed_connection_types": _conn_types(role)}
-    return {"version": 1, "users": users}
+    return {"version": 1, "users": users, "cert_agents": cert_agents(revoked)}
+
+
+def cert_agents(revoked: Iterable[str] = ()) -> dict[str, object]:
+    """What the callout admits an enrolled agent with, by its client certificate
+    (``cloud_core.bus_certs``): the agent role's permissions and client IDs with
+    :data:`~cloud_core.bus_certs.NODE` for the node, and the revoked nodes."""
+    perms = nats_permissions(NODE, "agent")
+    return {"permissions": {"pub": perms["publish"], "sub": perms["subscribe"]},
+            "client_ids": sorted(own_client_ids(NODE, "agent")),
+            "allowed_connection_types": _conn_types("agent"),
+            "revoked": sorted(set(revoked))}
 
 
 def callout_conf(issuer: str, auth_users: list[str]) -> str:
@@ -282,7 +298,8 @@ class NatsCluster(BusAccounts):
     def __init__(self, workdir: Path, *, size: int = 3, binary: Path | None = None,
                  tls: bool = True, host: str = "127.0.0.1", netns: str | None = None,
                  leafnodes: bool = False, extra_sans: tuple[str, ...] = (),
-                 callout: bool = False, callout_ttl_s: int = 0) -> None:
+                 callout: bool = False, callout_ttl_s: int = 0,
+                 agent_ca: Path | None = None) -> None:
         """``netns``/``host``: run every node inside that network namespace, listening on
         ``host`` (the lab's cloud site); ``leafnodes``: each node also listens for edge
         sites' leaf nodes (:class:`tools.nats.leaf.EdgeLeaf`, user :attr:`leaf_user`);
@@ -290,7 +307,11 @@ class NatsCluster(BusAccounts):
         site's leaf node, which serves the same certificate to its agents); ``callout``:
         accounts are admitted by the auth callout (``cloud_core.bus_callout``, one process
         beside the nodes), which holds every account to its own MQTT client ID;
-        ``callout_ttl_s``: its ``--user-ttl``."""
+        ``callout_ttl_s``: its ``--user-ttl``; ``agent_ca`` (with ``callout``): the MQTT
+        listener verifies a client certificate when one is presented (``verify:
+        "optional"``, this CA file), and the callout admits an enrolled agent by it
+        (``cloud_core.bus_certs``), cutting off a revoked node's connections
+        (:meth:`revoke`) through a system-account user."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o700)
@@ -308,6 +329,11 @@ class NatsCluster(BusAccounts):
         self.callout = callout
         self.callout_ttl_s = callout_ttl_s
         self.callout_password = os.urandom(12).hex()
+        if agent_ca is not None and not callout:
+            raise NatsError("agent certificates on NATS are admitted by the auth callout")
+        self.agent_ca = agent_ca
+        self.revoked: set[str] = set()
+        self.callout_sys_password = os.urandom(12).hex()
         self._callout_seed = new_account_seed()
         self.callout_log = self.workdir / "callout.log"
         self._callout_proc: subprocess.Popen[bytes] | None = None
@@ -381,8 +407,16 @@ class NatsCluster(BusAccounts):
             # Edge sites' leaf connections authenticate as the hub's leaf user (the leafnodes
             # block's own authorization); the callout would refuse them: not an account.
             bypass = [READY_USER, ADMIN_USER, CALLOUT_USER,
-                      *([self.leaf_user] if node.leaf_port else [])]
+                      *([self.leaf_user] if node.leaf_port else []),
+                      *([CALLOUT_SYS_USER] if self.agent_ca is not None else [])]
             auth += ", " + callout_conf(account_public(self._callout_seed), bypass)
+        mqtt_tls = tls
+        if self.tls and self.agent_ca is not None:
+            # A certificate is verified when presented (agents), optional otherwise
+            # (cores, operators: passwords); the callout names the agent by it.
+            mqtt_tls = (f'tls {{ cert_file: "{self.store.broker_cert}", key_file: '
+                        f'"{self.store.broker_key}", ca_file: "{self.agent_ca}", '
+                        'verify: "optional", timeout: 5 }')
         # JSON is valid NATS config syntax for these values (quoted strings, lists, maps).
         return "\n".join([
             "# Generated by tools/nats/cluster.py (tests and benchmarks).",
@@ -396,15 +430,24 @@ class NatsCluster(BusAccounts):
             f"routes: [{routes}] }}",
             self._leafnodes_conf(node, tls),
             f'mqtt {{ listen: "{self.host}:{node.mqtt_port}"',
-            f"  {tls}",
+            f"  {mqtt_tls}",
             # Sessions, retained messages and QoS 1 messages on all three nodes: a
             # killed node loses nothing acknowledged.
             "  stream_replicas: 3",
             "  ack_wait: \"10s\"",
             "  max_ack_pending: 1000 }",
             f"authorization {{ {auth} }}",
+            *self._sys_conf(),
             "",
         ])
+
+    def _sys_conf(self) -> list[str]:
+        if self.agent_ca is None:
+            return []
+        # The system account, with the callout's user that kicks revoked nodes' connections.
+        users = json.dumps([{"user": CALLOUT_SYS_USER, "password": self.callout_sys_password}])
+        return [f"accounts {{ {SYS_ACCOUNT}: {{ users: {users} }} }}",
+                f"system_account: {SYS_ACCOUNT}"]
 
     def _leafnodes_conf(self, node: _Node, tls: str) -> str:
         if not node.leaf_port:
@@ -421,7 +464,7 @@ class NatsCluster(BusAccounts):
         if self.callout:
             path = self.workdir / "callout-accounts.json"
             tmp = path.with_suffix(".tmp")
-            write_conf(tmp, json.dumps(callout_accounts(self.store)))
+            write_conf(tmp, json.dumps(callout_accounts(self.store, self.revoked)))
             tmp.replace(path)  # the callout re-reads it on a changed stat, never half-written
 
     # ------------------------------------------------------------------ lifecycle
@@ -451,6 +494,7 @@ class NatsCluster(BusAccounts):
                "--password-file", str(pw), "--issuer-seed-file", str(seed),
                "--accounts", str(self.workdir / "callout-accounts.json"),
                "--user-ttl", str(self.callout_ttl_s),
+               *self._callout_cert_args(),
                *(["--ca-file", str(self.ca_file)] if self.tls else [])]
         out = open(self.callout_log, "ab")  # noqa: SIM115 - handed to Popen
         with out:
@@ -465,6 +509,20 @@ class NatsCluster(BusAccounts):
             stop_server(p)
             raise NatsError(f"the auth callout did not start (got {ready!r}): "
                             f"{log_tail(self.callout_log)}")
+
+    def _callout_cert_args(self) -> list[str]:
+        if self.agent_ca is None:
+            return []
+        sys_pw = self.workdir / "callout-sys.password"
+        write_conf(sys_pw, self.callout_sys_password)
+        return ["--agent-ca", str(self.agent_ca), "--sys-user", CALLOUT_SYS_USER,
+                "--sys-password-file", str(sys_pw)]
+
+    def revoke(self, node: str) -> None:
+        """Revoke an enrolled node: the callout refuses its certificate from now on and
+        cuts off its open connections (it re-reads the accounts file once a second)."""
+        self.revoked.add(node)
+        self._write_confs()
 
     def stop_callout(self) -> None:
         """Stop the auth callout (SIGTERM): every new connection is then refused."""
@@ -626,7 +684,8 @@ def render_accounts(store: CertStore, *, callout_issuer: str | None = None,
     ``nats.deploy.accountsSecretName``). Passwords as the store holds them; keep the
     Secret as private as the store. With ``callout_issuer`` (the callout's account public
     key) the accounts are the callout's to admit (:func:`callout_accounts`): only the
-    callout's own user and the ``auth_callout`` block are rendered; ``callout_bypass``:
+    callout's own users (and its system-account user's bypass) and the ``auth_callout``
+    block are rendered; ``callout_bypass``:
     more users the server admits itself (the hub's leaf user, ``cfnet-leaf``, with
     ``nats.leaf``: a leaf connection would otherwise go to the callout and be refused)."""
     if callout_issuer is None:
@@ -635,7 +694,8 @@ def render_accounts(store: CertStore, *, callout_issuer: str | None = None,
         raise NatsError("a callout config needs the callout user's password")
     users = json.dumps([callout_user(callout_password)], indent=1)
     return (f"authorization {{ users: {users},\n"
-            f"{callout_conf(callout_issuer, [CALLOUT_USER, *callout_bypass])} }}\n")
+            f"{callout_conf(callout_issuer, [CALLOUT_USER, CALLOUT_SYS_USER, *callout_bypass])}"
+            " }\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -651,6 +711,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--callout-password-file", type=Path)
     ap.add_argument("--callout-bypass", action="append", default=[],
                     help="a user the server admits itself (cfnet-leaf with nats.leaf)")
+    ap.add_argument("--revoke", action="append", default=[], metavar="NODE",
+                    help="callout-accounts: a node whose enrolled certificate is refused "
+                         "(and its open connections cut off); repeat for more")
     a = ap.parse_args(argv)
     if a.what == "callout-seed":
         print(new_account_seed())
@@ -660,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     store = CertStore(a.pki)
     if a.what == "callout-accounts":
-        sys.stdout.write(json.dumps(callout_accounts(store), indent=1) + "\n")
+        sys.stdout.write(json.dumps(callout_accounts(store, a.revoke), indent=1) + "\n")
         return 0
     issuer = password = None
     if a.callout_seed_file:

@@ -59,8 +59,16 @@ reached through one (certNodePort for the certificate listener), else broker.cer
 {{- end }}
 
 {{/* Non-empty when agents enroll for client certificates (agent.identity: certificate):
-the agent ServiceAccount and CSR RBAC, the core's signer, the broker's certificate listener.
-Mosquitto only: the clustered bus (nats.mode) has no such listener, its agents use passwords. */}}
+the agent ServiceAccount and CSR RBAC, the core's signer, the broker's certificate listener
+(Mosquitto) or, on the chart's own NATS cluster (nats.mode deploy), the MQTT listener's
+optional client-certificate check and the auth callout that names an agent by it
+(nats.deploy.callout.enabled). Not with edge sites (nats.leaf): a site's leaf node has no
+callout, its agents use passwords; nor with nats.mode external, whose servers the chart
+does not configure. */}}
 {{- define "cfnet.agentCertificates" -}}
-{{- if and .Values.agent.enabled (eq .Values.agent.identity "certificate") (eq .Values.nats.mode "off") -}}true{{- end -}}
+{{- if and .Values.agent.enabled (eq .Values.agent.identity "certificate") -}}
+{{- if eq .Values.nats.mode "off" -}}true
+{{- else if and (eq .Values.nats.mode "deploy") .Values.nats.deploy.callout.enabled (not .Values.nats.leaf.enabled) -}}true
+{{- end -}}
+{{- end -}}
 {{- end }}
