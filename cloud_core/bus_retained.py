@@ -136,10 +136,20 @@ class RetainedStore:
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name="cfnet-nats-retained", daemon=True)
         self._nc: Any = None
-        self._lock = threading.Lock()
+        self._connecting: asyncio.Lock | None = None
 
     def start(self) -> None:
+        """Start the loop and connect now, so the first request does not wait for a TLS
+        connect (a failure here is logged; the first check connects again)."""
         self._thread.start()
+
+        async def warm() -> None:
+            try:
+                await self._conn()
+            except Exception as exc:  # the bus not up yet: the first check tries again
+                log.info("retained-store connection not up yet: %s", exc or type(exc).__name__)
+
+        asyncio.run_coroutine_threadsafe(warm(), self._loop)
 
     def stop(self) -> None:
         if not self._thread.is_alive():
@@ -181,8 +191,15 @@ class RetainedStore:
                                      f"{exc or type(exc).__name__}") from exc
 
     async def _conn(self) -> Any:
-        if self._nc is not None and not self._nc.is_closed:
+        if self._connecting is None:  # made on the loop's own thread, the only one using it
+            self._connecting = asyncio.Lock()
+        async with self._connecting:  # one connection, however many checks wait for it
+            if self._nc is not None and not self._nc.is_closed:
+                return self._nc
+            self._nc = await self._connect()
             return self._nc
+
+    async def _connect(self) -> Any:
         import nats
 
         s = self.login
@@ -193,12 +210,11 @@ class RetainedStore:
         async def error(exc: Exception) -> None:
             log.info("NATS (retained store): %s", exc or type(exc).__name__)
 
-        self._nc = await nats.connect(
+        return await nats.connect(
             servers=list(s.urls), user=s.username, password=s.password, tls=tls,
             name=f"{s.username}-console", inbox_prefix=f"_INBOX_{s.username}".encode(),
             max_reconnect_attempts=-1, reconnect_time_wait=0.5,
             connect_timeout=CONNECT_TIMEOUT_S, allow_reconnect=True, error_cb=error)
-        return self._nc
 
     async def _api(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
         nc = await self._conn()

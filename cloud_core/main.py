@@ -320,6 +320,14 @@ def start_kube(a: argparse.Namespace, client: KubeClient, core: CoreService,
     # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
     core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
                               "event", int_fields(kube.actuator.stats))
+    # FailedScheduling events' conflict answers (k8s/conflicts.py): pods unschedulable now
+    # by the kind of each constraint of their minimal conflict, and how the answers went
+    # (diagnosed; skipped: its queue was full; failed)
+    core.metrics.add_gauges("cfnet_unschedulable_pods", "Unschedulable pods by conflicting "
+                            "constraint", "constraint",
+                            kube.actuator.binder.unschedulable_by_constraint)
+    core.metrics.add_counters("cfnet_conflict_answers", "FailedScheduling events' conflict "
+                              "answers", "outcome", kube.actuator.binder.conflict_answers)
     # List pages / watch events that did not fit the lean schemas (decoded generically):
     # a rise says the API server answers in a shape objects.py does not expect.
     core.metrics.add_counters("cfnet_kube_decode", "Kubernetes objects decoded "

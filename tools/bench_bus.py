@@ -23,7 +23,8 @@ MQTT process). Recovery = from the kill until every node is fresh again (stalene
 p99 staleness of the leader's view back under max(2.5 s, 1.5 x the steady p99)). At
 the end: reports the fleet still holds unacknowledged after a ``DRAIN_S`` drain (kept
 and resent by the agents, so not lost while they hold them; 0 means every report
-reached a core's state) and how many were resent.
+reached a core's state), how many were resent, and how many reports the two replicas
+folded in more than once between them (duplicates in the core's state).
 
 Median of ``--runs`` runs with the spread (min-max). All of it shares this 2-core
 machine (bus, two cores, simulator): absolute figures are this machine's.
@@ -78,6 +79,7 @@ class Run:
     bus_cpu_per_k: float = 0.0  # CPU cores per 1,000 nodes
     core_cpu_per_k: float = 0.0
     bus_kill_recovery: float = float("nan")
+    duplicates: float = float("nan")  # reports folded more than once across the replicas
     replica_kill_recovery: float = float("nan")
     lost: int = -1
     resent: int = 0
@@ -219,6 +221,9 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
                 res = json.loads(lines[-1])
                 r.lost = int(res.get("unacked", -1)) + int(res.get("pending_dropped", 0))
                 r.resent = int(res.get("resent", 0))
+            r.duplicates = duplicates_in_state(cores, PREFIX)
+            log(f"{kind}: {r.lost} unacknowledged after the drain, {r.duplicates:.0f} "
+                "reports twice in the replicas' state")
         finally:
             if sim is not None and sim.poll() is None:
                 sim.kill()
@@ -227,6 +232,21 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
                 c.stop()
             b.stop()
     return r
+
+
+def duplicates_in_state(cores: list[CoreService], prefix: str) -> int:
+    """Reports the replicas folded in more than once, together: each core's own history of
+    (boot, seq) per node (what it ingested itself, not what digests told it; bounded by
+    ``SEQ_HISTORY``, far above a run's reports per node). A report the bus handed to both
+    replicas, or to one twice, counts once per extra fold."""
+    nodes: set[str] = set()
+    for c in cores:
+        nodes |= {n for n in c.state.snapshot(time.time()).nodes if n.startswith(prefix)}
+    dups = 0
+    for n in nodes:
+        folded = [x for c in cores for x in c.state.node_history(n)]
+        dups += len(folded) - len(set(folded))
+    return dups
 
 
 def rss_mib(pids: list[int]) -> float:
@@ -351,6 +371,7 @@ def table(runs: dict[str, list[Run]], nodes: int, steady_s: float) -> str:
         ("replica SIGKILL: all fresh again after, s", lambda r: r.replica_kill_recovery, ".1f"),
         ("reports still unacknowledged after the drain", lambda r: r.lost, ",.0f"),
         ("reports resent by agents", lambda r: r.resent, ",.0f"),
+        ("reports folded twice (both replicas' state)", lambda r: r.duplicates, ",.0f"),
     ]
     kinds = list(runs)
     n = max(len(v) for v in runs.values())

@@ -396,7 +396,7 @@ class RefModel:
                 return RefResult(c_status, 0, 0, c_status, math.nan, math.nan, {},
                                  time.perf_counter() - t0)
             placed = round(s.objective_value)
-            c_bound = math.floor(s.best_objective_bound + 1e-6)
+            c_bound = min(math.floor(s.best_objective_bound + 1e-6), len(self.pods))
             for v in xs.values():
                 m.add_hint(v, s.boolean_value(v))
             m.add(count == placed)

@@ -4,9 +4,11 @@
 (``cache.py``: the next batch counts it before the watch shows the binding) and binds it in
 the background (a pool of ``bind_workers``), with a UID precondition and a ``Scheduled``
 event; a pod the engine could not place gets a ``FailedScheduling`` event and goes back to
-the queue with what rejected it. A failed binding forgets its pod (placed again after its
-backoff); a 409 re-reads the pod (never bound twice); an unreachable API server is reported
-at the next step (``take_error``: back-off).
+the queue with what rejected it (with a ``ConflictReporter``, conflicts.py, the event waits
+for cfnet's minimal conflict and nearest changes, computed on the reporter's own thread). A
+failed binding forgets its pod (placed again after its backoff); a 409 re-reads the pod
+(never bound twice); an unreachable API server is reported at the next step
+(``take_error``: back-off).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,6 +24,7 @@ from cloud_core.errors import KubeConflict, KubeNotFound, KubeUnavailable
 from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
+from cloud_core.k8s.conflicts import ConflictReporter
 from cloud_core.k8s.informer import obj_key
 from cloud_core.k8s.pending import PendingPods
 from cloud_core.loop import Observation, PlaceOutcome
@@ -37,7 +41,8 @@ class Binder:
                  is_leader: Callable[[], bool], wake: Callable[[], None],
                  consume_reservation: Callable[[JSON | None, str], None],
                  pages_go: threading.Event,
-                 on_bound: Callable[[str, str], None] | None = None) -> None:
+                 on_bound: Callable[[str, str], None] | None = None,
+                 conflicts: ConflictReporter | None = None) -> None:
         self._client = client
         self._config = config
         self._stats = stats
@@ -48,6 +53,7 @@ class Binder:
         self._consume_reservation = consume_reservation  # a pinned replacement's (moves.py)
         self._pages_go = pages_go  # the pods' list goes on once the first batch is out
         self._on_bound = on_bound
+        self._conflicts = conflicts  # off the binding path: the event's conflict answer
         self._pool = ThreadPoolExecutor(config.bind_workers, thread_name_prefix="bind")
         self._lock = threading.Lock()
         self._binding = 0  # bindings submitted and not yet done
@@ -78,10 +84,22 @@ class Binder:
         """Pod ``uid`` was deleted."""
         with self._lock:
             self._last_failure.pop(uid, None)
+        if self._conflicts is not None:
+            self._conflicts.forget(uid)
+
+    def unschedulable_by_constraint(self) -> dict[str, int]:
+        """Unschedulable pods by the kind of each part of their conflict (a metric)."""
+        return self._conflicts.counts() if self._conflicts is not None else {}
+
+    def conflict_answers(self) -> dict[str, int]:
+        """Events' conflict answers: diagnosed, skipped (queue full), failed."""
+        return dict(self._conflicts.stats) if self._conflicts is not None else {}
 
     def close(self) -> None:
         """Wait for the bindings in flight; no more are taken."""
         self._pool.shutdown(wait=True)
+        if self._conflicts is not None:
+            self._conflicts.close()
 
     def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
         gen, pods = obs.generation, obs.objects
@@ -108,12 +126,13 @@ class Binder:
             self._pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
                               w.uid in obs.pinned)
         self._pages_go.set()  # the first batch's bindings are out: the list may go on
+        gangs = Counter(w.gang for w in obs.pending if w.gang is not None)
         for u, msg in outcome.failures.items():
             if u in pods:
                 g = wl[u].gang if u in wl else None
                 if g is not None and f"gang {g}" not in msg:
                     msg = f"gang {g}: {msg}"  # say which gang (namespace/name) waits
-                self.unschedulable(pods[u], gen, msg)
+                self.unschedulable(pods[u], gen, msg, wl.get(u), gangs[g] if g else 1)
         # A pinned replacement takes its reservation now: its binding is assumed, and a
         # failed one is placed again by a later step like any pending pod.
         for u in outcome.assignments:
@@ -130,9 +149,12 @@ class Binder:
         # placed as any pending pod.
         return 0
 
-    def unschedulable(self, pod: JSON, gen: int, message: str) -> None:
+    def unschedulable(self, pod: JSON, gen: int, message: str, w: Workload | None = None,
+                      gang_size: int = 1) -> None:
         """``pod`` was not placed: back to the queue with what rejected it, and a
-        ``FailedScheduling`` event unless its last one said the same."""
+        ``FailedScheduling`` event unless its last one said the same (so cfnet's answer in
+        it is computed at most once per pod per back-off). ``w``: its workload, for that
+        answer (None: its spec could not be read)."""
         md = pod.get("metadata") or {}
         uid = str(md.get("uid"))
         self._pending.failed(obj_key(pod), message, time.monotonic())
@@ -143,7 +165,14 @@ class Binder:
             return
         self._stats.add("failed_scheduling")
         self._stats.failed_in(str(md.get("namespace", "")))
-        # queued (client.EventRecorder): never a blocking call per pod; repeats form a series
+        if self._conflicts is not None and w is not None:
+            self._conflicts.submit(pod, w, message, gang_size)  # never blocks
+        else:
+            self.record_failed(pod, message)
+
+    def record_failed(self, pod: JSON, message: str) -> None:
+        """Queue ``pod``'s ``FailedScheduling`` event (client.EventRecorder: never a blocking
+        call per pod; repeats form a series)."""
         self._client.record_event(pod, reason="FailedScheduling", message=message,
                                   event_type="Warning", instance=self._config.identity)
 
@@ -186,6 +215,8 @@ class Binder:
                 log.warning("binding %s failed: %s", key, e)
             return
         self._cache.finish_binding(key, time.monotonic())
+        if self._conflicts is not None:
+            self._conflicts.forget(uid)
         self._stats.add("bound")
         if pinned:
             self._stats.add("pinned_bound")

@@ -47,6 +47,10 @@ class ActuatorConfig:
     # off: its event per binding made ("ns/pod bound to node: why", wiring.py) says the same
     # a moment later, and each event is logged and published (half the events of a burst)
     placement_events: bool = True
+    # a FailedScheduling event also names the pod's minimal conflict and the nearest changes
+    # that would make it fit (k8s/conflicts.py: on its own thread, at most this share of the
+    # interpreter; 0 turns it off)
+    conflict_share: float = 0.2
     # what is never evicted, for a move or the console's drain (k8s/evict.py; the chart's
     # core.eviction.excludeNamespaces is its excluded_namespaces)
     eviction: EvictionPolicy = DEFAULT_POLICY

@@ -11,9 +11,10 @@ message first, cfnet's answer after it. It is bounded three ways:
   (the same rule that decides whether it records an event at all);
 * a queue of ``queue_max`` pods: past it a pod's event is recorded at once with the
   scheduler's message alone (counted ``skipped``), never waiting;
-* ``busy_share``: after each round of diagnoses taking ``t`` seconds the worker rests
-  ``t * (1 / busy_share - 1)``, so it takes at most that share of the interpreter from
-  the binding path.
+* it waits for a lull (``busy()`` false: no pod to try, none being decided or bound), at
+  most ``max_wait_s``, so a burst's bindings do not share the interpreter with it;
+* ``busy_share``: after each round of diagnoses taking ``t`` seconds of its CPU the worker
+  rests ``t * (1 / busy_share - 1)``, so it takes at most that share of the interpreter.
 
 It also keeps, per unschedulable pod, the kinds of its conflict, exported as
 ``cfnet_unschedulable_pods{constraint}`` (``counts``); a bound or deleted pod is forgotten.
@@ -29,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cloud_core.k8s.client import JSON
-from cloud_core.placement import EngineConfig, PreparedCluster
+from cloud_core.placement import EngineConfig
 from cloud_core.placement.model import ClusterSnapshot, Workload
-from cloud_core.placement.relax import diagnose
+from cloud_core.placement.relax import Diagnosis, diagnose_many
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,15 @@ class ConflictReporter:
 
     def __init__(self, snapshot: Callable[[], ClusterSnapshot], config: EngineConfig,
                  record: Callable[[JSON, str], None], *, queue_max: int = 64,
-                 busy_share: float = 0.2, start: bool = True) -> None:
+                 busy_share: float = 0.2, busy: Callable[[], bool] = lambda: False,
+                 max_wait_s: float = 30.0, start: bool = True) -> None:
         self._snapshot = snapshot
         self._config = config
         self._record = record
         self._queue_max = queue_max
         self._rest = 1.0 / min(max(busy_share, 0.01), 1.0) - 1.0
+        self._busy = busy
+        self._max_wait_s = max_wait_s
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}  # uid -> its latest job (a newer one replaces it)
         self._kinds: dict[str, tuple[str, ...]] = {}  # uid -> kinds of its conflict
@@ -114,29 +118,25 @@ class ConflictReporter:
         if not jobs:
             return 0
         try:
-            snap = self._snapshot()
-            prepared = PreparedCluster(snap, self._config, eager=False)
-        except Exception:  # no snapshot, no answer: the events go out with the message alone
-            log.exception("conflicts: no snapshot")
-            self.stats["failed"] += len(jobs)
-            for job in jobs:
-                self._record(job.pod, job.message)
-            return len(jobs)
-        for job in jobs:
-            self._one(snap, prepared, job)
+            answers = diagnose_many(self._snapshot(), [(j.workload, j.gang_size)
+                                                        for j in jobs], self._config)
+        except Exception as exc:  # no snapshot, no answer: the events go out without one
+            log.warning("conflicts: no answers for %d pods: %s", len(jobs), exc)
+            answers = [exc] * len(jobs)
+        for job, d in zip(jobs, answers, strict=True):
+            self._one(job, d)
         return len(jobs)
 
-    def _one(self, snap: ClusterSnapshot, prepared: PreparedCluster, job: _Job) -> None:
+    def _one(self, job: _Job, d: Diagnosis | Exception) -> None:
         text = ""
         kinds: tuple[str, ...] = ()
-        try:
-            d = diagnose(snap, job.workload, self._config, job.gang_size, prepared)
+        if isinstance(d, Exception):  # a bug here must cost the event its answer, not more
+            log.warning("conflict of %s: %r", job.workload.uid, d)
+            self.stats["failed"] += 1
+        else:
             kinds = tuple(sorted({c.kind for c in d.conflict.alone or d.conflict.constraints}))
             text = d.event_text(max(0, NOTE_CHARS - len(job.message) - 2))
             self.stats["diagnosed"] += 1
-        except Exception:  # a bug here must cost the event its answer, never the event
-            log.exception("conflict of %s", job.workload.uid)
-            self.stats["failed"] += 1
         with self._lock:
             if kinds:
                 self._kinds[job.workload.uid] = kinds
@@ -149,6 +149,9 @@ class ConflictReporter:
             self._wake.wait()
             self._wake.clear()
             while not self._stop.is_set():
+                until = time.monotonic() + self._max_wait_s
+                while self._busy() and time.monotonic() < until and not self._stop.wait(0.1):
+                    pass
                 t0 = time.thread_time()
                 if not self.drain():
                     break

@@ -26,6 +26,7 @@ from cloud_core.k8s.binder import Binder
 from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
+from cloud_core.k8s.conflicts import ConflictReporter
 from cloud_core.k8s.console import KubernetesCluster
 from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
 from cloud_core.k8s.gc_tuning import settle_listed, tune_gc
@@ -227,9 +228,16 @@ def build_actuator(client: KubeClient, registry: NodeRegistry | None = None,
                              wake.set, on_deleted=forget)
     moves = Moves(client, config, stats, is_leader=is_leader, on_alert=on_alert, ledger=ledger,
                   recent_changes=handlers.recent_changes)
+    conflicts = None
+    built: list[Actuator] = []  # the actuator, once built: its lulls are the reporter's
+    if config.conflict_share > 0:  # the events' conflict answers, on the cluster as it is
+        conflicts = ConflictReporter(lambda: source.snapshot(), config.engine_config,
+                                     lambda pod, msg: binder.record_failed(pod, msg),
+                                     busy_share=config.conflict_share,
+                                     busy=lambda: not built or built[0].busy())
     binder = Binder(client, config, stats, cache, pending, is_leader=is_leader,
                     wake=wake.set, consume_reservation=moves.consume_reservation,
-                    pages_go=pages_go, on_bound=on_bound)
+                    pages_go=pages_go, on_bound=on_bound, conflicts=conflicts)
     forget += [binder.forget_pod, moves.forget_pod]
     nodes, pods = reflectors(client, config, handlers, pages_go, first)
     source = Source(config, cache, pending, SourceInputs(
@@ -242,10 +250,11 @@ def build_actuator(client: KubeClient, registry: NodeRegistry | None = None,
         engine_config=config.engine_config, replan_config=config.replan_config,
         replan_interval_s=config.replan_interval_s, replan_max_share=config.replan_max_share,
         report_assignments=config.placement_events)
-    return Actuator(Parts(config=config, stats=stats, is_leader=is_leader, registry=registry,
-                          cache=cache, pending=pending, workloads=workloads,
-                          handlers=handlers, source=source, binder=binder, moves=moves,
-                          loop=loop, nodes=nodes, pods=pods, wake=wake, pages_go=pages_go))
+    built.append(Actuator(Parts(
+        config=config, stats=stats, is_leader=is_leader, registry=registry, cache=cache,
+        pending=pending, workloads=workloads, handlers=handlers, source=source, binder=binder,
+        moves=moves, loop=loop, nodes=nodes, pods=pods, wake=wake, pages_go=pages_go)))
+    return built[0]
 
 
 def reflectors(client: KubeClient, config: ActuatorConfig, handlers: EventHandlers,

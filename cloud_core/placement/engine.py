@@ -150,6 +150,10 @@ class PreparedCluster(ClusterView):
         stats["classes"] = float(nclass)
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
                               deferred_reason, workloads)
+        # a lower bound on the cost of placing the same pods: each at the cheapest node that
+        # fitted it before the batch (capacity shared by the batch ignored), and the gap to it
+        stats["bound"] = result[3]
+        stats["gap"] = (result[2] - result[3]) / result[2] if result[2] > 0 else 0.0
         # the prepared view keeps the batch's placements accounted (like bind())
         self.forget_costs()
         self.ix.alloc = self.ix.cap - self.free
@@ -160,7 +164,7 @@ class PreparedCluster(ClusterView):
                 placed_nodes: list[list[int]], base: dict[int, np.ndarray],
                 costs: dict[int, np.ndarray], free0: np.ndarray, deferred: dict[int, str],
                 workloads: Sequence[Workload]
-                ) -> tuple[tuple[Decision, ...], dict[str, str], float]:
+                ) -> tuple[tuple[Decision, ...], dict[str, str], float, float]:
         names = [nd.name for nd in self.ix.nodes]
         total = self.ix.n
         usage: list[NodeUsage] = []  # the state after the batch, counted once if needed
@@ -172,7 +176,7 @@ class PreparedCluster(ClusterView):
 
         by_uid: dict[str, Decision] = {}
         assignments: dict[str, str] = {}
-        total_cost = 0.0
+        total_cost = bound = 0.0
         # what fitted before the batch, and the two cheapest nodes there (the runner-up
         # comes from them), for the classes the rounds priced: in blocks of classes
         fits = runners_up([ci for ci in range(len(reps)) if ci in costs and ci in base],
@@ -200,6 +204,7 @@ class PreparedCluster(ClusterView):
                     n = nodes[j]
                     c = float(cost[n])
                     total_cost += c
+                    bound += min(c, float(cost[top[0]])) if top else c
                     ru = next((t for t in top if t != n), None)
                     if ru is None:
                         why = "no other node fits"
@@ -217,7 +222,7 @@ class PreparedCluster(ClusterView):
                         unplaced = self._unplaced(m, ci, deferred, top, names, usage_of)
                     by_uid[m.uid] = dataclasses.replace(unplaced, workload_uid=m.uid)
         decisions = tuple(by_uid[w.uid] for w in workloads)
-        return decisions, assignments, total_cost
+        return decisions, assignments, total_cost, bound
 
     def _unplaced(self, w: Workload, ci: int, deferred: dict[int, str],
                   top: list[int], names: list[str],

@@ -103,7 +103,8 @@ class Diagnosis:
         c = self.conflict
         if c.fits or not c.nodes:
             return ""
-        what = (" and ".join(x.text for x in c.alone) + " fail on every node"
+        what = (" and ".join(x.text for x in c.alone)
+                + (" fails" if len(c.alone) == 1 else " fail") + " on every node"
                 if c.alone else " + ".join(x.text for x in c.constraints) + " admit no node")
         tips = "; ".join(str(r) for r in self.relaxations)
         text = f"cfnet: {what}" + (f"; would fit: {tips}" if tips else "")
@@ -134,6 +135,22 @@ def diagnose(snapshot: ClusterSnapshot, w: Workload, config: EngineConfig | None
         else:
             dead.append((c, r))
     return Diagnosis(conflict, tuple(relaxations), tuple(dead))
+
+
+def diagnose_many(snapshot: ClusterSnapshot, pods: Sequence[tuple[Workload, int]],
+                  config: EngineConfig | None = None) -> list[Diagnosis | Exception]:
+    """``diagnose`` for each (workload, gang size) of pods waiting together, ``snapshot``
+    prepared once for them. A pod whose diagnosis fails gets its exception in its place,
+    so the others still get theirs."""
+    cfg = config or EngineConfig()
+    prepared = PreparedCluster(snapshot, cfg, eager=False)
+    out: list[Diagnosis | Exception] = []
+    for w, gang_size in pods:
+        try:
+            out.append(diagnose(snapshot, w, cfg, gang_size, prepared))
+        except Exception as exc:  # one pod's bug, not its neighbours'
+            out.append(exc)
+    return out
 
 
 def _without(snapshot: ClusterSnapshot, uids: Sequence[str]) -> ClusterSnapshot:

@@ -45,6 +45,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster import faults
 from tests.cluster.conftest import RealCluster
 from tools import helm as chart
 from tools.envtest.images import PODBIN_IMAGE
@@ -544,6 +545,185 @@ def test_deleting_the_leader_hands_over_and_the_pod_returns(release: Release) ->
     leader, _pods_now = release.wait(replaced, 150, f"a new core pod Ready in place of "
                                      f"{holder}, {new_holder} leading", story=story)
     assert leader == new_holder, story()  # one handover, no flapping
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+
+def _agent_metrics(rc: RealCluster) -> faults.Samples:
+    """The agent's /metrics on the node's host network (agent.metricsPort)."""
+    code, text = _http(rc, "http://127.0.0.1:9109/metrics")
+    assert code == 200, f"agent /metrics: {code} {text[:300]}"
+    return faults.samples(text)
+
+
+def _leader_metrics(release: Release) -> faults.Samples:
+    holder = release.lease_holder()
+    pod = next(p for p in release.core_pods() if p["metadata"]["name"] == holder)
+    code, text = _http(release.rc, f"http://{pod['status']['podIP']}:9108/metrics")
+    assert code == 200, f"leader /metrics: {code}"
+    return faults.samples(text)
+
+
+def _scale(rc: RealCluster, ns: str, name: str, replicas: int) -> None:
+    path = f"/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale"
+    scale = _get(rc, path)
+    scale["spec"]["replicas"] = replicas
+    rc.cp.request("PUT", path, scale)
+
+
+def test_sigkilled_leader_restarts_in_place_and_the_lease_moves_on(release: Release) -> None:
+    """The leading core's container SIGKILLed through containerd (a crash: no SIGTERM, the
+    Lease is not released): the kubelet restarts it in the same pod; the Lease is held
+    again by a live core (the standby once it expires, or the restarted replica, which is
+    the same identity, if it starts first), exactly one leads; the pods scaled up across the
+    handover are each bound once, by cfnet; the agent loses no report and its reports are
+    acknowledged again. Prints the handover (the SIGKILL to a renewed Lease)."""
+    rc, ns = release.rc, release.workload_ns
+    holder, cores = release.wait(release.one_leader, 90, "one leading core")
+    pod = next(p for p in cores if p["metadata"]["name"] == holder)
+    restarts = int(faults.container(pod, "core").get("restartCount") or 0)
+    agent0 = _agent_metrics(rc)
+    faults.sigkill(rc.node._ctr, _run, faults.container_id(pod, "core"))
+    t0 = time.monotonic()
+    # The Lease as the dead holder left it: it renews no more.
+    renew0 = _get(rc, f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/cfnet-core"
+                  )["spec"]["renewTime"]
+    _scale(rc, ns, "web", 4)  # pods to place while the Lease is in limbo
+
+    def renewed_by_a_live_core() -> str | None:
+        lease = _get(rc, f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/cfnet-core")
+        spec = lease["spec"]
+        # The dead holder renews nothing: a renewTime after the kill is a live core's.
+        return str(spec["holderIdentity"]) if spec.get("renewTime") != renew0 else None
+
+    new_holder = release.wait(renewed_by_a_live_core, 60, "a live core to renew the Lease")
+    handover = time.monotonic() - t0
+
+    def restarted() -> bool:
+        p = _get(rc, f"/api/v1/namespaces/{NS}/pods/{holder}")
+        return int(faults.container(p, "core").get("restartCount") or 0) > restarts \
+            and _ready(p)
+
+    release.wait(restarted, 180, f"the kubelet to restart {holder}'s core container, Ready")
+    leader, _ = release.wait(release.one_leader, 90, "exactly one leading core")
+    assert leader == new_holder  # no second handover
+
+    def web_running() -> list[dict[str, Any]] | None:
+        pods = _pods(rc, ns, "app=web")
+        return pods if len(pods) == 4 and all(map(_ready, pods)) else None
+
+    pods = release.wait(web_running, 150, "4 cfnet-scheduled pods Running", ns=ns)
+    counts = faults.scheduled_per_pod(
+        _get(rc, f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"])
+    assert {p["metadata"]["name"]: counts.get(p["metadata"]["name"]) for p in pods} == \
+        {p["metadata"]["name"]: 1 for p in pods}, counts  # each bound exactly once
+
+    def acked_again() -> faults.Samples | None:
+        m = _agent_metrics(rc)
+        acked = faults.value(m, "cfnet_agent_reports_total", stage="acked")
+        return m if acked >= faults.value(agent0, "cfnet_agent_reports_total",
+                                          stage="acked") + 5 else None
+
+    agent1 = release.wait(acked_again, 90, "the agent's reports acknowledged again")
+    assert faults.agent_drops(agent1) == faults.agent_drops(agent0) == 0
+    print(f"[faults] leader {holder} SIGKILLed: Lease renewed by "
+          f"{'the restarted replica' if new_holder == holder else 'the standby'} "
+          f"{new_holder} {handover:.1f} s after the kill", file=sys.__stderr__, flush=True)
+
+
+def test_broker_killed_agents_buffer_then_drain(release: Release) -> None:
+    """Mosquitto's container SIGKILLed through containerd: the agent buffers while the kubelet
+    restarts the broker, then drains its buffer; no report lost (nothing thinned, expired or
+    refused), none ingested twice (the leader's accepted reports grow by exactly what the
+    agent had taken and no longer holds). Prints the outage and the drain."""
+    rc = release.rc
+    mq = _pods(rc, NS, "app.kubernetes.io/name=mosquitto")[0]
+    restarts = int(faults.container(mq, "mosquitto").get("restartCount") or 0)
+
+    def quiet() -> tuple[faults.Samples, faults.Samples] | None:
+        a = _agent_metrics(rc)
+        return (a, _leader_metrics(release)) if faults.value(
+            a, "cfnet_agent_buffer_reports") <= 1 else None
+
+    agent0, leader0 = release.wait(quiet, 60, "the agent's buffer drained before the kill")
+    t0 = time.monotonic()
+    faults.sigkill(rc.node._ctr, _run, faults.container_id(mq, "mosquitto"))
+    peak = {"depth": 0.0, "disconnected": 0.0}
+
+    def broker_back() -> bool:
+        # The agent watched meanwhile: how many reports wait, whether it saw the broker go.
+        m = _agent_metrics(rc)
+        peak["depth"] = max(peak["depth"], faults.value(m, "cfnet_agent_buffer_reports"))
+        if faults.value(m, "cfnet_agent_connected") == 0:
+            peak["disconnected"] = 1.0
+        p = _pods(rc, NS, "app.kubernetes.io/name=mosquitto")[0]
+        return int(faults.container(p, "mosquitto").get("restartCount") or 0) > restarts \
+            and _ready(p)
+
+    release.wait(broker_back, 120, "the kubelet to restart Mosquitto, Ready")
+    t_back = time.monotonic()
+
+    def drained() -> tuple[faults.Samples, faults.Samples] | None:
+        m = _agent_metrics(rc)
+        peak["depth"] = max(peak["depth"], faults.value(m, "cfnet_agent_buffer_reports"))
+        if faults.value(m, "cfnet_agent_connected") != 1 or \
+                faults.value(m, "cfnet_agent_buffer_reports") > 1:
+            return None
+        return m, _leader_metrics(release)
+
+    agent1, leader1 = release.wait(drained, 120, "the agent's buffer drained")
+    drain = time.monotonic() - t_back
+    # The outage reached the agent: it saw the broker gone, or reports piled up meanwhile.
+    assert peak["disconnected"] or peak["depth"] >= 2, peak
+    assert faults.agent_drops(agent1) == faults.agent_drops(agent0) == 0
+
+    def held(m: faults.Samples) -> float:  # taken and not yet acknowledged
+        return faults.value(m, "cfnet_agent_reports_total", stage="taken") - \
+            faults.value(m, "cfnet_agent_buffer_reports")
+
+    accepted = (faults.value(leader1, "cfnet_reports_total", result="accepted")
+                - faults.value(leader0, "cfnet_reports_total", result="accepted"))
+    # The two scrapes are not one instant: a report a second may land between them.
+    assert abs(accepted - (held(agent1) - held(agent0))) <= 2, (accepted, held(agent1),
+                                                                 held(agent0))
+    print(f"[faults] broker SIGKILLed: back Ready {t_back - t0:.1f} s after the kill, "
+          f"peak buffer {peak['depth']:.0f} reports, drained {drain:.1f} s after",
+          file=sys.__stderr__, flush=True)
+
+
+def _agent_csrs(rc: RealCluster) -> list[str]:
+    return [c["metadata"]["name"] for c in
+            _get(rc, "/apis/certificates.k8s.io/v1/certificatesigningrequests")["items"]
+            if c["spec"].get("signerName") == "cfnet.io/agent"]
+
+
+def test_node_services_restart_and_everything_returns(release: Release) -> None:
+    """The node's kubelet and containerd stopped, every container with them, and started
+    again (a reboot of the node's services): the release's pods return Running and Ready with
+    one leader; the agent starts from its state directory on the node, with the certificate
+    it already holds (no new CSR) and its buffer (nothing thinned, expired or refused), and
+    its reports are acknowledged again. Prints the time to a Ready node and to every pod."""
+    rc = release.rc
+    cert = rc.node.dir / "cfnet-agent-state" / "identity" / "client.crt"
+    before = (cert.read_bytes(), _agent_csrs(rc))
+    agent0 = _agent_metrics(rc)
+    t0 = time.monotonic()
+    node_ready = rc.node.restart_services()
+    release.wait(release.all_ready, 300, "every pod of the release back, Running and Ready")
+    back = time.monotonic() - t0
+    release.wait(release.one_leader, 90, "one leading core")
+
+    def acked() -> faults.Samples | None:
+        m = _agent_metrics(rc)
+        return m if faults.value(m, "cfnet_agent_reports_total", stage="acked") >= 3 else None
+
+    agent1 = release.wait(acked, 120, "the restarted agent's reports acknowledged")
+    assert faults.agent_drops(agent1) == faults.agent_drops(agent0) == 0
+    assert (cert.read_bytes(), _agent_csrs(rc)) == before  # the same identity, no new CSR
+    print(f"[faults] kubelet and containerd restarted: node Ready {node_ready:.1f} s, every "
+          f"pod Ready {back:.1f} s after the stop", file=sys.__stderr__, flush=True)
 
 
 def test_upgrade_takes_effect_and_uninstall_leaves_nothing(release: Release) -> None:

@@ -13,10 +13,11 @@ shared ``core`` and ``agents`` fixtures of tests/integration/conftest.py run on 
   cloud_core/bus_retained.py); Mosquitto replays it to a core that subscribes later,
   which refuses it too; on NATS the core deletes the stored copy, nothing is left;
 - store-and-forward with end-to-end acks: 60 simulated agents that keep each report
-  until the core acknowledges it; ``cfnet-core`` as shipped is SIGKILLed and
-  restarted, then a bus node is SIGKILLed (NATS: the node every client connected to
-  first; Mosquitto: its only node) and restarted. Every report is acknowledged in the
-  end and is in the last core's state once.
+  until the core acknowledges it; ``cfnet-core`` as shipped is SIGKILLed, stays down
+  for 60 s (an outage: a minute of reports waits on the bus) and is restarted, then a
+  bus node is SIGKILLed (NATS: the node every client connected to first; Mosquitto: its
+  only node) and restarted. Every report is acknowledged in the end and is in the last
+  core's state once.
 """
 
 from __future__ import annotations
@@ -237,10 +238,11 @@ def test_retained_request_refused_live_and_on_replay(broker: Bus, ready: CoreSer
 # ---------------------------------------------------------------- store-and-forward
 
 FLEET = 60
-RUN_S = 30.0
 CORE_KILL_AT_S = 6.0
-BUS_KILL_AT_S = 16.0
-DOWN_S = 3.0
+CORE_DOWN_S = 60.0  # the core's outage: every report of that minute waits on the bus
+BUS_KILL_AT_S = CORE_KILL_AT_S + CORE_DOWN_S + 7.0  # as before: 7 s after the restart
+DOWN_S = 3.0  # the bus node's
+RUN_S = BUS_KILL_AT_S + 7.0
 
 
 def core_proc(b: Bus, tmp: Path, log_name: str) -> subprocess.Popen[bytes]:
@@ -263,7 +265,7 @@ def core_proc(b: Bus, tmp: Path, log_name: str) -> subprocess.Popen[bytes]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", BUSES)
-def test_no_report_lost_across_core_sigkill_and_bus_node_kill(
+def test_no_report_lost_across_core_sigkill_60s_outage_and_bus_node_kill(
         kind: str, bus_factory: Callable[[str], Bus], tmp_path: Path) -> None:
     from tools.simulate import SimConfig, Simulator, World
 
@@ -297,7 +299,8 @@ def test_no_report_lost_across_core_sigkill_and_bus_node_kill(
         wait_for(lambda: sim.t0 and time.time() - sim.t0 >= CORE_KILL_AT_S, 60, "core kill time")
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(10)
-        time.sleep(DOWN_S)  # the core stays down a while: reports queue on the bus
+        time.sleep(CORE_DOWN_S)  # the core stays down: reports queue on the bus
+        held = sim.pending_total()
         procs.append(core_proc(b, tmp_path, "core2.log"))
         wait_for(lambda: time.time() - sim.t0 >= BUS_KILL_AT_S, 60, "bus kill time")
         if isinstance(b, NatsCluster):
@@ -312,6 +315,8 @@ def test_no_report_lost_across_core_sigkill_and_bus_node_kill(
         assert not runner.is_alive(), "simulator did not finish"
         assert result["pending_dropped"] == 0, result
         assert result["unacked"] == 0, result  # nothing lost: every report acknowledged
+        # The outage really held reports back: most of a minute's worth of every agent's.
+        assert held >= FLEET * CORE_DOWN_S * 0.75, held
         c.close()
         c.connect()  # the console's own connection may have gone with the bus node
         taken = sim.taken()

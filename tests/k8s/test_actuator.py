@@ -8,6 +8,7 @@ the ClusterRole exactly as written (``core_client``).
 from __future__ import annotations
 
 import collections
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -72,7 +73,8 @@ def topology(cluster: Cluster) -> None:
         cluster.node(f"cloud-{i}", region="us-east", security=3)
 
 
-def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None:
+def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator,
+                                   control_plane: ControlPlane) -> None:
     topology(cluster)
     for i in range(60):
         cluster.pod(f"eu-{i}", annotations={"cfnet.io/residency": "eu-west,eu-central"})
@@ -131,6 +133,23 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator) -> None
     assert "cpu" in failed["huge-0"]
     assert "security" in failed["topsecret-0"]
     assert failed["badspec-0"].startswith("invalid workload spec") and "high" in failed["badspec-0"]
+    # cfnet's answer after the tally: the conflict, and the nearest change with the node it
+    # opens (k8s/conflicts.py, computed off the binding path)
+    assert ". cfnet: security level 5 fails on every node; would fit: security level 5 -> 3: " \
+        "cloud-" in failed["topsecret-0"], failed["topsecret-0"]
+    assert ". cfnet: residency ap-south fails on every node; would fit: residency ap-south -> " \
+        "ap-south," in failed["nowhere-0"], failed["nowhere-0"]
+    assert ". cfnet: cpu 16 fails on every node; would fit: cpu 16 -> " in failed["huge-0"]
+    assert "cfnet:" not in failed["badspec-0"]  # no workload to explain
+    assert actuator.binder.unschedulable_by_constraint() == {"cpu": 2, "residency": 3,
+                                                             "security": 1}
+    print("\nFailedScheduling topsecret-0: " + failed["topsecret-0"])
+    # ... and `kubectl describe pod` shows it
+    out = subprocess.run(["kubectl", "--kubeconfig", str(control_plane.kubeconfig), "describe",
+                          "pod", "-n", cluster.namespace, "topsecret-0"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "cfnet: security level 5 fails on every node; would fit: security level 5 -> 3" \
+        in " ".join(out.split()), out
     assert actuator.stats.bound == 200
     actuator.snapshot()
     assert actuator.cache.assumed() == {}  # every assumed binding was confirmed by the watch

@@ -91,3 +91,23 @@ def test_worker_thread_records_in_the_background() -> None:
         assert "cfnet: " in got[0]
     finally:
         r.close()
+
+
+def test_worker_waits_for_a_lull() -> None:
+    got: list[str] = []
+    busy = threading.Event()
+    busy.set()
+    done = threading.Event()
+
+    def record(p: Any, m: str) -> None:
+        got.append(m)
+        done.set()
+
+    r = ConflictReporter(_snap, EngineConfig(), record, busy=busy.is_set, max_wait_s=60)
+    try:
+        r.submit(_pod("a"), _stuck("a"), "0/2 nodes fit")
+        assert not done.wait(0.5) and got == []  # a burst: the answer waits
+        busy.clear()
+        assert done.wait(30) and "cfnet: " in got[0]
+    finally:
+        r.close()

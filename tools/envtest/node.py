@@ -431,7 +431,7 @@ class RealNode:
 
     def _containerd(self) -> None:
         d = self.dir / "containerd"
-        (d / "cni").mkdir(parents=True)
+        (d / "cni").mkdir(parents=True, exist_ok=True)  # exists on a restart
         (d / "cni" / "10-cfk.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "cfk",
             "plugins": [
@@ -626,6 +626,24 @@ state = "{d / 'state'}"
         self._wait("kubelet", ready, timeout, f"Ready node {self.name}")
         self._wait("coredns", lambda: _http_in_ns(self, "http://127.0.0.1:8181/ready"), 60,
                    "ready answer")
+
+    def restart_services(self) -> float:
+        """Stop the kubelet, every container and containerd, then start containerd and the
+        kubelet again, as a reboot of the node's services does (the pods' containers start
+        again from their images; what they keep is on their volumes). kube-proxy's rules and
+        CoreDNS stay. Returns the seconds until the Node is Ready again."""
+        t0 = time.monotonic()
+        kubelet = self.procs.pop("kubelet", None)
+        if kubelet is not None:
+            _terminate(kubelet, grace=5)
+        self._kill_tasks()
+        containerd = self.procs.pop("containerd", None)
+        if containerd is not None:
+            _terminate(containerd, grace=5)
+        self._containerd()
+        self._kubelet()
+        self._wait_ready()
+        return time.monotonic() - t0
 
     # -- helpers for tests ---------------------------------------------------------------------
     def exec_in_ns(self, args: list[str], *, check: bool = True,

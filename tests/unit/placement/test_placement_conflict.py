@@ -278,6 +278,11 @@ def cases(draw: Any) -> tuple[ClusterSnapshot, Workload, int]:
            min_security_level=draw(st.integers(0, 3)),
            node_selector={"disk": "ssd"} if draw(st.booleans()) else {},
            pod_anti_affinity=(_anti("db", key),) if draw(st.booleans()) else (),
+           pod_affinity=(_anti(draw(st.sampled_from(["db", "web"])), key),)
+           if draw(st.integers(0, 3)) == 0 else (),
+           node_affinity=(NodeSelectorTerm((NodeSelectorRequirement(
+               "disk", draw(st.sampled_from(["In", "NotIn"])), ("hdd",)),)),)
+           if draw(st.integers(0, 3)) == 0 else (),
            host_ports=(HostPort(80),) if draw(st.booleans()) else (),
            extended={"fpga": 1} if draw(st.integers(0, 2)) == 0 else {},
            spread=(SpreadConstraint(draw(st.integers(1, 2)), "topology.kubernetes.io/zone",
@@ -316,3 +321,21 @@ def test_explain_extras_show_the_link_of_a_placed_pod() -> None:
         "max latency 5 ms -> 8 ms: a fits (p95 7.5 ms, 31 samples, 2 s old)"]
     assert explain_extras(s, wl("s", max_latency_ms=5, latency_to="r1"), "a") == {
         "link": "a -> r1: inside it (0 ms)"}
+
+
+def test_batch_records_its_lower_bound_and_gap() -> None:
+    from cloud_core.placement import place
+
+    loose = place(snap([node("a", price_per_hour=1.0), node("b", price_per_hour=4.0)]),
+                  [wl("p"), wl("q")])
+    assert loose.stats["gap"] == 0.0 and loose.stats["bound"] == pytest.approx(
+        loose.total_cost)  # both fit the cheapest node: the best possible
+    # room for one pod on the cheap node: the second pays more than its bound says
+    big = Resources(1500, GIB, 0)
+    tight = place(snap([node("a", price_per_hour=1.0, capacity=Resources(2000, 8 * GIB, 0)),
+                        node("b", price_per_hour=4.0)]),
+                  [wl("p", requests=big), wl("q", requests=big)])
+    assert sorted(tight.assignments.values()) == ["a", "b"]
+    assert 0 < tight.stats["bound"] < tight.total_cost
+    assert tight.stats["gap"] == pytest.approx(
+        (tight.total_cost - tight.stats["bound"]) / tight.total_cost)
