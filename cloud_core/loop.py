@@ -317,11 +317,14 @@ class DecisionLoop:
             bad_uids.setdefault(v.workload_uid, []).append(f"{v.constraint}: {v.detail}")
             rejected.append(v)
         failures: dict[str, str] = {}
+        # how good the batch is: its cost above the engine's lower bound (PlacementResult)
+        gap = result.stats.get("gap")
+        note = f"; batch within {gap * 100:.1f} % of the best possible" if gap is not None else ""
         for d in result.decisions:
             u = d.workload_uid
             if u in chosen and u not in bad_uids:
                 assignments[u] = chosen[u]
-                summaries[u] = d.summary
+                summaries[u] = d.summary + note
             elif u in bad_uids:
                 failures[u] = "validator rejected the engine's choice: " + "; ".join(bad_uids[u])
             else:

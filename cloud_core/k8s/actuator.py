@@ -209,26 +209,23 @@ class Actuator:
 
     def run(self) -> None:
         backoff = 0.2
-        more = True  # at start-up, what is pending has waited long enough: no gathering
         while not self._stop.is_set() and not self.wait_ready(timeout=0.5):
-            pass
+            self.registry.say_problems()
         while not self._stop.is_set():
             # Asleep until something arrives or the next re-plan is due (at most 1 s): a
-            # fixed 1 s sleep plus the gathering below made re-plans 1.3 s apart, so an SLA
-            # breach that needs two strikes waited 2.6 s for its move (bench_reaction_k8s).
-            woken = self._wake.wait(timeout=min(1.0, max(0.05, self.loop.replan_in())))
+            # fixed 1 s sleep made re-plans 1.3 s apart, so an SLA breach that needs two
+            # strikes waited 2.6 s for its move (bench_reaction_k8s).
+            self._wake.wait(timeout=min(1.0, max(0.05, self.loop.replan_in())))
             if self._stop.is_set():
                 return
             self._wake.clear()
+            self.registry.say_problems()
             if not self.is_leader():
                 continue
-            # A backlog needs no gathering (its next batch is already there), nor do pods
-            # still coming in by the page of the first list, nor anything before the first
-            # batch (what is pending at start-up has waited long enough), nor a wake-up by
-            # the clock (nothing arrived to gather with).
-            if woken and not more and self.source.batches and self.pods.synced.is_set():
-                self._stop.wait(self.config.batch_wait_s)  # let a burst of arrivals gather
-            more = False
+            # No gathering: a step takes what the queue holds when it starts. A pod that
+            # arrives alone is decided and bound at once; the pods that arrive while a step
+            # is decided are the next step's batch, so a burst batches by itself (the batch
+            # follows the queue, not a clock).
             try:
                 if not self.source.work_waiting() and (
                         not self.loop.replan_wanted()
@@ -236,10 +233,9 @@ class Actuator:
                     # nothing to place, nothing changed, no re-plan due (or one a backlog
                     # still defers, as the step would find): no snapshot
                     continue
-                more = self.schedule_once()
-                backoff = 0.2
-                if more:
+                if self.schedule_once():
                     self._wake.set()
+                backoff = 0.2
             except KubeUnavailable as e:
                 self.stats.add("unavailable")
                 log.info("API server unavailable (%s); retry in %.1fs", e, backoff)

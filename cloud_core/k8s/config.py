@@ -21,7 +21,7 @@ class ActuatorConfig:
     """Knobs of the scheduling loop."""
 
     scheduler_name: str = SCHEDULER_NAME
-    batch_wait_s: float = 0.3  # gather arrivals this long before placing a batch
+    # a step takes what the queue holds, at most this many (no gathering: actuator.run)
     max_batch: int = 1000
     # The first batch is smaller: its bindings go out while the next, full one is decided
     # (deciding has a fixed cost per batch: one snapshot over every node and pod).

@@ -63,6 +63,9 @@ OPENYURT_POOL = "apps.openyurt.io/nodepool"
 KUBEEDGE_GROUP = "apps.kubeedge.io/belonging-to"
 WATCHED_FACTS = (RESIDENCY_REGION, SECURITY, REGION, ZONE)
 CFNET_PREFIX = "cfnet.io/"
+# a label problem is logged once per cause (``say_problems``) with the count of nodes that
+# have it and the first few of their names: 5,000 nodes with an old label are one line
+PROBLEM_NODES_NAMED = 5
 log = logging.getLogger(__name__)
 
 def node_protected(key: str) -> bool:
@@ -279,6 +282,8 @@ class NodeRegistry:
         self._infos: dict[str, tuple[NodeRecord, Resources, NodeInfo]] = {}
         # node -> the label problems last reported for it (logged when they change)
         self.label_problems: dict[str, tuple[str, ...]] = {}
+        # problem -> (how many nodes, the first few names): not logged yet (say_problems)
+        self._unsaid: dict[str, tuple[int, list[str]]] = {}
         self._order: list[str] | None = None  # node names, sorted; None: rebuild
         # called (outside the lock) with the Node and its problems when they change and are
         # not empty: the core writes them as a Warning event on the Node (wiring)
@@ -329,14 +334,32 @@ class NodeRegistry:
                 self.label_problems[rec.name] = problems
             else:
                 self.label_problems.pop(rec.name, None)
-        if problems and problems != seen:
-            log.warning("node %s: %s", rec.name, "; ".join(problems))
-            if self.on_problems is not None:
-                self.on_problems(node, problems)
+            if problems and problems != seen:
+                for p in problems:
+                    n, names = self._unsaid.get(p, (0, []))
+                    if len(names) < PROBLEM_NODES_NAMED:
+                        names.append(rec.name)
+                    self._unsaid[p] = (n + 1, names)
+        if problems and problems != seen and self.on_problems is not None:
+            self.on_problems(node, problems)
         if old is None:
             return []
         return [LabelChange(rec.name, k, old.labels.get(k), rec.labels.get(k))
                 for k in WATCHED_FACTS if old.labels.get(k) != rec.labels.get(k)]
+
+    def say_problems(self) -> int:
+        """Log the label problems found since the last call: one WARNING per cause, with the
+        count of nodes and the first ``PROBLEM_NODES_NAMED`` names (the actuator's loop calls
+        this each time it wakes). Returns how many lines it wrote."""
+        with self._lock:
+            unsaid, self._unsaid = self._unsaid, {}
+        for problem, (n, names) in sorted(unsaid.items()):
+            if n == 1:
+                log.warning("node %s: %s", names[0], problem)
+                continue
+            more = f", +{n - len(names)} more" if n > len(names) else ""
+            log.warning("%d nodes (%s%s): %s", n, ", ".join(names), more, problem)
+        return len(unsaid)
 
     def remove(self, name: str) -> None:
         with self._lock:

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import scores
 from .explain import FilterResult
-from .filters import selector_matches
+from .filters import selector_matches, term_matches_pod
 from .model import HostPort, PodAffinityTerm, RunningPod, SpreadConstraint, Workload
 from .prepared import ClusterView, PodIndex, all_ok, as_running, request_vector
 
@@ -240,7 +240,9 @@ def place_classes(pc: ClusterView, reps: list[Workload], members: list[list[Work
     if over.size:
         excess = {int(i): int(usage.pods[i] - usage.max_pods[i]) for i in over}
         trimmed: set[str] = set()
-        for ci in range(len(reps)):
+        # pods that others' pod affinity selects are trimmed last: moving one would leave
+        # the pods placed beside it for its sake without a match in their domain
+        for ci in sorted(range(len(reps)), key=lambda ci: (_anchors(reps, ci), ci)):
             if ci in seq:
                 continue
             keep: list[int] = []
@@ -270,6 +272,13 @@ def place_classes(pc: ClusterView, reps: list[Workload], members: list[list[Work
         batch_cost.setdefault(ci, cost)
         if why is not None:
             deferred[ci] = why
+
+
+def _anchors(reps: list[Workload], ci: int) -> bool:
+    """Does another class's pod affinity select the pods of class ``ci``?"""
+    w = reps[ci]
+    return any(term_matches_pod(t, o.namespace, w.namespace, w.labels)
+               for cj, o in enumerate(reps) if cj != ci for t in o.pod_affinity)
 
 
 def pod_by_pod_results(pc: ClusterView, w: Workload,

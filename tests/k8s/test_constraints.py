@@ -21,6 +21,7 @@ from cloud_core.k8s.actuator import Actuator, ActuatorConfig
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.registry import NodeRegistry
 from cloud_core.k8s.wiring import build_actuator
+from cloud_core.placement.model import Health
 from tests.k8s.conftest import Cluster, make_node, wait_for
 from tools.envtest import ControlPlane
 
@@ -33,8 +34,8 @@ HOST = "kubernetes.io/hostname"
 @pytest.fixture(scope="module")
 def act(control_plane: ControlPlane) -> Iterator[Actuator]:
     c = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
-    a = build_actuator(c, NodeRegistry(), ActuatorConfig(identity="constraints", batch_wait_s=0.1,
-                                                   retry_unschedulable_s=2.0))
+    a = build_actuator(c, NodeRegistry(), ActuatorConfig(identity="constraints",
+                                                         retry_unschedulable_s=2.0))
     a.start()
     assert a.wait_synced(30)
     yield a
@@ -153,8 +154,11 @@ def test_constraint_against_the_api_server(case: Case, admin: KubeClient, act: A
             names[suffix] = n
             _node(admin, n, zone, tag, case.node_extra)
             cl.nodes.append(n)
-        wait_for(lambda: all(act.registry.get(n) for n in names.values()), timeout=15,
-                 what="nodes in the registry")
+        # as make_node left them (Ready, the admission's not-ready taint gone): a step runs
+        # as soon as a pod arrives, so one on a version still tainted would be refused for it
+        wait_for(lambda: all((r := act.registry.get(n)) is not None and not r.taints
+                             and r.health is Health.ONLINE for n in names.values()),
+                 timeout=15, what="nodes in the registry, Ready and untainted")
         for name, extra, labels in case.pods:
             spec: dict[str, Any] = {
                 "schedulerName": "cfnet-scheduler", "nodeSelector": {"cfnet.io/case": tag},

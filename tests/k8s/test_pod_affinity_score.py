@@ -31,8 +31,7 @@ HOST = "kubernetes.io/hostname"
 @pytest.fixture(scope="module")
 def act(control_plane: ControlPlane) -> Iterator[Actuator]:
     c = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
-    a = build_actuator(c, NodeRegistry(), ActuatorConfig(identity="pod-affinity-score",
-                                                   batch_wait_s=0.1))
+    a = build_actuator(c, NodeRegistry(), ActuatorConfig(identity="pod-affinity-score"))
     a.start()
     assert a.wait_synced(30)
     yield a

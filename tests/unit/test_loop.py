@@ -267,3 +267,19 @@ def test_a_node_fact_change_is_a_move_the_replanner_makes() -> None:
     assert any(e.kind == "alert" and "no longer fits b" in e.message for e in events.recent())
     loop.step()  # the informer has not caught up: the cool-down holds the move back
     assert len(act.moves) == 1 and len(act.misfits) == 1
+
+
+def test_a_placed_pod_says_how_close_its_batch_is_to_the_best_possible() -> None:
+    got: list[PlaceOutcome] = []
+
+    class Recording(FakeActuator):
+        def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
+            got.append(outcome)
+            return super().commit_placements(obs, outcome)
+
+    obs = Observation(HEALTH, snapshot(5.0), [NEAR], [])
+    loop_for(obs, Recording()).step()
+    (summary,) = got[0].summaries.values()
+    assert summary.startswith("placed on ") and summary.endswith(
+        "nodes fit; batch within 0.0 % of the best possible"), summary
+    assert got[0].stats["gap"] == 0.0

@@ -27,6 +27,8 @@ def test_a_cfnet_label_typo_is_named(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="cloud_core.k8s.registry"):
         reg.upsert(_node("n1", {"cfnet.io/security_level": "3"}))
         reg.upsert(_node("n1", {"cfnet.io/security_level": "3", "x": "y"}))  # said once
+        assert reg.say_problems() == 1
+        assert reg.say_problems() == 0
     assert [r.getMessage() for r in caplog.records] == [
         "node n1: unknown label 'cfnet.io/security_level' (cfnet reads "
         f"{SECURITY!r}, {RESIDENCY_REGION!r}, {AGENT_ID!r})"]
@@ -39,6 +41,36 @@ def test_a_cfnet_label_typo_is_named(caplog: pytest.LogCaptureFixture) -> None:
     assert "n1" not in reg.label_problems
     rec = reg.get("n1")
     assert rec is not None and (rec.security_level, rec.agent_id, rec.region) == (3, "e1", "eu")
+
+
+def test_a_label_problem_on_many_nodes_is_one_line_per_cause(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """5,000 Nodes with the old ``cfnet.io/security-level`` were 5,000 WARNING lines at
+    start-up; they are one line per cause, with the count and the first few names. Each Node
+    still gets its own Warning event (``on_problems``)."""
+    reg = NodeRegistry()
+    events: list[str] = []
+    reg.on_problems = lambda node, probs: events.append(str(node["metadata"]["name"]))
+    with caplog.at_level(logging.WARNING, logger="cloud_core.k8s.registry"):
+        for i in range(5000):
+            reg.upsert(_node(f"n{i}", {"cfnet.io/security-level": "3"}))
+        for i in range(3):
+            reg.upsert(_node(f"t{i}", {"cfnet.io/security_level": "3"}))
+        assert caplog.records == []  # gathered until said
+        assert reg.say_problems() == 2
+        reg.upsert(_node("late", {"cfnet.io/security-level": "3"}))
+        reg.upsert(_node("n7", {"cfnet.io/security-level": "3"}))  # nothing new about n7
+        reg.say_problems()
+    old = (f"label 'cfnet.io/security-level' ignored: a node can set it on itself; cfnet "
+           f"reads {SECURITY!r}, which only an administrator can set")
+    typo = (f"unknown label 'cfnet.io/security_level' (cfnet reads {SECURITY!r}, "
+            f"{RESIDENCY_REGION!r}, {AGENT_ID!r})")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"5000 nodes (n0, n1, n2, n3, n4, +4995 more): {old}",
+        f"3 nodes (t0, t1, t2): {typo}",
+        f"node late: {old}"]
+    assert all(r.levelno == logging.WARNING for r in caplog.records)
+    assert len(events) == 5004  # the Nodes' own events: one each
 
 
 def test_node_writable_labels_decide_nothing() -> None:

@@ -143,7 +143,7 @@ def test_actuator_backlog_plus_deletions_leaves_the_canary_first() -> None:
 
     fake = FakeKubeClient()
     act = build_actuator(fake, NodeRegistry(),  # type: ignore[arg-type]
-                   ActuatorConfig(batch_wait_s=0.0, max_batch=50, first_batch=50))
+                   ActuatorConfig(max_batch=50, first_batch=50))
     rv = [0]
 
     def pod(ns: str, name: str, cpu: str, node: str | None = None) -> dict:
@@ -209,7 +209,7 @@ def test_the_pods_list_is_held_while_the_first_batch_is_decided() -> None:
 
     fake = FakeKubeClient()
     act = build_actuator(fake, NodeRegistry(),  # type: ignore[arg-type]
-                   ActuatorConfig(batch_wait_s=0.0, max_batch=5, first_batch=2))
+                   ActuatorConfig(max_batch=5, first_batch=2))
     assert act.pods.page_gate is act.pages_go and act.pages_go.is_set()
     seen: list[bool] = []
     place = act.loop.place
