@@ -146,6 +146,7 @@ class PreparedCluster(ClusterView):
                 break
         place_classes(self, reps, members, seq, placed_nodes, base_mask, batch_cost,
                       deferred_reason)
+        drop_partial_gangs(self, reps, members, placed_nodes, deferred_reason)
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
@@ -402,3 +403,29 @@ def _ready(reps: list[Workload], pending: set[int],
         first = {ci} if only_first else set()
     return ready, first
 
+
+def drop_partial_gangs(pc: ClusterView, reps: list[Workload], members: list[list[Workload]],
+                       placed_nodes: list[list[int]], deferred: dict[int, str]) -> None:
+    """Gangs all-or-nothing over the whole batch: a gang whose members span classes placed
+    by different routes (the solver's rounds, pod by pod, pod-affinity rounds) can come out
+    of them in part; its placed members are taken back, their capacity freed."""
+    size: dict[str, int] = {}
+    got: dict[str, int] = {}
+    for ci, w in enumerate(reps):
+        if w.gang is not None:
+            size[w.gang] = size.get(w.gang, 0) + len(members[ci])
+            got[w.gang] = got.get(w.gang, 0) + len(placed_nodes[ci])
+    partial = {g for g, n in got.items() if 0 < n < size[g]}
+    if not partial:
+        return
+    dropped: set[str] = set()
+    for ci, w in enumerate(reps):
+        if w.gang not in partial:
+            continue
+        req = request_vector(w)
+        for j, n in enumerate(placed_nodes[ci]):
+            pc.free[n] += req
+            dropped.add(members[ci][j].uid)
+        placed_nodes[ci].clear()
+        deferred.setdefault(ci, f"gang {w.gang}: not every member fits at once")
+    pc.pods = PodIndex([p for p in pc.pods.all() if p.uid not in dropped])

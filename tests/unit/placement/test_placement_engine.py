@@ -117,6 +117,23 @@ def test_gang_all_or_nothing() -> None:
     assert len(r.assignments) == 2
 
 
+def test_gang_all_or_nothing_across_routes() -> None:
+    """A gang whose members take different routes (one through the solver, one pod by pod
+    for its extended resource) is placed whole or not at all: here the second member finds
+    no node with its device, so the first gives its node back."""
+    nodes = [node("a", extended={"example.com/fpga": 1}), node("b")]
+    plain = wl("g0", gang="t")
+    fpga = wl("g1", gang="t", extended={"example.com/fpga": 2})
+    solo = wl("solo")
+    r = place(snap(nodes), [plain, fpga, solo])
+    assert r.assignments == {"solo": r.assignments["solo"]}
+    assert "gang t" in " ".join(r.decision("g0").reasons)
+    assert validate(snap(nodes), [plain, fpga, solo], r.assignments) == []
+    ok = wl("g1", gang="t", extended={"example.com/fpga": 1})
+    r = place(snap(nodes), [plain, ok])
+    assert set(r.assignments) == {"g0", "g1"} and r.assignments["g1"] == "a"
+
+
 def test_pod_affinity_within_batch() -> None:
     nodes = [node("a", zone="z1"), node("b", zone="z2", price_per_hour=0.5)]
     cache = wl("cache", labels={"app": "cache"}, residency=frozenset({"r1"}),
