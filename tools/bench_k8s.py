@@ -16,7 +16,7 @@ Node objects for everyone (regions, zones, security levels, KubeEdge edge nodes 
   its CPU counts the MQTT child process too;
 * **ceiling**: a minimal binder that replays a validated assignment of the same pods (taken
   from an earlier run of the same repetition) as fast as the API server takes bindings and
-  one ``events.k8s.io`` event per pod, with the lean HTTP path of ``cloud_core/k8s/client.py``
+  one ``events.k8s.io`` event per pod, with the lean HTTP path of ``cloud_core/k8s/transport.py``
   on 32 threads (cfnet binds on 24): what a scheduler could reach on this machine if deciding
   were free.
 

@@ -1,4 +1,4 @@
 """Kubernetes actuator: node registry, pod watch/batch/bind, pool placement, leader election.
 
-Only ``client.py`` imports the kubernetes client; the rest works on the API's JSON.
+Only ``endpoint.py`` imports the kubernetes client; the rest works on the API's JSON.
 """

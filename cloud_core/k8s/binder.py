@@ -171,7 +171,7 @@ class Binder:
             self.record_failed(pod, message)
 
     def record_failed(self, pod: JSON, message: str) -> None:
-        """Queue ``pod``'s ``FailedScheduling`` event (client.EventRecorder: never a blocking
+        """Queue ``pod``'s ``FailedScheduling`` event (events.EventRecorder: never a blocking
         call per pod; repeats form a series)."""
         self._client.record_event(pod, reason="FailedScheduling", message=message,
                                   event_type="Warning", instance=self._config.identity)
@@ -223,7 +223,7 @@ class Binder:
         self._stats.bound_pod(key)
         if self._on_bound is not None:
             self._on_bound(key, node)
-        # queued (client.EventRecorder): never a blocking call per pod; repeats form a series
+        # queued (events.EventRecorder): never a blocking call per pod; repeats form a series
         self._client.record_event(pod, reason="Scheduled", instance=self._config.identity,
                                   action="Binding",
                                   message=f"Successfully assigned {key} to {node}"

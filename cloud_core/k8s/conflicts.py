@@ -36,7 +36,7 @@ from cloud_core.placement.relax import Diagnosis, diagnose_many
 
 log = logging.getLogger(__name__)
 
-NOTE_CHARS = 1024  # what the API server keeps of an event's note (client.event_body)
+NOTE_CHARS = 1024  # what the API server keeps of an event's note (events.event_body)
 ROUND_MAX = 32  # pods diagnosed on one snapshot before the next is taken
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from cloud_core.errors import KubeUnavailable
-from cloud_core.k8s import client as client_mod
+from cloud_core.k8s import transport
 from cloud_core.k8s.client import KubeClient
 from tools.envtest.harness import ControlPlane, EnvtestError
 
@@ -99,7 +99,7 @@ def _burst(c: KubeClient, n: int, retry_after: bool) -> list[tuple[int, str | No
     for t in threads:
         t.start()
     for t in threads:
-        t.join(client_mod.RETRY_AFTER_BUDGET_S + 20)
+        t.join(transport.RETRY_AFTER_BUDGET_S + 20)
     assert len(out) == n, "a request of the burst never returned"
     return out
 
@@ -126,7 +126,7 @@ def test_a_burst_that_apf_refuses_is_served_in_the_end(
         seen = _until(c, False, lambda got: any(st == 429 and a for st, a in got))
         refused = [a for st, a in seen if st == 429 and a != ""]
         assert refused, f"APF never refused the ServiceAccount's bursts: {seen}"
-        assert all(a is not None and client_mod._retry_after_s(a) is not None
+        assert all(a is not None and transport._retry_after_s(a) is not None
                    for a in refused), refused
         # As cfnet's client meets it: sent again after Retry-After, every request is served.
         # A burst of 8 on one seat, with Retry-After 4 s and a 10 s budget per call, can run
@@ -152,7 +152,7 @@ def test_a_refusal_past_the_budget_is_the_error(throttled: tuple[KubeClient, Kub
     # The budget lowered below the server's smallest Retry-After (1 s): the first refusal is
     # the answer, raised as KubeUnavailable with its status.
     admin, c = throttled
-    monkeypatch.setattr(client_mod, "RETRY_AFTER_BUDGET_S", 0.5)
+    monkeypatch.setattr(transport, "RETRY_AFTER_BUDGET_S", 0.5)
     admin.create(f"{FC}/flowschemas", flow_schema())
     errors: list[KubeUnavailable] = []
 

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from cloud_core.k8s import client as client_mod
+from cloud_core.k8s import transport
 from cloud_core.k8s.client import KubeClient
 from tools.envtest.harness import ControlPlane
 
@@ -25,7 +25,7 @@ def test_one_call_after_an_apiserver_restart(control_plane: ControlPlane,
                                              monkeypatch: pytest.MonkeyPatch,
                                              notice_closed: bool) -> None:
     if not notice_closed:  # as when the closing has not reached us yet: found on use only
-        monkeypatch.setattr(client_mod, "_closed_by_peer", lambda c: False)
+        monkeypatch.setattr(transport, "_closed_by_peer", lambda c: False)
     c = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
     try:
         gate = threading.Barrier(8)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud_core.errors import KubeUnavailable
-from cloud_core.k8s import client as client_mod
+from cloud_core.k8s import transport
 from cloud_core.k8s.client import Endpoint, KubeClient, LeanHTTP
 
 Answer = tuple[int, str | None]  # status, Retry-After (None: no header)
@@ -111,13 +111,13 @@ def test_retry_after(server: FakeAPIServer, lean: LeanHTTP, method: str,
 def test_at_most_ten_retries(server: FakeAPIServer, lean: LeanHTTP) -> None:
     server.script = [(429, "0")] * 50
     got, _ = lean.call("GET", "/api/v1/pods", None)
-    assert got == 429 and len(server.seen) == 1 + client_mod.RETRY_AFTER_TRIES
+    assert got == 429 and len(server.seen) == 1 + transport.RETRY_AFTER_TRIES
 
 
 def test_the_wait_is_bounded(server: FakeAPIServer, lean: LeanHTTP,
                              monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(client_mod.time, "sleep", slept.append)
+    monkeypatch.setattr(transport.time, "sleep", slept.append)
     server.script = [(429, "4")] * 5
     got, _ = lean.call("GET", "/api/v1/pods", None)
     # 4 + 4 waited; a third 4 would pass the 10 s budget: the 429 is the answer
@@ -142,7 +142,7 @@ def test_opting_out_and_the_error(server: FakeAPIServer) -> None:
 @given(st.text(max_size=40) | st.from_regex(r"-?[0-9]{1,12}", fullmatch=True))
 def test_retry_after_header_fuzz(value: str) -> None:
     # any header text: no exception, and either no retry or a wait within the budget
-    got = client_mod._retry_after_s(value)
-    assert got is None or 0.0 <= got <= client_mod.RETRY_AFTER_BUDGET_S + 1
+    got = transport._retry_after_s(value)
+    assert got is None or 0.0 <= got <= transport.RETRY_AFTER_BUDGET_S + 1
     if got is not None:
         assert value.strip().isascii() and value.strip().lstrip("-").isdigit()

@@ -15,7 +15,7 @@ API), restart the API server on the same port (etcd keeps the data), and tears e
 down on exit.
 
 This module talks HTTPS with the standard library only; the project's rule is that only
-``cloud_core/k8s/client.py`` imports the kubernetes client.
+``cloud_core/k8s/endpoint.py`` imports the kubernetes client.
 """
 
 from __future__ import annotations
