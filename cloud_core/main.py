@@ -142,7 +142,8 @@ def load_roles(path: Path | None) -> dict[str, str]:
 
 
 def build_config(a: argparse.Namespace) -> CoreConfig:
-    from cloud_core.bus_nats import NatsIngestSettings, parse_sites
+    from cloud_core.bus_nats import NatsIngestSettings
+    from cloud_core.bus_nats_sites import parse_sites
     from cloud_core.registry import load_registry
     from cloud_core.service import CoreConfig
 

@@ -24,7 +24,7 @@ again); the core's durable work (plans, placements) is journalled separately.
 
 On the NATS bus (``nats``: :class:`cloud_core.bus_nats.NatsIngestSettings`), the
 child serves ``$share/<group>/...`` subscriptions from a JetStream consumer shared by
-the replicas (:mod:`cloud_core.bus_nats`) instead of MQTT, which on NATS has no
+the replicas (:mod:`cloud_core.bus_nats_ingest`) instead of MQTT, which on NATS has no
 ``$share``; those messages join the same batches.
 
 The child exits when the core asks, and on its own when the core goes away
@@ -116,7 +116,7 @@ class MqttProcess:
         self._tokens = itertools.count(1)
         self._handles: dict[int, RemoteHandle] = {}
         self._handles_lock = threading.Lock()
-        # The edge sites' counters of the child's shared ingest (bus_nats.SourceResumer:
+        # The edge sites' counters of the child's shared ingest (bus_nats_sites.SourceResumer:
         # event -> site -> count), as last reported by the child.
         self.edge: dict[str, dict[str, int]] = {}
 
@@ -191,13 +191,14 @@ class MqttProcess:
     @property
     def capabilities(self) -> BusCapabilities:
         """Those of the child's MqttClient, with ``$share`` and edge sites on NATS (served
-        from JetStream: :mod:`cloud_core.bus_nats`)."""
+        from JetStream: :mod:`cloud_core.bus_nats_ingest`)."""
         v5, nats = self.settings.protocol == "mqtt5", self.nats is not None
         return BusCapabilities(mqtt5_properties=v5, shared_subscriptions=v5 or nats,
                                cheap_qos1_subscriptions=v5, edge_sites=nats)
 
     def edge_site_events(self) -> dict[str, dict[str, int]]:
-        """The child's edge sites' counters (``bus_nats.SourceResumer``), as it last sent them."""
+        """The child's edge sites' counters (``bus_nats_sites.SourceResumer``), as it last
+        sent them."""
         return self.edge
 
     def wait_connected(self, timeout_s: float) -> bool:
@@ -299,7 +300,8 @@ class _Child:
     def __init__(self, settings: MqttSettings, subs: list[tuple[str, int, bool, bool]],
                  cmd: Connection, out: Connection, nats: NatsIngestSettings | None = None,
                  ) -> None:
-        from cloud_core.bus_nats import SharedIngest, parse_share
+        from cloud_core.bus_nats import parse_share
+        from cloud_core.bus_nats_ingest import SharedIngest
         from edge_agent.wire.mqtt import MqttClient  # paho only in the child
 
         self.cmd, self.out = cmd, out

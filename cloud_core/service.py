@@ -81,7 +81,7 @@ class CoreConfig:
     # End-to-end acks to agents (cloud_core/acks.py): how often, per node.
     ack_interval_s: float = 1.0
     # The NATS bus: shared ingest (share_group) through a JetStream consumer that
-    # the replicas share (cloud_core/bus_nats.py); needs mqtt_process.
+    # the replicas share (cloud_core/bus_nats_ingest.py); needs mqtt_process.
     nats: NatsIngestSettings | None = None
     # The NATS bus: the console's native connection to the bus's retained store, which
     # tells a request published with retain from a live one (cloud_core/bus_retained.py).

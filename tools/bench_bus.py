@@ -8,7 +8,7 @@ Each run, on each bus, the same scenario, so the table compares like with like:
 - **core**: two replicas, a leader (places, answers the console) and a follower, as
   ``cfnet-core`` runs them (MQTT in a child process each) and splitting ingest by the
   bus's own mechanism: ``$share`` on Mosquitto, a shared JetStream consumer on NATS
-  (``cloud_core/bus_nats.py``); their states converge through digests;
+  (``cloud_core/bus_nats_ingest.py``); their states converge through digests;
 - **fleet**: ``--nodes`` simulated agents (``python -m tools.simulate``, paho, so that
   it reconnects after a bus-node kill) at 1 report/s with end-to-end acks: each keeps
   a report until a core acknowledges it and resends what is lost, as the agent does.

@@ -338,7 +338,7 @@ class MqttClient:
         (MQTT 5), so a consumer can refuse retained messages whenever they arrive."""
         if not self._v5 and topic.startswith("$share/"):
             # NATS grants it and delivers nothing: the core serves $share from a
-            # JetStream consumer instead (cloud_core/bus_nats.py, in its MQTT process).
+            # JetStream consumer instead (cloud_core/bus_nats_ingest.py, in its MQTT process).
             raise MqttError(f"{topic!r}: MQTT 3.1.1 on NATS has no shared subscriptions")
         # Under the lock _handle_connect holds while it subscribes and sets
         # `connected`: a topic added during a connect is sent by one or the other.

@@ -181,7 +181,7 @@ def test_the_core_is_told_the_sites_to_link() -> None:
     """cfnet-bus (the core's envFrom) carries CFNET_NATS_SITES, what `cfnet-core
     --nats-sites` reads (tests/unit/test_bus_adapter.py; linked on a real leaf:
     tests/integration/test_bus_leaf_resume.py)."""
-    from cloud_core.bus_nats import parse_sites
+    from cloud_core.bus_nats_sites import parse_sites
 
     two = [*SITE, "nats.leaf.sites[1].name=siteB", "nats.leaf.sites[1].address=10.1.0.6",
            "nats.leaf.sites[1].nodeSelector.a=b"]

@@ -123,9 +123,10 @@ def test_site_label_is_a_value_and_bad_ones_are_refused() -> None:
 
 def test_site_names_are_refused_as_cfnet_core_refuses_them(tmp_path: Path) -> None:
     """1-32 ASCII letters or digits, at most 1,000 sites: what ``cfnet-core --nats-sites``
-    (cloud_core.bus_nats.parse_sites) takes; the chart refuses the rest before anything is
+    (cloud_core.bus_nats_sites.parse_sites) takes; the chart refuses the rest before anything is
     rendered, naming the value."""
-    from cloud_core.bus_nats import NatsIngestError, parse_sites
+    from cloud_core.bus_nats import NatsIngestError
+    from cloud_core.bus_nats_sites import parse_sites
 
     base = SITES[:2]
     for bad in ("site-a", "s" * 33, "café", "a.b", "a b"):

@@ -6,7 +6,7 @@ the lab's router. The hub is a 3-node NATS JetStream cluster (tools/nats/cluster
 ``cloud`` with its leafnode listener; the site's leaf node (tools/nats/leaf.py) runs in
 ``edge`` with its own JetStream domain and MQTT listener, and the site is linked
 (``link_site``): the leaf's ``CFNET_EDGE`` stream, sourced by the hub's ``CFNET_INGEST``
-(the stream the core replicas fetch from, cloud_core/bus_nats.py).
+(the stream the core replicas fetch from, cloud_core/bus_nats_ingest.py).
 
 An agent's MQTT client (edge_agent.wire.mqtt, MQTT 3.1.1 as on the clustered bus, TLS, its own
 account and ACL) in ``edge`` publishes numbered QoS 1 reports to the leaf: some with the

@@ -51,7 +51,8 @@ from typing import Any
 
 import pytest
 
-from cloud_core.bus_nats import EDGE_STREAM, SITES_META, STREAM, source_domain
+from cloud_core.bus_nats import EDGE_STREAM, STREAM
+from cloud_core.bus_nats_sites import SITES_META, source_domain
 from cloud_core.main import build_config, parse_args
 from cloud_core.service import CoreService
 from cloud_core.state import ClusterState
@@ -72,7 +73,7 @@ NODE = "leaf-agent-1"
 CORE = "core-leaf"
 CUT_S = 45.0
 CATCH_UP_BOUND_S = 20.0  # a few seconds with the core re-arming the source (docs/nats.md)
-LINK_BOUND_S = 45.0  # the core's back-off is at most 30 s (bus_nats.LINK_BACKOFF_MAX_S)
+LINK_BOUND_S = 45.0  # the core's back-off is at most 30 s (bus_nats_sites.LINK_BACKOFF_MAX_S)
 # After the wipe: the core sees the stall (3 s), waits out its per-site re-arm interval
 # (10 s since the cut's re-arm at most) and creates the stream again.
 RECREATE_BOUND_S = 30.0

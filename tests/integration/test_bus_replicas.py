@@ -1,5 +1,5 @@
 """Core replicas splitting ingest on the NATS bus through the engine's own mechanism: a
-JetStream durable pull consumer the replicas share (cloud_core/bus_nats.py), on a real
+JetStream durable pull consumer the replicas share (cloud_core/bus_nats_ingest.py), on a real
 3-node cluster (tools/nats/cluster.py). Each replica takes part of the reports; through
 the replicas' digests each state converges to the whole fleet; when one replica's bus
 connection dies (its MQTT process SIGKILLed), the other takes every later report, and

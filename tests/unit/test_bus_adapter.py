@@ -132,7 +132,7 @@ def _src(api: str | None, active: object) -> dict[str, object]:
 
 
 def test_only_stale_edge_sources_count_as_stalled() -> None:
-    from cloud_core.bus_nats import stalled_domains
+    from cloud_core.bus_nats_sites import stalled_domains
 
     info = {"sources": [
         _src("$JS.edgea.API", 9_000_000_000),  # 9 s unheard: stalled
@@ -151,7 +151,7 @@ def test_only_stale_edge_sources_count_as_stalled() -> None:
 
 
 def test_without_domain_removes_only_that_site_and_keeps_the_rest_of_the_config() -> None:
-    from cloud_core.bus_nats import without_domain
+    from cloud_core.bus_nats_sites import without_domain
 
     cfg = {"name": "CFNET_INGEST", "future_field": {"kept": True},
            "sources": [_src("$JS.edgea.API", 1), _src("$JS.edgeb.API", 1)]}
@@ -204,7 +204,8 @@ def test_resumer_rearms_a_stalled_site_once_when_it_answers_and_at_most_once_per
         ) -> None:
     import asyncio
 
-    from cloud_core.bus_nats import NatsIngestSettings, SourceResumer
+    from cloud_core.bus_nats import NatsIngestSettings
+    from cloud_core.bus_nats_sites import SourceResumer
 
     nc = _FakeNats(active_ns=30_000_000_000)
     now = [100.0]
@@ -228,7 +229,8 @@ def test_resumer_rearms_a_stalled_site_once_when_it_answers_and_at_most_once_per
 # ---------------------------------------------------------------- linking edge sites
 # (--nats-sites; the real leaf and hub: tests/integration/test_bus_leaf_resume.py)
 def test_site_names_are_jetstream_domains_bounded_and_each_refusal_names_the_site() -> None:
-    from cloud_core.bus_nats import MAX_SITES, NatsIngestError, parse_sites
+    from cloud_core.bus_nats import NatsIngestError
+    from cloud_core.bus_nats_sites import MAX_SITES, parse_sites
 
     assert parse_sites("") == () and parse_sites(" a , B2 ,") == ("a", "B2")
     assert parse_sites("x" * 32) == ("x" * 32,)
@@ -315,7 +317,8 @@ def _apis(config: dict[str, object]) -> list[str]:
 def test_linking_creates_the_edge_stream_then_adds_the_source_once_and_is_idempotent() -> None:
     import asyncio
 
-    from cloud_core.bus_nats import EDGE_MAX_BYTES, NatsIngestSettings, link_sites
+    from cloud_core.bus_nats import EDGE_MAX_BYTES, NatsIngestSettings
+    from cloud_core.bus_nats_sites import link_sites
 
     nc = _FakeHubAndLeaves({"a": {}, "b": {"CFNET_EDGE": {"name": "CFNET_EDGE",
                                                           "max_bytes": 5}}})
@@ -342,7 +345,8 @@ def test_linking_creates_the_edge_stream_then_adds_the_source_once_and_is_idempo
 def test_a_site_that_does_not_answer_backs_off_and_does_not_hold_up_the_others() -> None:
     import asyncio
 
-    from cloud_core.bus_nats import LINK_BACKOFF_MAX_S, NatsIngestSettings, SourceResumer
+    from cloud_core.bus_nats import NatsIngestSettings
+    from cloud_core.bus_nats_sites import LINK_BACKOFF_MAX_S, SourceResumer
 
     nc = _FakeHubAndLeaves({"up": {}})
     now = [100.0]
@@ -381,7 +385,8 @@ def test_a_site_dropped_from_the_list_loses_only_the_source_the_core_added() -> 
     (Against the real hub and leaf: tests/integration/test_bus_leaf_resume.py.)"""
     import asyncio
 
-    from cloud_core.bus_nats import SITES_META, NatsIngestSettings, SourceResumer
+    from cloud_core.bus_nats import NatsIngestSettings
+    from cloud_core.bus_nats_sites import SITES_META, SourceResumer
 
     nc = _FakeHubAndLeaves({"a": {}, "b": {}})
     nc.config["metadata"] = {"owner": "ops"}
@@ -410,7 +415,7 @@ def test_a_site_dropped_from_the_list_loses_only_the_source_the_core_added() -> 
 
 
 def test_the_sites_record_is_bounded_and_bad_names_in_it_are_ignored() -> None:
-    from cloud_core.bus_nats import (
+    from cloud_core.bus_nats_sites import (
         MAX_SITE_LEN,
         MAX_SITES,
         SITES_META,

@@ -133,11 +133,11 @@ def nats_permissions(name: str, role: Role) -> dict[str, object]:
         if "read" in access:
             sub.append(subject)
     if role == "core":
-        # Shared ingest over native NATS (cloud_core/bus_nats.py): its stream, its
+        # Shared ingest over native NATS (cloud_core/bus_nats_ingest.py): its stream, its
         # consumers, fetching and acking, replies on the core's own inbox prefix.
         api = "$JS.API"
         pub += [f"{api}.INFO", f"{api}.STREAM.INFO.{STREAM}", f"{api}.STREAM.CREATE.{STREAM}",
-                # Re-arming an edge site's stalled source (bus_nats.SourceResumer): the
+                # Re-arming an edge site's stalled source (bus_nats_sites.SourceResumer): the
                 # stream's config, and whether the site's JetStream domain answers.
                 f"{api}.STREAM.UPDATE.{STREAM}", "$JS.*.API.INFO",
                 # Linking the edge sites it is configured with (--nats-sites): the site's

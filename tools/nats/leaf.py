@@ -47,9 +47,8 @@ from cloud_core.bus_nats import (
     STREAM,
     STREAM_SUBJECTS,
     NatsIngestSettings,
-    link_sites,
-    valid_site,
 )
+from cloud_core.bus_nats_sites import link_sites, valid_site
 from tools.broker import free_port, mqtt_connect_probe
 from tools.nats.cluster import (
     ADMIN_USER,
@@ -253,7 +252,7 @@ async def _connect(url: str, user: str, password: str, ca_file: Path | None) -> 
 def link_site(leaf: EdgeLeaf, *, hub_replicas: int = 3, hub_max_age_s: float = 900.0) -> None:
     """Link the site without a core (tests of the hub stream alone): create the hub's
     ``CFNET_INGEST`` as the core would if it is not there yet, then the core's own
-    linking (:func:`cloud_core.bus_nats.link_sites`: the leaf's ``CFNET_EDGE`` through
+    linking (:func:`cloud_core.bus_nats_sites.link_sites`: the leaf's ``CFNET_EDGE`` through
     the site's JetStream domain, and the hub stream's source of it), as the harness's
     admin. A core run with ``--nats-sites`` does this by itself. Idempotent."""
     from nats.js.api import StorageType, StreamConfig

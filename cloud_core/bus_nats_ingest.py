@@ -1,0 +1,207 @@
+"""Shared ingest on the clustered bus (NATS JetStream): the engine splits reports among replicas.
+
+NATS's MQTT listener grants ``$share/...`` subscriptions but delivers nothing to them, so
+on ``--bus nats`` a core's ``$share/<group>/<filter>`` subscription is served here
+instead, over a native NATS connection: a JetStream stream ``CFNET_INGEST`` captures
+every node's telemetry and status subjects (what the agents publish over MQTT lands on
+those subjects), replicated on ``replicas`` servers, and each shared filter is a
+*durable pull consumer* ``<group>-<leaf>`` that all replicas of the group fetch from.
+JetStream hands each message to one fetcher; a message a replica fetched but never
+acknowledged (it died) is delivered again, to whichever replica fetches next, after
+``ack_wait_s``: a dead replica's share is taken over within that time, and its queued
+backlog with it. The consumer is durable, so reports published while every replica is
+down wait in the stream (``max_age_s``) instead of being lost.
+
+As for MQTT in :mod:`cloud_core.mqtt_process`, a message is acknowledged to JetStream
+once it is queued for the core, not once it is folded in: what an agent waits for is
+the core's end-to-end ack, and it resends what no core acknowledged.
+
+This runs in the core's MQTT child process, on a thread with its own asyncio loop
+(nats-py, the NATS project's own Python client, is asyncio-only).
+
+The edge sites' sources of the stream are kept by :mod:`cloud_core.bus_nats_sites`
+(:class:`~cloud_core.bus_nats_sites.SourceResumer`, run beside the fetchers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import threading
+from collections.abc import Callable
+
+from cloud_core.bus_nats import (
+    STREAM,
+    STREAM_SUBJECTS,
+    NatsIngestError,
+    NatsIngestSettings,
+    consumer_name,
+    subject_to_topic,
+    topic_to_subject,
+)
+from cloud_core.bus_nats_sites import SourceResumer
+
+log = logging.getLogger(__name__)
+
+FETCH_BATCH = 512
+
+
+class SharedIngest:
+    """Fetches shared filters from JetStream and hands each message to ``deliver``."""
+
+    def __init__(self, settings: NatsIngestSettings,
+                 deliver: Callable[[str, bytes], None]) -> None:
+        if not settings.urls:
+            raise NatsIngestError("shared ingest on NATS needs the servers' NATS URLs")
+        self.settings = settings
+        self.deliver = deliver
+        self._shares: list[tuple[str, str]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._connected = threading.Event()
+        self.fetched = 0
+        self.errors = 0
+        self.resumer: SourceResumer | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def edge_counts(self) -> dict[str, dict[str, int]]:
+        """The edge sites' counters (:meth:`SourceResumer.counts`); empty before it runs."""
+        r = self.resumer
+        return r.counts() if r is not None else {}
+
+    def add(self, group: str, topic_filter: str) -> None:
+        """Serve ``$share/<group>/<topic_filter>`` (before :meth:`start`)."""
+        subject = topic_to_subject(topic_filter)
+        if subject not in STREAM_SUBJECTS:
+            raise NatsIngestError(f"{topic_filter!r} is not in the {STREAM} stream")
+        self._shares.append((group, topic_filter))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="cfnet-nats-ingest",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ internals
+
+    def _run(self) -> None:
+        # A first connection that fails (no server reachable yet) is tried again, as
+        # the client itself retries once connected.
+        while not self._stopping.is_set():
+            try:
+                asyncio.run(self._main())
+            except Exception as exc:
+                self.errors += 1
+                log.warning("NATS shared ingest: %s; retrying in 1 s", exc)
+                self._stopping.wait(1.0)
+
+    def _tls(self) -> ssl.SSLContext | None:
+        if not any(u.startswith("tls://") for u in self.settings.urls):
+            return None
+        ca = self.settings.ca_file
+        return ssl.create_default_context(cafile=str(ca) if ca else None)
+
+    async def _main(self) -> None:
+        import nats
+        from nats.js.api import (
+            AckPolicy,
+            ConsumerConfig,
+            DeliverPolicy,
+            DiscardPolicy,
+            StorageType,
+            StreamConfig,
+        )
+        from nats.js.errors import NotFoundError
+
+        s = self.settings
+
+        async def disconnected() -> None:
+            self._connected.clear()
+
+        async def reconnected() -> None:
+            self._connected.set()
+
+        async def error(exc: Exception) -> None:
+            # nats-py's default prints a traceback per failed reconnect attempt (a
+            # killed node is tried again and again): one line, the client retries.
+            log.info("NATS: %s", exc or type(exc).__name__)
+
+        nc = await nats.connect(
+            servers=list(s.urls), user=s.username, password=s.password, tls=self._tls(),
+            name=s.username, inbox_prefix=f"_INBOX_{s.username}".encode(),
+            max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
+            allow_reconnect=True, disconnected_cb=disconnected, reconnected_cb=reconnected,
+            error_cb=error)
+        js = nc.jetstream(timeout=10)
+        while not self._stopping.is_set():
+            try:
+                await js.stream_info(STREAM)
+                break
+            except NotFoundError:
+                try:
+                    await js.add_stream(StreamConfig(
+                        name=STREAM, subjects=list(STREAM_SUBJECTS), num_replicas=s.replicas,
+                        storage=StorageType.FILE, max_age=s.max_age_s, max_bytes=s.max_bytes,
+                        discard=DiscardPolicy.OLD))
+                    break
+                except Exception as exc:  # another replica created it meanwhile, or no quorum
+                    log.info("creating stream %s: %s; retrying", STREAM, exc)
+            except Exception as exc:  # JetStream not ready yet (leader election)
+                log.info("stream %s not reachable yet: %s", STREAM, exc)
+            await asyncio.sleep(0.5)
+        subs = []
+        for group, filt in self._shares:
+            cfg = ConsumerConfig(
+                durable_name=consumer_name(group, filt), ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=s.ack_wait_s, max_ack_pending=s.max_ack_pending,
+                deliver_policy=DeliverPolicy.NEW, filter_subject=topic_to_subject(filt))
+            while not self._stopping.is_set():
+                try:
+                    subs.append(await js.pull_subscribe(
+                        topic_to_subject(filt), durable=cfg.durable_name, stream=STREAM,
+                        config=cfg))
+                    break
+                except Exception as exc:
+                    log.info("consumer %s not ready: %s; retrying", cfg.durable_name, exc)
+                    await asyncio.sleep(0.5)
+        self._connected.set()
+        log.info("shared ingest: %s on %s", ", ".join(consumer_name(g, f)
+                                                      for g, f in self._shares), STREAM)
+        tasks = [self._fetch(p) for p in subs]
+        if s.resume_sources or s.sites:
+            if self.resumer is None:  # kept across reconnects: its rate limit and counts
+                self.resumer = SourceResumer(nc, s)
+            self.resumer.nc = nc
+            tasks.append(self.resumer.run(self._stopping))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self._connected.clear()
+            await nc.drain()
+
+    async def _fetch(self, psub: object) -> None:
+        from nats.errors import TimeoutError as NatsTimeout
+
+        while not self._stopping.is_set():
+            try:
+                msgs = await psub.fetch(FETCH_BATCH, timeout=0.5)  # type: ignore[attr-defined]
+            except (TimeoutError, NatsTimeout):
+                continue
+            except Exception as exc:  # a node went away: the client reconnects
+                self.errors += 1
+                log.debug("fetch failed: %s", exc)
+                await asyncio.sleep(0.2)
+                continue
+            for m in msgs:
+                self.deliver(subject_to_topic(m.subject), m.data)
+                self.fetched += 1
+                await m.ack()
