@@ -40,7 +40,7 @@ from msgspec import UNSET, UnsetType
 
 from cloud_core.errors import CoreError, SpecError
 from cloud_core.placement.model import NodeInfo, Taint, frozen_map
-from cloud_core.placement.spec import parse_resources
+from cloud_core.placement.spec_pod import parse_resources
 from edge_agent.wire import valid_id
 
 

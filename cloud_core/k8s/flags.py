@@ -17,8 +17,9 @@ from cloud_core.k8s.evict import EvictionPolicy, parse_namespaces
 if TYPE_CHECKING:
     from cloud_core.placement.config import EngineConfig
 
-# placement.spec.POLICIES, without importing the engine to parse the command line (the
-# engine refuses any other: tests/unit/test_podspec_fields.py checks they are the same)
+# placement.spec_annotations.POLICIES, without importing the engine to parse the command
+# line (the engine refuses any other: tests/unit/test_podspec_fields.py checks they are the
+# same)
 POLICIES = ("cost", "spread")
 
 

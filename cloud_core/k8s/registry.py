@@ -46,7 +46,7 @@ from cloud_core.placement.model import (
     frozen_counts,
     frozen_map,
 )
-from cloud_core.placement.spec import GPU, parse_resources, pod_requests, split_requests
+from cloud_core.placement.spec_pod import GPU, parse_resources, pod_requests, split_requests
 
 REGION = "topology.kubernetes.io/region"
 ZONE = "topology.kubernetes.io/zone"

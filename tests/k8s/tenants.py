@@ -28,7 +28,7 @@ from cloud_core.errors import KubeError
 from cloud_core.events import EventLog
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.wiring import KubeRunner, KubeSettings, start_kubernetes
-from cloud_core.placement.spec import parse_quantity
+from cloud_core.placement.spec_values import parse_quantity
 from cloud_core.state import ClusterState
 from tests.k8s.conftest import Cluster, wait_for
 from tools.envtest import ControlPlane

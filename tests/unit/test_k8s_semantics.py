@@ -24,7 +24,8 @@ from cloud_core.placement.model import (
     Toleration,
     node_label,
 )
-from cloud_core.placement.spec import parse_pod, parse_quantity
+from cloud_core.placement.spec import parse_pod
+from cloud_core.placement.spec_values import parse_quantity
 from cloud_core.placement.validate import validate
 from tests.unit.agreement import fitting_nodes
 

@@ -14,7 +14,8 @@ from cloud_core.placement import ClusterSnapshot, EngineConfig, place, validate
 from cloud_core.placement.index import ClusterIndex
 from cloud_core.placement.model import HostPort, NodeInfo, Resources
 from cloud_core.placement.scores import kube_default_cost, sequential_cost
-from cloud_core.placement.spec import parse_pod, pod_requests, usage_workload
+from cloud_core.placement.spec import parse_pod, usage_workload
+from cloud_core.placement.spec_pod import pod_requests
 
 GI = 1 << 30
 ZONE = "topology.kubernetes.io/zone"
@@ -185,6 +186,6 @@ def test_the_flags_offer_the_policies_the_engine_takes() -> None:
     """k8s/flags.py names the policies without importing the engine (cfnet-core parses its
     arguments before importing it): the same as the spec parser's."""
     from cloud_core.k8s import flags
-    from cloud_core.placement.spec import POLICIES
+    from cloud_core.placement.spec_annotations import POLICIES
 
     assert flags.POLICIES == POLICIES

@@ -18,7 +18,7 @@ from cloud_core.placement import (
     parse_workload_yaml,
 )
 from cloud_core.placement.model import HOSTNAME
-from cloud_core.placement.spec import parse_quantity
+from cloud_core.placement.spec_values import parse_quantity
 
 POD: dict[str, Any] = {
     "apiVersion": "v1", "kind": "Pod",
