@@ -38,10 +38,10 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edge_agent import __version__
+from edge_agent.loaderinfo import Loader, loader_of
 
 if TYPE_CHECKING:
     from edge_agent.agent import Agent
@@ -58,23 +58,6 @@ MAX_LINE = 4096
 MAX_HEADERS = 64
 MAX_CLIENTS = 8
 CLIENT_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class Loader:
-    """The eBPF loader in use (``core``, ``bcc``; ``none``: a probe without eBPF) and why."""
-
-    name: str
-    why: str
-
-
-def loader_of(probe: Any, fallback: str | None) -> Loader:
-    """The loader of ``probe`` (the eBPF probe records it), or ``none`` with the reason the
-    agent did not use eBPF (``fallback``, from :func:`edge_agent.probes.open_probe`)."""
-    name = getattr(probe, "loader", None)
-    if isinstance(name, str) and name:
-        return Loader(name, str(getattr(probe, "loader_reason", "") or ""))
-    return Loader("none", fallback or f"the {probe.name} probe uses no eBPF loader")
 
 
 class AgentHealth:

@@ -7,16 +7,14 @@ at the first scrape. ``cfnet_agent_loader`` names the eBPF loader in use and why
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edge_agent.agent import Agent
-
-if TYPE_CHECKING:  # only a type here: health imports this module (at the first scrape)
-    from edge_agent.health import Loader
+from edge_agent.loaderinfo import Loader
 
 
 class _AgentCollector(Collector):

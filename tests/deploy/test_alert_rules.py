@@ -23,8 +23,8 @@ from cloud_core.state import ClusterState
 from cloud_core.store import Store
 from edge_agent.agent import Agent
 from edge_agent.buffer import ReportBuffer
-from edge_agent.health import Loader
 from edge_agent.host import HostSampler
+from edge_agent.loaderinfo import Loader
 from edge_agent.metrics import exposition
 from edge_agent.wire.mqtt import MqttClient, MqttSettings
 from edge_agent.wire.schema import LinkSample
