@@ -76,6 +76,7 @@ from tools.broker import Broker, free_port
 from tools.envtest import ControlPlane, all_binary_paths
 from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
 from tools.envtest.kwok import Kwok
+from tools.procs import stop_group
 
 REPO = Path(__file__).resolve().parent.parent
 REGION = "topology.kubernetes.io/region"
@@ -546,13 +547,7 @@ class Bench:
         finally:
             # also when the bench itself is interrupted: the scheduler runs in a session of
             # its own and would outlive us
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            stop_group(proc)
         stop.set()
         r.bound = len(bound)
         # complete: up to the last binding; incomplete: up to when the run was given up
@@ -671,13 +666,7 @@ class Bench:
             r.sched_cpu_s = cpu_seconds(proc.pid, children=children) - c0
             r.api_cpu_s = cpu_seconds(self.api_pid) - a0
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            stop_group(proc)
             stop.set()
         r.bound = [seen.get(f"p-{i:05d}", nan) for i in range(len(due))]
         pods = self.admin.list(path)[0]

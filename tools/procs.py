@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 from collections.abc import Iterable
 from typing import Any
@@ -19,3 +21,16 @@ def stop_all(procs: Iterable[subprocess.Popen[Any]], grace_s: float = 15.0) -> N
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def stop_group(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> None:
+    """SIGTERM the process group ``proc`` leads (started with ``start_new_session``), then
+    SIGKILL it if ``proc`` has not exited after ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
