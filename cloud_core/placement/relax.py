@@ -483,8 +483,14 @@ def _repellers(parts: Parts, nd: NodeInfo) -> list[tuple[str, str]]:
 def _repelled(parts: Parts, c: Constraint, cfg: EngineConfig) -> tuple[Amount, Build]:
     def build(nd: NodeInfo, i: int) -> Candidate:
         who = _repellers(parts, nd)
-        more = f" (+{len(who) - 3})" if len(who) > 3 else ""
-        change = f"evict {', '.join(n for _, n in who[:3])}{more}"
+        # pods of other namespaces are counted, never named: the answer goes into this
+        # pod's event, which its tenant reads
+        ns = parts.workload.namespace
+        own = [n for n in (name for _, name in who) if n.startswith(f"{ns}/")]
+        other = len(who) - len(own)
+        said = [*own[:3], *([f"{other} pod(s) of other namespaces"] if other else [])]
+        more = f" (+{len(own) - 3})" if len(own) > 3 else ""
+        change = f"evict {', '.join(said)}{more}"
         return (parts.workload, change, "their anti-affinity repels this pod",
                 tuple(u for u, _ in who))
     return (lambda nd, i: float(len(_repellers(parts, nd))) or None), build

@@ -339,3 +339,15 @@ def test_batch_records_its_lower_bound_and_gap() -> None:
     assert 0 < tight.stats["bound"] < tight.total_cost
     assert tight.stats["gap"] == pytest.approx(
         (tight.total_cost - tight.stats["bound"]) / tight.total_cost)
+
+
+def test_repellers_of_other_namespaces_are_counted_not_named() -> None:
+    """The answer goes into the pod's own event: pods of another tenant's namespace that
+    repel it are counted, never named; those of its own namespace are named."""
+    term = PodAffinityTerm(LabelSelector({"app": "web"}), namespaces=("default",))
+    other = RunningPod("x", "secret-db", "tenant-b", "a", anti_affinity=(term,))
+    mine = _pod("y", "b", anti_affinity=(_anti("web"),))
+    d = diagnose(snap(TWO, pods=(other, mine)), wl("p", labels={"app": "web"}))
+    said = " ".join(str(r) for r in d.relaxations)
+    assert "tenant-b" not in said and "secret-db" not in said
+    assert "pod(s) of other namespaces" in said or "default/y" in said
