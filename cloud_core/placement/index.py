@@ -95,6 +95,8 @@ class ClusterIndex:
         self._peers: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
         self._l_src = self._l_dst = np.zeros(0, dtype=np.int64)
         self._l_val = np.zeros(0, dtype=np.float64)
+        self._names: list[str] | None = None
+        self._max_pods: tuple[int, np.ndarray] | None = None
         self._alloc0 = self.alloc.copy()  # as the snapshot says (``alloc`` follows a batch)
 
     def _carry(self, base: ClusterIndex) -> bool:
@@ -120,9 +122,25 @@ class ClusterIndex:
         # the lazily built ones are shared: what either view adds holds for both
         self._domain_ids, self._term_mask = base._domain_ids, base._term_mask
         self._soft_taints = base._soft_taints
+        self._names, self._max_pods = base._names, base._max_pods
         self._lat, self._peers = base._lat, base._peers
         self._l_src, self._l_dst, self._l_val = base._l_src, base._l_dst, base._l_val
         return True
+
+    def names(self) -> list[str]:
+        """The nodes' names, in order (built once; read-only)."""
+        if self._names is None:
+            self._names = [nd.name for nd in self.nodes]
+        return self._names
+
+    def max_pods(self, unbounded: int) -> np.ndarray:
+        """Per node, how many pods it takes (``unbounded`` where it says nothing); read-only."""
+        if self._max_pods is None or self._max_pods[0] != unbounded:
+            got = np.array([unbounded if nd.max_pods is None else nd.max_pods
+                            for nd in self.nodes], dtype=np.int64)
+            got.flags.writeable = False
+            self._max_pods = (unbounded, got)
+        return self._max_pods[1]
 
     # -- topology ------------------------------------------------------------------------
     def domain_ids(self, key: str) -> tuple[np.ndarray, dict[str, int]]:

@@ -82,12 +82,17 @@ class PodIndex:
         # how many pods carry terms that score newcomers: while none does, symmetric() answers
         # without indexing anything (every cost asks it)
         self.n_sym = sum(1 for p in self._todo if _scores_others(p))
+        # ... and how many carry anti-affinity: while none does, repelling() answers without
+        # indexing anything (every workload's filters ask it)
+        self.n_anti = sum(1 for p in self._todo if p.anti_affinity)
 
     def add(self, p: RunningPod) -> None:
         # indexed on first use: a batch adds thousands, most calls never look
         self._todo.append(p)
         if _scores_others(p):
             self.n_sym += 1
+        if p.anti_affinity:
+            self.n_anti += 1
 
     def _flush(self) -> None:
         todo, self._todo = self._todo, []
@@ -157,6 +162,8 @@ class PodIndex:
 
     def repelling(self, w: Workload) -> list[tuple[RunningPod, PodAffinityTerm]]:
         """Running pods whose anti-affinity terms select ``w``."""
+        if not self.n_anti:
+            return []
         if self._todo:
             self._flush()
         cands = list(self.anti_other)
