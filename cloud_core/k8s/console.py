@@ -138,6 +138,9 @@ class KubernetesCluster:
             raise CommandError(str(exc)) from exc
         extras = (explain_extras(snap, w, node, self.actuator.config.engine_config)
                   if node or not ex.fit else {})
+        q = self.actuator.batch_of(w.uid) if node else None
+        if q is not None:
+            extras["batch"] = q.doc(time.time())
         return jsonable({"workload": obj_key(pod), "uid": w.uid,
                           "state": "bound" if node else "pending", "node": node,
                           "reason": self.actuator.last_failure(w.uid), "explanation": ex,

@@ -37,6 +37,7 @@ from .model import (
     HOSTNAME,
     ClusterSnapshot,
     HostPort,
+    LinkInfo,
     NodeInfo,
     NodeSelectorTerm,
     Resources,
@@ -252,10 +253,10 @@ def _latency(parts: Parts, c: Constraint, cfg: EngineConfig) -> tuple[Amount, Bu
     return amount, build
 
 
-def link_evidence(snap: ClusterSnapshot, nd: NodeInfo, target: str, cfg: EngineConfig
-                  ) -> str:
-    """The measured link behind ``nd``'s latency to ``target``: p95, samples, age, and
-    whether it is stale (its p95 counted ``stale_factor`` times)."""
+def best_link(snap: ClusterSnapshot, nd: NodeInfo, target: str, cfg: EngineConfig
+              ) -> LinkInfo | None:
+    """The measured link behind ``nd``'s latency to ``target`` (a node, zone or region):
+    the one the engine counts lowest (None: none measured)."""
     members = {target} | {n.name for n in snap.nodes if target in (n.zone, n.region)}
     best = None
     for (a, b), lk in snap.links.items():
@@ -263,9 +264,16 @@ def link_evidence(snap: ClusterSnapshot, nd: NodeInfo, target: str, cfg: EngineC
             v = effective_p95(lk, cfg)
             if best is None or v < best[0]:
                 best = (v, lk)
-    if best is None:
+    return None if best is None else best[1]
+
+
+def link_evidence(snap: ClusterSnapshot, nd: NodeInfo, target: str, cfg: EngineConfig
+                  ) -> str:
+    """The measured link behind ``nd``'s latency to ``target``: p95, samples, age, and
+    whether it is stale (its p95 counted ``stale_factor`` times)."""
+    lk = best_link(snap, nd, target, cfg)
+    if lk is None:
         return ""
-    lk = best[1]
     stale = (f", stale: counted x{cfg.stale_factor:g}" if lk.age_s > cfg.stale_after_s
              else "")
     return (f"p95 {lk.rtt_p95_ms:.1f} ms, {lk.samples} samples, {lk.age_s:.0f} s old"
@@ -506,7 +514,6 @@ RELAXERS: dict[str, Relaxer] = {
 """Per kind, the change that opens one node and its amount (smaller is nearer)."""
 
 
-
 def explain_extras(snapshot: ClusterSnapshot, w: Workload, node: str | None,
                    config: EngineConfig | None = None, gang_size: int = 1
                    ) -> dict[str, object]:
@@ -525,4 +532,9 @@ def explain_extras(snapshot: ClusterSnapshot, w: Workload, node: str | None,
             ev = link_evidence(snapshot, nd, w.latency_to, cfg)
             out["link"] = (f"{node} -> {w.latency_to}: {ev}" if ev
                            else f"{node} -> {w.latency_to}: no measured link")
+            lk = best_link(snapshot, nd, w.latency_to, cfg)
+            if lk is not None:  # the same figures, for a program to read
+                out["link_figures"] = {"p95_ms": lk.rtt_p95_ms, "samples": lk.samples,
+                                       "age_s": lk.age_s,
+                                       "stale": lk.age_s > cfg.stale_after_s}
     return out
