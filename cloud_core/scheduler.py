@@ -41,6 +41,7 @@ from cloud_core.placement import (
     parse_pod,
     parse_workload_yaml,
 )
+from cloud_core.placement.quality import BatchQuality, QualityBook
 from cloud_core.placement.relax import explain_extras
 from cloud_core.registry import Registry
 from cloud_core.snapshot import build_snapshot
@@ -111,6 +112,8 @@ class Scheduler:
                                  on_placement=on_placement)
         self._published: dict[str, frozenset[str]] = {}
         self._parsed: dict[str, Workload] = {}
+        # the gap of the batch that placed each workload, for explain
+        self.quality = QualityBook()
         self.lock = threading.RLock()
 
     @property
@@ -183,6 +186,7 @@ class Scheduler:
         if not obs.pending:
             return 0
         n = self.store.plan(outcome.assignments, outcome.summaries)
+        self.quality.record(outcome.assignments, BatchQuality.of(outcome.stats, self._clock()))
         self.store.mark_unplaceable(outcome.failures)
         return n
 
@@ -214,7 +218,10 @@ class Scheduler:
         return applied
 
     def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]:
-        return [m for m in moves if self.store.move(m.workload_uid, m.src, m.dst, m.reason)]
+        done = [m for m in moves if self.store.move(m.workload_uid, m.src, m.dst, m.reason)]
+        for m in done:  # placed by the re-plan now, not by the batch that placed it first
+            self.quality.forget(m.workload_uid)
+        return done
 
     def requeue(self, stranded: Sequence[tuple[Workload, str]]) -> int:
         n = 0
@@ -250,8 +257,10 @@ class Scheduler:
                 raise CoreError(f"no workload {uid!r}")
             snap, w = self.snapshot(), self.workload(row)
             ex = explain(snap, w, self.engine_config, node=row.node)
+            q = self.quality.get(uid) if row.node else None
             return {"workload": uid, "state": row.state, "node": row.node, "reason": row.reason,
                     "explanation": ex,
+                    **({"batch": q.doc(self._clock())} if q is not None else {}),
                     # a pod on no node although nodes fit waits on capacity: no conflict
                     **(explain_extras(snap, w, row.node, self.engine_config)
                        if row.node or not ex.fit else {})}

@@ -29,6 +29,7 @@ from cloud_core.k8s.informer import obj_key
 from cloud_core.k8s.pending import PendingPods
 from cloud_core.loop import Observation, PlaceOutcome
 from cloud_core.placement.model import Workload
+from cloud_core.placement.quality import BatchQuality, QualityBook
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class Binder:
         self._binding = 0  # bindings submitted and not yet done
         self._error: KubeUnavailable | None = None  # from a binding in flight
         self._last_failure: dict[str, str] = {}  # pod uid -> last FailedScheduling message
+        self.quality = QualityBook()  # pod uid -> the gap of the batch that placed it
 
     def in_flight(self) -> int:
         """Bindings submitted and not yet done."""
@@ -84,6 +86,7 @@ class Binder:
         """Pod ``uid`` was deleted."""
         with self._lock:
             self._last_failure.pop(uid, None)
+        self.quality.forget(uid)
         if self._conflicts is not None:
             self._conflicts.forget(uid)
 
@@ -120,6 +123,8 @@ class Binder:
             key = obj_key(pod)
             self._cache.assume(key, node, w)
             self._pending.taken(key)  # assumed: back in only if its binding fails
+        self.quality.record([w.uid for _p, _n, w in todo],
+                            BatchQuality.of(outcome.stats, time.time()))
         with self._lock:
             self._binding += len(todo)
         for pod, node, w in todo:

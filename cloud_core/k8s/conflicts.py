@@ -26,12 +26,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cloud_core.k8s.client import JSON
 from cloud_core.placement import EngineConfig
 from cloud_core.placement.model import ClusterSnapshot, Workload
+from cloud_core.placement.preempt import DisruptionBudget
 from cloud_core.placement.relax import Diagnosis, diagnose_many
 
 log = logging.getLogger(__name__)
@@ -50,13 +51,17 @@ class _Job:
 
 class ConflictReporter:
     """See the module docstring. ``snapshot``: the cluster now (called by the worker);
-    ``record(pod, message)``: queue the ``FailedScheduling`` event (never blocking)."""
+    ``record(pod, message)``: queue the ``FailedScheduling`` event (never blocking);
+    ``budgets``: the PodDisruptionBudgets now (None: not known), for eviction suggestions."""
 
     def __init__(self, snapshot: Callable[[], ClusterSnapshot], config: EngineConfig,
                  record: Callable[[JSON, str], None], *, queue_max: int = 64,
                  busy_share: float = 0.2, busy: Callable[[], bool] = lambda: False,
-                 max_wait_s: float = 30.0, start: bool = True) -> None:
+                 max_wait_s: float = 30.0, start: bool = True,
+                 budgets: Callable[[], Sequence[DisruptionBudget] | None] = lambda: None
+                 ) -> None:
         self._snapshot = snapshot
+        self._budgets = budgets  # None: not known, no eviction suggested
         self._config = config
         self._record = record
         self._queue_max = queue_max
@@ -119,7 +124,8 @@ class ConflictReporter:
             return 0
         try:
             answers = diagnose_many(self._snapshot(), [(j.workload, j.gang_size)
-                                                        for j in jobs], self._config)
+                                                        for j in jobs], self._config,
+                                    self._budgets())
         except Exception as exc:  # no snapshot, no answer: the events go out without one
             log.warning("conflicts: no answers for %d pods: %s", len(jobs), exc)
             answers = [exc] * len(jobs)

@@ -23,6 +23,7 @@ from cloud_core.health import HealthConfig, all_health
 from cloud_core.k8s import objects
 from cloud_core.k8s.actuator import Actuator, Effects, Parts
 from cloud_core.k8s.binder import Binder
+from cloud_core.k8s.budgets import BudgetReader
 from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
@@ -234,7 +235,8 @@ def build_actuator(client: KubeClient, registry: NodeRegistry | None = None,
         conflicts = ConflictReporter(lambda: source.snapshot(), config.engine_config,
                                      lambda pod, msg: binder.record_failed(pod, msg),
                                      busy_share=config.conflict_share,
-                                     busy=lambda: not built or built[0].busy())
+                                     busy=lambda: not built or built[0].busy(),
+                                     budgets=BudgetReader(client))
     binder = Binder(client, config, stats, cache, pending, is_leader=is_leader,
                     wake=wake.set, consume_reservation=moves.consume_reservation,
                     pages_go=pages_go, on_bound=on_bound, conflicts=conflicts)
