@@ -38,7 +38,8 @@ status updates load the same API server, so its figures are a second table, not 
 With ``--unschedulable PERCENT`` that share of the pods fits no node (every
 ``100/PERCENT``-th pod, by turns a nodeSelector no node matches and a cpu request of 64): a
 run ends at the last binding of the others, and for each run the stderr line counts the pods
-whose ``FailedScheduling`` event carries cfnet's answer (``. cfnet: ``). With
+whose ``FailedScheduling`` event carries cfnet's answer (``. cfnet: ``; after the figures are
+taken, waiting at most 10 s for them: they come in the lull after the last binding). With
 ``--baseline-tree`` this measures what answering them costs the bindings.
 
 With ``--arrival RATES`` (pods/s, e.g. ``20,200``) the same Nodes then also take pods
@@ -561,6 +562,9 @@ class Bench:
             r.sched_cpu_s = cpu_seconds(proc.pid, children=name.startswith("cfnet"))
             r.api_cpu_s = cpu_seconds(self.api_pid) - api0
             req1 = self.api_requests()
+            if self.args.unschedulable and name.startswith("cfnet") and done.is_set():
+                # measured already; the answers come in the lull after the last binding
+                r.answered = self._answers(ns, ANSWERS_WAIT_S)
             if self.args.profile and name.startswith("cfnet"):
                 self._child_threads(proc.pid, tag)
             if self.args.kwok and done.is_set():  # then kwok's part: bound -> Running
@@ -586,11 +590,6 @@ class Bench:
             r.last_running_s = max(running.values()) - t0
         pods = self.admin.list(f"/api/v1/namespaces/{ns}/pods")[0]
         r.violations = check(pods, self.nodes)
-        if self.args.unschedulable:  # how many of them got cfnet's answer in their event
-            evs = self.admin.list(f"/api/v1/namespaces/{ns}/events")[0]
-            r.answered = len({e["involvedObject"]["name"] for e in evs
-                              if e.get("reason") == "FailedScheduling"
-                              and ". cfnet: " in (e.get("message") or "")})
         r.assignment = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods
                         if p["spec"].get("nodeName")}
         try:  # thousands of pods: the collection delete takes a while
@@ -621,6 +620,20 @@ class Bench:
               + f"{len(r.violations)} violations "
               f"{r.violations[:3]}", file=sys.stderr, flush=True)
         return r
+
+    def _answers(self, ns: str, wait_s: float) -> int:
+        """Pods of ``ns`` whose FailedScheduling event carries cfnet's answer, once all the
+        unschedulable ones have one or after ``wait_s``."""
+        want = self.args.pods - self.expected
+        until = time.monotonic() + wait_s
+        while True:
+            evs = self.admin.list(f"/api/v1/namespaces/{ns}/events")[0]
+            n = len({e["involvedObject"]["name"] for e in evs
+                     if e.get("reason") == "FailedScheduling"
+                     and ". cfnet: " in (e.get("message") or "")})
+            if n >= want or time.monotonic() >= until:
+                return n
+            time.sleep(1.0)
 
     # -- arrival mode ------------------------------------------------------------------------
     def background(self, n: int) -> None:
@@ -991,6 +1004,7 @@ SCHEDULERS = ("kube-scheduler", "kube-scheduler, QPS 5000", "cfnet")
 # --arrival: the tuned kube-scheduler and cfnet (kube-scheduler's default client QPS of 50
 # caps what it can bind per second, so it runs only when --only names it)
 ARRIVAL = (SCHEDULERS[1], SCHEDULERS[2])
+ANSWERS_WAIT_S = 10.0  # --unschedulable: how long a run waits for cfnet's answers
 ARRIVAL_THREADS = 32  # creators: pods are due faster than one create call returns
 BASELINE = "cfnet, baseline tree"
 SHORT = {SCHEDULERS[0]: "kube", SCHEDULERS[1]: "kube-qps", SCHEDULERS[2]: "cfnet",
