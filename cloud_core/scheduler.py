@@ -123,8 +123,10 @@ class Scheduler:
         self.conflicts: ConflictReporter | None = None
         self._answered: dict[str, str] = {}  # uid -> the message its answer was asked for
         if conflict_share > 0:
+            # no PodDisruptionBudgets here: every eviction of lower priority may be suggested
             self.conflicts = ConflictReporter(self._locked_snapshot, self.engine_config,
-                                              self._conflict_event, busy_share=conflict_share)
+                                              self._conflict_event, busy_share=conflict_share,
+                                              budgets=lambda: ())
 
     @property
     def engine_config(self) -> EngineConfig:
