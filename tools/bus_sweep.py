@@ -20,6 +20,7 @@ which this 2-core machine cannot check.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -183,7 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default="100,250,500,1000,2000", help="fleet sizes, nodes")
     ap.add_argument("--steady", type=float, default=15.0, help="seconds measured per size")
     ap.add_argument("--buses", default="mosquitto,nats")
+    ap.add_argument("--report", type=Path, default=None,
+                    help="only the tables, from the points line a run printed (JSON)")
     a = ap.parse_args(argv)
+    if a.report is not None:
+        raw = json.loads(a.report.read_text()[:1_000_000])
+        pts = {k: [Point(**p) for p in v[:8]] for k, v in list(raw["points"].items())[:2]}
+        print(report(pts, float(raw["steady"])))
+        return 0
     sizes = sorted(int(x) for x in a.sizes.split(","))
     if not 1 <= len(sizes) <= 8 or not all(1 <= n <= 20000 for n in sizes) \
             or not 3 <= a.steady <= 40:
@@ -193,7 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[bus_sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    print(report(sweep(a.buses.split(","), sizes, a.steady, log), a.steady))
+    points = sweep(a.buses.split(","), sizes, a.steady, log)
+    print(report(points, a.steady))
+    print("\n" + json.dumps({"steady": a.steady, "points": {
+        k: [vars(p) for p in v] for k, v in points.items()}}))
     print(f"\n(python -m tools.bus_sweep {' '.join(sys.argv[1:] if argv is None else argv)}; "
           f"{time.time() - t0:.0f} s)")
     return 0
