@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from cloud_core.actuators import Actuator
+from cloud_core.conflicts import ConflictReporter
 from cloud_core.errors import CoreError, SpecError
 from cloud_core.events import EventLog
 from cloud_core.health import Health, HealthConfig, all_health
@@ -95,6 +96,7 @@ class Scheduler:
         apply_interval_s: float = 0.0,
         on_placement: Callable[[float, int, dict[str, float]], None] | None = None,
         replan_interval_s: float = 1.0,
+        conflict_share: float = 0.0,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -115,6 +117,16 @@ class Scheduler:
         # the gap of the batch that placed each workload, for explain
         self.quality = QualityBook()
         self.lock = threading.RLock()
+        # an unplaceable workload's minimal conflict and nearest changes, as a "conflict"
+        # event, on the reporter's own thread (at most conflict_share of the interpreter;
+        # 0: none), and the tally behind cfnet_unschedulable_pods
+        self.conflicts: ConflictReporter | None = None
+        self._answered: dict[str, str] = {}  # uid -> the message its answer was asked for
+        if conflict_share > 0:
+            # no PodDisruptionBudgets here: every eviction of lower priority may be suggested
+            self.conflicts = ConflictReporter(self._locked_snapshot, self.engine_config,
+                                              self._conflict_event, busy_share=conflict_share,
+                                              budgets=lambda: ())
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -184,11 +196,40 @@ class Scheduler:
 
     def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
         if not obs.pending:
+            self._ask_conflicts(obs, {})
             return 0
         n = self.store.plan(outcome.assignments, outcome.summaries)
         self.quality.record(outcome.assignments, BatchQuality.of(outcome.stats, self._clock()))
         self.store.mark_unplaceable(outcome.failures)
+        self._ask_conflicts(obs, outcome.failures)
         return n
+
+    def _ask_conflicts(self, obs: Observation, failures: Mapping[str, str]) -> None:
+        """Each workload left unplaceable gets its answer once per message (a step places
+        every waiting workload, so ``failures`` is every one unplaceable now)."""
+        if self.conflicts is None:
+            return
+        self.conflicts.retain(set(failures))
+        self._answered = {u: m for u, m in self._answered.items() if u in failures}
+        by_uid = {w.uid: w for w in obs.pending}
+        for u, msg in failures.items():
+            if u in by_uid and self._answered.get(u) != msg:
+                self._answered[u] = msg
+                self.conflicts.submit({"metadata": {"uid": u}}, by_uid[u], msg)
+
+    def _locked_snapshot(self) -> ClusterSnapshot:
+        with self.lock:
+            return self.snapshot()
+
+    def _conflict_event(self, pod: dict[str, Any], message: str) -> None:
+        uid = str(pod["metadata"]["uid"])
+        self.events.emit("conflict", f"{uid} unplaceable: {message}", severity="warning",
+                         workload=uid)
+
+    def close(self) -> None:
+        """Stop the conflict reporter's thread."""
+        if self.conflicts is not None:
+            self.conflicts.close()
 
     def apply(self) -> int:
         """Push every node whose workload set changed; record planned ones as applied."""

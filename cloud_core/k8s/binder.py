@@ -4,8 +4,9 @@
 (``cache.py``: the next batch counts it before the watch shows the binding) and binds it in
 the background (a pool of ``bind_workers``), with a UID precondition and a ``Scheduled``
 event; a pod the engine could not place gets a ``FailedScheduling`` event and goes back to
-the queue with what rejected it (with a ``ConflictReporter``, conflicts.py, the event waits
-for cfnet's minimal conflict and nearest changes, computed on the reporter's own thread). A
+the queue with what rejected it (with a ``ConflictReporter``, cloud_core/conflicts.py, the
+event waits for cfnet's minimal conflict and nearest changes, computed on the reporter's own
+thread). A
 failed binding forgets its pod (placed again after its backoff); a 409 re-reads the pod
 (never bound twice); an unreachable API server is reported at the next step
 (``take_error``: back-off).
@@ -20,11 +21,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from cloud_core.conflicts import ConflictReporter
 from cloud_core.errors import KubeConflict, KubeNotFound, KubeUnavailable
 from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
-from cloud_core.k8s.conflicts import ConflictReporter
 from cloud_core.k8s.informer import obj_key
 from cloud_core.k8s.pending import PendingPods
 from cloud_core.loop import Observation, PlaceOutcome

@@ -1,6 +1,6 @@
 """The cluster's PodDisruptionBudgets, for answers that suggest evicting pods.
 
-A pending pod's answer (``conflicts.py``'s FailedScheduling event, the console's
+A pending pod's answer (``cloud_core/conflicts.py``: the FailedScheduling event, the console's
 ``explain``) may suggest evicting pods of lower priority (``placement/preempt.py``); it
 respects the budgets as kube-scheduler's preemption does, so it needs them. They are listed
 on demand, at most once per ``ttl_s`` (answers are rare and bounded; a watch would cost

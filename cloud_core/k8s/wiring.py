@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cloud_core.conflicts import ConflictReporter
 from cloud_core.console.service import ConsoleService
 from cloud_core.events import MAX_EVENT_MESSAGE, EventLog
 from cloud_core.health import HealthConfig, all_health
@@ -27,7 +28,6 @@ from cloud_core.k8s.budgets import BudgetReader
 from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
-from cloud_core.k8s.conflicts import ConflictReporter
 from cloud_core.k8s.console import KubernetesCluster
 from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
 from cloud_core.k8s.gc_tuning import settle_listed, tune_gc

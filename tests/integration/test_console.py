@@ -152,6 +152,17 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert re.search(r"would fit max latency 20 ms -> (\d+) ms: edge-c fits \(p95 [\d.]+ ms, "
                      r"\d+ samples, \d+ s old\)", flat), flat
     assert "security level 3 -> 2: edge-a fits" in flat
+    # the same answer as an event, off the loop's path, and the metric's tally (local mode)
+    said = wait_for(lambda: [e.message for e in ready.events.recent(200, kind="conflict")
+                             if "default/secret" in e.message or "secret" in e.message],
+                    what="secret's conflict event")
+    assert ". cfnet: max latency 20 ms to edge-a + security level 3 admit no node; would " \
+        "fit: max latency 20 ms -> " in said[-1], said
+    print("\nconflict event: " + said[-1])  # docs/console.md quotes this run
+    assert ready.scheduler.conflicts is not None
+    counts = ready.scheduler.conflicts.counts()
+    assert counts.get("latency") == 1 and counts.get("security") == 1, counts
+    assert counts.get("cpu") == 1  # huge: cpu 64 fails on every node
     wait_for(lambda: any(w.state == "placed" and w.name == "near"
                          for w in ready.store.workloads()), what="near placed")
     r = ctl(broker, "alice", "explain", "near")  # placed: the link its SLA rests on

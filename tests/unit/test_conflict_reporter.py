@@ -1,4 +1,4 @@
-"""The FailedScheduling event's conflict answer (cloud_core.k8s.conflicts): the scheduler's
+"""The FailedScheduling event's conflict answer (cloud_core.conflicts): the scheduler's
 message first, cfnet's after it; bounded by a queue; the per-kind tally for the metric."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from cloud_core.conflicts import ConflictReporter
 from cloud_core.errors import KubeForbidden, KubeUnavailable
 from cloud_core.k8s.budgets import BudgetReader
-from cloud_core.k8s.conflicts import ConflictReporter
 from cloud_core.placement import (
     ClusterSnapshot,
     EngineConfig,
@@ -183,3 +183,14 @@ def test_budget_reader_caches_skips_the_unreadable_and_says_none_when_refused() 
     for exc in (KubeForbidden("poddisruptionbudgets is forbidden"), KubeUnavailable("down")):
         refused = BudgetReader(_Lister(exc))  # type: ignore[arg-type]
         assert refused() is None and refused.errors == 1
+
+
+def test_retain_forgets_pods_no_longer_waiting() -> None:
+    got: list[str] = []
+    r = ConflictReporter(_snap, EngineConfig(), _recorder(got), start=False)
+    for u in ("a", "b"):
+        r.submit(_pod(u), _stuck(u), "0/2 nodes fit")
+    assert r.drain() == 2 and r.counts() == {"residency": 2, "security": 2}
+    r.submit(_pod("c"), _stuck("c"), "0/2 nodes fit")
+    r.retain({"a"})  # b placed, c deleted before its answer: neither is counted nor answered
+    assert r.counts() == {"residency": 1, "security": 1} and r.drain() == 0 and len(got) == 2
