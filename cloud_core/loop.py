@@ -329,7 +329,10 @@ class DecisionLoop:
                 failures[u] = "validator rejected the engine's choice: " + "; ".join(bad_uids[u])
             else:
                 failures[u] = d.summary or "; ".join(d.reasons)
-        return PlaceOutcome(assignments, failures, summaries, rejected, dict(result.stats))
+        # the batch's cost and size beside its bound and gap: explain shows them per pod
+        return PlaceOutcome(assignments, failures, summaries, rejected,
+                            {**result.stats, "cost": result.total_cost,
+                             "pods": float(len(rest))})
 
     def _place_singly(self, snap: ClusterSnapshot, rest: Sequence[Workload],
                       assignments: dict[str, str], summaries: dict[str, str]) -> PlaceOutcome:

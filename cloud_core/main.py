@@ -321,7 +321,7 @@ def start_kube(a: argparse.Namespace, client: KubeClient, core: CoreService,
     # The actuator's own counters (bound, conflicts, unavailable, ...) on /metrics.
     core.metrics.add_counters("cfnet_actuator_events", "Kubernetes actuator counters",
                               "event", int_fields(kube.actuator.stats))
-    # FailedScheduling events' conflict answers (k8s/conflicts.py): pods unschedulable now
+    # FailedScheduling events' conflict answers (cloud_core/conflicts.py): pods unschedulable now
     # by the kind of each constraint of their minimal conflict, and how the answers went
     # (diagnosed; skipped: its queue was full; failed)
     core.metrics.add_gauges("cfnet_unschedulable_pods", "Unschedulable pods by conflicting "

@@ -8,6 +8,12 @@ less to fold in than the reports it summarises — on
 ``cfnet/v1/core/<replica>/digest``; every replica folds the others' digests
 into its state. The leader's state thus converges to the whole fleet while
 parsing and validation stay split.
+
+Each item also names the seqs the replica folded since its last digest (``seqs``:
+ranges per boot, bounded). A replica marks them seen without folding them, so a report
+that reaches it later anyway (the bus redelivered it after the first replica's
+acknowledgement was lost, or the agent resent it because the core's ack was) is
+acknowledged as a duplicate there, not folded a second time.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class DigestExchange:
     ) -> None:
         self.replica = replica
         self.state = state
+        state.share_seqs = True  # each digest names the seqs folded here (state.py)
         self.mqtt = mqtt
         self.interval_s = interval_s
         self._clock = clock

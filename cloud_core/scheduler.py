@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from cloud_core.actuators import Actuator
+from cloud_core.conflicts import ConflictReporter
 from cloud_core.errors import CoreError, SpecError
 from cloud_core.events import EventLog
 from cloud_core.health import Health, HealthConfig, all_health
@@ -41,6 +42,7 @@ from cloud_core.placement import (
     parse_pod,
     parse_workload_yaml,
 )
+from cloud_core.placement.quality import BatchQuality, QualityBook
 from cloud_core.placement.relax import explain_extras
 from cloud_core.registry import Registry
 from cloud_core.snapshot import build_snapshot
@@ -94,6 +96,7 @@ class Scheduler:
         apply_interval_s: float = 0.0,
         on_placement: Callable[[float, int, dict[str, float]], None] | None = None,
         replan_interval_s: float = 1.0,
+        conflict_share: float = 0.0,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -111,7 +114,19 @@ class Scheduler:
                                  on_placement=on_placement)
         self._published: dict[str, frozenset[str]] = {}
         self._parsed: dict[str, Workload] = {}
+        # the gap of the batch that placed each workload, for explain
+        self.quality = QualityBook()
         self.lock = threading.RLock()
+        # an unplaceable workload's minimal conflict and nearest changes, as a "conflict"
+        # event, on the reporter's own thread (at most conflict_share of the interpreter;
+        # 0: none), and the tally behind cfnet_unschedulable_pods
+        self.conflicts: ConflictReporter | None = None
+        self._answered: dict[str, str] = {}  # uid -> the message its answer was asked for
+        if conflict_share > 0:
+            # no PodDisruptionBudgets here: every eviction of lower priority may be suggested
+            self.conflicts = ConflictReporter(self._locked_snapshot, self.engine_config,
+                                              self._conflict_event, busy_share=conflict_share,
+                                              budgets=lambda: ())
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -181,10 +196,40 @@ class Scheduler:
 
     def commit_placements(self, obs: Observation, outcome: PlaceOutcome) -> int:
         if not obs.pending:
+            self._ask_conflicts(obs, {})
             return 0
         n = self.store.plan(outcome.assignments, outcome.summaries)
+        self.quality.record(outcome.assignments, BatchQuality.of(outcome.stats, self._clock()))
         self.store.mark_unplaceable(outcome.failures)
+        self._ask_conflicts(obs, outcome.failures)
         return n
+
+    def _ask_conflicts(self, obs: Observation, failures: Mapping[str, str]) -> None:
+        """Each workload left unplaceable gets its answer once per message (a step places
+        every waiting workload, so ``failures`` is every one unplaceable now)."""
+        if self.conflicts is None:
+            return
+        self.conflicts.retain(set(failures))
+        self._answered = {u: m for u, m in self._answered.items() if u in failures}
+        by_uid = {w.uid: w for w in obs.pending}
+        for u, msg in failures.items():
+            if u in by_uid and self._answered.get(u) != msg:
+                self._answered[u] = msg
+                self.conflicts.submit({"metadata": {"uid": u}}, by_uid[u], msg)
+
+    def _locked_snapshot(self) -> ClusterSnapshot:
+        with self.lock:
+            return self.snapshot()
+
+    def _conflict_event(self, pod: dict[str, Any], message: str) -> None:
+        uid = str(pod["metadata"]["uid"])
+        self.events.emit("conflict", f"{uid} unplaceable: {message}", severity="warning",
+                         workload=uid)
+
+    def close(self) -> None:
+        """Stop the conflict reporter's thread."""
+        if self.conflicts is not None:
+            self.conflicts.close()
 
     def apply(self) -> int:
         """Push every node whose workload set changed; record planned ones as applied."""
@@ -214,7 +259,10 @@ class Scheduler:
         return applied
 
     def commit_moves(self, obs: Observation, moves: Sequence[Move]) -> list[Move]:
-        return [m for m in moves if self.store.move(m.workload_uid, m.src, m.dst, m.reason)]
+        done = [m for m in moves if self.store.move(m.workload_uid, m.src, m.dst, m.reason)]
+        for m in done:  # placed by the re-plan now, not by the batch that placed it first
+            self.quality.forget(m.workload_uid)
+        return done
 
     def requeue(self, stranded: Sequence[tuple[Workload, str]]) -> int:
         n = 0
@@ -250,8 +298,10 @@ class Scheduler:
                 raise CoreError(f"no workload {uid!r}")
             snap, w = self.snapshot(), self.workload(row)
             ex = explain(snap, w, self.engine_config, node=row.node)
+            q = self.quality.get(uid) if row.node else None
             return {"workload": uid, "state": row.state, "node": row.node, "reason": row.reason,
                     "explanation": ex,
+                    **({"batch": q.doc(self._clock())} if q is not None else {}),
                     # a pod on no node although nodes fit waits on capacity: no conflict
                     **(explain_extras(snap, w, row.node, self.engine_config)
                        if row.node or not ex.fit else {})}

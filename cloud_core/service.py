@@ -67,6 +67,9 @@ class CoreConfig:
     roles: dict[str, str] = field(default_factory=dict)  # operator -> viewer|operator|admin
     step_interval_s: float = 0.5
     apply_interval_s: float = 0.0
+    # an unplaceable workload's minimal conflict and nearest changes (cloud_core/conflicts.py)
+    # take at most this share of the interpreter, on their own thread; 0: none
+    conflict_share: float = 0.2
     share_group: str | None = None
     health: HealthConfig = HealthConfig()
     place: bool = True  # False on a follower replica: ingest only
@@ -127,7 +130,15 @@ class CoreService:
             store=self.store, registry=cfg.registry, state=self.state, events=self.events,
             actuator=self.actuator, health_config=cfg.health, clock=clock,
             apply_interval_s=cfg.apply_interval_s, on_placement=self.metrics.observe_placement,
+            # only where this loop places (with Kubernetes the actuator's reporter answers)
+            conflict_share=cfg.conflict_share if cfg.place else 0.0,
         )
+        if (conflicts := self.scheduler.conflicts) is not None:
+            self.metrics.add_gauges("cfnet_unschedulable_pods", "Unschedulable pods by "
+                                    "conflicting constraint", "constraint", conflicts.counts)
+            self.metrics.add_counters("cfnet_conflict_answers", "Conflict answers of "
+                                      "unplaceable workloads", "outcome",
+                                      lambda: dict(conflicts.stats))
         local = LocalCluster(state=self.state, store=self.store, scheduler=self.scheduler,
                              events=self.events, registry=cfg.registry,
                              health_config=cfg.health, clock=clock)
@@ -202,6 +213,7 @@ class CoreService:
         if self.retained is not None:
             self.retained.stop()
         self.metrics.close()
+        self.scheduler.close()
         self.store.close()
 
     def _run(self) -> None:

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from edge_agent.wire import Gpu, LinkSample, NodeStatus, Resources, TelemetryReport
+from edge_agent.wire import (
+    Gpu,
+    LinkSample,
+    NodeStatus,
+    Resources,
+    TelemetryReport,
+    seq_ranges,
+)
 
 # Loss from one 1-second interval with 40 segments is mostly noise; the link's
 # loss figure is retransmits over segments across this many recent reports.
@@ -28,6 +35,15 @@ LOSS_WINDOW = 5
 # already seen — redelivery that old means a broken client, not a retry.
 DEDUPE_WINDOW = 4096
 SEQ_HISTORY = 20000
+# Replicas tell each other which seqs they folded (digest ``seqs``), so a report that
+# reaches a second replica later (the bus redelivered it, or the agent resent it because
+# an ack was lost) is acknowledged there as a duplicate instead of folded twice. Bounded
+# both ways: what one node keeps until the next digest, and what one digest item may
+# name (checked before the ranges are expanded).
+MAX_UNSENT_SEQS = 256
+MAX_DIGEST_BOOTS = 4
+MAX_DIGEST_RANGES = 64
+MAX_DIGEST_SEQS = 1024
 # Distinct peers remembered per source node. A report may name up to
 # wire.MAX_LINKS peers; a compromised agent naming fresh made-up peers in every
 # report must not grow the core without bound, so the least recently
@@ -112,6 +128,8 @@ class _Node:
     # Core time this replica itself last ingested something for the node (not
     # merged from another replica's digest): only that goes into our digests.
     local_at: float = 0.0
+    # (boot, seq) folded here since the last digest (only while digests are exchanged).
+    unsent: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -139,29 +157,45 @@ class ClusterState:
         # src node -> peer address -> link, least recently measured first.
         self._links: dict[str, OrderedDict[str, _Link]] = {}
         self._addr_owner: dict[str, str] = {}
+        # Set by the digest exchange (cloud_core/replicas.py): only then is what this
+        # replica folded kept for its next digest.
+        self.share_seqs = False
 
     # ------------------------------------------------------------------ writes
 
+    @staticmethod
+    def _mark_seen(n: _Node, boot: str, seqs: list[int]) -> list[int]:
+        """Record ``seqs`` of ``boot`` as seen; returns those that were not yet."""
+        hwm, recent = n.seen.get(boot, (0, set()))
+        new = [q for q in seqs if q not in recent and q > hwm - DEDUPE_WINDOW]
+        if not new:
+            return new
+        recent.update(new)
+        top = max(new)
+        if top > hwm:
+            hwm = top
+            # Prune only at twice the window: pruning at the window itself
+            # rebuilt a 4,096-entry set on every report of a long-lived boot.
+            if len(recent) > 2 * DEDUPE_WINDOW:
+                recent = {s for s in recent if s > hwm - DEDUPE_WINDOW}
+        n.seen[boot] = (hwm, recent)
+        if len(n.seen) > 8:  # forget the oldest boots of a flapping agent
+            for b in list(n.seen)[: len(n.seen) - 8]:
+                del n.seen[b]
+        return new
+
     def apply_report(self, r: TelemetryReport, now: float) -> bool:
-        """Fold one validated report in; False (and no change) if already seen."""
+        """Fold one validated report in; False (and no change) if already seen, here or
+        (through a digest's ``seqs``) by another replica."""
         with self._lock:
             n = self._nodes.get(r.node)
             if n is None:
                 n = self._nodes[r.node] = _Node(node=r.node)
-            hwm, recent = n.seen.get(r.boot, (0, set()))
-            if r.seq in recent or r.seq <= hwm - DEDUPE_WINDOW:
+            if not self._mark_seen(n, r.boot, [r.seq]):
                 return False
-            recent.add(r.seq)
-            if r.seq > hwm:
-                hwm = r.seq
-                # Prune only at twice the window: pruning at the window itself
-                # rebuilt a 4,096-entry set on every report of a long-lived boot.
-                if len(recent) > 2 * DEDUPE_WINDOW:
-                    recent = {s for s in recent if s > hwm - DEDUPE_WINDOW}
-            n.seen[r.boot] = (hwm, recent)
-            if len(n.seen) > 8:  # forget the oldest boots of a flapping agent
-                for b in list(n.seen)[: len(n.seen) - 8]:
-                    del n.seen[b]
+            if self.share_seqs:
+                n.unsent.append((r.boot, r.seq))
+                del n.unsent[:-MAX_UNSENT_SEQS]
             n.history.append((r.boot, r.seq))
             n.reports += 1
             # Buffered reports arrive late and oldest first: only a report at
@@ -231,7 +265,7 @@ class ClusterState:
         out: list[dict[str, Any]] = []
         with self._lock:
             for name, n in self._nodes.items():
-                if n.local_at <= since:
+                if n.local_at <= since and not n.unsent:
                     continue
                 links = [
                     {"peer": lk.peer_addr, "rtt": lk.rtt,
@@ -252,7 +286,19 @@ class ClusterState:
                     "addresses": n.addresses, "labels": n.agent_labels,
                     "links": links,
                 })
+                if n.unsent:
+                    out[-1]["seqs"] = self._take_unsent(n)
         return out
+
+    @staticmethod
+    def _take_unsent(n: _Node) -> list[list[Any]]:
+        """The seqs folded here since the last digest, as ``[[boot, [[lo, hi], ...]], ...]``."""
+        per_boot: dict[str, list[int]] = {}
+        for boot, seq in n.unsent:
+            per_boot.setdefault(boot, []).append(seq)
+        n.unsent = []
+        return [[b, [list(r) for r in seq_ranges(q)[-MAX_DIGEST_RANGES:]]]
+                for b, q in list(per_boot.items())[-MAX_DIGEST_BOOTS:]]
 
     def merge(self, items: list[dict[str, Any]], now: float) -> int:
         """Fold another replica's digest in; newer data wins. Returns items that failed."""
@@ -270,6 +316,9 @@ class ClusterState:
         n = self._nodes.get(name)
         if n is None:
             n = self._nodes[name] = _Node(node=name)
+        if it.get("seqs"):
+            for boot, seqs in _digest_seqs(it["seqs"]):
+                self._mark_seen(n, boot, seqs)
         if it.get("age") is not None:
             last = now - float(it["age"])
             if last > n.last_report:
@@ -356,3 +405,23 @@ class ClusterState:
                 if old is None or view.updated > old.updated:
                     links[(src, dst)] = view
         return StateSnapshot(now=now, nodes=MappingProxyType(nodes), links=MappingProxyType(links))
+
+
+def _digest_seqs(raw: Any) -> list[tuple[str, list[int]]]:
+    """A digest item's ``seqs`` checked against the bounds above before any range is
+    expanded; ValueError (the item counts as bad) otherwise."""
+    if not isinstance(raw, list) or len(raw) > MAX_DIGEST_BOOTS:
+        raise ValueError("digest seqs: not a list of at most MAX_DIGEST_BOOTS boots")
+    out: list[tuple[str, list[int]]] = []
+    total = 0
+    for entry in raw:
+        boot, ranges = entry
+        if not isinstance(boot, str) or not isinstance(ranges, list) \
+                or len(ranges) > MAX_DIGEST_RANGES:
+            raise ValueError("digest seqs: bad boot or too many ranges")
+        pairs = [(int(lo), int(hi)) for lo, hi in ranges]
+        total += sum(hi - lo + 1 for lo, hi in pairs)
+        if any(lo < 0 or hi < lo for lo, hi in pairs) or total > MAX_DIGEST_SEQS:
+            raise ValueError("digest seqs: bad range or too many seqs")
+        out.append((boot, [q for lo, hi in pairs for q in range(lo, hi + 1)]))
+    return out

@@ -30,6 +30,8 @@ Median of ``--runs`` runs with the spread (min-max). All of it shares this 2-cor
 machine (bus, two cores, simulator): absolute figures are this machine's.
 
     python -m tools.bench_bus [--nodes 1000 --runs 3 --steady 10] [--quick]
+
+Grown to the knee, steady state only, with the 100,000-node sizing: ``tools/bus_sweep.py``.
 """
 
 from __future__ import annotations
@@ -60,7 +62,11 @@ SIM_ACCOUNTS = ("sim-bb0", "sim-bb1")
 ACK_ACCOUNT = "sim-bb-acks"
 FRESH_S = 2.5
 WARM_S = 5.0
-KILL_WINDOW_S = 12.0
+# The bus node kill's window: on NATS the streams and consumers the dead node led stall
+# for the Raft election (4-9 s, docs/nats.md) and the follower's digests for its own
+# failover; a window of 12 s left a 10 s recovery 2 s before the replica kill.
+KILL_WINDOW_S = 15.0
+SETTLE_S = 3.0  # the replica kill comes at least this long after the bus kill recovered
 # The replica kill's window: the dead replica's fetched-unacknowledged reports come back
 # after NATS's ack wait (5 s), and agents resend after their resend_s (10 s).
 REPLICA_WINDOW_S = KILL_WINDOW_S + 10
@@ -172,7 +178,7 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
             time.sleep(2.0)  # shared subscriptions / consumers in place
             # The fleet sends through both kill windows (and a little past them): a window
             # that outlived the fleet read the fleet's end as staleness (n/a in the table).
-            duration = WARM_S + steady_s + KILL_WINDOW_S + REPLICA_WINDOW_S + 3
+            duration = WARM_S + steady_s + KILL_WINDOW_S + SETTLE_S + REPLICA_WINDOW_S + 3
             sim = subprocess.Popen(sim_argv(b, kind, nodes, duration), cwd=str(REPO),
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             t0 = time.time()
@@ -204,9 +210,18 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
             fresh = max(FRESH_S, 1.5 * r.p99_stale)
             r.bus_kill_recovery = recovery(leader, t_kill, KILL_WINDOW_S, fresh)
             log(f"{kind}: bus node kill: fresh again after {r.bus_kill_recovery:.1f} s")
-            rest = t0 + WARM_S + steady_s + KILL_WINDOW_S - time.time()
+            # The replica kill starts from a settled bus, never inside the bus kill's
+            # recovery (the fleet sends SETTLE_S longer than the two windows for that).
+            settled = t_kill + (r.bus_kill_recovery if r.bus_kill_recovery == r.bus_kill_recovery
+                                else KILL_WINDOW_S) + SETTLE_S
+            rest = max(t0 + WARM_S + steady_s + KILL_WINDOW_S, settled) - time.time()
             if rest > 0:
                 time.sleep(rest)
+            # What each replica ingested between the two kills: a replica whose
+            # share stopped would leave the fleet to the other alone.
+            between = [c.ingest.counters().accepted - a
+                       for c, a in zip(cores, r.shares, strict=True)]
+            log(f"{kind}: reports per replica between the kills {between}")
             # The follower replica's bus connection dies.
             mqtt = cores[1].mqtt
             pid = mqtt.pid if isinstance(mqtt, MqttProcess) else None

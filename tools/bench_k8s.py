@@ -35,6 +35,13 @@ node, and the table also gives pods/s from the scheduler's start to the last pod
 and the time to the first one (created → Running, beside created → bound); kwok's own
 status updates load the same API server, so its figures are a second table, not the first.
 
+With ``--unschedulable PERCENT`` that share of the pods fits no node (every
+``100/PERCENT``-th pod, by turns a nodeSelector no node matches and a cpu request of 64): a
+run ends at the last binding of the others, and for each run the stderr line counts the pods
+whose ``FailedScheduling`` event carries cfnet's answer (``. cfnet: ``; after the figures are
+taken, waiting at most 10 s for them: they come in the lull after the last binding). With
+``--baseline-tree`` this measures what answering them costs the bindings.
+
 With ``--arrival RATES`` (pods/s, e.g. ``20,200``) the same Nodes then also take pods
 created at a fixed rate for ``--arrival-seconds`` (at most ``--arrival-max-pods``) on a
 scheduler already running: per scheduler, repetition and rate, the scheduler (the tuned
@@ -154,11 +161,25 @@ def make_node(c: KubeClient, j: int, kwok: bool = False) -> None:
                 content_type="application/json-patch+json")
 
 
-def pod_object(i: int, ns: str, scheduler: str) -> dict[str, Any]:
+NOWHERE = "bench.cfnet.io/nowhere"  # a node label no node carries
+
+
+def unschedulable(i: int, percent: float) -> str:
+    """Why pod ``i`` fits no node when it is one of the ``percent`` % that do not (every
+    ``100/percent``-th, by turns ``selector`` and ``cpu``); "" for the others."""
+    every = max(1, round(100 / percent)) if percent > 0 else 0
+    if not every or i % every:
+        return ""
+    return ("selector", "cpu")[i // every % 2]
+
+
+def pod_object(i: int, ns: str, scheduler: str, nowhere: str = "") -> dict[str, Any]:
     """Pod ``i`` of the mix: 40 % plain, 20 % region affinity, 10 % security affinity, 15 %
-    tolerating the edge taint, 15 % spread over zones (maxSkew 1, DoNotSchedule)."""
+    tolerating the edge taint, 15 % spread over zones (maxSkew 1, DoNotSchedule). ``nowhere``:
+    the pod fits no node, by turns through a nodeSelector no node matches and a cpu request
+    no node has (``--unschedulable``)."""
     kind = i % 20
-    cpu = f"{100 + 100 * (i % 5)}m"
+    cpu = "64" if nowhere == "cpu" else f"{100 + 100 * (i % 5)}m"
     mem = f"{128 * (1 + i % 4)}Mi"
     labels = {"app": f"web-{i % 10}"}
     spec: dict[str, Any] = {
@@ -166,6 +187,8 @@ def pod_object(i: int, ns: str, scheduler: str) -> dict[str, Any]:
         "containers": [{"name": "app", "image": "registry.example/app:1",
                         "resources": {"requests": {"cpu": cpu, "memory": mem}}}],
     }
+    if nowhere == "selector":
+        spec["nodeSelector"] = {NOWHERE: "yes"}
     if 8 <= kind <= 11:
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [
@@ -331,6 +354,7 @@ class Run:
     last_running_s: float = float("nan")
     violations: list[str] = field(default_factory=list)
     assignment: dict[str, str] = field(default_factory=dict)
+    answered: int = 0  # --unschedulable: pods whose FailedScheduling event has cfnet's answer
 
     @property
     def rate(self) -> float:
@@ -359,6 +383,8 @@ class Bench:
         assert cp.api_proc is not None
         self.api_pid = cp.api_proc.pid
         self.nodes: list[dict[str, Any]] = []
+        # the pods a run waits for: all but the --unschedulable ones
+        self.expected = sum(not unschedulable(i, args.unschedulable) for i in range(args.pods))
         self.bg: list[dict[str, Any]] = []  # --background: pods bound without a scheduler
         # cfnet-core's broker, as the chart deploys one beside it (TLS, passwords, ACL)
         self.broker = Broker(self.dir / "broker")
@@ -415,8 +441,9 @@ class Bench:
                                                  "metadata": {"name": ns}})
         path = f"/api/v1/namespaces/{ns}/pods"
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(lambda i: self.admin.create(path, pod_object(i, ns, scheduler)),
-                        range(self.args.pods)))
+            list(ex.map(lambda i: self.admin.create(path, pod_object(
+                i, ns, scheduler, unschedulable(i, self.args.unschedulable))),
+                range(self.args.pods)))
 
     def _start(self, name: str, tag: str) -> subprocess.Popen[bytes]:
         log = open(self.dir / f"{tag}.log", "wb")  # noqa: SIM115 - owned by the process
@@ -481,7 +508,7 @@ class Bench:
                         if kind != "BOOKMARK" and node and self.args.kwok and \
                                 (obj.get("status") or {}).get("phase") == "Running":
                             running.setdefault(obj["metadata"]["name"], time.monotonic())
-                            if len(running) >= self.args.pods:
+                            if len(running) >= self.expected:
                                 all_running.set()
                         if kind != "BOOKMARK" and node:
                             now = time.monotonic()
@@ -496,7 +523,7 @@ class Bench:
                             if obj["metadata"]["name"] not in bound:  # not kwok's updates
                                 last_bind[0] = now
                             bound[obj["metadata"]["name"]] = node
-                            if len(bound) >= self.args.pods:
+                            if len(bound) >= self.expected:
                                 done.set()
                                 if not self.args.kwok or all_running.is_set():
                                     return
@@ -535,6 +562,9 @@ class Bench:
             r.sched_cpu_s = cpu_seconds(proc.pid, children=name.startswith("cfnet"))
             r.api_cpu_s = cpu_seconds(self.api_pid) - api0
             req1 = self.api_requests()
+            if self.args.unschedulable and name.startswith("cfnet") and done.is_set():
+                # measured already; the answers come in the lull after the last binding
+                r.answered = self._answers(ns, ANSWERS_WAIT_S)
             if self.args.profile and name.startswith("cfnet"):
                 self._child_threads(proc.pid, tag)
             if self.args.kwok and done.is_set():  # then kwok's part: bound -> Running
@@ -585,9 +615,25 @@ class Bench:
               f"apiserver {r.api_cpu_s:.1f} s, "
               + (f"{r.running} Running by {r.last_running_s:.2f} s (first "
                  f"{r.first_running_s:.2f} s), " if self.args.kwok else "")
+              + (f"{r.answered} cfnet answers in FailedScheduling events, "
+                 if self.args.unschedulable else "")
               + f"{len(r.violations)} violations "
               f"{r.violations[:3]}", file=sys.stderr, flush=True)
         return r
+
+    def _answers(self, ns: str, wait_s: float) -> int:
+        """Pods of ``ns`` whose FailedScheduling event carries cfnet's answer, once all the
+        unschedulable ones have one or after ``wait_s``."""
+        want = self.args.pods - self.expected
+        until = time.monotonic() + wait_s
+        while True:
+            evs = self.admin.list(f"/api/v1/namespaces/{ns}/events")[0]
+            n = len({e["involvedObject"]["name"] for e in evs
+                     if e.get("reason") == "FailedScheduling"
+                     and ". cfnet: " in (e.get("message") or "")})
+            if n >= want or time.monotonic() >= until:
+                return n
+            time.sleep(1.0)
 
     # -- arrival mode ------------------------------------------------------------------------
     def background(self, n: int) -> None:
@@ -739,7 +785,7 @@ class Bench:
             order.reverse()
         rep_runs = [self.run(s, rep) for s in order]
         if "ceiling" in want:
-            good = [r for r in rep_runs if not r.violations and r.bound == self.args.pods]
+            good = [r for r in rep_runs if not r.violations and r.bound == self.expected]
             if good:
                 rep_runs.append(self.run("ceiling", rep, good[-1].assignment))
             else:
@@ -958,6 +1004,7 @@ SCHEDULERS = ("kube-scheduler", "kube-scheduler, QPS 5000", "cfnet")
 # --arrival: the tuned kube-scheduler and cfnet (kube-scheduler's default client QPS of 50
 # caps what it can bind per second, so it runs only when --only names it)
 ARRIVAL = (SCHEDULERS[1], SCHEDULERS[2])
+ANSWERS_WAIT_S = 10.0  # --unschedulable: how long a run waits for cfnet's answers
 ARRIVAL_THREADS = 32  # creators: pods are due faster than one create call returns
 BASELINE = "cfnet, baseline tree"
 SHORT = {SCHEDULERS[0]: "kube", SCHEDULERS[1]: "kube-qps", SCHEDULERS[2]: "cfnet",
@@ -993,6 +1040,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arrival-seconds", type=float, default=30.0)
     ap.add_argument("--arrival-max-pods", type=int, default=10000,
                     help="at most this many pods per arrival run")
+    ap.add_argument("--unschedulable", type=float, default=0.0, metavar="PERCENT",
+                    help="this share of the pods fits no node (a run waits for the others)")
     ap.add_argument("--background", type=int, default=0,
                     help="pods bound to the Nodes directly before the runs (a steady load)")
     ap.add_argument("--sample-to", help=argparse.SUPPRESS)
@@ -1040,6 +1089,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               "scheduler's start to its last binding of a backlog created beforehand (the "
               "ceiling's clock starts after its start-up); CPU from /proc over the same span; "
               "violations by the bench's own checker.")
+        if a.unschedulable:
+            answered = [r.answered for r in runs if r.scheduler.startswith("cfnet")]
+            print(f"{a.unschedulable:g} % of the pods fit no node ({a.pods - b.expected}); "
+                  "each run ends at the last binding of the others. FailedScheduling events "
+                  "with cfnet's answer per cfnet run: "
+                  + ", ".join(f"{r.scheduler} {r.answered}" for r in runs
+                              if r.scheduler.startswith("cfnet"))
+                  + (f" (median {statistics.median(answered):g})" if answered else "") + ".")
     if arrivals:
         print()
         print(arrival.table(arrivals, [s for s in SCHEDULERS if s in want], a.nodes,

@@ -26,6 +26,13 @@ the probe takes over node A's connection for a moment: node A's agent is disconn
 and reconnects by itself (its session is started clean by the probe's connection).
 
 Used by tests/k8s/test_identity.py against a real Mosquitto.
+
+NATS's MQTT listener speaks 3.1.1, which has no reason codes: ``connect_311`` answers with
+the CONNACK's code as paho reads it (3.1.1's return code 5, not authorized, what the auth
+callout's refusal becomes, is :data:`NOT_AUTHORIZED`) and
+the topics whose QoS 1 publishes were acknowledged. NATS acknowledges a publish that its
+permissions drop as well, and its log says ``Publish Violation - Subject "<subject>"``:
+tests/cluster/test_helm_nats.py reads both.
 """
 
 from __future__ import annotations
@@ -100,3 +107,44 @@ def cannot_publish_as(host: str, port: int, *, ca_file: Path, certfile: Path, ke
         assert codes[t] == NOT_AUTHORIZED, \
             f"{node}'s certificate published {t}: PUBACK {codes[t]}, not 135 (not authorized)"
     return codes
+
+
+def connect_311(host: str, port: int, *, ca_file: Path, certfile: Path, keyfile: Path,
+                client_id: str, topics: tuple[str, ...] = (), payload: bytes = b"{}",
+                check_hostname: bool = True, netns: str | None = None,
+                timeout_s: float = 10.0) -> tuple[int, list[str]]:
+    """MQTT 3.1.1 with this client certificate and ``client_id``, clean session: the
+    CONNACK's code (0, or :data:`NOT_AUTHORIZED`) and, when 0, the ``topics`` whose QoS 1
+    publish (one each, in order) was acknowledged."""
+    return in_netns(netns, _connect_311, host, port, ca_file, certfile, keyfile, client_id,
+                    topics, payload, check_hostname, timeout_s)
+
+
+def _connect_311(host: str, port: int, ca_file: Path, certfile: Path, keyfile: Path,
+                 client_id: str, topics: tuple[str, ...], payload: bytes,
+                 check_hostname: bool, timeout_s: float) -> tuple[int, list[str]]:
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    ctx.check_hostname = check_hostname
+    ctx.load_cert_chain(str(certfile), str(keyfile))
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                    protocol=mqtt.MQTTv311, clean_session=True)
+    c.tls_set_context(ctx)
+    state: dict[str, int] = {}
+    acked: set[int] = set()
+    c.on_connect = lambda _c, _u, _f, rc, _p: state.__setitem__("connack", rc.value)
+    c.on_publish = lambda _c, _u, mid, _rc, _p: acked.add(mid)
+    deadline = time.monotonic() + timeout_s
+    c.connect(host, port, keepalive=10)
+    try:
+        while "connack" not in state:
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"no CONNACK from {host}:{port} within {timeout_s}s")
+            c.loop(0.1)
+        if state["connack"] != 0:
+            return state["connack"], []
+        mids = {c.publish(t, payload, qos=1).mid: t for t in topics}
+        while not set(mids) <= acked and time.monotonic() < deadline:
+            c.loop(0.1)
+        return 0, [t for m, t in mids.items() if m in acked]
+    finally:
+        c.disconnect()

@@ -177,6 +177,11 @@ def render_explain(d: dict[str, Any]) -> str:
         lines.append(table(why_rows, ("RULED OUT BY (first failing filter)", "NODES", "E.G.")))
     if ex.get("best") and not node:
         lines.append("cheapest fitting: " + ", ".join(f"{n} {c:.5f} $/h" for n, c in ex["best"]))
+    batch = d.get("batch")
+    if isinstance(batch, dict) and batch.get("text"):
+        wrapped = textwrap.wrap(str(batch["text"]), WIDTH - 10, subsequent_indent="  ")
+        lines.append(f"batch     {wrapped[0]}")
+        lines.extend(f"{'':9} {more}" for more in wrapped[1:])
     if d.get("link"):
         lines.append(f"link      {d['link']}")
     lines.extend(render_conflict(d.get("conflict")))

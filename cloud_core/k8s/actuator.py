@@ -61,6 +61,7 @@ from cloud_core.k8s.source import Source
 from cloud_core.k8s.workloads import Workloads, parse_workload
 from cloud_core.loop import DecisionLoop, Move, Observation, PlaceOutcome
 from cloud_core.placement.model import ClusterSnapshot, Workload
+from cloud_core.placement.quality import BatchQuality
 
 __all__ = ["PLANNED_FROM", "PLANNED_NODE", "REPLACES", "RESERVATION_TTL_S", "SCHEDULER_NAME",
            "Actuator", "ActuatorConfig", "ActuatorStats", "Effects", "Parts",
@@ -159,6 +160,11 @@ class Actuator:
     def last_failure(self, uid: str) -> str | None:
         """The last FailedScheduling message for pod ``uid`` (None: none, or placed)."""
         return self.binder.last_failure(uid)
+
+    def batch_of(self, uid: str) -> BatchQuality | None:
+        """The cost, bound and gap of the batch that placed pod ``uid`` (None: not placed
+        by this replica since it started)."""
+        return self.binder.quality.get(uid)
 
     def node_changed(self, node: JSON) -> None:
         """A Node the core itself just wrote (a cordon): take it in now, not at the watch."""

@@ -4,8 +4,9 @@
 (``cache.py``: the next batch counts it before the watch shows the binding) and binds it in
 the background (a pool of ``bind_workers``), with a UID precondition and a ``Scheduled``
 event; a pod the engine could not place gets a ``FailedScheduling`` event and goes back to
-the queue with what rejected it (with a ``ConflictReporter``, conflicts.py, the event waits
-for cfnet's minimal conflict and nearest changes, computed on the reporter's own thread). A
+the queue with what rejected it (with a ``ConflictReporter``, cloud_core/conflicts.py, the
+event waits for cfnet's minimal conflict and nearest changes, computed on the reporter's own
+thread). A
 failed binding forgets its pod (placed again after its backoff); a 409 re-reads the pod
 (never bound twice); an unreachable API server is reported at the next step
 (``take_error``: back-off).
@@ -20,15 +21,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from cloud_core.conflicts import ConflictReporter
 from cloud_core.errors import KubeConflict, KubeNotFound, KubeUnavailable
 from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import JSON, KubeClient
 from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
-from cloud_core.k8s.conflicts import ConflictReporter
 from cloud_core.k8s.informer import obj_key
 from cloud_core.k8s.pending import PendingPods
 from cloud_core.loop import Observation, PlaceOutcome
 from cloud_core.placement.model import Workload
+from cloud_core.placement.quality import BatchQuality, QualityBook
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class Binder:
         self._binding = 0  # bindings submitted and not yet done
         self._error: KubeUnavailable | None = None  # from a binding in flight
         self._last_failure: dict[str, str] = {}  # pod uid -> last FailedScheduling message
+        self.quality = QualityBook()  # pod uid -> the gap of the batch that placed it
 
     def in_flight(self) -> int:
         """Bindings submitted and not yet done."""
@@ -84,6 +87,7 @@ class Binder:
         """Pod ``uid`` was deleted."""
         with self._lock:
             self._last_failure.pop(uid, None)
+        self.quality.forget(uid)
         if self._conflicts is not None:
             self._conflicts.forget(uid)
 
@@ -120,6 +124,8 @@ class Binder:
             key = obj_key(pod)
             self._cache.assume(key, node, w)
             self._pending.taken(key)  # assumed: back in only if its binding fails
+        self.quality.record([w.uid for _p, _n, w in todo],
+                            BatchQuality.of(outcome.stats, time.time()))
         with self._lock:
             self._binding += len(todo)
         for pod, node, w in todo:

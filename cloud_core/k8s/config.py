@@ -48,7 +48,7 @@ class ActuatorConfig:
     # a moment later, and each event is logged and published (half the events of a burst)
     placement_events: bool = True
     # a FailedScheduling event also names the pod's minimal conflict and the nearest changes
-    # that would make it fit (k8s/conflicts.py: on its own thread, at most this share of the
+    # that would make it fit (cloud_core/conflicts.py: on its own thread, at most this share of the
     # interpreter; 0 turns it off)
     conflict_share: float = 0.2
     # what is never evicted, for a move or the console's drain (k8s/evict.py; the chart's

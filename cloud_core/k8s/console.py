@@ -32,6 +32,7 @@ from cloud_core.console.registry import MAX_SUBMIT, CommandError, jsonable, page
 from cloud_core.errors import CoreError, KubeError, KubeForbidden, KubeNotFound
 from cloud_core.events import EventLog
 from cloud_core.k8s.actuator import Actuator
+from cloud_core.k8s.budgets import BudgetReader
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.evict import move_exclusion
 from cloud_core.k8s.informer import obj_key
@@ -70,6 +71,7 @@ class KubernetesCluster:
         self.clock = clock
         self.agent_probes = agent_probes
         self.sched = actuator.config.scheduler_name
+        self.budgets = BudgetReader(client)  # for explain's eviction suggestions
 
     def _cfnet_pods(self) -> list[dict[str, Any]]:
         return [p for p in self.actuator.pods.items()
@@ -136,8 +138,12 @@ class KubernetesCluster:
             ex = explain(snap, w, self.actuator.config.engine_config, node=node)
         except CoreError as exc:
             raise CommandError(str(exc)) from exc
-        extras = (explain_extras(snap, w, node, self.actuator.config.engine_config)
+        extras = (explain_extras(snap, w, node, self.actuator.config.engine_config,
+                                 budgets=None if node else self.budgets())
                   if node or not ex.fit else {})
+        q = self.actuator.batch_of(w.uid) if node else None
+        if q is not None:
+            extras["batch"] = q.doc(time.time())
         return jsonable({"workload": obj_key(pod), "uid": w.uid,
                           "state": "bound" if node else "pending", "node": node,
                           "reason": self.actuator.last_failure(w.uid), "explanation": ex,

@@ -17,16 +17,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cloud_core.conflicts import ConflictReporter
 from cloud_core.console.service import ConsoleService
 from cloud_core.events import MAX_EVENT_MESSAGE, EventLog
 from cloud_core.health import HealthConfig, all_health
 from cloud_core.k8s import objects
 from cloud_core.k8s.actuator import Actuator, Effects, Parts
 from cloud_core.k8s.binder import Binder
+from cloud_core.k8s.budgets import BudgetReader
 from cloud_core.k8s.cache import SchedulerCache
 from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.config import ActuatorConfig, ActuatorStats
-from cloud_core.k8s.conflicts import ConflictReporter
 from cloud_core.k8s.console import KubernetesCluster
 from cloud_core.k8s.evict import DEFAULT_POLICY, EvictionPolicy
 from cloud_core.k8s.gc_tuning import settle_listed, tune_gc
@@ -234,7 +235,8 @@ def build_actuator(client: KubeClient, registry: NodeRegistry | None = None,
         conflicts = ConflictReporter(lambda: source.snapshot(), config.engine_config,
                                      lambda pod, msg: binder.record_failed(pod, msg),
                                      busy_share=config.conflict_share,
-                                     busy=lambda: not built or built[0].busy())
+                                     busy=lambda: not built or built[0].busy(),
+                                     budgets=BudgetReader(client))
     binder = Binder(client, config, stats, cache, pending, is_leader=is_leader,
                     wake=wake.set, consume_reservation=moves.consume_reservation,
                     pages_go=pages_go, on_bound=on_bound, conflicts=conflicts)

@@ -289,6 +289,8 @@ class RunningPod:
     affinity: tuple[PodAffinityTerm, ...] = ()
     preferred_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
     preferred_anti_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    # spec.priority: a pending pod of higher priority may have it evicted (relax/preempt.py)
+    priority: int = 0
 
     def __post_init__(self) -> None:
         _freeze(self, "labels")
@@ -313,7 +315,8 @@ class RunningPod:
                    anti_affinity=w.pod_anti_affinity, host_ports=w.host_ports,
                    extended=w.extended, terminating=terminating, affinity=w.pod_affinity,
                    preferred_affinity=w.preferred_pod_affinity,
-                   preferred_anti_affinity=w.preferred_pod_anti_affinity)
+                   preferred_anti_affinity=w.preferred_pod_anti_affinity,
+                   priority=w.priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +367,9 @@ class Workload:
     extended: Mapping[str, int] = field(default_factory=frozen_counts)
     # Scoring policy of this workload ("cost", "spread"; None: the engine's default).
     policy: str | None = None
+    # spec.priority (the API server's admission resolves priorityClassName into it): no part
+    # in where a pod goes; which running pods it may ask to evict (preempt.py)
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # Callers may hand in plain dicts; freeze them so workloads stay hashable.

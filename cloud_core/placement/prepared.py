@@ -32,7 +32,9 @@ from .model import (
 )
 from .sla import NO_DATA, judge, over_bound
 
-_KEY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in ("uid", "name"))
+# priority decides nothing about where a pod goes: pods differing only in it share a class
+_KEY_FIELDS = tuple(f.name for f in fields(Workload)
+                    if f.name not in ("uid", "name", "priority"))
 RESOURCE_NAMES = ("insufficient cpu", "insufficient memory", "insufficient GPU")
 _KEY_GETTER = operator.attrgetter(*_KEY_FIELDS)
 COST_RUN_CELLS = 1 << 20  # ClusterView.costs: ~100 MB of temporaries at the peak

@@ -37,6 +37,7 @@ from .model import (
     HOSTNAME,
     ClusterSnapshot,
     HostPort,
+    LinkInfo,
     NodeInfo,
     NodeSelectorTerm,
     Resources,
@@ -45,6 +46,7 @@ from .model import (
     Workload,
     node_label,
 )
+from .preempt import RESOURCES, DisruptionBudget, eviction, without
 from .sequential import SpreadState, ports_conflict
 from .validate import validate
 
@@ -112,13 +114,15 @@ class Diagnosis:
 
 
 def diagnose(snapshot: ClusterSnapshot, w: Workload, config: EngineConfig | None = None,
-             gang_size: int = 1, prepared: PreparedCluster | None = None) -> Diagnosis:
+             gang_size: int = 1, prepared: PreparedCluster | None = None,
+             budgets: Sequence[DisruptionBudget] | None = ()) -> Diagnosis:
     """Why ``w`` fits no node of ``snapshot`` and what would make it fit (its own running
     pod, if any, taken out first). ``gang_size``: the members of ``w.gang``, itself included.
     ``prepared``: ``snapshot`` prepared once for many pending pods (used when ``w`` does not
-    run in it; nothing in it is changed)."""
+    run in it; nothing in it is changed). ``budgets``: the PodDisruptionBudgets, for a
+    suggestion to evict pods of lower priority (None: not known, no such suggestion)."""
     cfg = config or EngineConfig()
-    snap = _without(snapshot, (w.uid,))
+    snap = without(snapshot, (w.uid,))
     pc = (prepared if prepared is not None and snap is snapshot
           and prepared.snapshot is snapshot else PreparedCluster(snap, cfg, eager=False))
     parts = parts_of(snap, w, pc, gang_size)
@@ -134,11 +138,18 @@ def diagnose(snapshot: ClusterSnapshot, w: Workload, config: EngineConfig | None
             relaxations.append(r)
         else:
             dead.append((c, r))
+    cs = conflict.alone or conflict.constraints
+    ev = eviction(snap, parts, cs, cost, cfg, budgets) if budgets is not None else None
+    if ev is not None:  # beside the resource's own change: room made by evicting pods
+        c = next(x for x in cs if x.kind in RESOURCES)
+        relaxations.append(Relaxation(c, ev.change, ev.node, ev.evidence, w, ev.uids))
     return Diagnosis(conflict, tuple(relaxations), tuple(dead))
 
 
 def diagnose_many(snapshot: ClusterSnapshot, pods: Sequence[tuple[Workload, int]],
-                  config: EngineConfig | None = None) -> list[Diagnosis | Exception]:
+                  config: EngineConfig | None = None,
+                  budgets: Sequence[DisruptionBudget] | None = ()
+                  ) -> list[Diagnosis | Exception]:
     """``diagnose`` for each (workload, gang size) of pods waiting together, ``snapshot``
     prepared once for them. A pod whose diagnosis fails gets its exception in its place,
     so the others still get theirs."""
@@ -147,24 +158,10 @@ def diagnose_many(snapshot: ClusterSnapshot, pods: Sequence[tuple[Workload, int]
     out: list[Diagnosis | Exception] = []
     for w, gang_size in pods:
         try:
-            out.append(diagnose(snapshot, w, cfg, gang_size, prepared))
+            out.append(diagnose(snapshot, w, cfg, gang_size, prepared, budgets))
         except Exception as exc:  # one pod's bug, not its neighbours'
             out.append(exc)
     return out
-
-
-def _without(snapshot: ClusterSnapshot, uids: Sequence[str]) -> ClusterSnapshot:
-    """``snapshot`` as if the running pods ``uids`` were gone (their resources freed)."""
-    gone = [p for p in snapshot.pods if p.uid in uids]
-    if not gone:
-        return snapshot
-    freed: dict[str, Resources] = {}
-    for p in gone:
-        freed[p.node] = freed.get(p.node, Resources()) + p.requests
-    nodes = tuple(dataclasses.replace(n, allocated=n.allocated - freed[n.name])
-                  if n.name in freed else n for n in snapshot.nodes)
-    return dataclasses.replace(snapshot, nodes=nodes,
-                               pods=tuple(p for p in snapshot.pods if p.uid not in uids))
 
 
 Candidate = tuple[Workload, str, str, tuple[str, ...]]  # (pod, change, evidence, evict)
@@ -196,7 +193,7 @@ def _relax_one(snap: ClusterSnapshot, parts: Parts, c: Constraint, cost: np.ndar
         w2, change, evidence, evict = build(nd, i)
         name = nd.name
         probe = dataclasses.replace(w2, gang=None)
-        if not validate(_without(snap, evict), [probe], {w2.uid: name}, cfg):
+        if not validate(without(snap, evict), [probe], {w2.uid: name}, cfg):
             return Relaxation(c, change, name, evidence, w2, evict)
     if not scored:
         return "no figure to relax it by on the nodes it would open"
@@ -252,10 +249,10 @@ def _latency(parts: Parts, c: Constraint, cfg: EngineConfig) -> tuple[Amount, Bu
     return amount, build
 
 
-def link_evidence(snap: ClusterSnapshot, nd: NodeInfo, target: str, cfg: EngineConfig
-                  ) -> str:
-    """The measured link behind ``nd``'s latency to ``target``: p95, samples, age, and
-    whether it is stale (its p95 counted ``stale_factor`` times)."""
+def best_link(snap: ClusterSnapshot, nd: NodeInfo, target: str, cfg: EngineConfig
+              ) -> LinkInfo | None:
+    """The measured link behind ``nd``'s latency to ``target`` (a node, zone or region):
+    the one the engine counts lowest (None: none measured)."""
     members = {target} | {n.name for n in snap.nodes if target in (n.zone, n.region)}
     best = None
     for (a, b), lk in snap.links.items():
@@ -263,9 +260,16 @@ def link_evidence(snap: ClusterSnapshot, nd: NodeInfo, target: str, cfg: EngineC
             v = effective_p95(lk, cfg)
             if best is None or v < best[0]:
                 best = (v, lk)
-    if best is None:
+    return None if best is None else best[1]
+
+
+def link_evidence(snap: ClusterSnapshot, nd: NodeInfo, target: str, cfg: EngineConfig
+                  ) -> str:
+    """The measured link behind ``nd``'s latency to ``target``: p95, samples, age, and
+    whether it is stale (its p95 counted ``stale_factor`` times)."""
+    lk = best_link(snap, nd, target, cfg)
+    if lk is None:
         return ""
-    lk = best[1]
     stale = (f", stale: counted x{cfg.stale_factor:g}" if lk.age_s > cfg.stale_after_s
              else "")
     return (f"p95 {lk.rtt_p95_ms:.1f} ms, {lk.samples} samples, {lk.age_s:.0f} s old"
@@ -506,17 +510,16 @@ RELAXERS: dict[str, Relaxer] = {
 """Per kind, the change that opens one node and its amount (smaller is nearer)."""
 
 
-
 def explain_extras(snapshot: ClusterSnapshot, w: Workload, node: str | None,
-                   config: EngineConfig | None = None, gang_size: int = 1
-                   ) -> dict[str, object]:
+                   config: EngineConfig | None = None, gang_size: int = 1,
+                   budgets: Sequence[DisruptionBudget] | None = ()) -> dict[str, object]:
     """What ``explain`` adds to the engine's explanation: for a pod on no node, the minimal
     conflict and its checked suggestions (``conflict``); for one with a latency SLA on a
     node, the link figure behind it with its sample count and age (``link``)."""
     cfg = config or EngineConfig()
     out: dict[str, object] = {}
     if node is None:
-        out["conflict"] = diagnose(snapshot, w, cfg, gang_size).doc()
+        out["conflict"] = diagnose(snapshot, w, cfg, gang_size, budgets=budgets).doc()
     elif w.latency_to is not None:
         nd = next((n for n in snapshot.nodes if n.name == node), None)
         if nd is not None and w.latency_to in (nd.name, nd.zone, nd.region):
@@ -525,4 +528,9 @@ def explain_extras(snapshot: ClusterSnapshot, w: Workload, node: str | None,
             ev = link_evidence(snapshot, nd, w.latency_to, cfg)
             out["link"] = (f"{node} -> {w.latency_to}: {ev}" if ev
                            else f"{node} -> {w.latency_to}: no measured link")
+            lk = best_link(snapshot, nd, w.latency_to, cfg)
+            if lk is not None:  # the same figures, for a program to read
+                out["link_figures"] = {"p95_ms": lk.rtt_p95_ms, "samples": lk.samples,
+                                       "age_s": lk.age_s,
+                                       "stale": lk.age_s > cfg.stale_after_s}
     return out

@@ -35,6 +35,7 @@ from .spec_pod import (
     counted_requests,
     host_ports,
     parse_resources,
+    pod_priority,
     pod_requests,
     split_requests,
 )
@@ -128,6 +129,7 @@ def parse_pod(pod: Mapping[str, Any], uid: str | None = None) -> Workload:
         policy=policy,
         node_selector=str_map(spec.get("nodeSelector"), f"{sp}.nodeSelector"),
         node_affinity=node_affinity,
+        priority=pod_priority(spec),
         preferred_node_affinity=preferred_terms(
             na.get(PREFERRED), f"{sp}.affinity.nodeAffinity.{PREFERRED}"),
         tolerations=tolerations(spec.get("tolerations"), f"{sp}.tolerations"),
@@ -347,4 +349,4 @@ def usage_workload(pod: Mapping[str, Any]) -> Workload | None:
             aff = as_map(as_map(spec.get("affinity"), "a").get(kind), "a")
             parts[part] = parse(aff.get(key), "a")
     return Workload(uid=str(meta.get("uid") or f"{ns}/{name}"), name=name, namespace=ns,
-                    **parts)
+                    priority=pod_priority(spec), **parts)

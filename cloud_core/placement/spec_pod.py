@@ -44,6 +44,18 @@ POD_SPEC_FIELDS = frozenset({
     "priorityClassName", "priority", "preemptionPolicy", "readinessGates", "runtimeClassName",
     "enableServiceLinks", "setHostnameAsFQDN", "os", "hostUsers",
 })
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # spec.priority is an int32
+
+
+def pod_priority(spec: Mapping[str, Any]) -> int:
+    """``spec.priority`` (set by the API server's Priority admission from
+    ``priorityClassName``), 0 when absent or not an integer, clamped to int32."""
+    p = spec.get("priority")
+    if isinstance(p, bool) or not isinstance(p, int):
+        return 0
+    return min(max(p, PRIORITY_MIN), PRIORITY_MAX)
+
+
 AFFINITY_FIELDS = {
     "nodeAffinity": frozenset({"requiredDuringSchedulingIgnoredDuringExecution", PREFERRED}),
     # preferred pod (anti-)affinity: InterPodAffinity's score (scores.interpod_raw)

@@ -130,6 +130,11 @@ def _selector(obj: Any, field: str) -> LabelSelector:
     return LabelSelector(str_map(m.get("matchLabels"), f"{field}.matchLabels"), exprs)
 
 
+def label_selector(obj: Any, field: str) -> LabelSelector:
+    """A metav1.LabelSelector (``matchLabels``, ``matchExpressions``); raises SpecError."""
+    return _selector(obj, field)
+
+
 def _pod_term(obj: Any, f: str) -> PodAffinityTerm:
     tm = as_map(obj, f)
     key = tm.get("topologyKey")

@@ -121,3 +121,24 @@ def test_callout_accounts_and_conf_are_rendered_and_accepted_by_nats_server(
                        env={**os.environ, "POD_NAME": "nats-0",
                             "NATS_CALLOUT_SYS_PASSWORD": "0123sys"})
     assert r.returncode == 0, f"nats-server refused the rendered config:\n{r.stderr}{text}"
+
+
+@pytest.mark.parametrize("callout", [True, False])
+def test_a_sites_leaf_reads_the_plain_accounts_when_the_hub_has_the_callout(
+        callout: bool) -> None:
+    """The hub's accounts.conf in its callout form admits only through the callout, which a
+    leaf does not run: with the callout on, the leaf mounts the Secret's
+    leaf-accounts.conf (the plain users) as its accounts.conf; without, the hub's own."""
+    objs = _objs(["nats.mode=deploy", f"nats.deploy.callout.enabled={str(callout).lower()}",
+                  "nats.leaf.enabled=true", "nats.leaf.sites[0].name=siteA",
+                  "nats.leaf.sites[0].address=10.1.0.5",
+                  "nats.leaf.sites[0].nodeSelector.kubernetes\\.io/hostname=edge-gw-a"])
+    pod = objs[("Deployment", "nats-leaf-sitea")]["spec"]["template"]["spec"]  # type: ignore[index]
+    secret = {v["name"]: v for v in pod["volumes"]}["accounts"]["secret"]
+    assert secret["secretName"] == "nats-accounts"
+    if callout:
+        assert secret["items"] == [{"key": "leaf-accounts.conf", "path": "accounts.conf"}]
+    else:
+        assert "items" not in secret
+    conf = objs[("ConfigMap", "nats-leaf-sitea")]["data"]["nats.conf"]  # type: ignore[index]
+    assert 'include "accounts/accounts.conf"' in conf and "auth_callout" not in conf

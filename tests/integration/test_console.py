@@ -121,6 +121,9 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     t_chosen, t_runner, t_diff = (float(x) for x in rows_of(r.stdout, "total"))
     assert t_diff > 0 and abs(t_runner - t_chosen - t_diff) < 2e-5
     assert rows_of(r.stdout, "residency") == ["1", "edge-c"]
+    # how good the placement is: the gap of the batch that placed it, as its own line
+    assert re.search(r"^batch     within \d+\.\d % of the best possible for its batch of "
+                     r"\d+ pods", r.stdout, re.M), r.stdout
     r = ctl(broker, "alice", "explain", "huge")  # 64 CPUs, eu: nowhere
     assert r.returncode == 0 and fits_80(r.stdout), r.stdout + r.stderr
     print("\n$ cfnetctl explain huge\n" + r.stdout)
@@ -149,6 +152,17 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     assert re.search(r"would fit max latency 20 ms -> (\d+) ms: edge-c fits \(p95 [\d.]+ ms, "
                      r"\d+ samples, \d+ s old\)", flat), flat
     assert "security level 3 -> 2: edge-a fits" in flat
+    # the same answer as an event, off the loop's path, and the metric's tally (local mode)
+    said = wait_for(lambda: [e.message for e in ready.events.recent(200, kind="conflict")
+                             if "default/secret" in e.message or "secret" in e.message],
+                    what="secret's conflict event")
+    assert ". cfnet: max latency 20 ms to edge-a + security level 3 admit no node; would " \
+        "fit: max latency 20 ms -> " in said[-1], said
+    print("\nconflict event: " + said[-1])  # docs/console.md quotes this run
+    assert ready.scheduler.conflicts is not None
+    counts = ready.scheduler.conflicts.counts()
+    assert counts.get("latency") == 1 and counts.get("security") == 1, counts
+    assert counts.get("cpu") == 1  # huge: cpu 64 fails on every node
     wait_for(lambda: any(w.state == "placed" and w.name == "near"
                          for w in ready.store.workloads()), what="near placed")
     r = ctl(broker, "alice", "explain", "near")  # placed: the link its SLA rests on
@@ -156,6 +170,11 @@ def test_write_commands_and_explain(broker: Broker, ready: CoreService, tmp_path
     print("\n$ cfnetctl explain near\n" + r.stdout)
     assert re.search(r"^link      edge-b -> edge-a: p95 [\d.]+ ms, \d+ samples, \d+ s old$",
                      r.stdout, re.M), r.stdout
+    r = ctl(broker, "alice", "-o", "json", "explain", "near")
+    doc = json.loads(r.stdout)
+    assert doc["batch"]["pods"] >= 1 and 0.0 <= doc["batch"]["gap"] < 1.0, doc
+    assert doc["batch"]["cost"] >= doc["batch"]["bound"] - 1e-9, doc
+    assert doc["link_figures"]["samples"] > 0 and doc["link_figures"]["age_s"] >= 0, doc
     r = ctl(broker, "alice", "explain", "nope")
     assert r.returncode == 1 and "no workload 'nope'" in r.stderr
     # what-if: an answer, and nothing changed.

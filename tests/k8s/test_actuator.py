@@ -134,7 +134,7 @@ def test_200_pods_on_50_edge_nodes(cluster: Cluster, actuator: Actuator,
     assert "security" in failed["topsecret-0"]
     assert failed["badspec-0"].startswith("invalid workload spec") and "high" in failed["badspec-0"]
     # cfnet's answer after the tally: the conflict, and the nearest change with the node it
-    # opens (k8s/conflicts.py, computed off the binding path)
+    # opens (cloud_core/conflicts.py, computed off the binding path)
     assert ". cfnet: security level 5 fails on every node; would fit: security level 5 -> 3: " \
         "cloud-" in failed["topsecret-0"], failed["topsecret-0"]
     assert ". cfnet: residency ap-south fails on every node; would fit: residency ap-south -> " \

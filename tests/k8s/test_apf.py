@@ -117,7 +117,7 @@ def _until(c: KubeClient, retry_after: bool,
 
 
 def test_a_burst_that_apf_refuses_is_served_in_the_end(
-        throttled: tuple[KubeClient, KubeClient]) -> None:
+        throttled: tuple[KubeClient, KubeClient], monkeypatch: pytest.MonkeyPatch) -> None:
     admin, c = throttled
     admin.create(f"{FC}/flowschemas", flow_schema())
     try:
@@ -129,20 +129,23 @@ def test_a_burst_that_apf_refuses_is_served_in_the_end(
         assert all(a is not None and transport._retry_after_s(a) is not None
                    for a in refused), refused
         # As cfnet's client meets it: sent again after Retry-After, every request is served.
-        # A burst of 8 on one seat, with Retry-After 4 s and a 10 s budget per call, can run
-        # out of budget on a loaded run (a call refused three times in a row): the budget is
-        # the design. What must hold: a burst that was refused is served whole by the resends.
+        # On one seat the resends of a burst meet again, and in the worst case one of them
+        # runs per Retry-After (4 s here): a burst of 4 needs up to three waits, 12 s, past
+        # the default 10 s budget. The budget is the design (the next test holds it); here
+        # it is widened so that what is asserted is the resending itself, which holds
+        # however the resends interleave on a loaded machine.
+        monkeypatch.setattr(transport, "RETRY_AFTER_BUDGET_S", 40.0)
         got: list[tuple[int, str | None]] = []
         retried = 0
         for _ in range(10):
             before = c.lean.stats["retried"]
-            got = _burst(c, 8, True)
+            got = _burst(c, 4, True)
             retried = c.lean.stats["retried"] - before
-            if retried and all(st == 200 for st, _ in got):
+            if retried:
                 break
             time.sleep(0.5)
         assert retried, "no request of the bursts was refused"
-        assert [st for st, _ in got] == [200] * 8, got
+        assert [st for st, _ in got] == [200] * 4, got
     finally:
         admin.delete(f"{FC}/flowschemas/cfnet-test-throttled")
 

@@ -89,6 +89,9 @@ def test_cordon_is_the_nodes_and_no_later_binding_lands_there(
     ex = console("explain", workload=f"{cluster.namespace}/c-0")
     assert ex.ok, ex.error
     assert ex.data["node"] == "cn-b" and ex.data["state"] == "bound"
+    # the batch that placed it: its cost, bound and gap (this replica bound it)
+    assert 0.0 <= ex.data["batch"]["gap"] < 1.0 and ex.data["batch"]["pods"] >= 1, ex.data
+    assert "of the best possible" in ex.data["batch"]["text"]
     placements = console("placements").data
     assert len(placements["cn-b"]) == 6 and "cn-a" not in placements
 

@@ -8,6 +8,7 @@ import pytest
 
 from cloud_core.health import Health, HealthConfig, node_health
 from cloud_core.ingest import Ingest
+from cloud_core.replicas import encode_digests
 from cloud_core.state import ClusterState
 from edge_agent import wire
 from tests.unit.reports import report_bytes, report_dict
@@ -83,6 +84,29 @@ def test_duplicates_are_dropped_exactly_once_semantics() -> None:
     assert state.node_history("edge-a") == [("b1", 1), ("b1", 2), ("b1", 3)]
     # A new boot restarts seq numbering without being mistaken for duplicates.
     assert ing.handle(T, report_bytes(seq=1, boot="b2")) == "accepted"
+
+
+def test_replicas_share_folded_seqs_through_digests() -> None:
+    """What one replica folded is named in its digest (ranges per boot); the other marks
+    it seen, so the same report reaching it later (a redelivery, an agent's resend after
+    a lost ack) is acknowledged as a duplicate there, not folded a second time."""
+    a_ing, a, clock = _ingest()
+    b_ing, b, _ = _ingest()
+    acked: list[int] = []
+    b_ing.on_ingested = lambda _n, _b, seq: acked.append(seq)
+    a.share_seqs = b.share_seqs = True
+    for seq in (1, 2, 3, 5):
+        a_ing.handle(T, report_bytes(seq=seq))
+    items = a.export_local(0.0, clock())
+    assert items[0]["seqs"] == [["b1", [[1, 3], [5, 5]]]]
+    assert a.export_local(clock(), clock()) == []  # each seq is named once
+    (wire_digest,) = encode_digests(items)  # as it travels
+    assert b.merge(json.loads(wire_digest)["items"], clock()) == 0
+    assert [b_ing.handle(T, report_bytes(seq=q)) for q in (2, 4)] == ["duplicate", "accepted"]
+    assert acked == [2, 4] and b.node_history("edge-a") == [("b1", 4)]
+    # Bounded before expansion: an item naming too many seqs is refused whole.
+    big = [{**items[0], "seqs": [["b1", [[1, 10**9]]]]}]
+    assert b.merge(big, clock()) == 1
 
 
 def test_late_buffered_report_does_not_overwrite_newer_view() -> None:

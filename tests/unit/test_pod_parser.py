@@ -103,3 +103,24 @@ def test_a_volume_source_that_binds_to_nodes_is_refused_after_a_memoised_twin() 
     odd["spec"]["volumes"] = [["projected"]]  # not a mapping: parse_pod's answer, no memo
     with pytest.raises(SpecError):
         parser.parse(odd)
+
+
+def test_bench_unschedulable_share_fits_no_node() -> None:
+    """bench_k8s --unschedulable 5: one pod in 20, by turns a nodeSelector no node matches
+    and a cpu request no node has; the engine's diagnosis names that part alone."""
+    from cloud_core.placement import ClusterSnapshot, Health, NodeInfo, Resources
+    from cloud_core.placement.relax import diagnose
+    from tools.bench_k8s import unschedulable
+
+    picked = [i for i in range(200) if unschedulable(i, 5.0)]
+    assert len(picked) == 10 and not any(unschedulable(i, 0.0) for i in range(200))
+    assert [unschedulable(i, 5.0) for i in picked[:3]] == ["selector", "cpu", "selector"]
+    nodes = tuple(NodeInfo(f"n{j}", "r0", "r0-a", capacity=Resources(8000, 32 << 30),
+                           health=Health.ONLINE) for j in range(3))
+    kinds = set()
+    for i in picked[:2]:
+        w = parse_pod({**pod_object(i, "ns", "cfnet-scheduler", unschedulable(i, 5.0)),
+                       "metadata": {"name": f"p-{i}", "namespace": "ns", "uid": f"u{i}"}})
+        d = diagnose(ClusterSnapshot(nodes, {}), w)
+        kinds |= {c.kind for c in d.conflict.alone}
+    assert kinds == {"node_selector", "cpu"}

@@ -29,6 +29,7 @@ from cloud_core.placement import (
 )
 from cloud_core.placement.conflict import Constraint, drop
 from cloud_core.placement.model import HostPort, SpreadConstraint
+from cloud_core.placement.preempt import without
 from cloud_core.placement.relax import Diagnosis, diagnose
 from cloud_core.placement.validate import nodes_that_fit, validate
 
@@ -87,8 +88,7 @@ def check_answer(s: ClusterSnapshot, w: Workload, d: Diagnosis, gang: int = 1) -
             ok = _gang_fits(s3, w3, gang) if w3.gang else _fits(s3, w3)
             assert ok, f"{sub} (a strict subset of {conflict}) admits no node"
     for r in d.relaxations:
-        gone = [p for p in s.pods if p.uid not in r.evict]
-        s4 = dataclasses.replace(s, pods=tuple(gone))
+        s4 = without(s, r.evict)  # the evicted pods gone, their resources freed
         if r.gang_size is not None:
             assert _gang_fits(s4, r.workload, r.gang_size), str(r)
         else:
@@ -310,9 +310,11 @@ def test_explain_extras_show_the_link_of_a_placed_pod() -> None:
               ("b", "user"): LinkInfo(5.0, 9.0, samples=3, age_s=400.0)})
     w = wl("p", max_latency_ms=20, latency_to="user")
     assert explain_extras(s, w, "a") == {
-        "link": "a -> user: p95 7.5 ms, 31 samples, 2 s old"}
+        "link": "a -> user: p95 7.5 ms, 31 samples, 2 s old",
+        "link_figures": {"p95_ms": 7.5, "samples": 31, "age_s": 2.0, "stale": False}}
     assert explain_extras(s, w, "b") == {
-        "link": "b -> user: p95 9.0 ms, 3 samples, 400 s old, stale: counted x1.5"}
+        "link": "b -> user: p95 9.0 ms, 3 samples, 400 s old, stale: counted x1.5",
+        "link_figures": {"p95_ms": 9.0, "samples": 3, "age_s": 400.0, "stale": True}}
     assert explain_extras(s, wl("q"), "a") == {}
     stuck = explain_extras(s, wl("r", max_latency_ms=5, latency_to="user"), None)
     conflict = stuck["conflict"]

@@ -1,14 +1,16 @@
-"""cfnet's answer in a pod's ``FailedScheduling`` event, computed off the binding path.
+"""cfnet's answer for a pod placed nowhere, computed off the binding path.
 
-When the engine places a pod nowhere, the binder hands the pod, its workload and the
-scheduler-style message ("0/50 nodes fit: ...") to :class:`ConflictReporter` and goes on.
+When the engine places a pod nowhere, the sink of the loop (Kubernetes: the binder, whose
+answer goes into the pod's ``FailedScheduling`` event; local mode: the scheduler, whose
+answer is a ``conflict`` event) hands the pod, its workload and the scheduler-style message
+("0/50 nodes fit: ...") to :class:`ConflictReporter` and goes on.
 One worker thread takes the pods in turn, finds each one's minimal conflict and the
 validator-checked changes that would make it fit (``placement.relax.diagnose``, the pods
 waiting together sharing one prepared snapshot), and records the event: the scheduler's
 message first, cfnet's answer after it. It is bounded three ways:
 
-* at most once per pod per back-off: the binder submits only when a pod's message changes
-  (the same rule that decides whether it records an event at all);
+* at most once per pod per back-off: the sink submits only when a pod's message changes
+  (on Kubernetes the same rule that decides whether it records an event at all);
 * a queue of ``queue_max`` pods: past it a pod's event is recorded at once with the
   scheduler's message alone (counted ``skipped``), never waiting;
 * it waits for a lull (``busy()`` false: no pod to try, none being decided or bound), at
@@ -26,23 +28,25 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from cloud_core.k8s.client import JSON
 from cloud_core.placement import EngineConfig
 from cloud_core.placement.model import ClusterSnapshot, Workload
+from cloud_core.placement.preempt import DisruptionBudget
 from cloud_core.placement.relax import Diagnosis, diagnose_many
 
 log = logging.getLogger(__name__)
 
+Pod = dict[str, Any]  # the pod as its sink knows it (on Kubernetes, the API object)
 NOTE_CHARS = 1024  # what the API server keeps of an event's note (events.event_body)
 ROUND_MAX = 32  # pods diagnosed on one snapshot before the next is taken
 
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    pod: JSON
+    pod: Pod
     workload: Workload
     message: str
     gang_size: int
@@ -50,13 +54,17 @@ class _Job:
 
 class ConflictReporter:
     """See the module docstring. ``snapshot``: the cluster now (called by the worker);
-    ``record(pod, message)``: queue the ``FailedScheduling`` event (never blocking)."""
+    ``record(pod, message)``: queue the ``FailedScheduling`` event (never blocking);
+    ``budgets``: the PodDisruptionBudgets now (None: not known), for eviction suggestions."""
 
     def __init__(self, snapshot: Callable[[], ClusterSnapshot], config: EngineConfig,
-                 record: Callable[[JSON, str], None], *, queue_max: int = 64,
+                 record: Callable[[Pod, str], None], *, queue_max: int = 64,
                  busy_share: float = 0.2, busy: Callable[[], bool] = lambda: False,
-                 max_wait_s: float = 30.0, start: bool = True) -> None:
+                 max_wait_s: float = 30.0, start: bool = True,
+                 budgets: Callable[[], Sequence[DisruptionBudget] | None] = lambda: None
+                 ) -> None:
         self._snapshot = snapshot
+        self._budgets = budgets  # None: not known, no eviction suggested
         self._config = config
         self._record = record
         self._queue_max = queue_max
@@ -75,7 +83,7 @@ class ConflictReporter:
                                             daemon=True)
             self._thread.start()
 
-    def submit(self, pod: JSON, w: Workload, message: str, gang_size: int = 1) -> None:
+    def submit(self, pod: Pod, w: Workload, message: str, gang_size: int = 1) -> None:
         """Queue ``pod``'s event with cfnet's answer; with the queue full, record it now
         with ``message`` alone."""
         with self._lock:
@@ -93,6 +101,15 @@ class ConflictReporter:
         with self._lock:
             self._kinds.pop(uid, None)
             self._jobs.pop(uid, None)
+
+    def retain(self, uids: set[str]) -> None:
+        """Only ``uids`` are unschedulable now: forget every other pod (a sink that learns
+        of placements and deletions only as the set of pods still waiting)."""
+        with self._lock:
+            for u in [u for u in self._kinds if u not in uids]:
+                del self._kinds[u]
+            for u in [u for u in self._jobs if u not in uids]:
+                del self._jobs[u]
 
     def counts(self) -> dict[str, int]:
         """Unschedulable pods by the kind of each part of their conflict."""
@@ -119,7 +136,8 @@ class ConflictReporter:
             return 0
         try:
             answers = diagnose_many(self._snapshot(), [(j.workload, j.gang_size)
-                                                        for j in jobs], self._config)
+                                                        for j in jobs], self._config,
+                                    self._budgets())
         except Exception as exc:  # no snapshot, no answer: the events go out without one
             log.warning("conflicts: no answers for %d pods: %s", len(jobs), exc)
             answers = [exc] * len(jobs)

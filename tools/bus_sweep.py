@@ -1,0 +1,177 @@
+"""``python -m tools.bus_sweep --sizes 250,500,1000``: the fleet grown on each bus to the knee.
+
+For each bus and each fleet size, smallest first: the bus, two core replicas and the
+simulated fleet of :mod:`tools.bench_bus` (1 report/s per node, end-to-end acks), a warm-up,
+then ``--steady`` seconds measured: reports/s ingested against offered, p99 staleness of
+the leader's view (report to state, sampled every second), CPU and memory of the bus
+processes and of the core processes per 1,000 nodes. A bus stops at the first size where
+it degrades (the knee): ingest under 95 % of offered, or p99 staleness over twice the
+first size's and over 2.5 s. No kills here (``one_run`` has them).
+
+The 100,000-node sizing is computed from the largest size below the knee, per bus, as
+``per-1,000 cost x 100``: measured terms are the per-1,000 costs at that size; assumed is
+that they stay linear in the fleet (more bus nodes and replicas carrying the same work per
+node), which this 2-core machine cannot check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.bench_bus import (
+    ACK_ACCOUNT,
+    PREFIX,
+    REPO,
+    SIM_ACCOUNTS,
+    WARM_S,
+    bus_pids,
+    core_pids,
+    cpu,
+    make_bus,
+    rss_mib,
+    sim_argv,
+    start_cores,
+)
+from tools.bench_ingest import quantile, sample_core
+
+KNEE_RATE = 0.95
+KNEE_STALE = 2.0
+FRESH_S = 2.5
+
+
+@dataclass
+class Point:
+    bus: str
+    nodes: int
+    rate: float = 0.0
+    p99_stale: float = float("nan")
+    bus_cpu_per_k: float = 0.0
+    core_cpu_per_k: float = 0.0
+    bus_mib_per_k: float = 0.0
+    core_mib_per_k: float = 0.0
+
+
+def point(kind: str, nodes: int, steady_s: float) -> Point:
+    p = Point(kind, nodes)
+    with tempfile.TemporaryDirectory(prefix=f"cfnet-sweep-{kind}-") as tmp:
+        work = Path(tmp)
+        b = make_bus(kind, work / "bus")
+        b.start()
+        sim: subprocess.Popen[str] | None = None
+        cores = []
+        try:
+            for a in (*SIM_ACCOUNTS, ACK_ACCOUNT):
+                b.add_account(a, "sim")
+            cores = start_cores(b, work)
+            time.sleep(2.0)  # shared subscriptions / consumers in place
+            bus_rss0, core_rss0 = rss_mib(bus_pids(b)), rss_mib(core_pids(cores))
+            sim = subprocess.Popen(sim_argv(b, kind, nodes, WARM_S + steady_s + 2),
+                                   cwd=str(REPO), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, text=True)
+            time.sleep(WARM_S)
+            acc0 = sum(c.ingest.counters().accepted for c in cores)
+            bus0, core0, w0 = cpu(bus_pids(b)), cpu(core_pids(cores)), time.time()
+            stale: list[float] = []
+            while time.time() - w0 < steady_s:
+                time.sleep(1.0)
+                stale.extend(sample_core(cores[0], PREFIX).stale)
+            dt, k = time.time() - w0, nodes / 1000
+            p.rate = (sum(c.ingest.counters().accepted for c in cores) - acc0) / dt
+            p.p99_stale = quantile(stale, 0.99) if stale else float("nan")
+            p.bus_cpu_per_k = (cpu(bus_pids(b)) - bus0) / dt / k
+            p.core_cpu_per_k = (cpu(core_pids(cores)) - core0) / dt / k
+            p.bus_mib_per_k = (rss_mib(bus_pids(b)) - bus_rss0) / k
+            p.core_mib_per_k = (rss_mib(core_pids(cores)) - core_rss0) / k
+        finally:
+            if sim is not None:
+                sim.kill()
+                sim.wait(10)
+            for c in cores:
+                c.stop()
+            b.stop()
+    return p
+
+
+def degraded(p: Point, first: Point) -> bool:
+    slow = p.p99_stale > max(FRESH_S, KNEE_STALE * first.p99_stale)
+    return p.rate < KNEE_RATE * p.nodes or slow or p.p99_stale != p.p99_stale
+
+
+def sweep(buses: Sequence[str], sizes: Sequence[int], steady_s: float,
+          log: Callable[[str], None]) -> dict[str, list[Point]]:
+    out: dict[str, list[Point]] = {}
+    for kind in buses:
+        pts = out[kind] = []
+        for n in sizes:
+            p = point(kind, n, steady_s)
+            pts.append(p)
+            log(f"{kind} {n:,} nodes: {p.rate:,.0f} reports/s, p99 staleness "
+                f"{p.p99_stale:.2f} s, bus {p.bus_cpu_per_k:.3f} / core "
+                f"{p.core_cpu_per_k:.3f} cores per 1,000")
+            if degraded(p, pts[0]):
+                log(f"{kind}: knee at {n:,} nodes")
+                break
+    return out
+
+
+def report(points: dict[str, list[Point]], steady_s: float) -> str:
+    lines = [f"Fleet sweep, 1 report/s per node, {steady_s:g} s measured per size after "
+             f"{WARM_S:g} s of warm-up; one run per size; the knee (*) is the first size "
+             "with ingest under 95 % of offered or p99 staleness over twice the first "
+             "size's (and over 2.5 s)", "",
+             "| bus | nodes | reports/s (offered) | p99 staleness, s | bus cores / 1,000 | "
+             "core cores / 1,000 (2 replicas) | bus MiB / 1,000 | core MiB / 1,000 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for kind, pts in points.items():
+        for i, p in enumerate(pts):
+            knee = " *" if i and degraded(p, pts[0]) else ""
+            lines.append(f"| {kind} | {p.nodes:,}{knee} | {p.rate:,.0f} ({p.nodes:,}) | "
+                         f"{p.p99_stale:.2f} | {p.bus_cpu_per_k:.3f} | {p.core_cpu_per_k:.3f} | "
+                         f"{p.bus_mib_per_k:.0f} | {p.core_mib_per_k:.0f} |")
+    lines += ["", "100,000 nodes at 1 report/s, from the largest size below each bus's knee "
+              "(measured: the per-1,000 costs at that size; assumed: linear in the fleet)",
+              "", "| bus | from | bus cores | bus GiB | core cores (replicas together) | "
+              "core GiB |", "|---|---:|---:|---:|---:|---:|"]
+    for kind, pts in points.items():
+        good = [p for p in pts if not degraded(p, pts[0])]
+        if not good:
+            lines.append(f"| {kind} | none below the knee | | | | |")
+            continue
+        p = good[-1]
+        lines.append(f"| {kind} | {p.nodes:,} | {100 * p.bus_cpu_per_k:,.0f} | "
+                     f"{100 * p.bus_mib_per_k / 1024:,.1f} | {100 * p.core_cpu_per_k:,.0f} | "
+                     f"{100 * p.core_mib_per_k / 1024:,.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bus_sweep",
+                                 description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--sizes", default="250,500,1000,2000", help="fleet sizes, nodes")
+    ap.add_argument("--steady", type=float, default=15.0, help="seconds measured per size")
+    ap.add_argument("--buses", default="mosquitto,nats")
+    a = ap.parse_args(argv)
+    sizes = sorted(int(x) for x in a.sizes.split(","))
+    if not 1 <= len(sizes) <= 8 or not all(1 <= n <= 20000 for n in sizes) \
+            or not 3 <= a.steady <= 40:
+        ap.error("bounds: 1-8 sizes of 1..20000 nodes, --steady 3..40")
+    t0 = time.time()
+
+    def log(msg: str) -> None:
+        print(f"[bus_sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    print(report(sweep(a.buses.split(","), sizes, a.steady, log), a.steady))
+    print(f"\n(python -m tools.bus_sweep {' '.join(sys.argv[1:] if argv is None else argv)}; "
+          f"{time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
