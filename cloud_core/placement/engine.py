@@ -66,15 +66,8 @@ class PreparedCluster(ClusterView):
 
     def place(self, workloads: Sequence[Workload]) -> PlacementResult:
         """Place a batch together; every workload gets a node or the reason it has none."""
-        seen: set[str] = set()
-        groups: dict[tuple[Hashable, ...], list[Workload]] = {}
-        for w in workloads:
-            if w.uid in seen:
-                raise PlacementError(f"duplicate workload uid {w.uid!r} in one batch")
-            seen.add(w.uid)
-            groups.setdefault(class_key(w), []).append(w)
-        reps = [g[0] for g in groups.values()]
-        members = list(groups.values())
+        members = _classes(workloads)
+        reps = [g[0] for g in members]
         nclass = len(reps)
         deps = _affinity_deps(reps)
         placed_nodes: list[list[int]] = [[] for _ in reps]
@@ -386,6 +379,18 @@ def set_conflicts(reps: list[Workload], specs: list[ClassSpec]) -> None:
                         lst = specs[x].conflicts.setdefault(t.topology_key, [])
                         if y not in lst:
                             lst.append(y)
+
+
+def _classes(workloads: Sequence[Workload]) -> list[list[Workload]]:
+    """The batch's classes of identical workloads, in order of first appearance."""
+    seen: set[str] = set()
+    groups: dict[tuple[Hashable, ...], list[Workload]] = {}
+    for w in workloads:
+        if w.uid in seen:
+            raise PlacementError(f"duplicate workload uid {w.uid!r} in one batch")
+        seen.add(w.uid)
+        groups.setdefault(class_key(w), []).append(w)
+    return list(groups.values())
 
 
 def _affinity_deps(reps: list[Workload]) -> dict[int, list[tuple[PodAffinityTerm, set[int]]]]:
