@@ -16,6 +16,7 @@ import numpy as np
 from cloud_core.errors import PlacementError
 
 from . import scores
+from .classes import has_room
 from .exact import fits_exact, key_of, running_after, solve_exact
 from .exact import inputs as exact_inputs
 from .explain import Explanation, first_failure_counts, first_failure_examples, summary
@@ -177,6 +178,9 @@ class PreparedCluster(ClusterView):
             ex = exact_inputs(self, reps, [len(m) for m in members], free0)
         finally:
             self.pods, self.ix.alloc, self.free = after
+        if not any(len(placed_nodes[ci]) < c.count and (c.mask & has_room(c.req, free0)).any()
+                   for ci, c in enumerate(ex.specs)):
+            return False  # what is left out fits no node on its own: nothing to gain
         set_conflicts(reps, ex.specs)
         domains = {k: self.ix.domain_ids(k)[0] for s in ex.specs for k in s.conflicts}
         now = key_of(ex, placed_nodes, self.cfg.cost_scale)
