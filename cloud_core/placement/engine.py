@@ -213,7 +213,7 @@ class PreparedCluster(ClusterView):
                 costs: dict[int, np.ndarray], free0: np.ndarray, deferred: dict[int, str],
                 workloads: Sequence[Workload]
                 ) -> tuple[tuple[Decision, ...], dict[str, str], float, float]:
-        names = [nd.name for nd in self.ix.nodes]
+        names = self.ix.names()
         total = self.ix.n
         usage: list[NodeUsage] = []  # the state after the batch, counted once if needed
 
