@@ -78,9 +78,9 @@ class Observation:
     # world the observation was taken at (events written for it say which one they saw).
     objects: Mapping[str, Any] = field(default_factory=dict)
     generation: int = 0
-    # A token for the nodes' facts and the links: two observations with the same token (not
-    # None) have the same nodes, in the same order, with the same facts and links, and differ
-    # at most in allocation and pods; the engine then keeps its indexes of the nodes from one
+    # A token for the nodes' facts: two observations with the same token (not None) have the
+    # same nodes, in the same order, with the same facts, and differ at most in allocation,
+    # pods and links; the engine then keeps its indexes of the nodes from one
     # step to the next (placement.carry). None: no such promise (prepared afresh each step).
     facts: Hashable | None = None
 

@@ -68,7 +68,6 @@ class _LastScan:
     health: dict[str, Health] = dataclasses.field(default_factory=dict)
     version: int = -1  # the registry's
     agents: dict[str, Health] = dataclasses.field(default_factory=dict)
-    links: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
     facts: int = 0  # bumped each time the nodes' facts are read afresh
 
 
@@ -112,8 +111,8 @@ class Source:
         return snap, view.own
 
     def _scan_changes(self) -> tuple[ClusterSnapshot, list[tuple[JSON, Workload, str]]]:
-        """``_scan()`` for the loop's thread, built on the last one: when no Node, agent
-        verdict or link changed since, only the nodes whose sums changed are read again
+        """``_scan()`` for the loop's thread, built on the last one: when no Node or agent
+        verdict changed since, only the nodes whose sums changed are read again
         (the cache says which), and the snapshot's facts token stays (``self.facts``): the
         engine then keeps its indexes of the nodes (placement.carry). The same snapshot as
         ``_scan()`` would give."""
@@ -124,7 +123,7 @@ class Source:
         agents = dict(self._in.agent_health()) if self._in.agent_health is not None else {}
         links = dict(self._in.links())
         same = (last.nodes is not None and view.changed is not None
-                and version == last.version and agents == last.agents and links == last.links)
+                and version == last.version and agents == last.agents)
         if not same or last.nodes is None:
             if view.changed is not None:  # the sums of the nodes not changed: the last ones
                 view = self._cache.view()
@@ -147,7 +146,7 @@ class Source:
                     continue  # a Node gone meanwhile: the registry's version says so next
                 changed[i] = _with_agent(info, agents.get(name)) if agents else info
             nodes = tuple(changed)
-        last.nodes, last.version, last.agents, last.links = nodes, version, agents, links
+        last.nodes, last.version, last.agents = nodes, version, agents
         snap = ClusterSnapshot(nodes=nodes, links=links, now=time.time(),
                                pods=tuple(view.running))
         return snap, view.own

@@ -10,7 +10,9 @@ whose ``NodeInfo`` changed (``index.ClusterIndex``, ``prepared.ClusterView(base=
 answer is the one a fresh preparation gives: what is taken reads no allocation and no pod.
 
 The token is the caller's word that the nodes (names, order, every field but ``allocated``)
-and the links are those of the step that gave it; ``None`` says nothing (prepared afresh).
+are those of the step that gave it; ``None`` says nothing (prepared afresh). The links may
+differ (their ages move with every report): what reads them (the latency arrays) is built
+from each step's own snapshot.
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ class ClusterIndex:
     def _carry(self, base: ClusterIndex) -> bool:
         """Take ``base``'s indexes of the node facts, for a snapshot whose nodes are
         ``base``'s, in the same order, with the same facts and links, and only their
-        ``allocated`` changed (the caller's word: ``carry.Carry``): the per-node Python
+        ``allocated`` changed (the caller's word: ``carry.Carry``; the links may differ: what
+        reads them is built afresh, lazily, from this snapshot): the per-node Python
         of ``__init__`` is then done only for the nodes whose ``NodeInfo`` is a new object.
         False (nothing taken): a changed node has another name."""
         changed = [i for i, (a, b) in enumerate(zip(self.nodes, base.nodes, strict=True))
@@ -123,8 +124,10 @@ class ClusterIndex:
         self._domain_ids, self._term_mask = base._domain_ids, base._term_mask
         self._soft_taints = base._soft_taints
         self._names, self._max_pods = base._names, base._max_pods
-        self._lat, self._peers = base._lat, base._peers
-        self._l_src, self._l_dst, self._l_val = base._l_src, base._l_dst, base._l_val
+        self._lat = {}
+        self._peers = None
+        self._l_src = self._l_dst = np.zeros(0, dtype=np.int64)
+        self._l_val = np.zeros(0, dtype=np.float64)
         return True
 
     def names(self) -> list[str]:

@@ -188,9 +188,10 @@ class ClusterView:
                  eager: bool = True, base: ClusterView | None = None) -> None:
         self.cfg = config or EngineConfig()
         self.snapshot = snapshot
-        # ``base``: a view of an earlier snapshot with the same nodes, facts and links (only
-        # the allocation and the pods differ: carry.Carry): its indexes of the node facts and
-        # its filter results are taken, not built again (they read no allocation, no pod)
+        # ``base``: a view of an earlier snapshot with the same nodes and facts (the
+        # allocation, the pods and the links may differ: carry.Carry): its indexes of the node
+        # facts and its filter results are taken, not built again (they read no allocation,
+        # no pod, no link)
         self.ix: ClusterIndex = ClusterIndex(snapshot, self.cfg,
                                              base.ix if base is not None else None)
         # an over-committed node has no room (0), not "less than none": a pod requesting

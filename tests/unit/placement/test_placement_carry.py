@@ -12,6 +12,7 @@ from cloud_core.placement import (
     ClusterSnapshot,
     EngineConfig,
     LabelSelector,
+    LinkInfo,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     PodAffinityTerm,
@@ -82,6 +83,28 @@ def test_steps_on_the_carried_indexes_decide_as_fresh_ones() -> None:
         assert [d.summary for d in kept.decisions] == [d.summary for d in fresh.decisions]
         s = _bound(s, ws, dict(fresh.assignments))
     assert carry.taken == 29  # every step after the first took the last one's indexes
+
+
+def test_links_that_move_between_steps_are_read_from_each_snapshot() -> None:
+    """The token is about the nodes: the links' ages move with every report, and a latency
+    bound is judged on each step's own links."""
+    cfg = EngineConfig()
+    carry = Carry()
+    s = _cluster()
+    names = [n.name for n in s.nodes]
+    for step in range(12):
+        # the link from every node to n00 slows by turns: the bound admits a different set
+        links = {(n, "n00"): LinkInfo(5.0, 5.0 + 10.0 * ((i + step) % 4), age_s=step)
+                 for i, n in enumerate(names[1:])}
+        s = dataclasses.replace(s, links=links)
+        ws = [Workload(f"l{step}-{k}", f"l{step}-{k}", requests=Resources(100, GIB // 8, 0),
+                       max_latency_ms=20.0, latency_to="n00") for k in range(2)]
+        fresh = place(s, ws, cfg)
+        kept = place(s, ws, cfg, carry=carry, facts="same nodes")
+        assert kept.assignments == fresh.assignments, step
+        assert [d.summary for d in kept.decisions] == [d.summary for d in fresh.decisions]
+        s = _bound(s, ws, dict(fresh.assignments))
+    assert carry.taken == 11
 
 
 def test_a_new_token_or_config_prepares_afresh() -> None:
