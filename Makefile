@@ -11,7 +11,7 @@ demo: setup
 	$(PY) -m tools.demo
 
 test: setup
-	$(PY) -m pytest -q -ra --durations=40
+	$(PY) -m pytest -q -ra --durations=40 -n 2 --dist loadgroup
 
 lint: setup
 	$(VENV)/bin/ruff check edge_agent cloud_core tools tests

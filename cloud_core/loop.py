@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cloud_core.events import EventLog
 from cloud_core.placement import (
+    Carry,
     ClusterSnapshot,
     EngineConfig,
     PlacementResult,
@@ -77,6 +78,11 @@ class Observation:
     # world the observation was taken at (events written for it say which one they saw).
     objects: Mapping[str, Any] = field(default_factory=dict)
     generation: int = 0
+    # A token for the nodes' facts: two observations with the same token (not None) have the
+    # same nodes, in the same order, with the same facts, and differ at most in allocation,
+    # pods and links; the engine then keeps its indexes of the nodes from one
+    # step to the next (placement.carry). None: no such promise (prepared afresh each step).
+    facts: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +209,7 @@ class DecisionLoop:
         # until none there is left that no longer fits (a move a budget refused is retried)
         self._revalidate: dict[str, str] = {}
         self._misfits_said: set[str] = set()
+        self._carry = Carry()  # the last step's prepared cluster (Observation.facts)
 
     @staticmethod
     def what_if(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
@@ -296,7 +303,7 @@ class DecisionLoop:
             return PlaceOutcome(assignments, {}, summaries, [])
         t0 = time.perf_counter()
         try:
-            result = place(snap, rest, self.engine_config)
+            result = place(snap, rest, self.engine_config, carry=self._carry, facts=obs.facts)
         except Exception:
             # One bad workload must not block the whole batch: place them one by one and
             # report the ones the engine chokes on.

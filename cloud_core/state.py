@@ -130,6 +130,9 @@ class _Node:
     local_at: float = 0.0
     # (boot, seq) folded here since the last digest (only while digests are exchanged).
     unsent: list[tuple[str, int]] = field(default_factory=list)
+    # What the last digest named: named once more in the next one, so that one digest lost
+    # with its connection (QoS 0, a bus node killed under it) loses no seq.
+    named: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -265,7 +268,7 @@ class ClusterState:
         out: list[dict[str, Any]] = []
         with self._lock:
             for name, n in self._nodes.items():
-                if n.local_at <= since and not n.unsent:
+                if n.local_at <= since and not n.unsent and not n.named:
                     continue
                 links = [
                     {"peer": lk.peer_addr, "rtt": lk.rtt,
@@ -286,17 +289,18 @@ class ClusterState:
                     "addresses": n.addresses, "labels": n.agent_labels,
                     "links": links,
                 })
-                if n.unsent:
+                if n.unsent or n.named:
                     out[-1]["seqs"] = self._take_unsent(n)
         return out
 
     @staticmethod
     def _take_unsent(n: _Node) -> list[list[Any]]:
-        """The seqs folded here since the last digest, as ``[[boot, [[lo, hi], ...]], ...]``."""
+        """The seqs folded here since the last two digests, as ``[[boot, [[lo, hi], ...]],
+        ...]``."""
         per_boot: dict[str, list[int]] = {}
-        for boot, seq in n.unsent:
+        for boot, seq in (*n.named, *n.unsent):
             per_boot.setdefault(boot, []).append(seq)
-        n.unsent = []
+        n.named, n.unsent = n.unsent, []
         return [[b, [list(r) for r in seq_ranges(q)[-MAX_DIGEST_RANGES:]]]
                 for b, q in list(per_boot.items())[-MAX_DIGEST_BOOTS:]]
 

@@ -258,6 +258,14 @@ sizes() {
   done
 }
 
+# One build of each kind at a time across processes (the test workers, the suite's own
+# build): a second waits, then finds the first's images built.
+if [[ "${1:-build}" == build || "${1:-build}" == build-arm64 ]]; then
+  mkdir -p "$CACHE"
+  exec 7>"$CACHE/.${1:-build}.lock"
+  flock 7
+fi
+
 case "${1:-build}" in
   base) ensure_base ;;
   build)

@@ -51,6 +51,9 @@ class CacheView:
     usage: dict[str, list[int]]  # node -> [cpu milli, memory bytes, GPUs] of its live pods
     running: list[RunningPod]  # live bound pods, then the assumed ones
     own: list[tuple[JSON, Workload, str]]  # cfnet's own live pods: (pod, workload, node)
+    # view(changes=True): the nodes whose sums changed since the last such view, and
+    # ``usage`` holds only those (a node of them missing from it has none); None: every node
+    changed: frozenset[str] | None = None
 
 
 def accumulate(a: list[int], r: Resources, sign: int) -> None:
@@ -80,18 +83,32 @@ class SchedulerCache:
         self._live: dict[str, RunningPod] = {}  # uid -> live bound pod
         self._own: dict[str, tuple[JSON, Workload, str]] = {}  # uid -> cfnet's own live pod
         self._usage: dict[str, list[int]] = {}  # node -> [cpu, memory, GPUs, pods]
+        # nodes whose sums (bound or assumed) changed since the last view(changes=True); None:
+        # no such view yet (the next one is whole)
+        self._dirty: set[str] | None = None
+
+    def _touch(self, node: str) -> None:
+        if self._dirty is not None:
+            self._dirty.add(node)
 
     # -- assumed pods ------------------------------------------------------------------------
     def assume(self, key: str, node: str, w: Workload | None) -> None:
         """Pod ``key`` is being bound to ``node``: count it there from now on."""
         entry = _Assumed(node, assumed_pod(key, node, w))
         with self._lock:
+            old = self._assumed.get(key)
+            if old is not None:
+                self._touch(old.node)
             self._assumed[key] = entry
+            self._touch(node)
 
     def forget(self, key: str) -> bool:
         """The binding of ``key`` failed: stop counting it (False: it was not assumed)."""
         with self._lock:
-            return self._assumed.pop(key, None) is not None
+            a = self._assumed.pop(key, None)
+            if a is not None:
+                self._touch(a.node)
+            return a is not None
 
     def finish_binding(self, key: str, now: float) -> None:
         """The API server accepted the binding of ``key``: its TTL starts (if any)."""
@@ -110,7 +127,7 @@ class SchedulerCache:
             gone = [k for k, a in self._assumed.items()
                     if a.deadline is not None and a.deadline <= now]
             for k in gone:
-                del self._assumed[k]
+                self._touch(self._assumed.pop(k).node)
         return gone
 
     def is_assumed(self, key: str) -> bool:
@@ -143,13 +160,16 @@ class SchedulerCache:
             if prev is not entry:
                 self._count(uid, prev, entry, pod)
             if deleted or entry is not None:
-                self._assumed.pop(key, None)  # the informer caught up with our binding
+                a = self._assumed.pop(key, None)  # the informer caught up with our binding
+                if a is not None:
+                    self._touch(a.node)
             return prev
 
     def _count(self, uid: str, prev: Bound | None, entry: Bound | None, pod: JSON) -> None:
         if prev is not None:
             del self._entries[uid]
             self._bound_keys.discard(prev.key)
+            self._touch_assumed(prev.key)
             if prev.live:
                 del self._live[uid]
                 self._add_usage(prev.node, prev.pod.requests, -1)
@@ -157,13 +177,21 @@ class SchedulerCache:
         if entry is not None:
             self._entries[uid] = entry
             self._bound_keys.add(entry.key)
+            self._touch_assumed(entry.key)
             if entry.live:
                 self._live[uid] = entry.pod
                 self._add_usage(entry.node, entry.pod.requests, 1)
                 if entry.own is not None:
                     self._own[uid] = (pod, entry.own, entry.node)
 
+    def _touch_assumed(self, key: str) -> None:
+        """A bound pod's key came or went: an assumed pod of that key counts or not."""
+        a = self._assumed.get(key)
+        if a is not None:
+            self._touch(a.node)
+
     def _add_usage(self, node: str, r: Resources, sign: int) -> None:
+        self._touch(node)
         a = self._usage.get(node)
         if a is None:
             a = self._usage[node] = [0, 0, 0, 0]
@@ -178,11 +206,21 @@ class SchedulerCache:
             a = self._usage.get(node)
             return (a[0], a[1], a[2]) if a is not None else (0, 0, 0)
 
-    def view(self, exclude: frozenset[str] = frozenset()) -> CacheView:
+    def view(self, exclude: frozenset[str] = frozenset(), changes: bool = False) -> CacheView:
         """The sums per node and the running pods, the assumed pods the watch has not shown
-        yet counted in; pods whose uid is in ``exclude`` are left out (to re-validate them)."""
+        yet counted in; pods whose uid is in ``exclude`` are left out (to re-validate them).
+
+        ``changes`` (one reader only: the loop's source; no ``exclude``): the sums of only the
+        nodes changed since its last such view (``CacheView.changed``), every node's the
+        first time."""
         with self._lock:
-            usage = {n: a[:3] for n, a in self._usage.items()}
+            dirty: set[str] | None = None
+            if changes and not exclude:
+                dirty, self._dirty = self._dirty, set()
+            if dirty is None:
+                usage = {n: a[:3] for n, a in self._usage.items()}
+            else:
+                usage = {n: self._usage[n][:3] for n in dirty if n in self._usage}
             running = list(self._live.values())
             own = list(self._own.values())
             assumed = [a for k, a in self._assumed.items() if k not in self._bound_keys]
@@ -195,5 +233,6 @@ class SchedulerCache:
         for a in assumed:
             if a.pod is not None:
                 running.append(a.pod)
-                accumulate(usage.setdefault(a.node, [0, 0, 0]), a.pod.requests, 1)
-        return CacheView(usage, running, own)
+                if dirty is None or a.node in dirty:
+                    accumulate(usage.setdefault(a.node, [0, 0, 0]), a.pod.requests, 1)
+        return CacheView(usage, running, own, None if dirty is None else frozenset(dirty))

@@ -285,6 +285,10 @@ class NodeRegistry:
         # problem -> (how many nodes, the first few names): not logged yet (say_problems)
         self._unsaid: dict[str, tuple[int, list[str]]] = {}
         self._order: list[str] | None = None  # node names, sorted; None: rebuild
+        # bumped when a Node is added, removed or changes what the registry reads of it (a
+        # status update that changes nothing of it does not): the loop's source prepares the
+        # cluster afresh only then (placement.carry)
+        self.version = 0
         # called (outside the lock) with the Node and its problems when they change and are
         # not empty: the core writes them as a Warning event on the Node (wiring)
         self.on_problems: Callable[[Mapping[str, Any], tuple[str, ...]], None] | None = None
@@ -326,7 +330,11 @@ class NodeRegistry:
         problems = tuple(label_problems(rec.labels, self.config)) if rec.labels else ()
         with self._lock:
             old = self._nodes.get(rec.name)
-            self._nodes[rec.name] = rec
+            if old is not None and old == rec:
+                rec = old  # the same facts: its NodeInfo is kept (node_infos)
+            else:
+                self._nodes[rec.name] = rec
+                self.version += 1
             if old is None:
                 self._order = None
             seen = self.label_problems.get(rec.name, ())
@@ -367,6 +375,7 @@ class NodeRegistry:
             self.label_problems.pop(name, None)
             self._infos.pop(name, None)
             self._order = None
+            self.version += 1
 
     def get(self, name: str) -> NodeRecord | None:
         with self._lock:
@@ -411,17 +420,22 @@ class NodeRegistry:
                 self._order = sorted(self._nodes)
             recs = [self._nodes[n] for n in self._order]
         zero = Resources()
-        out = []
-        for r in recs:
-            a = allocated.get(r.name, zero)
-            cached = self._infos.get(r.name)
-            if cached is not None and cached[0] is r and cached[1] == a:
-                out.append(cached[2])
-                continue
-            info = NodeInfo(name=r.name, region=r.region, zone=r.zone,
-                            security_level=r.security_level, labels=frozen_map(r.labels),
-                            taints=r.taints, capacity=r.capacity, allocated=a, health=r.health,
-                            max_pods=r.max_pods, extended=frozen_counts(r.extended))
-            self._infos[r.name] = (r, a, info)
-            out.append(info)
-        return tuple(out)
+        return tuple(self._info(r, allocated.get(r.name, zero)) for r in recs)
+
+    def node_info(self, name: str, allocated: Resources) -> NodeInfo | None:
+        """Node ``name`` as :meth:`node_infos` gives it with ``allocated`` (None: no such
+        Node)."""
+        with self._lock:
+            r = self._nodes.get(name)
+        return self._info(r, allocated) if r is not None else None
+
+    def _info(self, r: NodeRecord, a: Resources) -> NodeInfo:
+        cached = self._infos.get(r.name)
+        if cached is not None and cached[0] is r and cached[1] == a:
+            return cached[2]
+        info = NodeInfo(name=r.name, region=r.region, zone=r.zone,
+                        security_level=r.security_level, labels=frozen_map(r.labels),
+                        taints=r.taints, capacity=r.capacity, allocated=a, health=r.health,
+                        max_pods=r.max_pods, extended=frozen_counts(r.extended))
+        self._infos[r.name] = (r, a, info)
+        return info

@@ -59,6 +59,18 @@ class SourceInputs:
     agent_health: Callable[[], Mapping[str, Health]] | None = None
 
 
+@dataclasses.dataclass
+class _LastScan:
+    """What ``Source._scan_changes`` built its last snapshot from."""
+
+    nodes: tuple[NodeInfo, ...] | None = None
+    pos: dict[str, int] = dataclasses.field(default_factory=dict)  # node -> index in nodes
+    health: dict[str, Health] = dataclasses.field(default_factory=dict)
+    version: int = -1  # the registry's
+    agents: dict[str, Health] = dataclasses.field(default_factory=dict)
+    facts: int = 0  # bumped each time the nodes' facts are read afresh
+
+
 class Source:
     """The loop's source of truth (see the module docstring). ``observe`` runs on the loop's
     thread only; ``snapshot`` on any."""
@@ -73,6 +85,8 @@ class Source:
         self.batches = 0  # steps that had pending pods to place
         self.more = False  # the last batch was full: more wait
         self._obs_gen = 0  # the cluster generation the last step saw
+        self._last = _LastScan()  # what observe's last snapshot was built from
+
 
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> ClusterSnapshot:
         """Registry nodes + running pods (+ assumed bindings) as the engine's snapshot.
@@ -93,6 +107,47 @@ class Source:
         if agents:
             nodes = tuple(_with_agent(n, agents.get(n.name)) for n in nodes)
         snap = ClusterSnapshot(nodes=nodes, links=dict(self._in.links()), now=time.time(),
+                               pods=tuple(view.running))
+        return snap, view.own
+
+    def _scan_changes(self) -> tuple[ClusterSnapshot, list[tuple[JSON, Workload, str]]]:
+        """``_scan()`` for the loop's thread, built on the last one: when no Node or agent
+        verdict changed since, only the nodes whose sums changed are read again
+        (the cache says which), and the snapshot's facts token stays (``self.facts``): the
+        engine then keeps its indexes of the nodes (placement.carry). The same snapshot as
+        ``_scan()`` would give."""
+        last = self._last
+        view = self._cache.view(changes=True)
+        reg = self._in.registry
+        version = reg.version
+        agents = dict(self._in.agent_health()) if self._in.agent_health is not None else {}
+        links = dict(self._in.links())
+        same = (last.nodes is not None and view.changed is not None
+                and version == last.version and agents == last.agents)
+        if not same or last.nodes is None:
+            if view.changed is not None:  # the sums of the nodes not changed: the last ones
+                view = self._cache.view()
+            allocated = {n: bounded_resources(Resources(*a)) for n, a in view.usage.items()}
+            nodes = reg.node_infos(allocated)
+            if agents:
+                nodes = tuple(_with_agent(n, agents.get(n.name)) for n in nodes)
+            last.facts += 1
+            last.pos = {n.name: i for i, n in enumerate(nodes)}
+            last.health = {n.name: Health.ONLINE if n.health is Health.CORDONED else n.health
+                           for n in nodes}
+        else:
+            changed = list(last.nodes)
+            zero = [0, 0, 0]
+            for name in view.changed or ():
+                i = last.pos.get(name)
+                info = reg.node_info(name, bounded_resources(Resources(
+                    *view.usage.get(name, zero))))
+                if i is None or info is None:
+                    continue  # a Node gone meanwhile: the registry's version says so next
+                changed[i] = _with_agent(info, agents.get(name)) if agents else info
+            nodes = tuple(changed)
+        last.nodes, last.version, last.agents = nodes, version, agents
+        snap = ClusterSnapshot(nodes=nodes, links=links, now=time.time(),
                                pods=tuple(view.running))
         return snap, view.own
 
@@ -138,15 +193,15 @@ class Source:
                 continue
             pending.append(w)
             self._in.workloads.put(uid, w)
-        snap, own = self._scan()
+        snap, own = self._scan_changes()
         running = []
         for pod, w, node in own:
             obs_pods[w.uid] = pod
             running.append((w, node))
         pinned = self._in.pinned(pending, obs_pods)
-        # the loop's health map: a cordoned node is alive (its pods stay)
-        health = {n.name: Health.ONLINE if n.health is Health.CORDONED else n.health
-                  for n in snap.nodes}
+        # the loop's health map (a cordoned node is alive: its pods stay), built with the
+        # facts: allocation changes no node's health
+        health = self._last.health
         revalidate: dict[str, str] = {}
         for c in self._in.label_changes():
             what = f"{c.key}: {c.old} -> {c.new}"
@@ -156,4 +211,5 @@ class Source:
         return Observation(health=health, snapshot=snap, pending=pending, running=running,
                            invalid=invalid, pinned=pinned,
                            backlog=self.backlog(),
-                           revalidate=revalidate, objects=obs_pods, generation=gen)
+                           revalidate=revalidate, objects=obs_pods, generation=gen,
+                           facts=(id(self), self._last.facts))

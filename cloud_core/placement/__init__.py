@@ -7,10 +7,11 @@ See ``docs/placement.md`` for the contract.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from cloud_core.errors import PlacementError, SpecError
 
+from .carry import Carry
 from .config import EngineConfig, ScoreWeights
 from .engine import Decision, PlacementResult, PreparedCluster
 from .explain import Explanation
@@ -40,10 +41,14 @@ def prepare(snapshot: ClusterSnapshot, config: EngineConfig | None = None) -> Pr
 
 
 def place(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
-          config: EngineConfig | None = None) -> PlacementResult:
+          config: EngineConfig | None = None, *, carry: Carry | None = None,
+          facts: Hashable | None = None) -> PlacementResult:
     """Place a batch of workloads together on ``snapshot`` (indexes built as the batch
-    needs them: the prepared cluster is not kept)."""
-    return PreparedCluster(snapshot, config, eager=False).place(workloads)
+    needs them). With ``carry``, the prepared cluster is kept for the next call, whose
+    snapshot reuses its indexes when ``facts`` is the same token (``carry.py``)."""
+    if carry is None:
+        return PreparedCluster(snapshot, config, eager=False).place(workloads)
+    return carry.prepare(snapshot, config or EngineConfig(), facts).place(workloads)
 
 
 def explain(snapshot: ClusterSnapshot, workload: Workload, config: EngineConfig | None = None,
@@ -69,8 +74,8 @@ def without_pod(snapshot: ClusterSnapshot, uid: str) -> ClusterSnapshot:
 
 
 __all__ = [
-    "ClusterSnapshot", "Decision", "EngineConfig", "Explanation", "Health", "LabelSelector",
-    "LinkInfo", "Move", "NodeInfo", "NodeSelectorRequirement", "NodeSelectorTerm",
+    "Carry", "ClusterSnapshot", "Decision", "EngineConfig", "Explanation", "Health",
+    "LabelSelector", "LinkInfo", "Move", "NodeInfo", "NodeSelectorRequirement", "NodeSelectorTerm",
     "PlacementError", "PlacementResult", "PodAffinityTerm", "PreparedCluster",
     "ReplanConfig", "ReplanState", "Resources", "RunningPod", "ScoreWeights", "SpecError",
     "Taint", "Toleration", "Violation", "Workload", "explain", "nodes_that_fit", "parse_pod",

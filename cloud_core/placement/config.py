@@ -70,6 +70,13 @@ class EngineConfig:
     # benchmark's gpu 40 x 10 seed 2, 36 -> 38 pods, 0.2 s CPU).
     small_polish_max_pods: int = 100
     small_polish_deterministic_time: float = 0.3
+    # Batches of at most this many pods x nodes that left pods out get the exact step
+    # (exact.py): the whole batch as one CP-SAT model, pod affinity, spread, host ports,
+    # extended resources and pods per node included, from the engine's answer, with this
+    # much work; kept only when it places more pods (or as many for less) and validates.
+    exact_max_pairs: int = 24_000
+    exact_deterministic_time: float = 0.5  # the count
+    exact_cost_deterministic_time: float = 0.5  # the cost at that count
     # CP-SAT is bounded by work (its deterministic time, one worker, a fixed seed), never by
     # the clock: the same snapshot and config give the same placement on any machine load.
     # The wall-clock cap is a safety net far above what the work limit takes; when it is hit

@@ -16,12 +16,16 @@ import numpy as np
 from cloud_core.errors import PlacementError
 
 from . import scores
+from .classes import has_room
+from .exact import fits_exact, key_of, running_after, solve_exact
+from .exact import inputs as exact_inputs
 from .explain import Explanation, first_failure_counts, first_failure_examples, summary
 from .filters import term_matches_pod
-from .model import PodAffinityTerm, Workload
+from .model import PodAffinityTerm, Resources, RunningPod, Workload
 from .prepared import ClusterView, PodIndex, all_ok, as_running, class_key, request_vector
 from .sequential import NodeUsage, needs_sequential, place_classes, pod_by_pod_results
 from .solver import ClassSpec, solve
+from .validate import validate
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +67,8 @@ class PreparedCluster(ClusterView):
 
     def place(self, workloads: Sequence[Workload]) -> PlacementResult:
         """Place a batch together; every workload gets a node or the reason it has none."""
-        seen: set[str] = set()
-        groups: dict[tuple[Hashable, ...], list[Workload]] = {}
-        for w in workloads:
-            if w.uid in seen:
-                raise PlacementError(f"duplicate workload uid {w.uid!r} in one batch")
-            seen.add(w.uid)
-            groups.setdefault(class_key(w), []).append(w)
-        reps = [g[0] for g in groups.values()]
-        members = list(groups.values())
+        members = _classes(workloads)
+        reps = [g[0] for g in members]
         nclass = len(reps)
         deps = _affinity_deps(reps)
         placed_nodes: list[list[int]] = [[] for _ in reps]
@@ -85,6 +82,9 @@ class PreparedCluster(ClusterView):
         base_mask: dict[int, np.ndarray] = {}
         batch_cost: dict[int, np.ndarray] = {}
         free0 = self.free.copy()
+        # the state before the batch, for the exact step on small batches
+        start = (self.pods.all(), self.ix.alloc.copy()) if self.cfg.use_cpsat and fits_exact(
+            len(workloads), self.ix.n, self.cfg.exact_max_pairs) else None
         def run_round(order: list[int], first_only: set[int]) -> int:
             specs: list[ClassSpec] = []
             masks = [all_ok(self.filter_results(reps[ci], resources=False)) for ci in order]
@@ -147,6 +147,11 @@ class PreparedCluster(ClusterView):
         place_classes(self, reps, members, seq, placed_nodes, base_mask, batch_cost,
                       deferred_reason)
         drop_partial_gangs(self, reps, members, placed_nodes, deferred_reason)
+        if start is not None and any(
+                len(p) < len(m) for p, m in zip(placed_nodes, members, strict=True)
+        ) and self._exact(reps, members, placed_nodes, base_mask, batch_cost, deferred_reason,
+                          free0, *start):
+            method.append("exact")
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
@@ -161,12 +166,54 @@ class PreparedCluster(ClusterView):
         return PlacementResult(result[0], result[1], result[2],
                                "+".join(dict.fromkeys(method)) or "none", stats)
 
+    def _exact(self, reps: list[Workload], members: list[list[Workload]],
+               placed_nodes: list[list[int]], base: dict[int, np.ndarray],
+               costs: dict[int, np.ndarray], deferred: dict[int, str], free0: np.ndarray,
+               pods0: list[RunningPod], alloc0: np.ndarray) -> bool:
+        """The exact step (``exact.py``) from the batch's answer; its answer replaces the
+        batch's when it places more pods, or as many for less, and validates."""
+        after = self.pods, self.ix.alloc, self.free
+        self.pods, self.ix.alloc, self.free = PodIndex(pods0), alloc0, free0.copy()
+        try:  # the filters and costs as they were before the batch
+            ex = exact_inputs(self, reps, [len(m) for m in members], free0)
+        finally:
+            self.pods, self.ix.alloc, self.free = after
+        if not any(len(placed_nodes[ci]) < c.count and (c.mask & has_room(c.req, free0)).any()
+                   for ci, c in enumerate(ex.specs)):
+            return False  # what is left out fits no node on its own: nothing to gain
+        set_conflicts(reps, ex.specs)
+        domains = {k: self.ix.domain_ids(k)[0] for s in ex.specs for k in s.conflicts}
+        now = key_of(ex, placed_nodes, self.cfg.cost_scale)
+        res = solve_exact(ex, reps, domains, placed_nodes, self.cfg)
+        if res is None or (res[1][0], -res[1][1]) <= (now[0], -now[1]):
+            return False
+        got = res[0]
+        names = [nd.name for nd in self.ix.nodes]
+        assign = {members[ci][j].uid: names[n] for ci, ns in enumerate(got)
+                  for j, n in enumerate(ns)}
+        nodes = tuple(dataclasses.replace(nd, allocated=Resources(*map(int, a)))
+                      for nd, a in zip(self.ix.nodes, alloc0.tolist(), strict=True))
+        snap = dataclasses.replace(self.snapshot, nodes=nodes, pods=tuple(pods0))
+        if validate(snap, [w for m in members for w in m], assign, self.cfg):
+            return False  # a rule the model states differently: the batch's answer stands
+        free = free0.copy()
+        for ci, ns in enumerate(got):
+            if len(ns) != len(placed_nodes[ci]):
+                deferred.pop(ci, None)
+            placed_nodes[ci][:] = ns
+            base[ci], costs[ci] = ex.specs[ci].mask, ex.specs[ci].cost
+            for n in ns:
+                free[n] -= ex.specs[ci].req
+        self.free = free
+        self.pods = running_after(members, got, names, pods0)
+        return True
+
     def _decide(self, reps: list[Workload], members: list[list[Workload]],
                 placed_nodes: list[list[int]], base: dict[int, np.ndarray],
                 costs: dict[int, np.ndarray], free0: np.ndarray, deferred: dict[int, str],
                 workloads: Sequence[Workload]
                 ) -> tuple[tuple[Decision, ...], dict[str, str], float, float]:
-        names = [nd.name for nd in self.ix.nodes]
+        names = self.ix.names()
         total = self.ix.n
         usage: list[NodeUsage] = []  # the state after the batch, counted once if needed
 
@@ -336,6 +383,18 @@ def set_conflicts(reps: list[Workload], specs: list[ClassSpec]) -> None:
                         lst = specs[x].conflicts.setdefault(t.topology_key, [])
                         if y not in lst:
                             lst.append(y)
+
+
+def _classes(workloads: Sequence[Workload]) -> list[list[Workload]]:
+    """The batch's classes of identical workloads, in order of first appearance."""
+    seen: set[str] = set()
+    groups: dict[tuple[Hashable, ...], list[Workload]] = {}
+    for w in workloads:
+        if w.uid in seen:
+            raise PlacementError(f"duplicate workload uid {w.uid!r} in one batch")
+        seen.add(w.uid)
+        groups.setdefault(class_key(w), []).append(w)
+    return list(groups.values())
 
 
 def _affinity_deps(reps: list[Workload]) -> dict[int, list[tuple[PodAffinityTerm, set[int]]]]:

@@ -56,12 +56,15 @@ def _resource_array(rs: list[Resources]) -> np.ndarray:
 class ClusterIndex:
     """Numpy views of a snapshot plus lazily built latency-to-target arrays."""
 
-    def __init__(self, snap: ClusterSnapshot, cfg: EngineConfig) -> None:
+    def __init__(self, snap: ClusterSnapshot, cfg: EngineConfig,
+                 base: ClusterIndex | None = None) -> None:
         self.snap = snap
         self.cfg = cfg
         nodes = snap.nodes
         self.nodes: tuple[NodeInfo, ...] = nodes
         self.n = len(nodes)
+        if base is not None and base.n == self.n and self._carry(base):
+            return
         self.pos: dict[str, int] = {nd.name: i for i, nd in enumerate(nodes)}
         if len(self.pos) != self.n:
             names = [nd.name for nd in nodes]
@@ -92,6 +95,55 @@ class ClusterIndex:
         self._peers: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
         self._l_src = self._l_dst = np.zeros(0, dtype=np.int64)
         self._l_val = np.zeros(0, dtype=np.float64)
+        self._names: list[str] | None = None
+        self._max_pods: tuple[int, np.ndarray] | None = None
+        self._alloc0 = self.alloc.copy()  # as the snapshot says (``alloc`` follows a batch)
+
+    def _carry(self, base: ClusterIndex) -> bool:
+        """Take ``base``'s indexes of the node facts, for a snapshot whose nodes are
+        ``base``'s, in the same order, with the same facts and links, and only their
+        ``allocated`` changed (the caller's word: ``carry.Carry``; the links may differ: what
+        reads them is built afresh, lazily, from this snapshot): the per-node Python
+        of ``__init__`` is then done only for the nodes whose ``NodeInfo`` is a new object.
+        False (nothing taken): a changed node has another name."""
+        changed = [i for i, (a, b) in enumerate(zip(self.nodes, base.nodes, strict=True))
+                   if a is not b]
+        if any(self.nodes[i].name != base.nodes[i].name for i in changed):
+            return False
+        alloc = base._alloc0.copy()
+        if changed:
+            alloc[changed] = _resource_array([self.nodes[i].allocated for i in changed])
+        self.alloc = alloc
+        self._alloc0 = alloc.copy()
+        self.pos, self.cap, self.inv_cap = base.pos, base.cap, base.inv_cap
+        self.price, self.energy_price, self.carbon = base.price, base.energy_price, base.carbon
+        self.idle_w, self.max_w = base.idle_w, base.max_w
+        self.regions, self.zones, self.zone_region = base.regions, base.zones, base.zone_region
+        self.region_id, self.zone_id = base.region_id, base.zone_id
+        # the lazily built ones are shared: what either view adds holds for both
+        self._domain_ids, self._term_mask = base._domain_ids, base._term_mask
+        self._soft_taints = base._soft_taints
+        self._names, self._max_pods = base._names, base._max_pods
+        self._lat = {}
+        self._peers = None
+        self._l_src = self._l_dst = np.zeros(0, dtype=np.int64)
+        self._l_val = np.zeros(0, dtype=np.float64)
+        return True
+
+    def names(self) -> list[str]:
+        """The nodes' names, in order (built once; read-only)."""
+        if self._names is None:
+            self._names = [nd.name for nd in self.nodes]
+        return self._names
+
+    def max_pods(self, unbounded: int) -> np.ndarray:
+        """Per node, how many pods it takes (``unbounded`` where it says nothing); read-only."""
+        if self._max_pods is None or self._max_pods[0] != unbounded:
+            got = np.array([unbounded if nd.max_pods is None else nd.max_pods
+                            for nd in self.nodes], dtype=np.int64)
+            got.flags.writeable = False
+            self._max_pods = (unbounded, got)
+        return self._max_pods[1]
 
     # -- topology ------------------------------------------------------------------------
     def domain_ids(self, key: str) -> tuple[np.ndarray, dict[str, int]]:

@@ -38,6 +38,9 @@ _KEY_FIELDS = tuple(f.name for f in fields(Workload)
 RESOURCE_NAMES = ("insufficient cpu", "insufficient memory", "insufficient GPU")
 _KEY_GETTER = operator.attrgetter(*_KEY_FIELDS)
 COST_RUN_CELLS = 1 << 20  # ClusterView.costs: ~100 MB of temporaries at the peak
+# filter results a view takes from its base (ClusterView(base=)), at most: each is two arrays
+# over the nodes (5,000 nodes: 45 kB), one per distinct workload spec and filter (23 MB)
+STATIC_CARRIED = 512
 
 def class_key(w: Workload) -> tuple[Hashable, ...]:
     """Workloads with equal keys are interchangeable for placement.
@@ -81,12 +84,17 @@ class PodIndex:
         # how many pods carry terms that score newcomers: while none does, symmetric() answers
         # without indexing anything (every cost asks it)
         self.n_sym = sum(1 for p in self._todo if _scores_others(p))
+        # ... and how many carry anti-affinity: while none does, repelling() answers without
+        # indexing anything (every workload's filters ask it)
+        self.n_anti = sum(1 for p in self._todo if p.anti_affinity)
 
     def add(self, p: RunningPod) -> None:
         # indexed on first use: a batch adds thousands, most calls never look
         self._todo.append(p)
         if _scores_others(p):
             self.n_sym += 1
+        if p.anti_affinity:
+            self.n_anti += 1
 
     def _flush(self) -> None:
         todo, self._todo = self._todo, []
@@ -156,6 +164,8 @@ class PodIndex:
 
     def repelling(self, w: Workload) -> list[tuple[RunningPod, PodAffinityTerm]]:
         """Running pods whose anti-affinity terms select ``w``."""
+        if not self.n_anti:
+            return []
         if self._todo:
             self._flush()
         cands = list(self.anti_other)
@@ -175,10 +185,15 @@ class ClusterView:
     """
 
     def __init__(self, snapshot: ClusterSnapshot, config: EngineConfig | None = None, *,
-                 eager: bool = True) -> None:
+                 eager: bool = True, base: ClusterView | None = None) -> None:
         self.cfg = config or EngineConfig()
         self.snapshot = snapshot
-        self.ix = ClusterIndex(snapshot, self.cfg)
+        # ``base``: a view of an earlier snapshot with the same nodes and facts (the
+        # allocation, the pods and the links may differ: carry.Carry): its indexes of the node
+        # facts and its filter results are taken, not built again (they read no allocation,
+        # no pod, no link)
+        self.ix: ClusterIndex = ClusterIndex(snapshot, self.cfg,
+                                             base.ix if base is not None else None)
         # an over-committed node has no room (0), not "less than none": a pod requesting
         # none of a resource still fits there (NodeResourcesFit checks only requests > 0)
         self.free = np.maximum(self.ix.cap - self.ix.alloc, 0)
@@ -187,6 +202,11 @@ class ClusterView:
         self._static: dict[tuple[str, Hashable, Hashable], FilterResult] = {}
         self._cost: dict[tuple[Hashable, ...], np.ndarray] = {}
         self._labels: dict[str, tuple[np.ndarray, list[str | None]]] = {}
+        if base is not None and base.ix.pos is self.ix.pos:  # taken: the facts are base's
+            self._node_keys, self._labels = base._node_keys, base._labels
+            if len(base._static) < STATIC_CARRIED:
+                self._static = base._static
+            return
         # Indexes that don't depend on the workload are built here, once, so that a
         # one-pod-at-a-time caller doesn't pay for them on its first decisions. A caller
         # that places one batch and drops the object (``place``) builds only what the batch

@@ -136,7 +136,8 @@ def plan_moves(snapshot: ClusterSnapshot, running: Sequence[tuple[Workload, str]
     included."""
     misfits = misfits or {}
     cfg = config or ReplanConfig()
-    pc = PreparedCluster(snapshot, cfg.engine)
+    # only the index is read here (allocation, positions, links): nothing built ahead
+    pc = PreparedCluster(snapshot, cfg.engine, eager=False)
     ix = pc.ix
     now = snapshot.now
     lat = dict(state.latency)

@@ -53,8 +53,7 @@ class NodeUsage:
     def __init__(self, pc: ClusterView, pods: Sequence[RunningPod]) -> None:
         ix = pc.ix
         self.n = ix.n
-        self.max_pods = np.array([BIG if nd.max_pods is None else nd.max_pods
-                                  for nd in ix.nodes], dtype=np.int64)
+        self.max_pods = ix.max_pods(BIG)
         self.pods = np.zeros(ix.n, dtype=np.int64)
         self.ext_cap: dict[str, np.ndarray] = {}
         self.ext_used: dict[str, np.ndarray] = {}
@@ -225,6 +224,15 @@ def place_class(pc: ClusterView, w: Workload, count: int, usage: NodeUsage,
     return placed, first_mask, first_cost, why
 
 
+def _over(pc: ClusterView) -> bool:
+    """Some node holds more pods than it takes (what NodeUsage would count, without its
+    per-pod bookkeeping: most batches have nothing to trim)."""
+    pos = pc.ix.pos
+    at = np.fromiter((pos.get(p.node, -1) for p in pc.pods.all()), dtype=np.int64)
+    counts = np.bincount(at[at >= 0], minlength=pc.ix.n)
+    return bool((counts > pc.ix.max_pods(BIG)).any())
+
+
 def place_classes(pc: ClusterView, reps: list[Workload], members: list[list[Workload]],
                   seq: set[int], placed_nodes: list[list[int]],
                   base_mask: dict[int, np.ndarray], batch_cost: dict[int, np.ndarray],
@@ -232,6 +240,9 @@ def place_classes(pc: ClusterView, reps: list[Workload], members: list[list[Work
     """The engine's hook, after the solver's rounds: trim what the solver put on nodes past
     their pod count, then place the ``seq`` classes (and the trimmed pods) pod by pod."""
     if not seq and all(nd.max_pods is None for nd in pc.ix.nodes):
+        return
+    if not seq and not _over(pc):  # nothing to trim, nothing to place pod by pod
+        pc.ix.alloc = pc.ix.cap - pc.free
         return
     all_pods = pc.pods.indexed()
     usage = NodeUsage(pc, all_pods)

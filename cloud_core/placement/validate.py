@@ -118,11 +118,22 @@ class _Ctx:
         self.snap = snap
         self.cfg = cfg
         self.nodes = {n.name: n for n in snap.nodes}
-        self.zones: dict[str, list[str]] = {}
-        self.regions: dict[str, list[str]] = {}
-        for n in snap.nodes:
-            self.zones.setdefault(n.zone, []).append(n.name)
-            self.regions.setdefault(n.region, []).append(n.name)
+        self._zones: dict[str, list[str]] | None = None  # built when a latency bound asks
+        self._regions: dict[str, list[str]] = {}
+
+    @property
+    def zones(self) -> dict[str, list[str]]:
+        if self._zones is None:
+            self._zones = {}
+            for n in self.snap.nodes:
+                self._zones.setdefault(n.zone, []).append(n.name)
+                self._regions.setdefault(n.region, []).append(n.name)
+        return self._zones
+
+    @property
+    def regions(self) -> dict[str, list[str]]:
+        _ = self.zones
+        return self._regions
 
     def p95(self, src: str, dst: str) -> float:
         best = math.inf

@@ -17,19 +17,16 @@ from typing import Any
 
 import pytest
 
-from tests.envbuild import EnvBuild
+from tests.envbuild import CLUSTER
 from tools.envtest import ControlPlane, EnvtestError
 from tools.envtest.kwok import Kwok
 from tools.envtest.node import RealNode
 
-BUILD = EnvBuild("the test cluster", node=True)
-
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Build the test cluster's binaries (in a thread, joined at collection's end) when a
-    selected test uses ``real_cluster`` or ``cluster_binaries``; run this directory's tests
-    that start a node of their own first."""
+    """Run this directory's tests that start a node of their own first (the test cluster's
+    binaries are built as tests/envbuild.py says)."""
     # A RealNode is named after this process (cfk-<pid>: netns, temp dir, cgroups), so a test
     # that starts its own (test_node_runtime.py) would clean the session's node away, and
     # counts the session's containers as its leftovers: those tests run before the session's
@@ -39,14 +36,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                      key=lambda i: "real_cluster" in getattr(i, "fixturenames", ()))
     for n, item in zip(here, ordered, strict=True):
         items[n] = item
-    if not any({"real_cluster", "cluster_binaries"} & set(getattr(i, "fixturenames", ()))
-               for i in items):
-        return
-    BUILD.start(config)
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    BUILD.join(session)
 
 
 @dataclass
@@ -99,14 +88,14 @@ class RealCluster:
 
 @pytest.fixture(scope="session")
 def cluster_binaries(request: pytest.FixtureRequest) -> None:
-    """The test cluster's binaries, built at collection (for a test that starts a cluster in
-    a process of its own, as the demo does)."""
-    BUILD.check(request.config)
+    """The test cluster's binaries, built before the test (for a test that starts a cluster
+    in a process of its own, as the demo does)."""
+    CLUSTER.check()
 
 
 @pytest.fixture(scope="session")
 def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
-    BUILD.check(request.config)
+    CLUSTER.check()
     cp = ControlPlane(advertise_address=RealNode.host_address(), real_nodes=True)
     try:
         cp.start()

@@ -6,6 +6,7 @@ from Prometheus text."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -63,3 +64,42 @@ def scheduled_per_pod(events: list[dict[str, Any]]) -> dict[str, int]:
             name = str((e.get("regarding") or {}).get("name"))
             out[name] = out.get(name, 0) + int(e.get("deprecatedCount") or 1)
     return out
+
+
+@dataclass
+class CoreWatch:
+    """The core replicas seen while a fault or an upgrade goes on, one sample at a time:
+    every core process's accepted reports (the first and the last value seen of each pod:
+    a pod is one process here, as no core container restarts meanwhile), and each sample's
+    leaders (the pods whose ``cfnet_leader`` is 1) with the Lease's holder."""
+
+    first: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+    duplicates: dict[str, float] = field(default_factory=dict)
+    leaders: list[tuple[float, tuple[str, ...], str]] = field(default_factory=list)
+
+    def add(self, t: float, scraped: dict[str, Samples], holder: str) -> None:
+        for pod, m in scraped.items():
+            acc = value(m, "cfnet_reports_total", result="accepted")
+            self.first.setdefault(pod, acc)
+            self.last[pod] = acc
+            self.duplicates[pod] = value(m, "cfnet_reports_total", result="duplicate")
+        self.leaders.append((t, tuple(sorted(p for p, m in scraped.items()
+                                             if value(m, "cfnet_leader") == 1)), holder))
+
+    def accepted(self, at_start: set[str]) -> float:
+        """Reports accepted over the watch, every process summed: the pods there at the
+        start from their first value, the pods started meanwhile from 0."""
+        return sum(self.last[p] - (self.first[p] if p in at_start else 0.0)
+                   for p in self.last)
+
+    def two_leaders(self) -> list[tuple[float, tuple[str, ...], str]]:
+        return [s for s in self.leaders if len(s[1]) > 1]
+
+    def holders(self) -> list[str]:
+        """The Lease's holders in the order seen, repeats folded."""
+        out: list[str] = []
+        for _, _, h in self.leaders:
+            if h and (not out or out[-1] != h):
+                out.append(h)
+        return out

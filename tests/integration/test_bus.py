@@ -17,7 +17,9 @@ shared ``core`` and ``agents`` fixtures of tests/integration/conftest.py run on 
   for 60 s (an outage: a minute of reports waits on the bus) and is restarted, then a
   bus node is SIGKILLed (NATS: the node every client connected to first; Mosquitto: its
   only node) and restarted. Every report is acknowledged in the end and is in the last
-  core's state once.
+  core's state once;
+- the operator's ``cfnetctl received`` (``CFNET_BUS``): a resent report counted once, a
+  gap shown as missing.
 """
 
 from __future__ import annotations
@@ -391,3 +393,38 @@ def test_real_agent_reports_and_is_acknowledged(broker: Bus, core: CoreService,
             p.wait(10)
     text = (tmp_path / "agent.log").read_text(errors="replace")
     assert "Traceback" not in text, text[-3000:]
+
+
+def test_cfnetctl_received_counts_each_report_once(broker: Bus, core: CoreService) -> None:
+    """The operator's ``cfnetctl received`` on either bus (``--bus``/``CFNET_BUS``): the
+    core's folded-in seqs per boot, a resent report counted once, a gap shown as such. A
+    node of its own, without a retained status (it would be a fourth node for a later
+    core of the module)."""
+    import json
+    import os
+
+    ag = FakeAgent(broker, broker.add_account("edge-rcv", "agent"), "10.9.0.19")
+    try:
+        for _ in range(4):
+            ag.report()  # 1..4
+        ag.seq = 1
+        ag.report()  # 2 again: a resend, dropped as a duplicate
+        ag.seq = 6
+        ag.report()  # 7: 5 and 6 never sent
+        wait_for(lambda: len(core.state.node_history("edge-rcv")) == 5, 20, "5 folded in")
+        creds = broker.add_account("victor", "operator")  # a viewer in the core's roles
+        env = {**os.environ, "CFNET_BROKER_HOST": broker.host,
+               "CFNET_BROKER_PORT": str(broker.port), "CFNET_USER": "victor",
+               "CFNET_PASSWORD": creds.password, "CFNET_CA_FILE": str(broker.ca_file),
+               "CFNET_BUS": "nats" if is_nats(broker) else "mosquitto",
+               "CFNET_BROKER_FAILOVER": ",".join(
+                   f"{h}:{p}" for h, p in getattr(broker, "failover", ()))}
+        r = subprocess.run([str(VENV_BIN / "cfnetctl"), "--timeout", "15", "-o", "json",
+                            "received", "edge-rcv"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (entry,) = json.loads(r.stdout)["boots"]
+        assert (entry["boot"], entry["count"], entry["distinct"], entry["seqs"]) == (
+            ag.boot, 5, 5, [[1, 4], [7, 7]]), entry
+    finally:
+        ag.close()

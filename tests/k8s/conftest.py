@@ -49,7 +49,7 @@ from cloud_core.k8s.client import KubeClient
 from cloud_core.k8s.console import KubernetesCluster
 from cloud_core.k8s.registry import RESIDENCY_REGION, SECURITY
 from cloud_core.state import ClusterState
-from tests.envbuild import EnvBuild
+from tests.envbuild import CONTROL_PLANE
 from tools.envtest import ControlPlane, EnvtestError
 from tools.envtest.kwok import ANNOTATION as KWOK_ANNOTATION
 from tools.envtest.kwok import Kwok
@@ -116,32 +116,9 @@ def _established(admin: KubeClient, crd: str) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
 
 
-BUILD = EnvBuild("the Kubernetes control plane", kwok=True)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start building the control plane binaries, before any test runs, when a selected test
-    uses the control plane; ``pytest_collection_finish`` waits for the build.
-
-    At collection (not in a fixture) so that a first, long compile does not count against the
-    per-test timeout. In a thread, started first (``tryfirst``) and joined last, so that the
-    packaging tests' own builds (helm, the images: tests/deploy/conftest.py) run beside it:
-    the images mostly download and write layers while Go compiles. Progress goes straight to
-    the terminal.
-    """
-    if not any("control_plane" in getattr(i, "fixturenames", ()) for i in items):
-        return
-    BUILD.start(config)
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    BUILD.join(session)
-
-
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
-    BUILD.check(request.config)
+    CONTROL_PLANE.check()
     try:
         cp = ControlPlane()
         cp.start()

@@ -99,7 +99,10 @@ def test_replicas_share_folded_seqs_through_digests() -> None:
         a_ing.handle(T, report_bytes(seq=seq))
     items = a.export_local(0.0, clock())
     assert items[0]["seqs"] == [["b1", [[1, 3], [5, 5]]]]
-    assert a.export_local(clock(), clock()) == []  # each seq is named once
+    # Named once more in the next digest (one lost with its connection loses nothing),
+    # then no more.
+    assert [it["seqs"] for it in a.export_local(clock(), clock())] == [items[0]["seqs"]]
+    assert a.export_local(clock(), clock()) == []
     (wire_digest,) = encode_digests(items)  # as it travels
     assert b.merge(json.loads(wire_digest)["items"], clock()) == 0
     assert [b_ing.handle(T, report_bytes(seq=q)) for q in (2, 4)] == ["duplicate", "accepted"]

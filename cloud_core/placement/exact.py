@@ -1,0 +1,295 @@
+"""The small-batch exact step: the whole batch as one CP-SAT model over its classes, every
+hard rule of the batch in it at once, solved from the engine's answer as a hint.
+
+The engine places a batch in rounds (pod affinity orders them), classes with per-pod rules
+(spread, host ports, extended resources, pods per node) pod by pod after the solver's
+classes, and gangs are taken back when a route left them partial. Each step is greedy with
+respect to the next: capacity the solver's classes take is gone for the pod-by-pod classes,
+a pod-affinity round cannot see the rounds after it. On a small batch one model holds them
+all: integer counts per (class, node) over the nodes a class may use before the batch
+(``cpsat.class_model``: resources, anti-affinity, gangs, cost + penalty x unplaced) plus
+
+* pods per node, extended resources and host ports, the running pods counted;
+* required pod affinity: in each term's domain a pod matching every term (a running one, or
+  another pod of the batch), unless the pod is the first of its group;
+* ``DoNotSchedule`` topology spread on the final state (eligible domains, minDomains).
+
+Bounded by work (CP-SAT's deterministic time, one worker, a fixed seed): the same batch
+gives the same answer on any load. The engine keeps the answer only when it places more
+pods, or as many for less, and ``validate`` finds nothing wrong with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .classes import ClassSpec, integer_costs, objective
+from .config import EngineConfig
+from .cpsat import class_model, cp_solver
+from .filters import selector_matches, term_matches_pod
+from .model import RunningPod, SpreadConstraint, Workload
+from .prepared import ClusterView, PodIndex, all_ok, as_running, request_vector
+from .sequential import BIG, NodeUsage, ports_conflict
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+
+@dataclass
+class Affinity:
+    """One class's required pod affinity: the batch classes matching every term, whether it
+    may be the first of its group, and per term its domains and those with a running mate."""
+
+    mates: list[int]
+    can_first: bool
+    terms: list[tuple[np.ndarray, np.ndarray]]  # (domain id per node, near mask per domain)
+
+
+@dataclass
+class Spread:
+    """One class's ``DoNotSchedule`` constraint: eligible nodes' domains, running counts."""
+
+    dom: np.ndarray  # domain id per node, -1 where not eligible
+    running: np.ndarray  # matching running pods per domain
+    matching: list[int]  # batch classes the selector counts
+    max_skew: int
+    min_domains: int | None
+
+
+@dataclass
+class ExactInputs:
+    """What the model needs, taken from the cluster as it was before the batch."""
+
+    specs: list[ClassSpec]
+    usage: NodeUsage
+    free0: np.ndarray
+    affinity: dict[int, Affinity]
+    spreads: dict[int, list[Spread]]
+
+
+def fits_exact(pods: int, nodes: int, max_pairs: int) -> bool:
+    """Whether a batch is small enough for the exact step (pods x nodes pairs)."""
+    return pods > 1 and 0 < pods * nodes <= max_pairs
+
+
+def inputs(pc: ClusterView, reps: Sequence[Workload], counts: Sequence[int],
+           free0: np.ndarray) -> ExactInputs:
+    """The classes' masks (every filter but pod affinity, the nodes their terms and hard
+    spread need carrying the topology key), costs and rules, on ``pc`` as it is now (the
+    caller restores the state before the batch first)."""
+    masks: list[np.ndarray] = []
+    for w in reps:
+        frs = [fr for fr in pc.filter_results(w, resources=False) if fr.name != "pod_affinity"]
+        m = all_ok(frs)
+        for t in w.pod_affinity:
+            m &= pc.ix.domain_ids(t.topology_key)[0] >= 0
+        for c in w.spread:
+            if c.hard:
+                m &= pc.ix.domain_ids(c.topology_key)[0] >= 0
+        masks.append(m)
+    costs = pc.costs(list(reps), masks)
+    specs = [ClassSpec(count=k, req=request_vector(w), mask=m, cost=c, gang=w.gang)
+             for w, k, m, c in zip(reps, counts, masks, costs, strict=True)]
+    affinity = {ci: _affinity(pc, reps, ci) for ci, w in enumerate(reps) if w.pod_affinity}
+    spreads = {ci: [_spread(pc, reps, ci, c) for c in w.spread if c.hard]
+               for ci, w in enumerate(reps) if any(c.hard for c in w.spread)}
+    return ExactInputs(specs, NodeUsage(pc, pc.pods.all()), free0, affinity, spreads)
+
+
+def _affinity(pc: ClusterView, reps: Sequence[Workload], ci: int) -> Affinity:
+    w = reps[ci]
+    terms = w.pod_affinity
+
+    def every(ns: str, labels: Mapping[str, str]) -> bool:
+        return all(term_matches_pod(t, w.namespace, ns, labels) for t in terms)
+
+    running = [p for p in pc.pods.matching(terms[0], w.namespace) if every(p.namespace, p.labels)]
+    mates = [b for b, o in enumerate(reps) if every(o.namespace, o.labels)]
+    out = []
+    for t in terms:
+        dom, names = pc.ix.domain_ids(t.topology_key)
+        near = np.zeros(len(names) + 1, dtype=bool)
+        for p in running:
+            i = pc.ix.pos.get(p.node)
+            if i is not None and dom[i] >= 0:
+                near[dom[i]] = True
+        out.append((dom, near))
+    return Affinity(mates, every(w.namespace, w.labels) and not running, out)
+
+
+def _spread(pc: ClusterView, reps: Sequence[Workload], ci: int, c: SpreadConstraint
+            ) -> Spread:
+    w = reps[ci]
+    by_name = {f.name: f.ok for f in pc.filter_results(w, resources=False)}
+    dom_all, names = pc.ix.domain_ids(c.topology_key)
+    elig = dom_all >= 0
+    if c.honor_affinity:
+        elig = elig & by_name["node_selector"] & by_name["node_affinity"]
+    if c.honor_taints:
+        elig = elig & by_name["taints"]
+    dom = np.where(elig, dom_all, -1)
+    running = np.zeros(len(names), dtype=np.int64)
+    for p in pc.pods.all():
+        i = pc.ix.pos.get(p.node)
+        if (i is not None and dom[i] >= 0 and not p.terminating
+                and p.namespace == w.namespace and selector_matches(c.selector, p.labels)):
+            running[dom[i]] += 1
+    matching = [b for b, o in enumerate(reps)
+                if o.namespace == w.namespace and selector_matches(c.selector, o.labels)]
+    return Spread(dom, running, matching, c.max_skew, c.min_domains)
+
+
+def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str, np.ndarray],
+                hint: list[list[int]], cfg: EngineConfig
+                ) -> tuple[list[list[int]], tuple[int, int]] | None:
+    """The batch's best placement per class, and its (count, cost) key; None when CP-SAT
+    found nothing. Lexicographic, in two solves: the most pods (``exact_deterministic_time``
+    of work), then the least cost at that count (``exact_cost_deterministic_time``), each
+    from the answer before it."""
+    from ortools.sat.python import cp_model  # lazily, as in cpsat
+
+    specs = ex.specs
+    icost, penalty = integer_costs(specs, cfg.cost_scale)
+    cm = class_model(specs, ex.free0, domains, icost, penalty, hint)
+    m, x = cm.model, cm.x
+    by_class: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
+    by_node: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
+    for (ci, n), v in x.items():
+        by_class.setdefault(ci, []).append((n, v))
+        by_node.setdefault(n, []).append((ci, v))
+    _node_rules(m, ex.usage, reps, by_node)
+    for ci, aff in ex.affinity.items():
+        _affinity_rule(m, ci, specs, aff, by_class)
+    for ci, lst in ex.spreads.items():
+        for sp in lst:
+            _spread_rule(m, ci, specs, sp, by_class)
+    s = cp_solver(cfg, cfg.exact_deterministic_time)
+    if s.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    got = cm.placement(s, len(specs))
+    count = sum(map(len, got))
+    m.clear_hints()  # type: ignore[no-untyped-call]
+    for v in x.values():
+        m.add_hint(v, s.value(v))
+    m.add(sum(x.values()) == count)
+    m.minimize(sum(int(icost[ci][n]) * v for (ci, n), v in x.items()))
+    s = cp_solver(cfg, cfg.exact_cost_deterministic_time)
+    if s.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        got = cm.placement(s, len(specs))
+    return got, (count, objective(specs, icost, 0, got))
+
+
+def key_of(ex: ExactInputs, got: list[list[int]], scale: float) -> tuple[int, int]:
+    """(count, integer cost) of a placement per class, as ``solve_exact`` counts them."""
+    icost, _ = integer_costs(ex.specs, scale)
+    return sum(map(len, got)), objective(ex.specs, icost, 0, got)
+
+
+def _node_rules(m: cp_model.CpModel, usage: NodeUsage, reps: Sequence[Workload],
+                by_node: Mapping[int, list[tuple[int, cp_model.IntVar]]]) -> None:
+    """Pods per node, extended resources and host ports (running pods counted)."""
+    for n, lst in by_node.items():
+        if usage.max_pods[n] < BIG:
+            m.add(sum(v for _, v in lst) <= max(int(usage.max_pods[n] - usage.pods[n]), 0))
+        names = sorted({k for ci, _ in lst for k in reps[ci].extended})
+        for k in names:
+            cap, used = usage.extended_use(k)
+            m.add(sum(int(reps[ci].extended.get(k, 0)) * v for ci, v in lst
+                      if k in reps[ci].extended) <= max(int(cap[n] - used[n]), 0))
+        ported = [(ci, v) for ci, v in lst if reps[ci].host_ports]
+        taken = usage.ports.get(n, [])
+        for j, (ci, v) in enumerate(ported):
+            m.add(v <= 1)  # a class's pods share their ports: one of them per node
+            if any(ports_conflict(a, b) for a in reps[ci].host_ports for b in taken):
+                m.add(v == 0)
+            for cj, u in ported[j + 1:]:
+                if any(ports_conflict(a, b) for a in reps[ci].host_ports
+                       for b in reps[cj].host_ports):
+                    m.add(v + u <= 1)
+
+
+def _in_domain(m: cp_model.CpModel, cells: list[tuple[int, cp_model.IntVar]],
+               dom: np.ndarray, count: int) -> dict[int, tuple[cp_model.IntVar, list[
+                   cp_model.IntVar]]]:
+    """Per domain of ``cells`` (node, var): a literal "some pod there" and the vars."""
+    groups: dict[int, list[cp_model.IntVar]] = {}
+    for n, v in cells:
+        if dom[n] >= 0:
+            groups.setdefault(int(dom[n]), []).append(v)
+    out = {}
+    for d, vs in groups.items():
+        b = m.new_bool_var("")
+        m.add(sum(vs) <= count * b)
+        m.add(sum(vs) >= 1).only_enforce_if(b)
+        out[d] = (b, vs)
+    return out
+
+
+def _affinity_rule(m: cp_model.CpModel, ci: int, specs: Sequence[ClassSpec], aff: Affinity,
+                   by_class: Mapping[int, list[tuple[int, cp_model.IntVar]]]) -> None:
+    own = by_class.get(ci, [])
+    if not own:
+        return
+    self_mate = ci in aff.mates
+    first = None
+    if aff.can_first:
+        total = sum(specs[b].count for b in aff.mates)
+        if total <= 1:
+            return  # the first of its group whatever the batch does
+        first = m.new_bool_var("")
+        every = [v for b in aff.mates for _, v in by_class.get(b, [])]
+        m.add(sum(every) <= 1).only_enforce_if(first)
+    for dom, near in aff.terms:
+        mine = _in_domain(m, own, dom, specs[ci].count)
+        for d, (lit, _) in mine.items():
+            if near[d]:
+                continue
+            mates = [v for b in aff.mates for n, v in by_class.get(b, []) if dom[n] == d]
+            need = 2 if self_mate else 1  # a pod is not its own mate
+            cond = [lit] if first is None else [lit, first.Not()]
+            if mates:
+                m.add(sum(mates) >= need).only_enforce_if(cond)
+            elif first is None:
+                m.add(lit == 0)
+            else:
+                m.add_implication(lit, first)
+
+
+def _spread_rule(m: cp_model.CpModel, ci: int, specs: Sequence[ClassSpec], sp: Spread,
+                 by_class: Mapping[int, list[tuple[int, cp_model.IntVar]]]) -> None:
+    own = by_class.get(ci, [])
+    if not own:
+        return
+    doms = sorted({int(d) for d in sp.dom if d >= 0})
+    cnt: dict[int, cp_model.LinearExprT] = {}
+    for d in doms:
+        vs = [v for b in sp.matching for n, v in by_class.get(b, []) if sp.dom[n] == d]
+        cnt[d] = sum(vs) + int(sp.running[d])
+    if not cnt:
+        return
+    if sp.min_domains is not None and len(cnt) < sp.min_domains:
+        low: cp_model.LinearExprT = 0
+    else:
+        hi = int(sp.running.max(initial=0)) + sum(s.count for s in specs)
+        lv = m.new_int_var(0, hi, "")
+        m.add_min_equality(lv, list(cnt.values()))
+        low = lv
+    for d, (lit, _) in _in_domain(m, own, sp.dom, specs[ci].count).items():
+        if d in cnt:
+            m.add(cnt[d] <= low + sp.max_skew).only_enforce_if(lit)
+
+
+def running_after(members: Sequence[Sequence[Workload]], got: Sequence[Sequence[int]],
+                  names: Sequence[str], pods0: Sequence[RunningPod]) -> PodIndex:
+    """The pod index after the batch placed ``got`` (members in order take the nodes)."""
+    out = list(pods0)
+    for ci, nodes in enumerate(got):
+        for j, n in enumerate(nodes):
+            out.append(as_running(members[ci][j], names[n]))
+    return PodIndex(out)
+
+
+__all__ = ["ExactInputs", "fits_exact", "inputs", "key_of", "running_after", "solve_exact"]
