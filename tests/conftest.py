@@ -45,6 +45,7 @@ WAITING = frozenset({
     "tests/integration/test_core_crash.py",
     "tests/integration/test_bus_leaf_resume.py",
     "tests/integration/test_buffer_bounds.py",
+    "tests/integration/test_bus_replica_kill.py",
 })
 
 

@@ -921,8 +921,9 @@ def test_upgrade_with_the_agent_reporting_loses_and_repeats_nothing(release: Rel
     agent0 = release.wait(quiet, 60, "the agent's buffer drained before the upgrade")
     _sample(release, watch, t0)
     before = set(watch.last)
-    _helm(rc, "upgrade", RELEASE, str(chart.CHART), *release.helm_args(),
-          "--set", "core.logFormat=json")
+    # Kept in the release's values: the next upgrade then leaves the cores as they are.
+    release.values.append("core.logFormat=json")
+    _helm(rc, "upgrade", RELEASE, str(chart.CHART), *release.helm_args())
 
     def rolled() -> faults.Samples | None:
         _sample(release, watch, t0)

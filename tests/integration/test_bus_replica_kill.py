@@ -35,8 +35,6 @@ from tests.integration.helpers import settings
 from tests.integration.test_bus_replicas import replica
 from tools.nats.cluster import NatsCluster
 
-pytestmark = [pytest.mark.waits]
-
 FLEET = 60
 RUN_S = 16.0
 KILL_AT_S = 6.0
