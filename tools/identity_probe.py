@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -48,6 +49,15 @@ from edge_agent.wire import status_topic, telemetry_topic
 from tools.netns import in_netns
 
 NOT_AUTHORIZED = 135
+
+
+def _await_connack(c: mqtt.Client, state: Mapping[str, object], deadline: float, where: str,
+                   timeout_s: float) -> None:
+    """Run the client's loop until its on_connect put "connack" in ``state`` (bounded)."""
+    while "connack" not in state:
+        if time.monotonic() > deadline:
+            raise ConnectionError(f"no CONNACK from {where} within {timeout_s}s")
+        c.loop(0.1)
 
 
 def publish_as(host: str, port: int, *, ca_file: Path, certfile: Path, keyfile: Path,
@@ -76,10 +86,7 @@ def _publish(host: str, port: int, ca_file: Path, certfile: Path, keyfile: Path,
     deadline = time.monotonic() + timeout_s
     c.connect(host, port, keepalive=10)
     try:
-        while "connack" not in state:
-            if time.monotonic() > deadline:
-                raise ConnectionError(f"no CONNACK from {host}:{port} within {timeout_s}s")
-            c.loop(0.1)
+        _await_connack(c, state, deadline, f"{host}:{port}", timeout_s)
         if state["connack"] != 0:
             raise ConnectionError(f"{host}:{port} refused the connection: {state['connack']}")
         mids = {c.publish(t, payload, qos=1).mid: t for t in topics}
@@ -136,10 +143,7 @@ def _connect_311(host: str, port: int, ca_file: Path, certfile: Path, keyfile: P
     deadline = time.monotonic() + timeout_s
     c.connect(host, port, keepalive=10)
     try:
-        while "connack" not in state:
-            if time.monotonic() > deadline:
-                raise ConnectionError(f"no CONNACK from {host}:{port} within {timeout_s}s")
-            c.loop(0.1)
+        _await_connack(c, state, deadline, f"{host}:{port}", timeout_s)
         if state["connack"] != 0:
             return state["connack"], []
         mids = {c.publish(t, payload, qos=1).mid: t for t in topics}
