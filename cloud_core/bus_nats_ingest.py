@@ -12,9 +12,23 @@ acknowledged (it died) is delivered again, to whichever replica fetches next, af
 backlog with it. The consumer is durable, so reports published while every replica is
 down wait in the stream (``max_age_s``) instead of being lost.
 
-As for MQTT in :mod:`cloud_core.mqtt_process`, a message is acknowledged to JetStream
-once it is queued for the core, not once it is folded in: what an agent waits for is
-the core's end-to-end ack, and it resends what no core acknowledged.
+A fetched batch is acknowledged to JetStream *before* it goes to the core, and each
+acknowledgement is confirmed by the server (``ack_sync``, JetStream's double ack): only
+what the server confirmed within half of ``ack_wait_s`` of the fetch goes on. JetStream
+therefore never redelivers a report a replica has folded (a redelivery after a replica's
+death carries only what it never saw), and a slow replica's batch is not handed to a
+second one while the first still folds it. What is fetched but not confirmed in time is
+dropped here and counted (``unconfirmed``): either JetStream redelivers it to a replica
+or, its ack having landed after all, the agent resends it, missing the core's end-to-end
+ack. As for MQTT in :mod:`cloud_core.mqtt_process`, the JetStream ack promises nothing
+about the fold: what an agent waits for is the core's end-to-end ack.
+
+The fetchers fetch only while the core keeps up: while more than a batch waits in the
+child for the core (``backlog``), they wait, so a replica that folds slower than its
+share arrives leaves the rest in the stream for the others instead of queueing it in
+memory, acknowledged and unfolded. How far ingest is behind the bus is measured on every
+batch (``lag_ms``: how long the last fetched report waited in the stream; ``behind``:
+reports still waiting for the group) and said in the log once it passes ``LAG_WARN_S``.
 
 This runs in the core's MQTT child process, on a thread with its own asyncio loop
 (nats-py, the NATS project's own Python client, is asyncio-only).
@@ -29,7 +43,9 @@ import asyncio
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 from cloud_core.bus_nats import (
     STREAM,
@@ -45,17 +61,23 @@ from cloud_core.bus_nats_sites import SourceResumer
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 512
+# Ingest this far behind the bus is said in the log (at most every LAG_LOG_S): past the
+# agents' resend time (10 s) every late report comes twice and the load grows with it.
+LAG_WARN_S = 5.0
+LAG_LOG_S = 10.0
 
 
 class SharedIngest:
     """Fetches shared filters from JetStream and hands each message to ``deliver``."""
 
     def __init__(self, settings: NatsIngestSettings,
-                 deliver: Callable[[str, bytes], None]) -> None:
+                 deliver: Callable[[str, bytes], None],
+                 backlog: Callable[[], int] = lambda: 0) -> None:
         if not settings.urls:
             raise NatsIngestError("shared ingest on NATS needs the servers' NATS URLs")
         self.settings = settings
         self.deliver = deliver
+        self.backlog = backlog  # messages handed over and not yet taken by the core
         self._shares: list[tuple[str, str]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -63,11 +85,20 @@ class SharedIngest:
         self._connected = threading.Event()
         self.fetched = 0
         self.errors = 0
+        self.unconfirmed = 0  # fetched, JetStream ack not confirmed in time: dropped here
+        self.lag_ms = 0  # how long the last fetched report waited in the stream
+        self.behind = 0  # reports still waiting in the stream for the group, then
+        self._warned = 0.0
         self.resumer: SourceResumer | None = None
 
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    def stats(self) -> dict[str, int]:
+        """The fetchers' counters and gauges, for the core's metrics."""
+        return {"fetched": self.fetched, "unconfirmed": self.unconfirmed,
+                "errors": self.errors, "lag_ms": self.lag_ms, "behind": self.behind}
 
     def edge_counts(self) -> dict[str, dict[str, int]]:
         """The edge sites' counters (:meth:`SourceResumer.counts`); empty before it runs."""
@@ -191,7 +222,15 @@ class SharedIngest:
     async def _fetch(self, psub: object) -> None:
         from nats.errors import TimeoutError as NatsTimeout
 
+        # Confirmed later than this after the fetch began, a message may already be with
+        # another replica (JetStream redelivers after ack_wait_s from its delivery, which
+        # came after the fetch began).
+        trust_s = self.settings.ack_wait_s / 2
         while not self._stopping.is_set():
+            if self.backlog() > FETCH_BATCH:
+                await asyncio.sleep(0.02)  # the core is behind: leave the rest to others
+                continue
+            t0 = time.monotonic()
             try:
                 msgs = await psub.fetch(FETCH_BATCH, timeout=0.5)  # type: ignore[attr-defined]
             except (TimeoutError, NatsTimeout):
@@ -201,7 +240,38 @@ class SharedIngest:
                 log.debug("fetch failed: %s", exc)
                 await asyncio.sleep(0.2)
                 continue
-            for m in msgs:
-                self.deliver(subject_to_topic(m.subject), m.data)
-                self.fetched += 1
-                await m.ack()
+            confirmed = await asyncio.gather(*(self._ack(m, trust_s) for m in msgs))
+            late = time.monotonic() - t0 > trust_s
+            for m, ok in zip(msgs, confirmed, strict=True):
+                if ok and not late:
+                    self.deliver(subject_to_topic(m.subject), m.data)
+                    self.fetched += 1
+                else:
+                    self.unconfirmed += 1
+            if msgs:
+                self._measure(msgs[-1], late)
+
+    @staticmethod
+    async def _ack(m: Any, timeout_s: float) -> bool:
+        try:
+            await m.ack_sync(timeout=timeout_s)
+        except Exception:  # no confirmation: redelivered, or resent by its agent
+            return False
+        return True
+
+    def _measure(self, m: Any, late: bool) -> None:
+        try:
+            md = m.metadata
+            self.behind = int(md.num_pending)
+            self.lag_ms = max(0, int((time.time() - md.timestamp.timestamp()) * 1000))
+        except (AttributeError, TypeError, ValueError):  # no JetStream metadata
+            return
+        now = time.monotonic()
+        if (self.lag_ms > LAG_WARN_S * 1000 or late) and now - self._warned > LAG_LOG_S:
+            self._warned = now
+            log.warning(
+                "shared ingest behind the bus: the last report waited %.1f s in %s, %d more "
+                "wait, %d dropped unconfirmed so far%s; the replicas together fold less than "
+                "the fleet sends (add replicas or CPU)", self.lag_ms / 1000, STREAM,
+                self.behind, self.unconfirmed,
+                " (this batch's acks confirmed too late)" if late else "")

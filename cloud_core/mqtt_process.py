@@ -71,6 +71,11 @@ _Wire = tuple[str, bytes, int, bool, str | None, bytes | None, tuple[tuple[str, 
 # A publish the broker has not acknowledged after this long is reported failed,
 # so one lost acknowledgement cannot hold up the ones behind it.
 ACK_GIVE_UP_S = 60.0
+# A child that exits unasked is started again after RESTART_MIN_S, the delay doubling up to
+# RESTART_MAX_S while each lives less than RESTART_RESET_S (a crash loop is not a tight one).
+RESTART_MIN_S = 0.2
+RESTART_MAX_S = 10.0
+RESTART_RESET_S = 30.0
 
 
 class MqttProcessError(CoreError):
@@ -111,6 +116,11 @@ class MqttProcess:
         self._cmd: Connection | None = None
         self._cmd_lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self._life_lock = threading.Lock()  # start, stop and a dead child's restart
+        self._stopping = threading.Event()
+        self._started = 0.0
+        self._restart_delay = RESTART_MIN_S
+        self.restarts = 0  # children started again after an unasked exit
         self._connected = threading.Event()
         self._refusal = ""
         self._tokens = itertools.count(1)
@@ -119,6 +129,9 @@ class MqttProcess:
         # The edge sites' counters of the child's shared ingest (bus_nats_sites.SourceResumer:
         # event -> site -> count), as last reported by the child.
         self.edge: dict[str, dict[str, int]] = {}
+        # The shared ingest's counters and gauges (bus_nats_ingest.SharedIngest.stats), as
+        # last reported by the child.
+        self.ingest: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -130,8 +143,13 @@ class MqttProcess:
 
     def start(self) -> None:
         """Start the child (it connects in the background); returns at once."""
-        if self._proc is not None and self._proc.poll() is None:
-            return
+        with self._life_lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return
+            self._stopping.clear()
+            self._spawn()
+
+    def _spawn(self) -> None:
         # A fresh interpreter (python -m cloud_core.mqtt_process) rather than
         # multiprocessing: never fork a process that runs threads, and do not
         # re-import the parent's __main__ as spawn would.
@@ -149,16 +167,20 @@ class MqttProcess:
         os.close(cmd_r)
         os.close(out_w)
         self._proc = proc
-        self._cmd = Connection(cmd_w, readable=False)
+        self._started = time.monotonic()
+        with self._cmd_lock:
+            self._cmd = Connection(cmd_w, readable=False)
         self._send(("init", self.settings, list(self._subs),
                     logging.getLogger().getEffectiveLevel(), self.nats))
         out = Connection(out_r, writable=False)
-        self._reader = threading.Thread(target=self._read, args=(out,), name="cfnet-mqtt-reader",
-                                        daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(out, proc),
+                                        name="cfnet-mqtt-reader", daemon=True)
         self._reader.start()
 
     def stop(self, *, graceful: bool = True) -> None:
-        proc, self._proc = self._proc, None
+        with self._life_lock:
+            proc, self._proc = self._proc, None
+            self._stopping.set()
         if proc is None:
             return
         self._send(("stop", graceful))
@@ -170,14 +192,47 @@ class MqttProcess:
             proc.wait(timeout=5)
         if self._reader is not None:
             self._reader.join(timeout=5)
-        if self._cmd is not None:
-            self._cmd.close()
-            self._cmd = None
+        self._close_cmd()
         self._connected.clear()
+        self._fail_handles()
+
+    def _close_cmd(self) -> None:
+        with self._cmd_lock:
+            if self._cmd is not None:
+                self._cmd.close()
+                self._cmd = None
+
+    def _fail_handles(self) -> None:
         with self._handles_lock:
-            for h in self._handles.values():
-                h.resolve(False)
-            self._handles.clear()
+            handles, self._handles = self._handles, {}
+        for h in handles.values():
+            h.resolve(False)
+
+    def _child_died(self, proc: subprocess.Popen[bytes]) -> None:
+        """The child exited unasked (SIGKILLed, out of memory, a bug): what it held is
+        gone, so every publish it had not confirmed fails now (the end-to-end acks among
+        them are sent again: cloud_core/acks.py), and a new child starts after a short,
+        growing delay. The replica comes back as itself, its state kept: its next digest
+        names what it folded before (cloud_core/replicas.py)."""
+        self._connected.clear()
+        self._fail_handles()
+        rc = proc.wait()
+        lived = time.monotonic() - self._started
+        self._restart_delay = (RESTART_MIN_S if lived > RESTART_RESET_S
+                               else min(RESTART_MAX_S, 2 * self._restart_delay))
+        self.restarts += 1
+        log.error("MQTT process exited unexpectedly (rc %s); starting it again in %.1f s",
+                  rc, self._restart_delay)
+        if self._stopping.wait(self._restart_delay):
+            return
+        with self._life_lock:
+            if self._proc is not proc:  # stopped (or started again) meanwhile
+                return
+            self._close_cmd()
+            try:
+                self._spawn()
+            except MqttProcessError as exc:
+                log.error("%s; the core stays without a bus connection", exc)
 
     @property
     def pid(self) -> int | None:
@@ -242,7 +297,7 @@ class MqttProcess:
         if h is not None:
             h.resolve(ok)
 
-    def _read(self, conn: Connection) -> None:
+    def _read(self, conn: Connection, proc: subprocess.Popen[bytes]) -> None:
         on_message = self._on_message
         while True:
             try:
@@ -269,10 +324,12 @@ class MqttProcess:
                     self._resolve(token, ok)
             elif kind == "edge":
                 self.edge = body
+            elif kind == "ingest":
+                self.ingest = body
         conn.close()
-        if self._proc is not None:  # not asked to stop: the child died
-            log.error("MQTT process exited unexpectedly")
         self._connected.clear()
+        if self._proc is proc:  # not asked to stop: the child died
+            self._child_died(proc)
 
 
 # ====================================================================== the child
@@ -314,7 +371,7 @@ class _Child:
         self.client = MqttClient(settings, on_message=self._on_message)
         self.shared: SharedIngest | None = None
         if nats is not None:
-            self.shared = SharedIngest(nats, self._on_shared)
+            self.shared = SharedIngest(nats, self._on_shared, backlog=self.inbox.__len__)
         for topic, qos, no_local, rap in subs:
             share = parse_share(topic) if self.shared is not None else None
             if share is not None and self.shared is not None:
@@ -403,6 +460,7 @@ class _Child:
     def _forward(self) -> None:
         last_state: tuple[bool, str] = (False, "")
         last_edge: dict[str, dict[str, int]] = {}
+        last_ingest: dict[str, int] = {}
         next_edge = 0.0
         ppid = os.getppid()
         while not self.stopping.is_set():
@@ -416,6 +474,10 @@ class _Child:
                 if edge != last_edge:
                     last_edge = edge
                     self._emit("edge", edge)
+                ingest = self.shared.stats()
+                if ingest != last_ingest:
+                    last_ingest = ingest
+                    self._emit("ingest", ingest)
             if self._flush() < BATCH_MAX:
                 # asleep until a message arrives (or the next look at state and parent),
                 # then a moment for the rest of a burst to join it

@@ -107,7 +107,7 @@ class CoreService:
         )
         self.acks = Acknowledger(
             lambda topic, payload: self.mqtt.publish(topic, payload, qos=1),
-            cfg.ack_interval_s, clock)
+            cfg.ack_interval_s, clock, connected=lambda: self.mqtt.connected)
         self.ingest.on_ingested = self.acks.record
         self.actuator = actuator or LocalActuator(
             lambda topic, payload: self.mqtt.publish(topic, payload, qos=1, retain=True),
@@ -118,7 +118,24 @@ class CoreService:
         self.metrics_port: int | None = None
         self.metrics.add_counters(
             "cfnet_acks", "End-to-end acks to agents: messages sent, reports acknowledged",
-            "what", lambda: {"messages": self.acks.messages, "reports": self.acks.reports})
+            "what", lambda: {"messages": self.acks.messages, "reports": self.acks.reports,
+                             "retried": self.acks.retried})
+        if isinstance(self.mqtt, MqttProcess):
+            child = self.mqtt
+            self.metrics.add_counters(
+                "cfnet_bus_process_restarts", "MQTT child processes started again after "
+                "exiting unasked", "what", lambda: {"restarts": child.restarts})
+            if cfg.nats is not None:
+                self.metrics.add_counters(
+                    "cfnet_shared_ingest", "Shared ingest on NATS: reports fetched, dropped "
+                    "with their JetStream ack unconfirmed, fetch errors", "what",
+                    lambda: {k: child.ingest.get(k, 0)
+                             for k in ("fetched", "unconfirmed", "errors")})
+                self.metrics.add_gauges(
+                    "cfnet_shared_ingest_behind", "Shared ingest on NATS: how long the last "
+                    "fetched report waited in the stream (lag_ms), reports still waiting "
+                    "(behind)", "what",
+                    lambda: {k: child.ingest.get(k, 0) for k in ("lag_ms", "behind")})
         if self.mqtt.capabilities.edge_sites:
             bus = self.mqtt
             self.metrics.add_counters(

@@ -72,6 +72,11 @@ SETTLE_S = 3.0  # the replica kill comes at least this long after the bus kill r
 REPLICA_WINDOW_S = KILL_WINDOW_S + 10
 DRAIN_S = 20.0
 PREFIX = "bb"
+# A run is marked overloaded (the table says how many were) when ingest falls under this
+# share of offered, or reports wait in the stream longer than this (half the agents'
+# resend time: past it, late reports come twice).
+OVERLOAD_RATE = 0.9
+OVERLOAD_LAG_S = 5.0
 
 Bus = Broker | NatsCluster
 
@@ -90,6 +95,21 @@ class Run:
     lost: int = -1
     resent: int = 0
     shares: list[int] = field(default_factory=list)
+    p99_second: float = float("nan")  # the median second's p99 staleness (bus_sweep's)
+    bus_mib_per_k: float = 0.0
+    core_mib_per_k: float = 0.0
+    # How far shared ingest fell behind the bus (NATS: the longest a fetched report had
+    # waited in the stream, sampled each second) and what that cost: reports dropped with
+    # their JetStream ack unconfirmed (the agents resend them), bus connections restarted.
+    max_lag_s: float = 0.0
+    unconfirmed: int = 0
+    restarts: int = 0
+
+    @property
+    def overloaded(self) -> bool:
+        """The machine did not carry this fleet: ingest under 90 % of offered in the steady
+        window, or reports waiting in the stream past half the agents' resend time."""
+        return self.rate < OVERLOAD_RATE * self.offered or self.max_lag_s > OVERLOAD_LAG_S
 
 
 def make_bus(kind: str, work: Path) -> Bus:
@@ -146,6 +166,32 @@ def sim_argv(b: Bus, kind: str, nodes: int, duration: float) -> list[str]:
             "--client", "paho", "--ack-account", ACK_ACCOUNT, "--drain", str(DRAIN_S), "--quiet"]
 
 
+def ingest_stats(cores: list[CoreService]) -> list[dict[str, int]]:
+    """Each core's shared-ingest figures as its MQTT child last reported them (NATS)."""
+    return [dict(getattr(c.mqtt, "ingest", {})) for c in cores]
+
+
+class LagWatch:
+    """Samples, once a second on its own thread, how long the last report each core
+    fetched had waited in the stream; keeps the longest."""
+
+    def __init__(self, cores: list[CoreService]) -> None:
+        self.cores, self.max_s = cores, 0.0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="lag-watch", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            for st in ingest_stats(self.cores):
+                self.max_s = max(self.max_s, st.get("lag_ms", 0) / 1000)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._t.join(5)
+        return self.max_s
+
+
 def recovery(leader: CoreService, t_kill: float, window_s: float, fresh_s: float) -> float:
     """Seconds from ``t_kill`` until the p99 staleness of the leader's view is back under
     ``fresh_s`` after having gone above it (0 when it never did); NaN if not back within
@@ -170,12 +216,15 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
         b.start()
         cores: list[CoreService] = []
         sim: subprocess.Popen[str] | None = None
+        lag: LagWatch | None = None
         try:
             for a in SIM_ACCOUNTS:
                 b.add_account(a, "sim")
             b.add_account(ACK_ACCOUNT, "sim")
             cores = start_cores(b, work)
             time.sleep(2.0)  # shared subscriptions / consumers in place
+            bus_rss0, core_rss0 = rss_mib(bus_pids(b)), rss_mib(core_pids(cores))
+            lag = LagWatch(cores)
             # The fleet sends through both kill windows (and a little past them): a window
             # that outlived the fleet read the fleet's end as staleness (n/a in the table).
             duration = WARM_S + steady_s + KILL_WINDOW_S + SETTLE_S + REPLICA_WINDOW_S + 3
@@ -187,15 +236,21 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
             acc0 = sum(c.ingest.counters().accepted for c in cores)
             bus0, core0, w0 = cpu(bus_pids(b)), cpu(core_pids(cores)), time.time()
             stale: list[float] = []
+            per_s: list[float] = []
             while time.time() - w0 < steady_s:
                 time.sleep(1.0)
-                stale.extend(sample_core(leader, PREFIX).stale)
+                if now_stale := sample_core(leader, PREFIX).stale:
+                    stale.extend(now_stale)
+                    per_s.append(quantile(now_stale, 0.99))
             dt = time.time() - w0
             r.rate = (sum(c.ingest.counters().accepted for c in cores) - acc0) / dt
             r.offered = float(nodes)
             r.p99_stale = quantile(stale, 0.99)
+            r.p99_second = statistics.median(per_s) if per_s else float("nan")
             r.bus_cpu_per_k = (cpu(bus_pids(b)) - bus0) / dt / (nodes / 1000)
             r.core_cpu_per_k = (cpu(core_pids(cores)) - core0) / dt / (nodes / 1000)
+            r.bus_mib_per_k = (rss_mib(bus_pids(b)) - bus_rss0) / (nodes / 1000)
+            r.core_mib_per_k = (rss_mib(core_pids(cores)) - core_rss0) / (nodes / 1000)
             r.shares = [c.ingest.counters().accepted for c in cores]
             log(f"{kind}: steady {r.rate:,.0f} reports/s, p99 staleness {r.p99_stale:.2f} s")
             # A bus node dies.
@@ -237,9 +292,20 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
                 r.lost = int(res.get("unacked", -1)) + int(res.get("pending_dropped", 0))
                 r.resent = int(res.get("resent", 0))
             r.duplicates = duplicates_in_state(cores, PREFIX)
+            r.max_lag_s = lag.stop()
+            r.unconfirmed = sum(st.get("unconfirmed", 0) for st in ingest_stats(cores))
+            r.restarts = sum(getattr(c.mqtt, "restarts", 0) for c in cores)
             log(f"{kind}: {r.lost} unacknowledged after the drain, {r.duplicates:.0f} "
-                "reports twice in the replicas' state")
+                f"reports twice in the replicas' state; shared ingest at most "
+                f"{r.max_lag_s:.1f} s behind, {r.unconfirmed} dropped unconfirmed, "
+                f"{r.restarts} bus connection(s) restarted")
+            if r.overloaded:
+                log(f"{kind}: OVERLOADED at {nodes:,} nodes: {r.rate:,.0f} of {nodes:,} "
+                    f"reports/s ingested, reports waited up to {r.max_lag_s:.1f} s in the "
+                    "stream: this machine does not carry this fleet")
         finally:
+            if lag is not None:
+                lag.stop()
             if sim is not None and sim.poll() is None:
                 sim.kill()
                 sim.wait(10)
@@ -387,6 +453,10 @@ def table(runs: dict[str, list[Run]], nodes: int, steady_s: float) -> str:
         ("reports still unacknowledged after the drain", lambda r: r.lost, ",.0f"),
         ("reports resent by agents", lambda r: r.resent, ",.0f"),
         ("reports folded twice (both replicas' state)", lambda r: r.duplicates, ",.0f"),
+        ("shared ingest behind the bus, s (longest wait in the stream)",
+         lambda r: r.max_lag_s, ".1f"),
+        ("reports dropped with their JetStream ack unconfirmed", lambda r: r.unconfirmed,
+         ",.0f"),
     ]
     kinds = list(runs)
     n = max(len(v) for v in runs.values())
@@ -396,6 +466,12 @@ def table(runs: dict[str, list[Run]], nodes: int, steady_s: float) -> str:
     for label, f, spec in rows:
         out.append(f"| {label} | " + " | ".join(med([f(r) for r in runs[k]], spec)
                                                   for k in kinds) + " |")
+    out.append("| replica kill recovered, runs | " + " | ".join(
+        f"{sum(r.replica_kill_recovery == r.replica_kill_recovery for r in runs[k])} of "
+        f"{len(runs[k])}" for k in kinds) + " |")
+    out.append("| runs overloaded (ingest < 90 % offered, or a report > 5 s in the stream) | "
+               + " | ".join(f"{sum(r.overloaded for r in runs[k])} of {len(runs[k])}"
+                            for k in kinds) + " |")
     return "\n".join(out)
 
 

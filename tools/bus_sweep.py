@@ -9,6 +9,12 @@ processes and of the core processes per 1,000 nodes. A bus stops at the first si
 it degrades (the knee): ingest under 90 % of offered, or p99 staleness over twice the
 first size's and over 2.5 s. No kills here (``one_run`` has them).
 
+``--kills --runs 3``: instead, every size runs :func:`tools.bench_bus.one_run` ``--runs``
+times per bus (steady window, a bus node SIGKILLed, the follower replica's bus connection
+SIGKILLed, the drain): per size the kill table of ``bench_bus`` (recovery, unacknowledged,
+duplicates, runs overloaded), then the sweep table and the sizing from the medians of those
+same runs. Every size runs (no stop at the knee): the kills above it are what it shows.
+
 The 100,000-node sizing is computed per bus from the sizes below its knee: each cost as a
 fixed part plus a part per node, the line through the smallest and the largest of those
 sizes (at small sizes the fixed part, idle servers and the digest loop, dominates a
@@ -35,14 +41,18 @@ from tools.bench_bus import (
     PREFIX,
     REPO,
     SIM_ACCOUNTS,
+    Run,
     bus_pids,
     core_pids,
     cpu,
     make_bus,
+    one_run,
     rss_mib,
     sim_argv,
     start_cores,
+    table,
 )
+from tools.bench_bus import WARM_S as KILL_WARM_S
 from tools.bench_ingest import quantile, sample_core
 
 KNEE_RATE = 0.9
@@ -131,6 +141,43 @@ def sweep(buses: Sequence[str], sizes: Sequence[int], steady_s: float,
     return out
 
 
+def kill_sweep(buses: Sequence[str], sizes: Sequence[int], runs: int, steady_s: float,
+               log: Callable[[str], None]) -> dict[str, dict[int, list[Run]]]:
+    """``one_run`` ``runs`` times per bus and size; runs alternate the buses, so drift in
+    the machine's load hits both."""
+    out: dict[str, dict[int, list[Run]]] = {k: {} for k in buses}
+    for n in sizes:
+        for i in range(runs):
+            for kind in buses:
+                log(f"{kind} {n:,} nodes: run {i + 1}/{runs}")
+                out[kind].setdefault(n, []).append(one_run(kind, n, steady_s, log))
+    return out
+
+
+def median_point(kind: str, nodes: int, runs: list[Run]) -> Point:
+    """The sweep's point for one size from its kill runs: the median of each figure."""
+    def m(f: Callable[[Run], float]) -> float:
+        xs = [x for x in map(f, runs) if x == x]
+        return statistics.median(xs) if xs else float("nan")
+
+    return Point(kind, nodes, rate=m(lambda r: r.rate), p99_stale=m(lambda r: r.p99_second),
+                 bus_cpu_per_k=m(lambda r: r.bus_cpu_per_k),
+                 core_cpu_per_k=m(lambda r: r.core_cpu_per_k),
+                 bus_mib_per_k=m(lambda r: r.bus_mib_per_k),
+                 core_mib_per_k=m(lambda r: r.core_mib_per_k))
+
+
+def kill_report(kills: dict[str, dict[int, list[Run]]], steady_s: float) -> str:
+    """Per size the kill table, then the sweep and the sizing from the same runs."""
+    sizes = sorted({n for per in kills.values() for n in per})
+    parts = [table({k: kills[k][n] for k in kills if n in kills[k]}, n, steady_s)
+             for n in sizes]
+    runs = max(len(v) for per in kills.values() for v in per.values())
+    points = {k: [median_point(k, n, per[n]) for n in sorted(per)] for k, per in kills.items()}
+    parts.append(report(points, steady_s, runs=runs, warm_s=KILL_WARM_S))
+    return "\n\n".join(parts)
+
+
 def at_100k(lo: Point, hi: Point, per_k: Callable[[Point], float]) -> float:
     """The total at 100,000 nodes of a cost measured per 1,000 nodes at two sizes: the
     line through (size, total) of both (fixed part + part per node; a fixed part below
@@ -143,9 +190,11 @@ def at_100k(lo: Point, hi: Point, per_k: Callable[[Point], float]) -> float:
     return fixed + max(0.0, slope) * 100_000
 
 
-def report(points: dict[str, list[Point]], steady_s: float) -> str:
+def report(points: dict[str, list[Point]], steady_s: float, runs: int = 1,
+           warm_s: float = WARM_S) -> str:
+    each = "one run per size" if runs == 1 else f"median of {runs} runs per size"
     lines = [f"Fleet sweep, 1 report/s per node, {steady_s:g} s measured per size after "
-             f"{WARM_S:g} s of warm-up; one run per size; the knee (*) is the first size "
+             f"{warm_s:g} s of warm-up; {each}; the knee (*) is the first size "
              "with ingest under 90 % of offered or p99 staleness over twice the first "
              "size's (and over 2.5 s)", "",
              "| bus | nodes | reports/s (offered) | p99 staleness (median second), s | "
@@ -186,21 +235,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--buses", default="mosquitto,nats")
     ap.add_argument("--report", type=Path, default=None,
                     help="only the tables, from the points line a run printed (JSON)")
+    ap.add_argument("--kills", action="store_true",
+                    help="each size as bench_bus runs it (kills, drain), --runs times")
+    ap.add_argument("--runs", type=int, default=3, help="with --kills: runs per size and bus")
     a = ap.parse_args(argv)
     if a.report is not None:
         raw = json.loads(a.report.read_text()[:1_000_000])
+        if "kills" in raw:
+            print(kill_report({k: {int(n): [Run(**r) for r in rs[:5]]
+                                   for n, rs in list(per.items())[:8]}
+                               for k, per in list(raw["kills"].items())[:2]},
+                              float(raw["steady"])))
+            return 0
         pts = {k: [Point(**p) for p in v[:8]] for k, v in list(raw["points"].items())[:2]}
         print(report(pts, float(raw["steady"])))
         return 0
     sizes = sorted(int(x) for x in a.sizes.split(","))
     if not 1 <= len(sizes) <= 8 or not all(1 <= n <= 20000 for n in sizes) \
-            or not 3 <= a.steady <= 40:
-        ap.error("bounds: 1-8 sizes of 1..20000 nodes, --steady 3..40")
+            or not 3 <= a.steady <= 40 or not 1 <= a.runs <= 5:
+        ap.error("bounds: 1-8 sizes of 1..20000 nodes, --steady 3..40, --runs 1..5")
     t0 = time.time()
 
     def log(msg: str) -> None:
         print(f"[bus_sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
+    if a.kills:
+        kills = kill_sweep(a.buses.split(","), sizes, a.runs, a.steady, log)
+        print(kill_report(kills, a.steady))
+        print("\n" + json.dumps({"steady": a.steady, "kills": {
+            k: {str(n): [vars(r) for r in rs] for n, rs in per.items()}
+            for k, per in kills.items()}}))
+        print(f"\n(python -m tools.bus_sweep {' '.join(sys.argv[1:] if argv is None else argv)}"
+              f"; {time.time() - t0:.0f} s)")
+        return 0
     points = sweep(a.buses.split(","), sizes, a.steady, log)
     print(report(points, a.steady))
     print("\n" + json.dumps({"steady": a.steady, "points": {

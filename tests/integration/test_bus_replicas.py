@@ -44,11 +44,13 @@ def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
     c.stop()
 
 
-def replica(c: NatsCluster, i: int, tmp: Path) -> CoreService:
+def replica(c: NatsCluster, i: int, tmp: Path, *, digest_interval_s: float = 0.5,
+            ack_interval_s: float = 1.0) -> CoreService:
     creds = c.add_account(f"core-r{i}", "core")
     cfg = CoreConfig(
         mqtt=settings(c, creds, client_id=f"core-r{i}"), db_path=tmp / f"core{i}.db",
-        share_group="cfnet", place=i == 1, console=i == 1, digest_interval_s=0.5,
+        share_group="cfnet", place=i == 1, console=i == 1,
+        digest_interval_s=digest_interval_s, ack_interval_s=ack_interval_s,
         nats=NatsIngestSettings(urls=tuple(c.nats_urls), username=creds.username,
                                 password=creds.password, ca_file=c.ca_file,
                                 ack_wait_s=ACK_WAIT_S))

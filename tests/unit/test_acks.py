@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_core.acks import Acknowledger
+from cloud_core.acks import RETRY_S, Acknowledger
 from edge_agent.buffer import ReportBuffer
 from edge_agent.outbox import AckWindow
 from edge_agent.wire import (
@@ -59,6 +59,42 @@ def test_acknowledger_batches_per_node_after_record_only() -> None:
     assert got[ack_topic("edge-b")].acks == (("x", ((1, 1),)),)
     assert a.reports == 6 and a.messages == 2
     assert a.flush() == 0  # each record acknowledged once
+
+
+class _Handle:
+    def __init__(self, ok: bool | None) -> None:
+        self.ok = ok  # None: not confirmed yet
+
+    def done(self) -> bool:
+        return bool(self.ok)
+
+
+def test_acknowledger_keeps_acks_while_down_and_sends_unconfirmed_ones_again() -> None:
+    now = [10.0]
+    up = [False]
+    sent: list[tuple[bytes, _Handle]] = []
+    next_ok: list[bool | None] = [None]
+
+    def publish(_t: str, p: bytes) -> _Handle:
+        sent.append((p, _Handle(next_ok[0])))
+        return sent[-1][1]
+
+    a = Acknowledger(publish, interval_s=1.0, clock=lambda: now[0], connected=lambda: up[0])
+    a.record("edge-a", "b", 1)
+    a.record("edge-a", "b", 2)
+    assert a.flush() == 0 and not sent  # connection down: kept, not lost
+    up[0] = True
+    assert a.flush() == 1  # out once the connection is back
+    assert parse_ack(sent[0][0]).acks == (("b", ((1, 2),)),)
+    now[0] += 1.0
+    assert a.flush() == 0  # not confirmed yet, not due again either
+    sent[0][1].ok = False  # the connection died with it: never confirmed
+    now[0] += RETRY_S
+    next_ok[0] = True
+    assert a.flush() == 1 and a.retried == 2
+    assert parse_ack(sent[1][0]).acks == (("b", ((1, 2),)),)
+    now[0] += RETRY_S
+    assert a.flush() == 0  # confirmed: done
 
 
 def test_acknowledger_splits_past_the_wire_bounds() -> None:
