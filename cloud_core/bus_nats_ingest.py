@@ -65,6 +65,7 @@ FETCH_BATCH = 512
 # agents' resend time (10 s) every late report comes twice and the load grows with it.
 LAG_WARN_S = 5.0
 LAG_LOG_S = 10.0
+STOP_DRAIN_S = 2.0
 
 
 class SharedIngest:
@@ -217,7 +218,10 @@ class SharedIngest:
             await asyncio.gather(*tasks)
         finally:
             self._connected.clear()
-            await nc.drain()
+            try:  # drain waits up to 30 s for the pull subscriptions: the core is stopping
+                await asyncio.wait_for(nc.drain(), STOP_DRAIN_S)
+            except Exception:
+                await nc.close()
 
     async def _fetch(self, psub: object) -> None:
         from nats.errors import TimeoutError as NatsTimeout
@@ -248,8 +252,11 @@ class SharedIngest:
                     self.fetched += 1
                 else:
                     self.unconfirmed += 1
-            if msgs:
-                self._measure(msgs[-1], late)
+            # A redelivery waited ack_wait in the stream by design: the lag is measured on
+            # the newest first delivery only.
+            first = [m for m in msgs if getattr(m.metadata, "num_delivered", 1) == 1]
+            if first:
+                self._measure(first[-1], late)
 
     @staticmethod
     async def _ack(m: Any, timeout_s: float) -> bool:

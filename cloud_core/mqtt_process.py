@@ -29,7 +29,12 @@ the replicas (:mod:`cloud_core.bus_nats_ingest`) instead of MQTT, which on NATS 
 
 The child exits when the core asks, and on its own when the core goes away
 (its end of the pipe closes), so a killed core leaves no orphan holding the
-account's session.
+account's session. On the NATS bus a child that exits unasked (SIGKILLed, out of memory)
+is started again, after 0.2 s and up to 10 s while it keeps dying young; every publish it had not
+confirmed fails at once, so the core sends its end-to-end acks again
+(``cloud_core/acks.py``) and its next digest names what it folded meanwhile
+(``cloud_core/replicas.py``): a replica comes back as itself, its state kept, instead of
+staying without a bus connection.
 """
 
 from __future__ import annotations
@@ -121,6 +126,10 @@ class MqttProcess:
         self._started = 0.0
         self._restart_delay = RESTART_MIN_S
         self.restarts = 0  # children started again after an unasked exit
+        # On Mosquitto a child is not started again: a `$share` member that came back at once
+        # under the same client id left Mosquitto 2.0.11 handing part of the group's messages
+        # to nobody (tests/integration/test_replicas.py lost half the fleet that way).
+        self.restart = nats is not None
         self._connected = threading.Event()
         self._refusal = ""
         self._tokens = itertools.count(1)
@@ -328,8 +337,14 @@ class MqttProcess:
                 self.ingest = body
         conn.close()
         self._connected.clear()
-        if self._proc is proc:  # not asked to stop: the child died
+        if self._proc is not proc:  # asked to stop
+            return
+        if self.restart:
             self._child_died(proc)
+        else:
+            self._fail_handles()
+            log.error("MQTT process exited unexpectedly; the core stays without a bus "
+                      "connection")
 
 
 # ====================================================================== the child

@@ -15,6 +15,14 @@ none). A replica marks them seen without folding them, so a report
 that reaches it later anyway (the bus redelivered it after the first replica's
 acknowledgement was lost, or the agent resent it because the core's ack was) is
 acknowledged as a duplicate there, not folded a second time.
+
+A digest goes out only while the bus connection is up (``publish_once``), so what a
+replica folded just before its connection died is named in the first digest on its new
+one (cloud_core/mqtt_process.py starts the connection again). Nothing comes back to the
+other replicas meanwhile: on NATS a replica folds only what JetStream confirmed
+acknowledged (cloud_core/bus_nats_ingest.py), so nothing it folded is redelivered, and
+its end-to-end acks wait for the new connection too (cloud_core/acks.py), so the agents
+resend nothing it folded unless it stays away longer than their ``resend_s``.
 """
 
 from __future__ import annotations
