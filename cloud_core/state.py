@@ -41,6 +41,12 @@ SEQ_HISTORY = 20000
 # both ways: what one node keeps until the next digest, and what one digest item may
 # name (checked before the ranges are expanded).
 MAX_UNSENT_SEQS = 256
+# Each seq is named in every digest for this long after it was first named: longer than
+# the agents' resend_s (10 s), so a replica that missed digests while its own connection
+# was away (a bus node's failover, its MQTT child started again) still learns of a report
+# before the agent's resend of it can reach that replica. Naming it only twice left
+# a replica away for more than two digests to fold such a resend again.
+NAME_FOR_S = 15.0
 MAX_DIGEST_BOOTS = 4
 MAX_DIGEST_RANGES = 64
 MAX_DIGEST_SEQS = 1024
@@ -130,9 +136,9 @@ class _Node:
     local_at: float = 0.0
     # (boot, seq) folded here since the last digest (only while digests are exchanged).
     unsent: list[tuple[str, int]] = field(default_factory=list)
-    # What the last digest named: named once more in the next one, so that one digest lost
-    # with its connection (QoS 0, a bus node killed under it) loses no seq.
-    named: list[tuple[str, int]] = field(default_factory=list)
+    # (first named at, boot, seq) of what recent digests named: named again in every digest
+    # for NAME_FOR_S, so that digests lost with a connection (QoS 0) lose no seq.
+    named: list[tuple[float, str, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -268,7 +274,8 @@ class ClusterState:
         out: list[dict[str, Any]] = []
         with self._lock:
             for name, n in self._nodes.items():
-                if n.local_at <= since and not n.unsent and not n.named:
+                naming = bool(n.named) and now - n.named[-1][0] < NAME_FOR_S  # newest last
+                if n.local_at <= since and not n.unsent and not naming:
                     continue
                 links = [
                     {"peer": lk.peer_addr, "rtt": lk.rtt,
@@ -289,18 +296,20 @@ class ClusterState:
                     "addresses": n.addresses, "labels": n.agent_labels,
                     "links": links,
                 })
-                if n.unsent or n.named:
-                    out[-1]["seqs"] = self._take_unsent(n)
+                if (n.unsent or n.named) and (seqs := self._take_unsent(n, now)):
+                    out[-1]["seqs"] = seqs
         return out
 
     @staticmethod
-    def _take_unsent(n: _Node) -> list[list[Any]]:
-        """The seqs folded here since the last two digests, as ``[[boot, [[lo, hi], ...]],
-        ...]``."""
+    def _take_unsent(n: _Node, now: float) -> list[list[Any]]:
+        """The seqs folded here and first named less than ``NAME_FOR_S`` ago, as
+        ``[[boot, [[lo, hi], ...]], ...]``."""
+        named = [x for x in n.named if now - x[0] < NAME_FOR_S]
+        named += [(now, boot, seq) for boot, seq in n.unsent]
+        n.named, n.unsent = named[-MAX_UNSENT_SEQS:], []
         per_boot: dict[str, list[int]] = {}
-        for boot, seq in (*n.named, *n.unsent):
+        for _t, boot, seq in n.named:
             per_boot.setdefault(boot, []).append(seq)
-        n.named, n.unsent = n.unsent, []
         return [[b, [list(r) for r in seq_ranges(q)[-MAX_DIGEST_RANGES:]]]
                 for b, q in list(per_boot.items())[-MAX_DIGEST_BOOTS:]]
 

@@ -9,7 +9,7 @@ import pytest
 from cloud_core.health import Health, HealthConfig, node_health
 from cloud_core.ingest import Ingest
 from cloud_core.replicas import encode_digests
-from cloud_core.state import ClusterState
+from cloud_core.state import NAME_FOR_S, ClusterState
 from edge_agent import wire
 from tests.unit.reports import report_bytes, report_dict
 
@@ -99,9 +99,14 @@ def test_replicas_share_folded_seqs_through_digests() -> None:
         a_ing.handle(T, report_bytes(seq=seq))
     items = a.export_local(0.0, clock())
     assert items[0]["seqs"] == [["b1", [[1, 3], [5, 5]]]]
-    # Named once more in the next digest (one lost with its connection loses nothing),
-    # then no more.
+    # Named again in every digest for NAME_FOR_S (digests lost while a replica's connection
+    # was away lose nothing), then no more.
+    clock.t += NAME_FOR_S - 1
     assert [it["seqs"] for it in a.export_local(clock(), clock())] == [items[0]["seqs"]]
+    a_ing.handle(T, report_bytes(seq=6))
+    clock.t += 1
+    assert [it["seqs"] for it in a.export_local(clock(), clock())] == [[["b1", [[6, 6]]]]]
+    clock.t += NAME_FOR_S
     assert a.export_local(clock(), clock()) == []
     (wire_digest,) = encode_digests(items)  # as it travels
     assert b.merge(json.loads(wire_digest)["items"], clock()) == 0
