@@ -9,9 +9,10 @@ less to fold in than the reports it summarises — on
 into its state. The leader's state thus converges to the whole fleet while
 parsing and validation stay split.
 
-Each item also names the seqs the replica folded since its last two digests (``seqs``:
-ranges per boot, bounded; each seq in two digests, so one lost with its connection loses
-none). A replica marks them seen without folding them, so a report
+Each item also names the seqs the replica folded in the last ``NAME_FOR_S`` (15 s,
+cloud_core/state.py) (``seqs``: ranges per boot, bounded; each seq in every digest for
+15 s, longer than the agents' resend time, so digests lost while a replica's connection
+was away lose none). A replica marks them seen without folding them, so a report
 that reaches it later anyway (the bus redelivered it after the first replica's
 acknowledgement was lost, or the agent resent it because the core's ack was) is
 acknowledged as a duplicate there, not folded a second time.

@@ -26,6 +26,13 @@ and resent by the agents, so not lost while they hold them; 0 means every report
 reached a core's state), how many were resent, and how many reports the two replicas
 folded in more than once between them (duplicates in the core's state).
 
+Where the machine does not carry the fleet it says so rather than reporting a slow bus:
+a run is **overloaded** when ingest falls under 90 % of offered in the steady window or a
+report waited more than 5 s in the stream (NATS: the cores' shared-ingest lag, sampled
+each second; ``cfnet_shared_ingest_behind``), and the table counts those runs beside the
+replica kills that recovered, the longest wait in the stream and the reports dropped
+with their JetStream ack unconfirmed.
+
 Median of ``--runs`` runs with the spread (min-max). All of it shares this 2-core
 machine (bus, two cores, simulator): absolute figures are this machine's.
 
@@ -91,6 +98,7 @@ class Run:
     core_cpu_per_k: float = 0.0
     bus_kill_recovery: float = float("nan")
     duplicates: float = float("nan")  # reports folded more than once across the replicas
+    dup_replica_kill: float = float("nan")  # of those, sent around the replica kill
     replica_kill_recovery: float = float("nan")
     lost: int = -1
     resent: int = 0
@@ -291,12 +299,17 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
                 res = json.loads(lines[-1])
                 r.lost = int(res.get("unacked", -1)) + int(res.get("pending_dropped", 0))
                 r.resent = int(res.get("resent", 0))
-            r.duplicates = duplicates_in_state(cores, PREFIX)
+            dup_seqs = duplicate_seqs(cores, PREFIX)
+            r.duplicates = len(dup_seqs)
+            # Which kill the twice-folded reports were sent around: from 3 s before the
+            # replica kill on, the replica kill's; before that, the bus node kill's.
+            r.dup_replica_kill = sum(t0 + q >= t_kill - 3 for q in dup_seqs)
             r.max_lag_s = lag.stop()
             r.unconfirmed = sum(st.get("unconfirmed", 0) for st in ingest_stats(cores))
             r.restarts = sum(getattr(c.mqtt, "restarts", 0) for c in cores)
             log(f"{kind}: {r.lost} unacknowledged after the drain, {r.duplicates:.0f} "
-                f"reports twice in the replicas' state; shared ingest at most "
+                f"reports twice in the replicas' state ({r.dup_replica_kill:.0f} sent around "
+                f"the replica kill, seqs {sorted(set(dup_seqs))[:12]}); shared ingest at most "
                 f"{r.max_lag_s:.1f} s behind, {r.unconfirmed} dropped unconfirmed, "
                 f"{r.restarts} bus connection(s) restarted")
             if r.overloaded:
@@ -320,14 +333,24 @@ def duplicates_in_state(cores: list[CoreService], prefix: str) -> int:
     (boot, seq) per node (what it ingested itself, not what digests told it; bounded by
     ``SEQ_HISTORY``, far above a run's reports per node). A report the bus handed to both
     replicas, or to one twice, counts once per extra fold."""
+    return len(duplicate_seqs(cores, prefix))
+
+
+def duplicate_seqs(cores: list[CoreService], prefix: str) -> list[int]:
+    """The seq of every extra fold ``duplicates_in_state`` counts (at 1 report/s a seq
+    says when its report was sent: about ``seq`` seconds after the fleet started)."""
     nodes: set[str] = set()
     for c in cores:
         nodes |= {n for n in c.state.snapshot(time.time()).nodes if n.startswith(prefix)}
-    dups = 0
+    out: list[int] = []
     for n in nodes:
         folded = [x for c in cores for x in c.state.node_history(n)]
-        dups += len(folded) - len(set(folded))
-    return dups
+        seen: set[tuple[str, int]] = set()
+        for x in folded:
+            if x in seen:
+                out.append(x[1])
+            seen.add(x)
+    return out
 
 
 def rss_mib(pids: list[int]) -> float:
@@ -453,6 +476,7 @@ def table(runs: dict[str, list[Run]], nodes: int, steady_s: float) -> str:
         ("reports still unacknowledged after the drain", lambda r: r.lost, ",.0f"),
         ("reports resent by agents", lambda r: r.resent, ",.0f"),
         ("reports folded twice (both replicas' state)", lambda r: r.duplicates, ",.0f"),
+        ("of those, sent around the replica kill", lambda r: r.dup_replica_kill, ",.0f"),
         ("shared ingest behind the bus, s (longest wait in the stream)",
          lambda r: r.max_lag_s, ".1f"),
         ("reports dropped with their JetStream ack unconfirmed", lambda r: r.unconfirmed,
