@@ -44,6 +44,7 @@ import logging
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,7 @@ from cloud_core.bus_nats_sites import SourceResumer
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 512
+FETCH_REQUESTS = 3  # pull requests whose answers may still sit in the client's queue
 # Ingest this far behind the bus is said in the log (at most every LAG_LOG_S): past the
 # agents' resend time (10 s) every late report comes twice and the load grows with it.
 LAG_WARN_S = 5.0
@@ -225,15 +227,19 @@ class SharedIngest:
     async def _fetch(self, psub: object) -> None:
         from nats.errors import TimeoutError as NatsTimeout
 
-        # Confirmed later than this after the fetch began, a message may already be with
-        # another replica (JetStream redelivers after ack_wait_s from its delivery, which
-        # came after the fetch began).
+        # Confirmed later than this after its pull request went out, a message may already
+        # be with another replica (JetStream redelivers ack_wait_s after its delivery, which
+        # answered that request). A fetch first takes what earlier requests' answers left
+        # in the client's queue (the rest of a batch that came after the fetch returned),
+        # so the clock starts at the oldest of the last FETCH_REQUESTS requests.
         trust_s = self.settings.ack_wait_s / 2
+        requests: deque[float] = deque(maxlen=FETCH_REQUESTS)
         while not self._stopping.is_set():
             if self.backlog() > FETCH_BATCH:
                 await asyncio.sleep(0.02)  # the core is behind: leave the rest to others
                 continue
-            t0 = time.monotonic()
+            requests.append(time.monotonic())
+            t0 = requests[0]
             try:
                 msgs = await psub.fetch(FETCH_BATCH, timeout=0.5)  # type: ignore[attr-defined]
             except (TimeoutError, NatsTimeout):

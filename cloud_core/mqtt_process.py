@@ -81,6 +81,7 @@ ACK_GIVE_UP_S = 60.0
 RESTART_MIN_S = 0.2
 RESTART_MAX_S = 10.0
 RESTART_RESET_S = 30.0
+COUNTERS = ("fetched", "unconfirmed", "errors")  # of SharedIngest.stats; the rest are gauges
 
 
 class MqttProcessError(CoreError):
@@ -140,7 +141,8 @@ class MqttProcess:
         self.edge: dict[str, dict[str, int]] = {}
         # The shared ingest's counters and gauges (bus_nats_ingest.SharedIngest.stats), as
         # last reported by the child.
-        self.ingest: dict[str, int] = {}
+        self._ingest: dict[str, int] = {}
+        self._ingest_before: dict[str, int] = {}  # counters of the children that died
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -225,6 +227,9 @@ class MqttProcess:
         names what it folded before (cloud_core/replicas.py)."""
         self._connected.clear()
         self._fail_handles()
+        for k in COUNTERS:
+            self._ingest_before[k] = self._ingest_before.get(k, 0) + self._ingest.get(k, 0)
+        self._ingest = {}
         rc = proc.wait()
         lived = time.monotonic() - self._started
         self._restart_delay = (RESTART_MIN_S if lived > RESTART_RESET_S
@@ -242,6 +247,15 @@ class MqttProcess:
                 self._spawn()
             except MqttProcessError as exc:
                 log.error("%s; the core stays without a bus connection", exc)
+
+    @property
+    def ingest(self) -> dict[str, int]:
+        """The shared ingest's figures (``SharedIngest.stats``): its counters summed over
+        every child this core started, its gauges as the running child last sent them."""
+        out = dict(self._ingest)
+        for k, v in self._ingest_before.items():
+            out[k] = out.get(k, 0) + v
+        return out
 
     @property
     def pid(self) -> int | None:
@@ -334,7 +348,7 @@ class MqttProcess:
             elif kind == "edge":
                 self.edge = body
             elif kind == "ingest":
-                self.ingest = body
+                self._ingest = body
         conn.close()
         self._connected.clear()
         if self._proc is not proc:  # asked to stop
