@@ -14,7 +14,8 @@ down wait in the stream (``max_age_s``) instead of being lost.
 
 A fetched batch is acknowledged to JetStream *before* it goes to the core, and each
 acknowledgement is confirmed by the server (``ack_sync``, JetStream's double ack): only
-what the server confirmed within half of ``ack_wait_s`` of the fetch goes on. JetStream
+what the server confirmed within half of ``ack_wait_s`` of the pull request it answered
+goes on. JetStream
 therefore never redelivers a report a replica has folded (a redelivery after a replica's
 death carries only what it never saw), and a slow replica's batch is not handed to a
 second one while the first still folds it. What is fetched but not confirmed in time is

@@ -44,8 +44,8 @@ MAX_UNSENT_SEQS = 256
 # Each seq is named in every digest for this long after it was first named: longer than
 # the agents' resend_s (10 s), so a replica that missed digests while its own connection
 # was away (a bus node's failover, its MQTT child started again) still learns of a report
-# before the agent's resend of it can reach that replica. Naming it only twice left
-# a replica away for more than two digests to fold such a resend again.
+# before the agent's resend of it can reach that replica (named in two digests only, a
+# replica away for longer folded such a resend again).
 NAME_FOR_S = 15.0
 MAX_DIGEST_BOOTS = 4
 MAX_DIGEST_RANGES = 64
