@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -65,6 +66,10 @@ NODE = "cfk-node"
 TAG = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGES = {t: f"localhost/cfnet-{t}:{TAG}" for t in ("core", "agent", "mosquitto")}
 PV_NAME = "cfnet-test-mosquitto"
+# The broker's certificate listener's NodePort (mosquitto.service.certNodePort).
+CERT_NODE_PORT = 30884
+# The previous release's chart (0.1.0), packaged from its commit (tests/cluster/charts/README).
+PREVIOUS_CHART = ROOT / "tests" / "cluster" / "charts" / "cfnet-0.1.0-0f1c3cf.tgz"
 # The README's install command, as given there (the files are made by tools.certs below).
 README_SET_FILES = {"credentials.caCrt": "ca.crt",
                     "credentials.corePassword": "clients/core-k8s/password"}
@@ -92,6 +97,10 @@ def overrides(node_dir: Path) -> list[str]:
         "core.consoleRoles.ops=viewer",
         # The agent's offline buffer under the node's temp dir, not the machine's /var/lib.
         f"agent.hostPaths.stateDir={node_dir / 'cfnet-agent-state'}",
+        # The broker's certificate listener also on the node's address, for an edge device
+        # outside the cluster network (docs/install.md, "Edge nodes"); the agents inside
+        # keep the Service's name (no broker.agentHost).
+        "mosquitto.service.type=NodePort", f"mosquitto.service.certNodePort={CERT_NODE_PORT}",
     ]
 
 
@@ -370,11 +379,13 @@ def release(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
     for target, s in ensure_images().items():
         timings[f"build {target}"] = s
     # The broker's PKI and accounts, as the README says (tools.certs): the broker certificate
-    # names the in-cluster Service; one account for the cores, one for the agent on the node
-    # (its password is credentials.agentPassword), an operator for cfnetctl.
+    # names the in-cluster Service and the node's address (its NodePort); one account for
+    # the cores, one for the agent on the node (its password is credentials.agentPassword),
+    # an operator for cfnetctl.
     pki = tmp_path_factory.mktemp("pki")
     certs = [sys.executable, "-m", "tools.certs"]
-    for args in (["init", str(pki), "--san", f"DNS:mosquitto.{NS}.svc"],
+    for args in (["init", str(pki), "--san", f"DNS:mosquitto.{NS}.svc",
+                  "--san", f"IP:{rc.node.node_ip}"],
                  ["add-core", "core-k8s", "--dir", str(pki)],
                  ["add-operator", "ops", "--dir", str(pki)]):
         subprocess.run([*certs, *args], cwd=ROOT, check=True, capture_output=True, timeout=60)
@@ -475,8 +486,8 @@ def test_one_agents_certificate_cannot_publish_as_another_node(release: Release)
                       node=NODE, other="cfk-other", netns=rc.node.ns, check_hostname=False)
 
 
-def test_cfnet_scheduled_deployment_runs_on_the_node(release: Release) -> None:
-    rc, ns = release.rc, release.workload_ns
+def _web_deployment(rc: RealCluster, ns: str) -> None:
+    """Deployment ``web`` in ``ns``: 2 replicas scheduled by cfnet onto the real node."""
     rc.cp.ensure_namespace(ns)
     rc.cp.wait_default_service_account(ns, timeout=60)
     rc.cp.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", {
@@ -489,6 +500,11 @@ def test_cfnet_scheduled_deployment_runs_on_the_node(release: Release) -> None:
                                      "imagePullPolicy": "Never", "args": ["serve", "8080"],
                                      "resources": {"requests": {"cpu": "10m",
                                                                 "memory": "16Mi"}}}]}}}})
+
+
+def test_cfnet_scheduled_deployment_runs_on_the_node(release: Release) -> None:
+    rc, ns = release.rc, release.workload_ns
+    _web_deployment(rc, ns)
 
     def running() -> list[dict[str, Any]] | None:
         pods = _pods(rc, ns, "app=web")
@@ -892,65 +908,130 @@ def test_prometheus_scrapes_cfnet_and_the_agent_stale_alert_fires(
                  and _ready(p[0]), 120, "the agent back, Ready")
 
 
-def _held(m: faults.Samples) -> float:
-    """Reports the agent took and no longer holds: acknowledged (when nothing dropped)."""
-    return faults.value(m, "cfnet_agent_reports_total", stage="taken") - \
-        faults.value(m, "cfnet_agent_buffer_reports")
+def _buffer(rc: RealCluster) -> tuple[int, int, int]:
+    """The agent's report buffer on the node (its SQLite file in the state directory, read
+    only): (reports ever put in it, reports in it now, reports dropped for good: thinned,
+    expired, refused). All three outlive the agent's process, which its /metrics do not."""
+    db = sqlite3.connect(f"file:{rc.node.dir / 'cfnet-agent-state' / 'buffer.db'}?mode=ro",
+                         uri=True, timeout=5)
+    try:
+        seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name='reports'").fetchone()
+        depth = db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
+        drops = db.execute("SELECT COALESCE(SUM(v), 0) FROM meta WHERE k IN "
+                           "('thinned', 'expired', 'refused')").fetchone()[0]
+    finally:
+        db.close()
+    return int(seq[0]) if seq else 0, int(depth), int(drops)
 
 
-def test_upgrade_with_the_agent_reporting_loses_and_repeats_nothing(release: Release) -> None:
-    """`helm upgrade` while the agent reports. The previous release is the chart as
-    installed; the upgrade is the same chart with one changed value that rolls both core
-    replicas (core.logFormat=json), as a new core version rolls them, while the broker and
-    the agent stay. Sampled about every second until both cores are new, one leads and the
-    agent's buffer is drained: never two cores report cfnet_leader 1, and the Lease ends
-    with one live core; the agent stays connected or reconnects and loses no report
-    (nothing thinned, expired or refused), and the cores count none twice: the reports
-    accepted over the upgrade, summed over every core process, equal the reports the agent
-    handed over and saw acknowledged (within 2: the scrapes are not one instant). Prints
-    the roll's time and the Lease's holders."""
+def _names(release: Release, app: str) -> set[str]:
+    return {p["metadata"]["name"] for p in _pods(release.rc, NS, f"app.kubernetes.io/name={app}")
+            if p["metadata"].get("deletionTimestamp") is None}
+
+
+def _web_bindings(release: Release) -> dict[str, tuple[str, str, int]]:
+    """The cfnet-scheduled ``web`` pods (created when missing, waited for Running): name ->
+    (uid, node, bindings seen as Scheduled events)."""
+    rc, ns = release.rc, release.workload_ns
+    if _maybe(rc, f"/apis/apps/v1/namespaces/{ns}/deployments/web") is None:
+        _web_deployment(rc, ns)
+
+    def running() -> list[dict[str, Any]] | None:
+        pods = _pods(rc, ns, "app=web")
+        return pods if pods and all(map(_ready, pods)) else None
+
+    pods = release.wait(running, 120, "the cfnet-scheduled pods Running", ns=ns)
+    counts = faults.scheduled_per_pod(
+        _get(rc, f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"])
+    return {p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"],
+                                    counts.get(p["metadata"]["name"], 0)) for p in pods}
+
+
+def _drained(rc: RealCluster) -> tuple[int, int, int] | None:
+    b = _buffer(rc)
+    return b if b[1] <= 1 else None
+
+
+def _install_previous_chart(release: Release) -> None:
+    """The release back on the previous release's chart (PREVIOUS_CHART, the release's own
+    values, which it accepts as they are): its agent (no health port) and Mosquitto roll;
+    returns once they are new and Ready, one core leads and the agent's reports are taken
+    and acknowledged through the broker."""
+    agent, broker = _names(release, "cfnet-agent"), _names(release, "mosquitto")
+    _helm(release.rc, "upgrade", RELEASE, str(PREVIOUS_CHART), *release.helm_args())
+
+    def rolled() -> bool:
+        return bool(release.all_ready()) and not (_names(release, "cfnet-agent") & agent) \
+            and not (_names(release, "mosquitto") & broker)
+
+    release.wait(rolled, 180, "the previous chart's agent and Mosquitto Ready")
+    release.wait(release.one_leader, 90, "one leading core")
+    start = _buffer(release.rc)[0]
+    release.wait(lambda: (b := _buffer(release.rc))[0] >= start + 3 and b[1] <= 1, 90,
+                 "the previous chart's agent taking reports that the core acknowledges")
+
+
+def test_upgrade_from_the_previous_chart_with_the_agent_reporting(release: Release) -> None:
+    """`helm upgrade` from the previous release's chart (tests/cluster/charts: 0.1.0; the
+    images are today's, only the chart changes) to the current one while the agent reports,
+    with cfnet-scheduled pods running. The release is first put on the previous chart with
+    its own values (accepted unchanged); the upgrade then rolls the agent (the health port
+    and probes are new), Mosquitto (its configuration changed) and, with one changed value
+    as a new core version would, both core replicas (core.logFormat=json). Sampled about
+    every second until everything is new and Ready, one core leads and the agent's buffer
+    is drained: never two cores report cfnet_leader 1 and the Lease passes at most once;
+    the agent loses no report (nothing thinned, expired or refused in its buffer, which
+    outlives its process) and the cores count none twice: the reports accepted over the
+    upgrade, summed over every core process, equal the reports put in the agent's buffer
+    and gone from it (within 2: the scrapes are not one instant); no pod is re-bound (the
+    web pods keep their UIDs, nodes and single Scheduled event). Prints the roll's time
+    and the Lease's holders."""
     rc = release.rc
-
-    def quiet() -> faults.Samples | None:
-        m = _agent_metrics(rc)
-        return m if faults.value(m, "cfnet_agent_buffer_reports") <= 1 else None
-
+    web = _web_bindings(release)
+    _install_previous_chart(release)
     release.wait(release.one_leader, 90, "one leading core")
     watch = faults.CoreWatch()
     t0 = time.monotonic()
-    agent0 = release.wait(quiet, 60, "the agent's buffer drained before the upgrade")
+    agent0 = release.wait(lambda: _drained(rc), 60, "the agent's buffer drained before the "
+                                                    "upgrade")
     _sample(release, watch, t0)
     before = set(watch.last)
+    agent, broker = _names(release, "cfnet-agent"), _names(release, "mosquitto")
     # Kept in the release's values: the next upgrade then leaves the cores as they are.
     release.values.append("core.logFormat=json")
     _helm(rc, "upgrade", RELEASE, str(chart.CHART), *release.helm_args())
 
-    def rolled() -> faults.Samples | None:
+    def rolled() -> tuple[int, int, int] | None:
         _sample(release, watch, t0)
-        pods = {p["metadata"]["name"] for p in release.core_pods()}
-        if len(pods) != 2 or pods & before or release.one_leader() is None:
+        cores = {p["metadata"]["name"] for p in release.core_pods()}
+        if len(cores) != 2 or cores & before or _names(release, "cfnet-agent") & agent \
+                or _names(release, "mosquitto") & broker or not release.all_ready() \
+                or release.one_leader() is None:
             return None
-        m = _agent_metrics(rc)
-        return m if faults.value(m, "cfnet_agent_connected") == 1 and \
-            faults.value(m, "cfnet_agent_buffer_reports") <= 1 else None
+        m = _agent_metrics(rc)  # the current chart's agent serves them
+        b = _buffer(rc)
+        return b if faults.value(m, "cfnet_agent_connected") == 1 and b[1] <= 1 else None
 
     def story() -> str:
         return ("samples (t, leaders, holder):\n  "
                 + "\n  ".join(f"{s[0]:.1f} {s[1]} {s[2]}" for s in watch.leaders[-60:]))
 
-    agent1 = release.wait(rolled, 240, "two new core pods, one leading, the agent's buffer "
-                                       "drained", story=story)
+    agent1 = release.wait(rolled, 300, "new cores (one leading), agent and Mosquitto, the "
+                                       "agent's buffer drained", story=story)
     took = time.monotonic() - t0
     _sample(release, watch, t0)
     assert not watch.two_leaders(), story()
-    assert faults.agent_drops(agent1) == faults.agent_drops(agent0) == 0
+    assert len(watch.holders()) <= 2, story()  # the Lease passed at most once
+    assert agent1[2] == agent0[2] == 0, (agent0, agent1)  # nothing dropped
+    handed = (agent1[0] - agent0[0]) - (agent1[1] - agent0[1])
     accepted = watch.accepted(before)
-    assert abs(accepted - (_held(agent1) - _held(agent0))) <= 2, (
-        accepted, _held(agent1) - _held(agent0), watch.first, watch.last, story())
-    print(f"[upgrade] cores rolled with the agent reporting in {took:.1f} s: "
-          f"{accepted:.0f} reports accepted once, "
+    assert abs(accepted - handed) <= 2, (accepted, handed, watch.first, watch.last, story())
+    assert _web_bindings(release) == web  # the same pods, on the same node, bound once
+    print(f"[upgrade] previous chart -> current with the agent reporting in {took:.1f} s: "
+          f"{accepted:.0f} reports accepted once ({handed} handed over), "
           f"{sum(watch.duplicates.values()):.0f} redeliveries recognised, Lease holders "
-          f"{' -> '.join(watch.holders())}", file=sys.__stderr__, flush=True)
+          f"{' -> '.join(watch.holders())}, {len(web)} web pods kept",
+          file=sys.__stderr__, flush=True)
 
 
 def test_upgrade_takes_effect_and_uninstall_leaves_nothing(release: Release) -> None:
