@@ -30,6 +30,7 @@ probe loads.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import shutil
@@ -51,6 +52,7 @@ import yaml
 
 from tests.cluster import faults
 from tests.cluster.conftest import RealCluster
+from tests.cluster.edge import EdgeDevice
 from tools import helm as chart
 from tools.envtest.images import PODBIN_IMAGE
 from tools.identity_probe import cannot_publish_as
@@ -329,7 +331,6 @@ def _local_pv(rc: RealCluster, name: str = PV_NAME, dirname: str = "pv-mosquitto
 
 
 def _secret(name: str, files: dict[str, Path]) -> dict[str, Any]:
-    import base64
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
             "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in files.items()}}
 
@@ -484,6 +485,123 @@ def test_one_agents_certificate_cannot_publish_as_another_node(release: Release)
     cannot_publish_as(svc["spec"]["clusterIP"], port, ca_file=release.pki / "ca.crt",
                       certfile=state / "client.crt", keyfile=state / "client.key",
                       node=NODE, other="cfk-other", netns=rc.node.ns, check_hostname=False)
+
+
+EDGE_NODE = "cfk-edge"
+API_NODE_PORT = 30443
+
+
+def _api_on_the_node(rc: RealCluster) -> None:
+    """The API server published on the node's address: a NodePort Service in ``default``
+    whose one endpoint is the address it advertises (an EndpointSlice of our own, no
+    selector), as a cluster publishes its control plane to devices outside its network.
+    kube-proxy masquerades what it forwards there (externalTrafficPolicy Cluster), so the
+    answer comes back through the node; the API server's certificate names the node's
+    address (tests/cluster/conftest.py)."""
+    rc.cp.request("POST", "/api/v1/namespaces/default/services", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "kube-apiserver-edge"},
+        "spec": {"type": "NodePort", "ports": [{"name": "https", "port": 443,
+                                                 "targetPort": rc.cp.api_port,
+                                                 "nodePort": API_NODE_PORT}]}})
+    rc.cp.request("POST", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices", {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "kube-apiserver-edge", "labels": {
+            "kubernetes.io/service-name": "kube-apiserver-edge",
+            "endpointslice.kubernetes.io/managed-by": "cfnet-tests"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [rc.cp.advertise_address],
+                       "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": rc.cp.api_port, "protocol": "TCP"}]})
+
+
+def _pod_bound_token(rc: RealCluster, pod: str) -> str:
+    """What a device's node agent (the kubelet, edgecore) does for its pods: pod ``pod`` of
+    the ``cfnet-agent`` ServiceAccount, bound to EDGE_NODE, and a token for that account
+    bound to the pod (TokenRequest with boundObjectRef). The API server then records the
+    pod's node in every CSR the token files (docs/security.md, "One identity per agent")."""
+    obj = rc.cp.request("POST", f"/api/v1/namespaces/{NS}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+        "spec": {"nodeName": EDGE_NODE, "serviceAccountName": "cfnet-agent",
+                 "automountServiceAccountToken": False,
+                 "containers": [{"name": "agent", "image": IMAGES["agent"]}]}})
+    tr = rc.cp.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/cfnet-agent/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+            "kind": "Pod", "apiVersion": "v1", "name": pod,
+            "uid": obj["metadata"]["uid"]}}})
+    return str(tr["status"]["token"])
+
+
+def test_edge_agent_outside_the_cluster_network_enrols_and_reports(
+        release: Release, tmp_path: Path) -> None:
+    """An edge device whose only route is to the node's address (tests/cluster/edge.py),
+    its Node (EDGE_NODE, kwok standing in for its node agent) and, as its node agent would
+    give it, a token bound to its agent's pod. The agent, started as ``cfnet-agent`` is,
+    files its CSR with the API server through the node's address (the API server published
+    on a NodePort), the leading core approves it for that node and signs it, and the agent
+    connects to the broker's certificate listener through its NodePort: its reports are
+    acknowledged by the core, and nothing of the cluster is reachable from the device but
+    the node's address. Prints the time from the agent's start to its first acknowledged
+    report."""
+    rc = release.rc
+    pod = f"cfnet-agent-{EDGE_NODE}"
+    device = EdgeDevice(rc.node, tmp_path)
+    rc.kwok.node(EDGE_NODE)
+    try:
+        _api_on_the_node(rc)
+        (tmp_path / "token").write_text(_pod_bound_token(rc, pod))
+        device.open()
+        assert not device.reaches("10.0.0.1") and not device.reaches(rc.cp.advertise_address) \
+            and device.reaches(rc.node.node_ip), device.routes()
+        # kube-proxy refuses a NodePort until it has programmed the Service's endpoints (a
+        # second or so); a device's agent that finds the API server away exits, and its
+        # service manager would start it again: here it starts once both answer.
+        release.wait(lambda: device.connects(rc.node.node_ip, API_NODE_PORT)
+                     and device.connects(rc.node.node_ip, CERT_NODE_PORT), 30,
+                     "the API server's and the broker's NodePorts answering the device")
+        t0 = time.monotonic()
+        device.start_agent({
+            "node": EDGE_NODE, "broker_host": rc.node.node_ip, "broker_port": CERT_NODE_PORT,
+            "ca_file": str(release.pki / "ca.crt"), "identity": "certificate",
+            "identity_dir": str(tmp_path / "identity"),
+            "api_server": f"https://{rc.node.node_ip}:{API_NODE_PORT}",
+            "api_token_file": str(tmp_path / "token"),
+            "api_ca_file": str(rc.cp.dir / "pki" / "ca.crt"),
+            "ebpf": False, "probe_port": 17950, "buffer_path": str(tmp_path / "buffer.db")})
+
+        def story() -> str:
+            return f"--- edge agent log\n{device.log()}"
+
+        def acked() -> faults.Samples | None:
+            assert device.proc is not None and device.proc.poll() is None, story()
+            m = device.metrics()
+            return m if faults.value(m, "cfnet_agent_connected") == 1 and faults.value(
+                m, "cfnet_agent_reports_total", stage="acked") >= 3 else None
+
+        m = release.wait(acked, 120, "the edge agent enrolled, connected through the "
+                         "NodePort, its reports acknowledged", story=story)
+        took = time.monotonic() - t0
+        assert faults.agent_drops(m) == 0
+        csrs = [c for c in _get(rc, "/apis/certificates.k8s.io/v1/certificatesigningrequests")
+                ["items"] if c["spec"].get("signerName") == "cfnet.io/agent"
+                and c["spec"].get("extra", {}).get("authentication.kubernetes.io/node-name")
+                == [EDGE_NODE]]
+        assert [c["spec"]["username"] for c in csrs] == \
+            [f"system:serviceaccount:{NS}:cfnet-agent"], csrs
+        conds = {c["type"] for c in csrs[0]["status"].get("conditions") or []}
+        assert conds == {"Approved"} and csrs[0]["status"].get("certificate"), csrs
+        cert = (tmp_path / "identity" / "client.crt").read_bytes()
+        assert cert.strip() == base64.b64decode(csrs[0]["status"]["certificate"]).strip()
+        print(f"[edge] agent outside the cluster network: enrolled and first reports "
+              f"acknowledged {took:.1f} s after its start", file=sys.__stderr__, flush=True)
+    finally:
+        device.close()
+        for path in (f"/api/v1/namespaces/{NS}/pods/{pod}", f"/api/v1/nodes/{EDGE_NODE}",
+                     "/api/v1/namespaces/default/services/kube-apiserver-edge",
+                     "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/"
+                     "kube-apiserver-edge"):
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                rc.cp.request("DELETE", path)
 
 
 def _web_deployment(rc: RealCluster, ns: str) -> None:
@@ -997,7 +1115,9 @@ def test_upgrade_from_the_previous_chart_with_the_agent_reporting(release: Relea
     and the Lease's holders."""
     rc = release.rc
     web = _web_bindings(release)
+    t_prev = time.monotonic()
     _install_previous_chart(release)
+    prev = time.monotonic() - t_prev
     release.wait(release.one_leader, 90, "one leading core")
     watch = faults.CoreWatch()
     t0 = time.monotonic()
@@ -1036,7 +1156,8 @@ def test_upgrade_from_the_previous_chart_with_the_agent_reporting(release: Relea
     accepted = watch.accepted(before)
     assert abs(accepted - handed) <= 2, (accepted, handed, watch.first, watch.last, story())
     assert _web_bindings(release) == web  # the same pods, on the same node, bound once
-    print(f"[upgrade] previous chart -> current with the agent reporting in {took:.1f} s: "
+    print(f"[upgrade] back to the previous chart, its agent reporting, in {prev:.1f} s; "
+          f"previous chart -> current with the agent reporting in {took:.1f} s: "
           f"{accepted:.0f} reports accepted once ({handed} handed over), "
           f"{sum(watch.duplicates.values()):.0f} redeliveries recognised, Lease holders "
           f"{' -> '.join(watch.holders())}, {len(web)} web pods kept",
