@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloud_core.errors import KubeError
+from cloud_core.errors import KubeError, KubeGone
 from cloud_core.k8s.client import KubeClient
 from tools import arrival
 from tools.broker import Broker, free_port
@@ -521,11 +521,27 @@ class Bench:
         done = threading.Event()
         stop = threading.Event()
 
+        at = [rv]  # where the watch resumes: each event's resourceVersion
+
+        def relist() -> None:
+            """After a 410 (the watch fell behind the API server's window): the pods
+            bound meanwhile, from a fresh list (their binding times are the list's)."""
+            items, at[0] = self.admin.list(f"/api/v1/namespaces/{ns}/pods")
+            now = time.monotonic()
+            for p in items:
+                node = (p.get("spec") or {}).get("nodeName")
+                if node and p["metadata"]["name"] not in bound:
+                    last_bind[0] = now
+                    bound[p["metadata"]["name"]] = node
+            if len(bound) >= self.expected:
+                done.set()
+
         def watch() -> None:
             while not stop.is_set() and not done.is_set():
                 try:
-                    for kind, obj in self.admin.watch(f"/api/v1/namespaces/{ns}/pods", rv,
+                    for kind, obj in self.admin.watch(f"/api/v1/namespaces/{ns}/pods", at[0],
                                                       timeout_s=60, stop=stop):
+                        at[0] = (obj.get("metadata") or {}).get("resourceVersion", at[0])
                         node = (obj.get("spec") or {}).get("nodeName")
                         if kind != "BOOKMARK" and node and self.args.kwok and \
                                 (obj.get("status") or {}).get("phase") == "Running":
@@ -549,6 +565,10 @@ class Bench:
                                 done.set()
                                 if not self.args.kwok or all_running.is_set():
                                     return
+                except KubeGone as e:
+                    print(f"# watch: {e}; listing again", file=sys.stderr)
+                    with contextlib.suppress(KubeError):
+                        relist()
                 except KubeError as e:
                     print(f"# watch: {e}", file=sys.stderr)
                     time.sleep(0.2)
@@ -703,6 +723,14 @@ class Bench:
                         rv[0] = md.get("resourceVersion", rv[0])
                         if kind != "BOOKMARK" and (obj.get("spec") or {}).get("nodeName"):
                             seen.setdefault(md["name"], time.monotonic())
+                except KubeGone as e:  # fell behind: resume from a fresh list
+                    print(f"# watch: {e}; listing again", file=sys.stderr)
+                    with contextlib.suppress(KubeError):
+                        items, rv[0] = self.admin.list(path)
+                        now = time.monotonic()
+                        for p in items:
+                            if (p.get("spec") or {}).get("nodeName"):
+                                seen.setdefault(p["metadata"]["name"], now)
                 except KubeError as e:
                     print(f"# watch: {e}", file=sys.stderr)
                     time.sleep(0.2)
