@@ -660,10 +660,19 @@ def test_sigkilled_leader_stays_down_and_the_standby_takes_over(release: Release
         return pods if len(pods) == 4 and all(map(_ready, pods)) else None
 
     pods = release.wait(web_running, 150, "4 cfnet-scheduled pods Running", ns=ns)
+    for p in pods:  # bound to the node through cfnet's binding (no other scheduler is named)
+        assert p["spec"]["nodeName"] == NODE and p["spec"]["schedulerName"] == "cfnet-scheduler"
+        assert any(c.get("type") == "PodScheduled" and c.get("status") == "True"
+                   for c in p["status"].get("conditions") or []), p["status"]
+    # A binding is made once by the API server (a second one is a 409); the Events are the
+    # cores' own account and must never claim two. An Event may be missing: the recorder
+    # sends from a queue, and a restarted container that took its own Lease back and bound a
+    # pod can be SIGKILLed before the queue drains (kube-scheduler's broadcaster alike).
     counts = faults.scheduled_per_pod(
         _get(rc, f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"])
-    assert {p["metadata"]["name"]: counts.get(p["metadata"]["name"]) for p in pods} == \
-        {p["metadata"]["name"]: 1 for p in pods}, counts  # each bound exactly once
+    names = {p["metadata"]["name"] for p in pods}
+    assert all(counts.get(n, 0) <= 1 for n in names), counts  # never bound twice
+    assert sum(counts.get(n, 0) for n in names) >= 2, counts  # the first two, before the kill
 
     def acked_again() -> faults.Samples | None:
         m = _agent_metrics(rc)
