@@ -212,6 +212,8 @@ class _Pods:
         self._by_dom: dict[str, dict[str, list[_PodLike]]] = {}
         self.repellers: dict[tuple[str, str], list[tuple[_PodLike, PodAffinityTerm]]] = {}
         for p in pods:
+            if not p.anti_affinity:
+                continue
             node = ctx.nodes.get(p.node)
             for t in p.anti_affinity:
                 d = _label(node, t.topology_key) if node is not None else None
