@@ -55,7 +55,13 @@ class EdgeDevice:
         self.gateway, self.addr = f"10.252.{net}.1", f"10.252.{net}.2"
 
     def open(self) -> EdgeDevice:
-        _ip("netns", "del", self.ns, check=False)  # a crashed run's, same pid
+        # A crashed run's device: a namespace of a process that no longer runs (its veth
+        # went with that run's node namespace).
+        for name in _ip("netns", "list").stdout.split():
+            pid = name.removeprefix("cfe-")
+            if name.startswith("cfe-") and pid.isdigit() and (
+                    int(pid) == os.getpid() or not Path(f"/proc/{pid}").exists()):
+                _ip("netns", "del", name, check=False)
         _ip("netns", "add", self.ns)
         try:
             _ip("-n", self.node.ns, "link", "add", "edge0", "type", "veth", "peer", "name",
