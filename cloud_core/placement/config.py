@@ -79,12 +79,14 @@ class EngineConfig:
     exact_cost_deterministic_time: float = 0.5  # the cost at that count
     exact_workers: int = 1  # CP-SAT workers of the exact step (one: the same on any load)
     # The step's wall-clock budget on those same batches (pods x nodes <= exact_max_pairs,
-    # budget.py): the CP-SAT neighbourhoods (count, then cost) start none after
-    # ``step_search_share`` of it and cut a running one short; the exact step runs within
-    # what is left of it (at least ``step_exact_min_s``, else it is skipped). Measured on the
-    # tight benchmark's 300 x 60: the neighbourhoods ran 14 s there before (one pod out:
-    # the count's ran 0.8 s); the count-first steps without CP-SAT take 0.3 s. 0: no budget.
-    step_wall_s: float = 0.8
+    # budget.py), on the Kubernetes path: the CP-SAT neighbourhoods (count, then cost) start
+    # none after ``step_search_share`` of it (or earlier: StepClock.search_left_for) and cut
+    # a running one short; the exact step runs within what is left of it (at least
+    # ``step_exact_min_s``, else it is skipped). 0.7 s: the scheduling loop's own work on a
+    # 339-pod step takes the rest of its second. Measured on the tight benchmark's 300 x 60:
+    # the neighbourhoods ran 14 s there before; the steps without CP-SAT take 0.3 s of CPU.
+    # 0: no budget.
+    step_wall_s: float = 0.7
     step_search_share: float = 0.7
     step_exact_min_s: float = 0.05
     # CP-SAT is bounded by work (its deterministic time, one worker, a fixed seed), never by

@@ -16,7 +16,7 @@ import numpy as np
 from cloud_core.errors import PlacementError
 
 from . import scores
-from .budget import step_deadlines, time_left
+from .budget import StepClock, step_deadlines, time_left
 from .classes import has_room
 from .exact import fits_exact, key_of, running_after, solve_exact
 from .exact import inputs as exact_inputs
@@ -83,7 +83,7 @@ class PreparedCluster(ClusterView):
         base_mask: dict[int, np.ndarray] = {}
         batch_cost: dict[int, np.ndarray] = {}
         free0 = self.free.copy()
-        start, search_end, step_end = self._start(len(workloads))
+        start, clock = self._start(len(workloads))
         def run_round(order: list[int], first_only: set[int]) -> int:
             specs: list[ClassSpec] = []
             masks = [all_ok(self.filter_results(reps[ci], resources=False)) for ci in order]
@@ -104,7 +104,7 @@ class PreparedCluster(ClusterView):
                                        gang=w.gang))
             set_conflicts([reps[ci] for ci in order], specs)
             domains = {k: self.ix.domain_ids(k)[0] for s in specs for k in s.conflicts}
-            out = solve(specs, self.free, domains, self.cfg, search_end)
+            out = solve(specs, self.free, domains, self.cfg, clock)
             method.append(out.method)
             for k, v in out.stats.items():
                 stats[k] = stats.get(k, 0.0) + v
@@ -149,7 +149,7 @@ class PreparedCluster(ClusterView):
         if start is not None and any(
                 len(p) < len(m) for p, m in zip(placed_nodes, members, strict=True)
         ) and self._exact(reps, members, placed_nodes, base_mask, batch_cost, deferred_reason,
-                          free0, *start, step_end, stats):
+                          free0, *start, clock.end, stats):
             method.append("exact")
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
@@ -165,13 +165,13 @@ class PreparedCluster(ClusterView):
         return PlacementResult(result[0], result[1], result[2],
                                "+".join(dict.fromkeys(method)) or "none", stats)
 
-    def _start(self, pods: int) -> tuple[tuple[list[RunningPod], np.ndarray] | None, float,
-                                          float]:
+    def _start(self, pods: int) -> tuple[tuple[list[RunningPod], np.ndarray] | None,
+                                          StepClock]:
         """The state before the batch, for the exact step (small batches only, else None),
-        and the step's deadlines (``budget.step_deadlines``: inf unless small)."""
+        and the step's clock (``budget.step_deadlines``: no deadline unless small)."""
         small = self.cfg.use_cpsat and fits_exact(pods, self.ix.n, self.cfg.exact_max_pairs)
         start = (self.pods.all(), self.ix.alloc.copy()) if small else None
-        return (start, *step_deadlines(self.cfg, small))
+        return start, step_deadlines(self.cfg, small)
 
     def _exact(self, reps: list[Workload], members: list[list[Workload]],
                placed_nodes: list[list[int]], base: dict[int, np.ndarray],

@@ -61,13 +61,18 @@ def test_the_step_budget_is_for_small_batches_on_the_kubernetes_path() -> None:
     (the caller says), the Kubernetes path (the local mode's polish is bounded by work),
     a budget above 0."""
     k8s = EngineConfig(cpsat_polish=False)
-    search, step = step_deadlines(k8s, small=True)
-    assert search < step < math.inf
-    assert 0 < time_left(step) <= k8s.step_wall_s
+    clock = step_deadlines(k8s, small=True)
+    assert clock.start < clock.search_end < clock.end < math.inf
+    assert 0 < time_left(clock.end) <= k8s.step_wall_s
     assert time_left(math.inf) == math.inf
+    # a search that starts late leaves what follows it as long as what came before it
+    late = clock.start + 0.6 * k8s.step_wall_s
+    assert clock.search_left_for(late) == clock.end - 0.6 * k8s.step_wall_s < clock.search_end
+    assert clock.search_left_for(clock.start) == clock.search_end
     for cfg, small in ((k8s, False), (EngineConfig(), True),
                        (EngineConfig(cpsat_polish=False, step_wall_s=0), True)):
-        assert step_deadlines(cfg, small) == (math.inf, math.inf)
+        c = step_deadlines(cfg, small)
+        assert (c.search_end, c.end) == (math.inf, math.inf)
 
 
 def test_a_spent_step_budget_keeps_the_greedy_answer_and_skips_the_exact_step() -> None:
