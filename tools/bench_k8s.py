@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloud_core.errors import KubeError
+from cloud_core.errors import KubeError, KubeGone
 from cloud_core.k8s.client import KubeClient
 from tools import arrival
 from tools.broker import Broker, free_port
@@ -91,6 +91,7 @@ ZONE = "topology.kubernetes.io/zone"
 HOSTNAME = "kubernetes.io/hostname"
 SECURITY = "node-restriction.kubernetes.io/cfnet-security-level"  # registry.SECURITY
 EDGE = "node-role.kubernetes.io/edge"
+LEGACY_SECURITY = "cfnet.io/security-level"  # registry.LEGACY: ignored, warned about
 TICK = os.sysconf("SC_CLK_TCK")
 N_REGIONS, ZONES_PER_REGION = 4, 3
 
@@ -119,14 +120,19 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
 
 
 # -- the cluster -------------------------------------------------------------------------------
-def node_object(j: int, kwok: bool = False) -> dict[str, Any]:
+def node_object(j: int, kwok: bool = False, field: bool = False) -> dict[str, Any]:
+    """Node ``j``: every 5th a tainted KubeEdge edge node. ``field`` (``--field-mix``): every
+    2nd is, and each also carries the older node-writable ``cfnet.io/security-level``
+    label cfnet ignores and warns about (a cluster moved from an earlier cfnet)."""
     region = f"r{j % N_REGIONS}"
     zone = f"{region}-{(j // N_REGIONS) % ZONES_PER_REGION}"
     name = f"bn-{j:05d}"
     labels = {HOSTNAME: name, REGION: region, ZONE: zone,
               SECURITY: str(1 + (j // (N_REGIONS * ZONES_PER_REGION)) % 3)}
     taints = []
-    if j % 5 == 0:  # a KubeEdge edge node: labelled, and tainted as KubeEdge taints it
+    if field:
+        labels[LEGACY_SECURITY] = labels[SECURITY]
+    if j % (2 if field else 5) == 0:  # a KubeEdge edge node: labelled and tainted as KubeEdge does
         labels[EDGE] = ""
         labels["apps.kubeedge.io/belonging-to"] = f"edge-{region}"
         taints.append({"key": EDGE, "effect": "NoSchedule"})
@@ -143,8 +149,8 @@ NODE_STATUS = {"capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
                                "message": "bench node"}]}
 
 
-def make_node(c: KubeClient, j: int, kwok: bool = False) -> None:
-    obj = node_object(j, kwok)
+def make_node(c: KubeClient, j: int, kwok: bool = False, field: bool = False) -> None:
+    obj = node_object(j, kwok, field)
     name = obj["metadata"]["name"]
     if kwok:  # its status from the start: kwok keeps it (a later PUT would race kwok's own)
         live = c.create("/api/v1/nodes", {**obj, "status": NODE_STATUS})
@@ -173,11 +179,13 @@ def unschedulable(i: int, percent: float) -> str:
     return ("selector", "cpu")[i // every % 2]
 
 
-def pod_object(i: int, ns: str, scheduler: str, nowhere: str = "") -> dict[str, Any]:
+def pod_object(i: int, ns: str, scheduler: str, nowhere: str = "",
+               field: bool = False) -> dict[str, Any]:
     """Pod ``i`` of the mix: 40 % plain, 20 % region affinity, 10 % security affinity, 15 %
     tolerating the edge taint, 15 % spread over zones (maxSkew 1, DoNotSchedule). ``nowhere``:
     the pod fits no node, by turns through a nodeSelector no node matches and a cpu request
-    no node has (``--unschedulable``)."""
+    no node has (``--unschedulable``). ``field`` (``--field-mix``): every 3rd pod also
+    requires its region (r0, r1 or r2, by turns) and tolerates the edge taint."""
     kind = i % 20
     cpu = "64" if nowhere == "cpu" else f"{100 + 100 * (i % 5)}m"
     mem = f"{128 * (1 + i % 4)}Mi"
@@ -205,6 +213,18 @@ def pod_object(i: int, ns: str, scheduler: str, nowhere: str = "") -> dict[str, 
         spec["topologySpreadConstraints"] = [{
             "maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
             "labelSelector": {"matchLabels": {"spread": group}}}]
+    if field and i % 3 == 0 and not 8 <= kind <= 11:  # (those require r0 or r1 already)
+        terms = [{"matchExpressions": [{"key": REGION, "operator": "In",
+                                        "values": [f"r{(i // 3) % 3}"]}]}]
+        aff = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        req = aff.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if req:  # ANDed into each of its terms
+            for t in req["nodeSelectorTerms"]:
+                t["matchExpressions"] += terms[0]["matchExpressions"]
+        else:
+            aff["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
+        spec.setdefault("tolerations", []).append(
+            {"key": EDGE, "operator": "Exists", "effect": "NoSchedule"})
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"p-{i:05d}", "namespace": ns, "labels": labels},
             "spec": spec}
@@ -409,7 +429,8 @@ class Bench:
                            env=self.py_env(tree), cwd=tree)
         t0 = time.monotonic()
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(lambda j: make_node(self.admin, j, self.args.kwok),
+            list(ex.map(lambda j: make_node(self.admin, j, self.args.kwok,
+                                                 self.args.field_mix),
                         range(self.args.nodes)))
         self.nodes = self.admin.list("/api/v1/nodes")[0]
         for ns in ("cfnet-bench",):
@@ -442,7 +463,8 @@ class Bench:
         path = f"/api/v1/namespaces/{ns}/pods"
         with ThreadPoolExecutor(8) as ex:
             list(ex.map(lambda i: self.admin.create(path, pod_object(
-                i, ns, scheduler, unschedulable(i, self.args.unschedulable))),
+                i, ns, scheduler, unschedulable(i, self.args.unschedulable),
+                self.args.field_mix)),
                 range(self.args.pods)))
 
     def _start(self, name: str, tag: str) -> subprocess.Popen[bytes]:
@@ -499,11 +521,27 @@ class Bench:
         done = threading.Event()
         stop = threading.Event()
 
+        at = [rv]  # where the watch resumes: each event's resourceVersion
+
+        def relist() -> None:
+            """After a 410 (the watch fell behind the API server's window): the pods
+            bound meanwhile, from a fresh list (their binding times are the list's)."""
+            items, at[0] = self.admin.list(f"/api/v1/namespaces/{ns}/pods")
+            now = time.monotonic()
+            for p in items:
+                node = (p.get("spec") or {}).get("nodeName")
+                if node and p["metadata"]["name"] not in bound:
+                    last_bind[0] = now
+                    bound[p["metadata"]["name"]] = node
+            if len(bound) >= self.expected:
+                done.set()
+
         def watch() -> None:
             while not stop.is_set() and not done.is_set():
                 try:
-                    for kind, obj in self.admin.watch(f"/api/v1/namespaces/{ns}/pods", rv,
+                    for kind, obj in self.admin.watch(f"/api/v1/namespaces/{ns}/pods", at[0],
                                                       timeout_s=60, stop=stop):
+                        at[0] = (obj.get("metadata") or {}).get("resourceVersion", at[0])
                         node = (obj.get("spec") or {}).get("nodeName")
                         if kind != "BOOKMARK" and node and self.args.kwok and \
                                 (obj.get("status") or {}).get("phase") == "Running":
@@ -527,6 +565,10 @@ class Bench:
                                 done.set()
                                 if not self.args.kwok or all_running.is_set():
                                     return
+                except KubeGone as e:
+                    print(f"# watch: {e}; listing again", file=sys.stderr)
+                    with contextlib.suppress(KubeError):
+                        relist()
                 except KubeError as e:
                     print(f"# watch: {e}", file=sys.stderr)
                     time.sleep(0.2)
@@ -681,6 +723,14 @@ class Bench:
                         rv[0] = md.get("resourceVersion", rv[0])
                         if kind != "BOOKMARK" and (obj.get("spec") or {}).get("nodeName"):
                             seen.setdefault(md["name"], time.monotonic())
+                except KubeGone as e:  # fell behind: resume from a fresh list
+                    print(f"# watch: {e}; listing again", file=sys.stderr)
+                    with contextlib.suppress(KubeError):
+                        items, rv[0] = self.admin.list(path)
+                        now = time.monotonic()
+                        for p in items:
+                            if (p.get("spec") or {}).get("nodeName"):
+                                seen.setdefault(p["metadata"]["name"], now)
                 except KubeError as e:
                     print(f"# watch: {e}", file=sys.stderr)
                     time.sleep(0.2)
@@ -689,7 +739,7 @@ class Bench:
         proc = self._start(name, tag)
         children = name.startswith("cfnet")
         try:
-            warm = pod_object(0, ns, sched)
+            warm = pod_object(0, ns, sched, field=self.args.field_mix)
             warm["metadata"]["name"] = "warm-up"
             self.admin.create(path, warm)
             deadline = time.monotonic() + 4 * self.args.stall_s
@@ -747,7 +797,8 @@ class Bench:
                 if wait > 0:
                     time.sleep(wait)
                 try:
-                    self.admin.create(path, pod_object(i, ns, sched))
+                    self.admin.create(path, pod_object(i, ns, sched,
+                                                       field=self.args.field_mix))
                 except KubeError as e:
                     print(f"# create p-{i:05d}: {e}", file=sys.stderr)
                     continue
@@ -1042,6 +1093,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="at most this many pods per arrival run")
     ap.add_argument("--unschedulable", type=float, default=0.0, metavar="PERCENT",
                     help="this share of the pods fits no node (a run waits for the others)")
+    ap.add_argument("--field-mix", action="store_true",
+                    help="every 2nd node edge-tainted and carrying the older "
+                         "cfnet.io/security-level label; every 3rd pod requires a region")
     ap.add_argument("--background", type=int, default=0,
                     help="pods bound to the Nodes directly before the runs (a steady load)")
     ap.add_argument("--sample-to", help=argparse.SUPPRESS)

@@ -35,6 +35,9 @@ from cloud_core.placement.quality import BatchQuality, QualityBook
 log = logging.getLogger(__name__)
 
 
+LANE_WORKERS = 4  # bindings of a step of at most this many pods: their own lane
+
+
 class Binder:
     """Binding placed pods, and the events of a batch (see the module docstring)."""
 
@@ -57,6 +60,10 @@ class Binder:
         self._on_bound = on_bound
         self._conflicts = conflicts  # off the binding path: the event's conflict answer
         self._pool = ThreadPoolExecutor(config.bind_workers, thread_name_prefix="bind")
+        # a step of a few pods binds on a lane of its own: behind a large batch's bindings
+        # in the pool (first in, first out) a pod that arrived alone waited for all of them
+        # (a canary after a 339-pod batch: 3-9 s at load 9-14, tests/k8s/test_step_budget.py)
+        self._lane = ThreadPoolExecutor(LANE_WORKERS, thread_name_prefix="bind-lane")
         self._lock = threading.Lock()
         self._binding = 0  # bindings submitted and not yet done
         self._error: KubeUnavailable | None = None  # from a binding in flight
@@ -102,6 +109,7 @@ class Binder:
     def close(self) -> None:
         """Wait for the bindings in flight; no more are taken."""
         self._pool.shutdown(wait=True)
+        self._lane.shutdown(wait=True)
         if self._conflicts is not None:
             self._conflicts.close()
 
@@ -128,8 +136,9 @@ class Binder:
                             BatchQuality.of(outcome.stats, time.time()))
         with self._lock:
             self._binding += len(todo)
+        pool = self._lane if len(todo) <= LANE_WORKERS else self._pool
         for pod, node, w in todo:
-            self._pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
+            pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
                               w.uid in obs.pinned)
         self._pages_go.set()  # the first batch's bindings are out: the list may go on
         gangs = Counter(w.gang for w in obs.pending if w.gang is not None)

@@ -249,12 +249,16 @@ class KubeClient:
 
     def record_event(self, involved: JSON, *, reason: str, message: str,
                      event_type: str = "Normal", component: str = "cfnet-scheduler",
-                     instance: str = "", action: str = "Scheduling") -> None:
+                     instance: str = "", action: str = "Scheduling",
+                     background: bool = False) -> None:
         """Queue an ``events.k8s.io/v1`` Event for the background recorder (never blocks;
-        repeats aggregate into a series; failures are logged and counted, not raised)."""
+        repeats aggregate into a series; failures are logged and counted, not raised).
+        ``background``: an event about the cluster, written after the pods' events and
+        paced (``EventRecorder``)."""
         self.events.record(event_body(involved, reason=reason, message=message,
                                       event_type=event_type, action=action,
-                                      controller=component, instance=instance))
+                                      controller=component, instance=instance),
+                           background=background)
 
     def flush_events(self, timeout: float = 10.0) -> bool:
         return self.events.flush(timeout)

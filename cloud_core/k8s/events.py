@@ -66,48 +66,68 @@ class EventRecorder:
     first one's ``series`` (count, lastObservedTime) is patched, at most once per
     ``series_patch_s``. The queue is bounded; events that do not fit are dropped and counted
     (``stats["dropped"]``), so a flood cannot grow the core's memory.
+
+    Events about the cluster rather than a pod being scheduled (a Node's label problems) go
+    to a second, bounded lane (``background=True``): one thread writes them, at most
+    ``background_per_s`` a second and only while the first lane is empty, so that 5,000
+    Nodes read at start-up do not put 5,000 writes ahead of the first bindings' events.
     """
 
     def __init__(self, http_: LeanHTTP, *, max_queue: int = 20_000, workers: int = 4,
-                 series_window_s: float = 360.0, series_patch_s: float = 5.0) -> None:
+                 series_window_s: float = 360.0, series_patch_s: float = 5.0,
+                 background_per_s: float = 20.0) -> None:
         self._http = http_
         self._q: queue.Queue[JSON | None] = queue.Queue(max_queue)
+        self._bg: queue.Queue[JSON] = queue.Queue(max_queue)
+        self.background_per_s = background_per_s
+        self._hurry = threading.Event()  # set by flush(): the background lane is not paced
         self.series_window_s = series_window_s
         self.series_patch_s = series_patch_s
         # key -> [namespace, name, count, first seen, last patched count, last observed]
         self._seen: dict[tuple[Any, ...], list[Any]] = {}
-        self.stats = {"written": 0, "series": 0, "dropped": 0, "failed": 0}
+        self.stats = {"written": 0, "series": 0, "dropped": 0, "failed": 0,
+                      "background_dropped": 0}
         self.workers = workers
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def record(self, ev: JSON) -> None:
+    def record(self, ev: JSON, background: bool = False) -> None:
+        """Queue ``ev`` (never blocks; a full lane drops it and counts it)."""
         if not self._threads:
             with self._lock:
                 while len(self._threads) < self.workers:  # a few writers: one would lag
                     t = threading.Thread(target=self._run, name="events", daemon=True)
                     t.start()
                     self._threads.append(t)
+                t = threading.Thread(target=self._run_background, name="events-bg",
+                                     daemon=True)
+                t.start()
+                self._threads.append(t)
         try:
-            self._q.put_nowait(ev)
+            (self._bg if background else self._q).put_nowait(ev)
         except queue.Full:
-            self.stats["dropped"] += 1
+            self.stats["background_dropped" if background else "dropped"] += 1
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every queued event has been written (or ``timeout``)."""
+        """Wait until every queued event of both lanes has been written (or ``timeout``)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._q.unfinished_tasks == 0:
-                self._patch_series(force=True)
-                return True
-            time.sleep(0.01)
-        return False
+        self._hurry.set()
+        try:
+            while time.monotonic() < deadline:
+                if self._q.unfinished_tasks == 0 and self._bg.unfinished_tasks == 0:
+                    self._patch_series(force=True)
+                    return True
+                time.sleep(0.01)
+            return False
+        finally:
+            self._hurry.clear()
 
     def close(self) -> None:
         if self._threads:
             self.flush(5.0)
-            for _ in self._threads:
+            for _ in range(self.workers):
                 self._q.put(None)
+            self._bg.put({})  # the background writer's stop
             for t in self._threads:
                 t.join(5.0)
 
@@ -133,6 +153,28 @@ class EventRecorder:
                 log.exception("event %s lost", ev.get("reason"))
             finally:
                 self._q.task_done()
+
+    def _run_background(self) -> None:
+        gap = 1.0 / self.background_per_s if self.background_per_s > 0 else 0.0
+        while True:
+            ev = self._bg.get()
+            try:
+                if not ev:
+                    return
+                # the pods' lane first: wait while it has work (bounded, so a lane that is
+                # never empty in a long burst still lets these through, one a second)
+                waited = 0.0
+                while self._q.unfinished_tasks and waited < 1.0:
+                    time.sleep(0.02)
+                    waited += 0.02
+                self._write(ev)
+            except Exception:
+                self.stats["failed"] += 1
+                log.exception("event %s lost", ev.get("reason"))
+            finally:
+                self._bg.task_done()
+            if gap and not self._hurry.is_set():
+                self._hurry.wait(gap)
 
     def _write(self, ev: JSON) -> None:
         now = time.monotonic()

@@ -179,7 +179,7 @@ def node_label_events(client: KubeClient, identity: str
                       ) -> Callable[[Mapping[str, Any], tuple[str, ...]], None]:
     """The registry's label problems as one Warning event on the Node (``NodeLabelIgnored``
     when a node-writable key cfnet no longer reads is there, else ``NodeLabelInvalid``),
-    queued, never blocking the informer."""
+    queued in the recorder's paced lane, never blocking the informer."""
     def emit(node: Mapping[str, Any], problems: tuple[str, ...]) -> None:
         md = node.get("metadata") or {}
         reason = ("NodeLabelIgnored" if any(" ignored: " in p for p in problems)
@@ -187,7 +187,8 @@ def node_label_events(client: KubeClient, identity: str
         client.record_event({"apiVersion": "v1", "kind": "Node",
                              "metadata": {"name": md.get("name"), "uid": md.get("uid")}},
                             reason=reason, message="; ".join(problems), event_type="Warning",
-                            instance=identity, action="ReadNode")
+                            instance=identity, action="ReadNode",
+                            background=True)  # 5,000 at start-up: not before bindings
     return emit
 
 

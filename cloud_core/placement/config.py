@@ -77,6 +77,18 @@ class EngineConfig:
     exact_max_pairs: int = 24_000
     exact_deterministic_time: float = 0.5  # the count
     exact_cost_deterministic_time: float = 0.5  # the cost at that count
+    exact_workers: int = 1  # CP-SAT workers of the exact step (one: the same on any load)
+    # The step's wall-clock budget on those same batches (pods x nodes <= exact_max_pairs,
+    # budget.py), on the Kubernetes path: the CP-SAT neighbourhoods (count, then cost) start
+    # none after ``step_search_share`` of it (or earlier: StepClock.search_left_for) and cut
+    # a running one short; the exact step runs within what is left of it (at least
+    # ``step_exact_min_s``, else it is skipped). 0.7 s: the scheduling loop's own work on a
+    # 339-pod step takes the rest of its second. Measured on the tight benchmark's 300 x 60:
+    # the neighbourhoods ran 14 s there before; the steps without CP-SAT take 0.3 s of CPU.
+    # 0: no budget.
+    step_wall_s: float = 0.7
+    step_search_share: float = 0.7
+    step_exact_min_s: float = 0.05
     # CP-SAT is bounded by work (its deterministic time, one worker, a fixed seed), never by
     # the clock: the same snapshot and config give the same placement on any machine load.
     # The wall-clock cap is a safety net far above what the work limit takes; when it is hit

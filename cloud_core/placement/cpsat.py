@@ -54,6 +54,11 @@ class ClassModel:
 
     model: cp_model.CpModel
     x: dict[tuple[int, int], cp_model.IntVar]
+    hinted: dict[int, int]  # variable index -> its hinted value (the x and p variables)
+
+    def hint_any(self, vs: Sequence[cp_model.IntVar]) -> int:
+        """1 if the hint puts a pod in one of ``vs``, else 0."""
+        return int(any(self.hinted.get(v.index, 0) for v in vs))
 
     def placement(self, solver: cp_model.CpSolver, n_classes: int) -> list[list[int]]:
         """Per class, its pods' nodes in ``solver``'s answer."""
@@ -65,16 +70,19 @@ class ClassModel:
 
 def class_model(classes: Sequence[ClassSpec], free: np.ndarray,
                 domains: Mapping[str, np.ndarray], icost: list[np.ndarray], penalty: int,
-                hint: list[list[int]], count_only: bool = False) -> ClassModel:
+                hint: list[list[int]], count_only: bool = False, full_hint: bool = False
+                ) -> ClassModel:
     """Integer counts per (class, node), resources per node, anti-affinity per domain,
     gangs; minimise cost + penalty x unplaced (``count_only``: unplaced only), hinted with
-    ``hint``."""
+    ``hint`` (``full_hint``: the auxiliary variables too, so that CP-SAT without presolve
+    starts from the hint at once: the exact step within the step's budget)."""
     # imported here: cp_model pulls in pandas (~0.5 s), which a scheduler's start-up (time to
     # its first binding) should not pay before it needs CP-SAT
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
+    hinted: dict[int, int] = {}
     per_node: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
     placed = []
     obj = []
@@ -87,6 +95,7 @@ def class_model(classes: Sequence[ClassSpec], free: np.ndarray,
         for n in np.flatnonzero(c.mask & (k > 0)).tolist():
             v = m.new_int_var(0, int(min(k[n], c.count)), f"x{ci}_{n}")
             m.add_hint(v, hint_counts.get(n, 0))
+            hinted[v.index] = hint_counts.get(n, 0)
             x[ci, n] = v
             per_node.setdefault(n, []).append((ci, v))
             vs.append(v)
@@ -95,30 +104,34 @@ def class_model(classes: Sequence[ClassSpec], free: np.ndarray,
         p = m.new_int_var(0, c.count, f"p{ci}")
         m.add(p == sum(vs))
         m.add_hint(p, len(hint[ci]))
+        hinted[p.index] = len(hint[ci])
         placed.append(p)
         obj.append((1 if count_only else penalty) * (c.count - p))
     for n, lst in per_node.items():
         for r in range(3):
             if any(classes[ci].req[r] for ci, _ in lst):
                 m.add(sum(int(classes[ci].req[r]) * v for ci, v in lst) <= int(free[n, r]))
-    _anti_affinity(m, classes, domains, x)
+    cm = ClassModel(m, x, hinted)
+    _anti_affinity(cm, classes, domains, full_hint)
     gangs: dict[str, list[int]] = {}
     for ci, c in enumerate(classes):
         if c.gang is not None:
             gangs.setdefault(c.gang, []).append(ci)
     for cis in gangs.values():
         y = m.new_bool_var("gang")
+        if full_hint:
+            m.add_hint(y, int(all(len(hint[ci]) == classes[ci].count for ci in cis)))
         for ci in cis:
             m.add(placed[ci] == classes[ci].count * y)
     m.minimize(sum(obj))
-    return ClassModel(m, x)
+    return cm
 
 
-def _anti_affinity(m: cp_model.CpModel, classes: Sequence[ClassSpec],
-                   domains: Mapping[str, np.ndarray],
-                   x: dict[tuple[int, int], cp_model.IntVar]) -> None:
+def _anti_affinity(cm: ClassModel, classes: Sequence[ClassSpec],
+                   domains: Mapping[str, np.ndarray], full_hint: bool) -> None:
     """Per topology key and domain: at most one pod of a class that repels itself, and
     never two classes that repel each other (``u[ci, key, d]``: class ci has a pod in d)."""
+    m, x = cm.model, cm.x
     used: dict[tuple[int, str, int], cp_model.IntVar] = {}
 
     def u(ci: int, key: str, d: int) -> cp_model.IntVar:
@@ -127,6 +140,8 @@ def _anti_affinity(m: cp_model.CpModel, classes: Sequence[ClassSpec],
             dom = domains[key]
             vs = [v for (cj, n), v in x.items() if cj == ci and dom[n] == d]
             m.add(sum(vs) <= classes[ci].count * b)
+            if full_hint:
+                m.add_hint(b, cm.hint_any(vs))
             used[ci, key, d] = b
         return used[ci, key, d]
 

@@ -1,7 +1,7 @@
 """The batch engine (``PreparedCluster``, over ``prepared.ClusterView``): groups workloads
 into classes, places them in rounds (pod affinity orders the rounds) through the solver and,
 pod by pod, through ``sequential``, and turns the answer into explained decisions. Pure: no
-I/O, no clock.
+I/O; the clock only for a small batch's step budget (``budget.step_deadlines``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 from cloud_core.errors import PlacementError
 
 from . import scores
+from .budget import StepClock, step_deadlines, time_left
 from .classes import has_room
 from .exact import fits_exact, key_of, running_after, solve_exact
 from .exact import inputs as exact_inputs
@@ -82,9 +83,7 @@ class PreparedCluster(ClusterView):
         base_mask: dict[int, np.ndarray] = {}
         batch_cost: dict[int, np.ndarray] = {}
         free0 = self.free.copy()
-        # the state before the batch, for the exact step on small batches
-        start = (self.pods.all(), self.ix.alloc.copy()) if self.cfg.use_cpsat and fits_exact(
-            len(workloads), self.ix.n, self.cfg.exact_max_pairs) else None
+        start, clock = self._start(len(workloads))
         def run_round(order: list[int], first_only: set[int]) -> int:
             specs: list[ClassSpec] = []
             masks = [all_ok(self.filter_results(reps[ci], resources=False)) for ci in order]
@@ -105,7 +104,7 @@ class PreparedCluster(ClusterView):
                                        gang=w.gang))
             set_conflicts([reps[ci] for ci in order], specs)
             domains = {k: self.ix.domain_ids(k)[0] for s in specs for k in s.conflicts}
-            out = solve(specs, self.free, domains, self.cfg)
+            out = solve(specs, self.free, domains, self.cfg, clock)
             method.append(out.method)
             for k, v in out.stats.items():
                 stats[k] = stats.get(k, 0.0) + v
@@ -150,7 +149,7 @@ class PreparedCluster(ClusterView):
         if start is not None and any(
                 len(p) < len(m) for p, m in zip(placed_nodes, members, strict=True)
         ) and self._exact(reps, members, placed_nodes, base_mask, batch_cost, deferred_reason,
-                          free0, *start):
+                          free0, *start, clock.end, stats):
             method.append("exact")
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
@@ -166,12 +165,26 @@ class PreparedCluster(ClusterView):
         return PlacementResult(result[0], result[1], result[2],
                                "+".join(dict.fromkeys(method)) or "none", stats)
 
+    def _start(self, pods: int) -> tuple[tuple[list[RunningPod], np.ndarray] | None,
+                                          StepClock]:
+        """The state before the batch, for the exact step (small batches only, else None),
+        and the step's clock (``budget.step_deadlines``: no deadline unless small)."""
+        small = self.cfg.use_cpsat and fits_exact(pods, self.ix.n, self.cfg.exact_max_pairs)
+        start = (self.pods.all(), self.ix.alloc.copy()) if small else None
+        return start, step_deadlines(self.cfg, small)
+
     def _exact(self, reps: list[Workload], members: list[list[Workload]],
                placed_nodes: list[list[int]], base: dict[int, np.ndarray],
                costs: dict[int, np.ndarray], deferred: dict[int, str], free0: np.ndarray,
-               pods0: list[RunningPod], alloc0: np.ndarray) -> bool:
-        """The exact step (``exact.py``) from the batch's answer; its answer replaces the
-        batch's when it places more pods, or as many for less, and validates."""
+               pods0: list[RunningPod], alloc0: np.ndarray, deadline: float,
+               stats: dict[str, float]) -> bool:
+        """The exact step (``exact.py``) from the batch's answer, within what is left of the
+        step's budget (``deadline``; skipped when less than ``step_exact_min_s`` is left);
+        its answer replaces the batch's when it places more pods, or as many for less, and
+        validates."""
+        if time_left(deadline) < self.cfg.step_exact_min_s:
+            stats["exact_skipped"] = 1.0
+            return False
         after = self.pods, self.ix.alloc, self.free
         self.pods, self.ix.alloc, self.free = PodIndex(pods0), alloc0, free0.copy()
         try:  # the filters and costs as they were before the batch
@@ -184,7 +197,7 @@ class PreparedCluster(ClusterView):
         set_conflicts(reps, ex.specs)
         domains = {k: self.ix.domain_ids(k)[0] for s in ex.specs for k in s.conflicts}
         now = key_of(ex, placed_nodes, self.cfg.cost_scale)
-        res = solve_exact(ex, reps, domains, placed_nodes, self.cfg)
+        res = solve_exact(ex, reps, domains, placed_nodes, self.cfg, deadline)
         if res is None or (res[1][0], -res[1][1]) <= (now[0], -now[1]):
             return False
         got = res[0]

@@ -15,21 +15,27 @@ all: integer counts per (class, node) over the nodes a class may use before the 
 * ``DoNotSchedule`` topology spread on the final state (eligible domains, minDomains).
 
 Bounded by work (CP-SAT's deterministic time, one worker, a fixed seed): the same batch
-gives the same answer on any load. The engine keeps the answer only when it places more
-pods, or as many for less, and ``validate`` finds nothing wrong with it.
+gives the same answer on any load -- and, on the Kubernetes path, by what is left of the
+step's wall-clock budget (``budget.step_deadlines``), the one bound a loaded machine meets:
+then without presolve, from a hint that sets every variable (the engine's answer), so the
+first solution is that answer and what the time allows improves on it. The engine keeps
+the answer only when it places more pods, or as many for less, and ``validate`` finds
+nothing wrong with it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .budget import time_left
 from .classes import ClassSpec, integer_costs, objective
 from .config import EngineConfig
-from .cpsat import class_model, cp_solver
+from .cpsat import ClassModel, class_model, cp_solver
 from .filters import selector_matches, term_matches_pod
 from .model import RunningPod, SpreadConstraint, Workload
 from .prepared import ClusterView, PodIndex, all_ok, as_running, request_vector
@@ -37,6 +43,10 @@ from .sequential import BIG, NodeUsage, ports_conflict
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
+
+# the share of what is left of the step's budget that the count's solve may use; the cost's
+# gets the rest (the count decides more: a pod bound beats any saving)
+COUNT_SHARE = 0.6
 
 @dataclass
 class Affinity:
@@ -143,17 +153,19 @@ def _spread(pc: ClusterView, reps: Sequence[Workload], ci: int, c: SpreadConstra
 
 
 def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str, np.ndarray],
-                hint: list[list[int]], cfg: EngineConfig
+                hint: list[list[int]], cfg: EngineConfig, deadline: float = math.inf
                 ) -> tuple[list[list[int]], tuple[int, int]] | None:
     """The batch's best placement per class, and its (count, cost) key; None when CP-SAT
     found nothing. Lexicographic, in two solves: the most pods (``exact_deterministic_time``
     of work), then the least cost at that count (``exact_cost_deterministic_time``), each
-    from the answer before it."""
+    from the answer before it, with ``exact_workers`` workers. Within ``deadline``
+    (``time.monotonic()``, the step's budget): the count's solve gets ``COUNT_SHARE`` of
+    what is left, the cost's the rest (skipped under ``step_exact_min_s``)."""
     from ortools.sat.python import cp_model  # lazily, as in cpsat
 
     specs = ex.specs
     icost, penalty = integer_costs(specs, cfg.cost_scale)
-    cm = class_model(specs, ex.free0, domains, icost, penalty, hint)
+    cm = class_model(specs, ex.free0, domains, icost, penalty, hint, full_hint=True)
     m, x = cm.model, cm.x
     by_class: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
     by_node: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
@@ -162,11 +174,11 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
         by_node.setdefault(n, []).append((ci, v))
     _node_rules(m, ex.usage, reps, by_node)
     for ci, aff in ex.affinity.items():
-        _affinity_rule(m, ci, specs, aff, by_class)
+        _affinity_rule(cm, ci, specs, aff, by_class)
     for ci, lst in ex.spreads.items():
         for sp in lst:
-            _spread_rule(m, ci, specs, sp, by_class)
-    s = cp_solver(cfg, cfg.exact_deterministic_time)
+            _spread_rule(cm, ci, specs, sp, by_class)
+    s = _solver(cfg, cfg.exact_deterministic_time, COUNT_SHARE * time_left(deadline))
     if s.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     got = cm.placement(s, len(specs))
@@ -176,10 +188,24 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
         m.add_hint(v, s.value(v))
     m.add(sum(x.values()) == count)
     m.minimize(sum(int(icost[ci][n]) * v for (ci, n), v in x.items()))
-    s = cp_solver(cfg, cfg.exact_cost_deterministic_time)
+    left = time_left(deadline)
+    if left < cfg.step_exact_min_s:
+        return got, (count, objective(specs, icost, 0, got))
+    s = _solver(cfg, cfg.exact_cost_deterministic_time, left)
     if s.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         got = cm.placement(s, len(specs))
     return got, (count, objective(specs, icost, 0, got))
+
+
+def _solver(cfg: EngineConfig, det_time: float, wall_s: float) -> cp_model.CpSolver:
+    s = cp_solver(cfg, det_time)
+    s.parameters.num_workers = max(cfg.exact_workers, 1)
+    s.parameters.max_time_in_seconds = min(cfg.cpsat_wall_cap_s, wall_s)
+    if wall_s < math.inf:
+        # within the step's budget: presolve took 0.5 s of a 300 x 75 model's count solve
+        # (load 4.6), and the engine's answer as hint is used as it is without it
+        s.parameters.cp_model_presolve = False
+    return s
 
 
 def key_of(ex: ExactInputs, got: list[list[int]], scale: float) -> tuple[int, int]:
@@ -211,10 +237,12 @@ def _node_rules(m: cp_model.CpModel, usage: NodeUsage, reps: Sequence[Workload],
                     m.add(v + u <= 1)
 
 
-def _in_domain(m: cp_model.CpModel, cells: list[tuple[int, cp_model.IntVar]],
+def _in_domain(cm: ClassModel, cells: list[tuple[int, cp_model.IntVar]],
                dom: np.ndarray, count: int) -> dict[int, tuple[cp_model.IntVar, list[
                    cp_model.IntVar]]]:
-    """Per domain of ``cells`` (node, var): a literal "some pod there" and the vars."""
+    """Per domain of ``cells`` (node, var): a literal "some pod there" (hinted) and the
+    vars."""
+    m = cm.model
     groups: dict[int, list[cp_model.IntVar]] = {}
     for n, v in cells:
         if dom[n] >= 0:
@@ -222,14 +250,16 @@ def _in_domain(m: cp_model.CpModel, cells: list[tuple[int, cp_model.IntVar]],
     out = {}
     for d, vs in groups.items():
         b = m.new_bool_var("")
+        m.add_hint(b, cm.hint_any(vs))
         m.add(sum(vs) <= count * b)
         m.add(sum(vs) >= 1).only_enforce_if(b)
         out[d] = (b, vs)
     return out
 
 
-def _affinity_rule(m: cp_model.CpModel, ci: int, specs: Sequence[ClassSpec], aff: Affinity,
+def _affinity_rule(cm: ClassModel, ci: int, specs: Sequence[ClassSpec], aff: Affinity,
                    by_class: Mapping[int, list[tuple[int, cp_model.IntVar]]]) -> None:
+    m = cm.model
     own = by_class.get(ci, [])
     if not own:
         return
@@ -242,8 +272,9 @@ def _affinity_rule(m: cp_model.CpModel, ci: int, specs: Sequence[ClassSpec], aff
         first = m.new_bool_var("")
         every = [v for b in aff.mates for _, v in by_class.get(b, [])]
         m.add(sum(every) <= 1).only_enforce_if(first)
+        m.add_hint(first, int(sum(cm.hinted.get(v.index, 0) for v in every) <= 1))
     for dom, near in aff.terms:
-        mine = _in_domain(m, own, dom, specs[ci].count)
+        mine = _in_domain(cm, own, dom, specs[ci].count)
         for d, (lit, _) in mine.items():
             if near[d]:
                 continue
@@ -258,16 +289,19 @@ def _affinity_rule(m: cp_model.CpModel, ci: int, specs: Sequence[ClassSpec], aff
                 m.add_implication(lit, first)
 
 
-def _spread_rule(m: cp_model.CpModel, ci: int, specs: Sequence[ClassSpec], sp: Spread,
+def _spread_rule(cm: ClassModel, ci: int, specs: Sequence[ClassSpec], sp: Spread,
                  by_class: Mapping[int, list[tuple[int, cp_model.IntVar]]]) -> None:
+    m = cm.model
     own = by_class.get(ci, [])
     if not own:
         return
     doms = sorted({int(d) for d in sp.dom if d >= 0})
     cnt: dict[int, cp_model.LinearExprT] = {}
+    hinted: dict[int, int] = {}
     for d in doms:
         vs = [v for b in sp.matching for n, v in by_class.get(b, []) if sp.dom[n] == d]
         cnt[d] = sum(vs) + int(sp.running[d])
+        hinted[d] = sum(cm.hinted.get(v.index, 0) for v in vs) + int(sp.running[d])
     if not cnt:
         return
     if sp.min_domains is not None and len(cnt) < sp.min_domains:
@@ -276,8 +310,9 @@ def _spread_rule(m: cp_model.CpModel, ci: int, specs: Sequence[ClassSpec], sp: S
         hi = int(sp.running.max(initial=0)) + sum(s.count for s in specs)
         lv = m.new_int_var(0, hi, "")
         m.add_min_equality(lv, list(cnt.values()))
+        m.add_hint(lv, min(hinted.values()))
         low = lv
-    for d, (lit, _) in _in_domain(m, own, sp.dom, specs[ci].count).items():
+    for d, (lit, _) in _in_domain(cm, own, sp.dom, specs[ci].count).items():
         if d in cnt:
             m.add(cnt[d] <= low + sp.max_skew).only_enforce_if(lit)
 

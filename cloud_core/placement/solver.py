@@ -16,7 +16,9 @@ docs/placement.md, "Objective"). Two routes:
 **CP-SAT** (``cpsat``) then polishes coupled batches small enough (``cpsat_max_arcs``), with
 the best answer as hint. Every step is bounded by work, never by the clock: CP-SAT by its
 deterministic time, one worker and a fixed seed, so the same input gives the same answer on
-any load (a wall-clock cap is only a safety net, reported in the stats when hit).
+any load (a wall-clock cap is only a safety net, reported in the stats when hit). The one
+exception is a small batch's step budget on the Kubernetes path (``budget.step_deadlines``):
+a deadline after which the neighbourhoods stop, reported when it cuts them.
 
 The reference models that tests and benchmarks compare against (a pod-level CP-SAT model,
 CP-SAT's proven bounds, the LP relaxation) live in ``tools/placement_ref.py``.
@@ -28,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .budget import Budget
+from .budget import Budget, StepClock
 from .classes import (
     ClassSpec,
     Packer,
@@ -110,6 +112,7 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
         if not placeable(classes, free, pb.got):
             break
     assert pa is not None
+    budget.hold_back()
     if cfg.use_cpsat and placeable(classes, free, pa.got):
         stats["lns_solved"] = float(lns(pa, free, domains, penalty, cfg, budget))
     if cfg.use_cpsat and cfg.cost_lns_iterations and (
@@ -121,14 +124,17 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
 
 
 def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, np.ndarray],
-          cfg: EngineConfig) -> SolveOutput:
+          cfg: EngineConfig, clock: StepClock | None = None) -> SolveOutput:
     """Place every class's pods on node indices, most pods first, then least cost.
 
     A loose batch takes the flow route (cost-optimal flow, exact packing, repair); if pods
     that fit an allowed node are left out, the pack stage tries to place them. A tight
     batch (``_tight``) takes the pack route first, and the flow route too when small. The
     lexicographically better answer wins; CP-SAT then polishes coupled batches that are
-    small enough. Bounded by work throughout: the same input, the same answer."""
+    small enough. Bounded by work throughout: the same input, the same answer -- unless
+    the step's search deadline (``clock``: ``budget.step_deadlines``) passes first: then
+    no CP-SAT sub-solve starts after it and a running one is cut short
+    (``stats["budget_deadline_hits"]``), the steps without CP-SAT still run."""
     stats: dict[str, float] = {}
     if not classes:
         return SolveOutput([], "none", stats)
@@ -138,7 +144,7 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
         return SolveOutput(_single(classes, free, domains), "single", stats)
     icost, penalty = integer_costs(classes, cfg.cost_scale)
     total = sum(c.count for c in classes)
-    budget = Budget.for_batch(cfg, total)
+    budget = Budget.for_batch(cfg, total, clock)
     if cfg.pack and _tight(classes, free, cfg):
         got = _pack_route(classes, free, domains, icost, penalty, cfg, stats, budget)
         best_obj = objective(classes, icost, penalty, got)
@@ -162,6 +168,7 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
             # exact packer's rejections went to the cheapest node with room, not the
             # cheapest overall. The count-keeping cost steps of the pack route fix that.
             if cfg.use_cpsat and cfg.cost_lns_iterations:
+                budget.hold_back()
                 pa = Pack(classes, free, domains, icost)
                 for ci, nodes in enumerate(got):
                     for n in nodes:

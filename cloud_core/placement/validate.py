@@ -212,6 +212,8 @@ class _Pods:
         self._by_dom: dict[str, dict[str, list[_PodLike]]] = {}
         self.repellers: dict[tuple[str, str], list[tuple[_PodLike, PodAffinityTerm]]] = {}
         for p in pods:
+            if not p.anti_affinity:
+                continue
             node = ctx.nodes.get(p.node)
             for t in p.anti_affinity:
                 d = _label(node, t.topology_key) if node is not None else None
@@ -327,7 +329,12 @@ def _node_limits(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     count: dict[str, int] = {}
     ext: dict[tuple[str, str], int] = {}
     ports: dict[str, list[tuple[str, int, str, str]]] = {}  # node -> (proto, port, ip, uid)
+    # only the nodes this batch puts pods on are checked: a lone pod's step need not sum
+    # the running pods of 5,000 nodes
+    targets = {assignments[w.uid] for w in placed}
     for p in snap.pods:
+        if p.node not in targets:
+            continue
         count[p.node] = count.get(p.node, 0) + 1
         for k, v in p.extended.items():
             ext[p.node, k] = ext.get((p.node, k), 0) + int(v)
@@ -362,11 +369,18 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     pass the pod's nodeSelector/required node affinity (nodeAffinityPolicy Honor) and, with
     nodeTaintsPolicy Honor, its taints; the minimum is 0 below minDomains domains."""
     out: list[Violation] = []
+    # a selector matches pods of its own pod's namespace only: the running pods of other
+    # namespaces (and of every namespace, for a batch without a hard constraint) are not
+    # looked at
+    spread_ns = {w.namespace for w in placed if any(c.hard for c in w.spread)}
+    if not spread_ns:
+        return out
     # namespace -> labels -> nodes of the pods with them: a selector is matched once per
     # label set (a controller's replicas share theirs), and only matching pods are counted
     every: dict[str, dict[Mapping[str, str], list[str]]] = {}
     for p in snap.pods:
-        if not p.terminating:  # PodTopologySpread does not count terminating pods
+        # PodTopologySpread does not count terminating pods
+        if p.namespace in spread_ns and not p.terminating:
             every.setdefault(p.namespace, {}).setdefault(p.labels, []).append(p.node)
     for w in placed:
         every.setdefault(w.namespace, {}).setdefault(w.labels, []).append(assignments[w.uid])

@@ -96,7 +96,10 @@ def cluster_binaries(request: pytest.FixtureRequest) -> None:
 @pytest.fixture(scope="session")
 def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     CLUSTER.check()
-    cp = ControlPlane(advertise_address=RealNode.host_address(), real_nodes=True)
+    # The node's address in the API server's certificate too: a device outside the
+    # cluster network reaches the API server there (test_helm_install's edge agent).
+    cp = ControlPlane(advertise_address=RealNode.host_address(), real_nodes=True,
+                      extra_sans=(RealNode.node_address(),))
     try:
         cp.start()
         node = RealNode(cp)

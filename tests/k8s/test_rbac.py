@@ -61,7 +61,8 @@ def test_role_allows_what_the_core_does(service_account_client: KubeClient,
         sa.record_event(pod, reason="Scheduled", message="rbac series")
         assert sa.flush_events(10.0)
     got = {k: v - before[k] for k, v in sa.events.stats.items()}
-    assert got == {"written": 1, "series": 1, "dropped": 0, "failed": 0}, got
+    assert got == {"written": 1, "series": 1, "dropped": 0, "failed": 0,
+                   "background_dropped": 0}, got
     ev = next(e for e in cluster.events("Scheduled") if e.get("message") == "rbac series")
     assert (ev.get("series") or {}).get("count") == 2, ev
     # Re-placement: evict (PDBs honoured); the pod's controller makes the replacement.

@@ -214,8 +214,12 @@ class ControlPlane:
     def __init__(self, workdir: Path | None = None, *, log_stream: Any = None,
                  controllers: bool = True, priority_and_fairness: bool = False,
                  advertise_address: str = "127.0.0.1", real_nodes: bool = False,
-                 authorization_mode: str = "Node,RBAC") -> None:
+                 authorization_mode: str = "Node,RBAC", extra_sans: tuple[str, ...] = ()
+                 ) -> None:
         self.controllers = controllers
+        # More addresses the API server's certificate names (IPs): where a client outside
+        # the node's network reaches it, e.g. a real node's address in front of it.
+        self.extra_sans = extra_sans
         # Node: kubelets (tools/envtest/node.py); tools/bench_k8s --authz measures its cost
         # against RBAC alone
         self.authorization_mode = authorization_mode
@@ -258,7 +262,7 @@ class ControlPlane:
     def start(self) -> None:
         self.apiserver_bin, self.etcd_bin = ensure_binaries(stream=self.log_stream)
         extra = () if self.advertise_address == "127.0.0.1" else (self.advertise_address,)
-        generate_pki(self.dir / "pki", extra)
+        generate_pki(self.dir / "pki", (*extra, *self.extra_sans))
         try:
             self._start_etcd()
             self.api_port = free_port()

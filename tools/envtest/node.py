@@ -280,7 +280,7 @@ class RealNode:
         self.ns = self.tag
         self.host_if = f"{PREFIX}{os.getpid()}"[:15]
         self.host_ip = RealNode.host_address()
-        self.node_ip = self.host_ip.rsplit(".", 1)[0] + ".2"
+        self.node_ip = RealNode.node_address()
         self.dir = Path(tempfile.gettempdir()) / self.tag
         self.log_stream = log_stream
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -302,6 +302,12 @@ class RealNode:
                     break
             RealNode._host_address = addr
         return RealNode._host_address
+
+    @staticmethod
+    def node_address() -> str:
+        """The node's own address (``eth0`` in its namespace, 10.250.N.2): the other end of
+        :meth:`host_address`'s veth."""
+        return RealNode.host_address().rsplit(".", 1)[0] + ".2"
 
     @property
     def containerd_sock(self) -> Path:
