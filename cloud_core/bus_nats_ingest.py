@@ -14,8 +14,7 @@ down wait in the stream (``max_age_s``) instead of being lost.
 
 A fetched batch is acknowledged to JetStream *before* it goes to the core, and each
 acknowledgement is confirmed by the server (``ack_sync``, JetStream's double ack): only
-what the server confirmed within half of ``ack_wait_s`` of the pull request it answered
-goes on. JetStream
+what the server confirmed within ``ack_wait_s`` (less half a second) of the fetch goes on. JetStream
 therefore never redelivers a report a replica has folded (a redelivery after a replica's
 death carries only what it never saw), and a slow replica's batch is not handed to a
 second one while the first still folds it. What is fetched but not confirmed in time is
@@ -45,7 +44,6 @@ import logging
 import ssl
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +61,7 @@ from cloud_core.bus_nats_sites import SourceResumer
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 512
-FETCH_REQUESTS = 3  # pull requests whose answers may still sit in the client's queue
+ACK_MARGIN_S = 0.5
 # Ingest this far behind the bus is said in the log (at most every LAG_LOG_S): past the
 # agents' resend time (10 s) every late report comes twice and the load grows with it.
 LAG_WARN_S = 5.0
@@ -228,19 +226,15 @@ class SharedIngest:
     async def _fetch(self, psub: object) -> None:
         from nats.errors import TimeoutError as NatsTimeout
 
-        # Confirmed later than this after its pull request went out, a message may already
-        # be with another replica (JetStream redelivers ack_wait_s after its delivery, which
-        # answered that request). A fetch first takes what earlier requests' answers left
-        # in the client's queue (the rest of a batch that came after the fetch returned),
-        # so the clock starts at the oldest of the last FETCH_REQUESTS requests.
-        trust_s = self.settings.ack_wait_s / 2
-        requests: deque[float] = deque(maxlen=FETCH_REQUESTS)
+        # Confirmed later than this after the fetch began, a message may already be with
+        # another replica: JetStream redelivers ack_wait_s after the delivery, which came
+        # after the fetch began (less a margin for the server's own delay).
+        trust_s = max(self.settings.ack_wait_s - ACK_MARGIN_S, self.settings.ack_wait_s / 2)
         while not self._stopping.is_set():
             if self.backlog() > FETCH_BATCH:
                 await asyncio.sleep(0.02)  # the core is behind: leave the rest to others
                 continue
-            requests.append(time.monotonic())
-            t0 = requests[0]
+            t0 = time.monotonic()
             try:
                 msgs = await psub.fetch(FETCH_BATCH, timeout=0.5)  # type: ignore[attr-defined]
             except (TimeoutError, NatsTimeout):
