@@ -152,6 +152,12 @@ CASES: list[tuple[str, list[str], Callable[[Objs], bool]]] = [
      lambda o: not [k for k in o if "cfnet-core" in k[1]]),
     ("core.replicas", ["core.replicas=4"],
      lambda o: o[("Deployment", "cfnet-core")]["spec"]["replicas"] == 4),
+    ("core.rollingUpdate.maxSurge", ["core.rollingUpdate.maxSurge=1"],
+     lambda o: o[("Deployment", "cfnet-core")]["spec"]["strategy"]["rollingUpdate"]
+     ["maxSurge"] == 1),
+    ("core.rollingUpdate.maxUnavailable", ["core.rollingUpdate.maxUnavailable=25%"],
+     lambda o: o[("Deployment", "cfnet-core")]["spec"]["strategy"]["rollingUpdate"]
+     ["maxUnavailable"] == "25%"),
     ("core.username", ["core.username=core-x"], lambda o: "--username=core-x" in core_c(o)["args"]),
     ("core.lease.name", ["core.lease.name=my-lease"],
      lambda o: "--lease-name=my-lease" in core_c(o)["args"]
@@ -435,6 +441,7 @@ def test_value_reaches_the_objects(path: str, values: list[str],
 BAD = [
     ("core.replicas=0", "core.replicas"),
     ("core.replicas=two", "core.replicas"),
+    ("core.rollingUpdate.maxSurge=150%", "core.rollingUpdate/maxSurge"),
     ("core.logFormat=xml", "core.logFormat"),
     ("agent.logFormat=yaml", "agent.logFormat"),
     ("core.edgeTaint=maybe", "core.edgeTaint"),
