@@ -147,30 +147,32 @@ class EventRecorder:
                 self._q.task_done()
                 return
             try:
-                self._write(ev)
-            except Exception:
-                self.stats["failed"] += 1
-                log.exception("event %s lost", ev.get("reason"))
+                self._write_or_count(ev)
             finally:
                 self._q.task_done()
+
+    def _write_or_count(self, ev: JSON) -> None:
+        try:
+            self._write(ev)
+        except Exception:
+            self.stats["failed"] += 1
+            log.exception("event %s lost", ev.get("reason"))
 
     def _run_background(self) -> None:
         gap = 1.0 / self.background_per_s if self.background_per_s > 0 else 0.0
         while True:
             ev = self._bg.get()
+            if not ev:
+                self._bg.task_done()
+                return
+            # the pods' lane first: wait while it has work (bounded, so a lane that is never
+            # empty in a long burst still lets these through, one a second)
+            waited = 0.0
+            while self._q.unfinished_tasks and waited < 1.0:
+                time.sleep(0.02)
+                waited += 0.02
             try:
-                if not ev:
-                    return
-                # the pods' lane first: wait while it has work (bounded, so a lane that is
-                # never empty in a long burst still lets these through, one a second)
-                waited = 0.0
-                while self._q.unfinished_tasks and waited < 1.0:
-                    time.sleep(0.02)
-                    waited += 0.02
-                self._write(ev)
-            except Exception:
-                self.stats["failed"] += 1
-                log.exception("event %s lost", ev.get("reason"))
+                self._write_or_count(ev)
             finally:
                 self._bg.task_done()
             if gap and not self._hurry.is_set():

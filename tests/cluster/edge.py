@@ -28,6 +28,7 @@ import yaml
 from tests.cluster.faults import Samples, samples
 from tools.envtest.node import RealNode
 from tools.netns import in_netns
+from tools.procs import stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS_PORT = 19109
@@ -123,12 +124,7 @@ class EdgeDevice:
 
     def close(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+            stop_all([self.proc])
             self.proc = None
         self.node.exec_in_ns(["ip", "link", "del", "edge0"], check=False)
         _ip("netns", "del", self.ns, check=False)
