@@ -459,7 +459,8 @@ class DecisionLoop:
         reasons = {u: f"node {node} changed ({self._revalidate[node]}); no longer fits: "
                    + "; ".join(problems) for u, (node, problems) in misfits.items()}
         moves, self.replan_state = plan_moves(snap, running, before, self.replan_config,
-                                              misfits=reasons)
+                                              misfits=reasons,
+                                              base=self._carry.index(obs.facts))
         done = self.actuator.commit_moves(obs, moves) if moves else []
         undone = {m.workload_uid for m in moves} - {m.workload_uid for m in done}
         if undone:
