@@ -46,11 +46,14 @@ With ``--arrival RATES`` (pods/s, e.g. ``20,200``) the same Nodes then also take
 created at a fixed rate for ``--arrival-seconds`` (at most ``--arrival-max-pods``) on a
 scheduler already running: per scheduler, repetition and rate, the scheduler (the tuned
 kube-scheduler and ``cfnet-core --kubernetes``, started as above, alternated) is started on
-an empty namespace, binds a warm-up pod, and then the pods arrive; each is timed from its
+an empty namespace, binds a warm-up pod, and once its start-up's tail is over (cfnet: its
+``warm`` line) the pods arrive; each is timed from its
 create call's return to the watch first seeing it bound. The table (``tools.arrival``) gives
 the latency p50 / p90 / p99 / max and the scheduler's and kube-apiserver's CPU per pod over
 the arrival window, median (min–max) over the repetitions. ``--background N`` first binds N
-pods to the Nodes directly (no scheduler), a steady population both schedulers see.
+pods to the Nodes directly (no scheduler), a steady population both schedulers see. With
+``--baseline-tree`` cfnet from that tree takes its turn beside cfnet in every repetition
+(before / after on the same control plane).
 
     python -m tools.bench_k8s [--nodes 100 --pods 500 --reps 3] [--quick] [--kwok]
     python -m tools.bench_k8s --nodes 1000 --arrival 20,200 [--arrival-seconds 30]
@@ -93,6 +96,7 @@ SECURITY = "node-restriction.kubernetes.io/cfnet-security-level"  # registry.SEC
 EDGE = "node-role.kubernetes.io/edge"
 LEGACY_SECURITY = "cfnet.io/security-level"  # registry.LEGACY: ignored, warned about
 TICK = os.sysconf("SC_CLK_TCK")
+WARM_WAIT_S = 12.0  # the longest an arrival run waits for cfnet's "warm" line
 N_REGIONS, ZONES_PER_REGION = 4, 3
 
 
@@ -747,7 +751,10 @@ class Bench:
                 time.sleep(0.05)
             if "warm-up" not in seen:
                 raise RuntimeError(f"{name} bound no warm-up pod (see {self.dir / tag}.log)")
-            time.sleep(2.0)  # its start-up's tail (cfnet: the CP-SAT warm-up) not counted
+            # its start-up's tail not counted: cfnet's CP-SAT import in the background (0.7
+            # CPU-s, from 2 s after its sync: its "warm" line; a tree without the line, at
+            # most WARM_WAIT_S), kube-scheduler's 2 s
+            self._settle(name, tag)
             c0, a0 = cpu_seconds(proc.pid, children=children), cpu_seconds(self.api_pid)
             self._arrive(path, sched, due, r)
             want = {f"p-{i:05d}" for i, c in enumerate(r.created) if c == c}
@@ -777,6 +784,18 @@ class Bench:
               f"{r.max_ms():.0f} ms, cpu {r.sched_cpu_s:.2f} s, apiserver {r.api_cpu_s:.2f} s, "
               f"{len(r.violations)} violations {r.violations[:3]}", file=sys.stderr, flush=True)
         return r
+
+    def _settle(self, name: str, tag: str) -> None:
+        """Wait out ``name``'s start-up tail before the arrivals (see ``arrival_run``)."""
+        if not name.startswith("cfnet"):
+            time.sleep(2.0)
+            return
+        until = time.monotonic() + WARM_WAIT_S
+        log = self.dir / f"{tag}.log"
+        while time.monotonic() < until and '"event": "warm"' not in log.read_text(
+                errors="replace"):
+            time.sleep(0.1)
+        time.sleep(0.5)
 
     def _arrive(self, path: str, sched: str, due: Sequence[float],
                 r: arrival.ArrivalRun) -> None:
@@ -1153,8 +1172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + (f" (median {statistics.median(answered):g})" if answered else "") + ".")
     if arrivals:
         print()
-        print(arrival.table(arrivals, [s for s in SCHEDULERS if s in want], a.nodes,
-                            a.background))
+        print(arrival.table(arrivals, [s for s in (*SCHEDULERS, BASELINE) if s in want],
+                            a.nodes, a.background))
         print()
         print(f"Median (min–max) of {a.reps} repetitions, order alternated; pods created at "
               f"the rate for {a.arrival_seconds:g} s (at most {a.arrival_max_pods}), each timed "
@@ -1168,8 +1187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def arrival_runs(b: Bench, a: argparse.Namespace, want: Sequence[str]
                  ) -> list[arrival.ArrivalRun]:
     """``--arrival``: per rate and repetition, each arrival scheduler in ``want`` (order
-    alternated by repetition)."""
-    names = [s for s in SCHEDULERS if s in want and (s in ARRIVAL or a.only)]
+    alternated by repetition), and cfnet from ``--baseline-tree`` beside cfnet's."""
+    names = [s for s in (*SCHEDULERS, BASELINE) if s in want
+             and (s in ARRIVAL or a.only or s == BASELINE)]
     out: list[arrival.ArrivalRun] = []
     for rate in [float(x) for x in a.arrival.split(",") if x.strip()]:
         for rep in range(a.reps):
