@@ -91,6 +91,14 @@ class StepClock:
         it cost)."""
         return min(self.search_cpu, self.end_cpu - used)
 
+    def report(self, stats: dict[str, float]) -> None:
+        """What a limited step saw: the CPU it has taken (``step_cpu_s``), and whether the
+        wall-clock safety net has passed (``step_wall_net``)."""
+        if self.limited:
+            stats["step_cpu_s"] = self.used()
+            if self.wall_left() <= 0.0:
+                stats["step_wall_net"] = 1.0
+
     def work_for(self, cpu_s: float) -> float:
         """CP-SAT work (deterministic time) that fits in ``cpu_s`` CPU seconds."""
         return math.inf if cpu_s == math.inf else max(cpu_s * self.work_per_cpu, MIN_WORK)

@@ -70,8 +70,7 @@ class PreparedCluster(ClusterView):
     def place(self, workloads: Sequence[Workload], cpu_start: float | None = None
               ) -> PlacementResult:
         """Place a batch together; every workload gets a node or the reason it has none.
-        ``cpu_start``: the deciding thread's ``time.thread_time()`` at the step's start
-        (default: now), from which a small batch's step budget counts (``budget.py``)."""
+        ``cpu_start``: this thread's ``time.thread_time()`` at the step's start (budget.py)."""
         members = _classes(workloads)
         reps = [g[0] for g in members]
         nclass = len(reps)
@@ -80,9 +79,7 @@ class PreparedCluster(ClusterView):
         # spread, host ports, extended resources, the spread policy: pod by pod, after
         seq = {ci for ci in range(nclass) if needs_sequential(reps[ci], self.cfg.policy)}
         pending = set(range(nclass)) - seq
-        rounds = 0
-        method: list[str] = []
-        stats: dict[str, float] = {}
+        rounds, method, stats = 0, list[str](), dict[str, float]()
         deferred_reason: dict[int, str] = {}
         base_mask: dict[int, np.ndarray] = {}
         batch_cost: dict[int, np.ndarray] = {}
@@ -157,12 +154,9 @@ class PreparedCluster(ClusterView):
             method.append("exact")
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
-        if clock.limited:  # what the step budget saw: its CPU so far, its safety net hit
-            stats["step_cpu_s"] = clock.used()
-            if clock.wall_left() <= 0.0:
-                stats["step_wall_net"] = 1.0
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
                               deferred_reason, workloads)
+        clock.report(stats)
         # a lower bound on the cost of placing the same pods: each at the cheapest node that
         # fitted it before the batch (capacity shared by the batch ignored), and the gap to it
         stats["bound"] = result[3]
