@@ -188,6 +188,7 @@ class PreparedCluster(ClusterView):
                 or clock.wall_left() <= 0.0):
             stats["exact_skipped"] = 1.0
             return False
+        t0 = clock.cpu()
         after = self.pods, self.ix.alloc, self.free
         self.pods, self.ix.alloc, self.free = PodIndex(pods0), alloc0, free0.copy()
         try:  # the filters and costs as they were before the batch
@@ -200,7 +201,8 @@ class PreparedCluster(ClusterView):
         set_conflicts(reps, ex.specs)
         domains = {k: self.ix.domain_ids(k)[0] for s in ex.specs for k in s.conflicts}
         now = key_of(ex, placed_nodes, self.cfg.cost_scale)
-        res = solve_exact(ex, reps, domains, placed_nodes, self.cfg, clock)
+        res = solve_exact(ex, reps, domains, placed_nodes, self.cfg, clock, stats)
+        stats["exact_cpu_s"] = clock.cpu() - t0
         if res is None or (res[1][0], -res[1][1]) <= (now[0], -now[1]):
             return False
         got = res[0]

@@ -153,7 +153,8 @@ def _spread(pc: ClusterView, reps: Sequence[Workload], ci: int, c: SpreadConstra
 
 
 def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str, np.ndarray],
-                hint: list[list[int]], cfg: EngineConfig, clock: StepClock | None = None
+                hint: list[list[int]], cfg: EngineConfig, clock: StepClock | None = None,
+                stats: dict[str, float] | None = None
                 ) -> tuple[list[list[int]], tuple[int, int]] | None:
     """The batch's best placement per class, and its (count, cost) key; None when CP-SAT
     found nothing. Lexicographic, in two solves: the most pods (``exact_deterministic_time``
@@ -161,7 +162,7 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
     from the answer before it, with ``exact_workers`` workers. Within a step budget
     (``clock``): the count's solve gets the work of ``COUNT_SHARE`` of the CPU left to the
     engine, the cost's that of the rest (skipped under ``step_exact_min_s``), both stopped
-    by the wall-clock safety net."""
+    by the wall-clock safety net. ``stats["exact_work"]``: the work both took."""
     from ortools.sat.python import cp_model  # lazily, as in cpsat
 
     clock = clock or StepClock()
@@ -186,7 +187,10 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
     left = clock.cpu_left(clock.end_cpu)
     s = _solver(cfg, min(cfg.exact_deterministic_time, clock.work_for(COUNT_SHARE * left)),
                 clock)
-    if s.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    stats = {} if stats is None else stats
+    status = s.solve(m)
+    stats["exact_work"] = s.response_proto.deterministic_time
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     got = cm.placement(s, len(specs))
     count = sum(map(len, got))
@@ -199,7 +203,9 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
     if left < cfg.step_exact_min_s or clock.wall_left() <= 0.0:
         return got, (count, objective(specs, icost, 0, got))
     s = _solver(cfg, min(cfg.exact_cost_deterministic_time, clock.work_for(left)), clock)
-    if s.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    status = s.solve(m)
+    stats["exact_work"] += s.response_proto.deterministic_time
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         got = cm.placement(s, len(specs))
     return got, (count, objective(specs, icost, 0, got))
 
