@@ -193,8 +193,8 @@ def test_a_spent_step_budget_keeps_the_greedy_answer_and_skips_the_exact_step(
 
 def test_the_exact_step_places_what_the_reference_proves_within_the_cpu_budget() -> None:
     """The mixed family's 100 x 25 (seed 3): the greedy answer leaves 9 pods out; the exact
-    step, counting pods alone first, places the 94 the reference proves, within the step's
-    CPU budget (0.85 s, the decisions after the exact step a little past it)."""
+    step, in rounds within the CPU left, places the 94 the reference proves, within the
+    step's CPU budget (0.85 s, the decisions after the exact step a little past it)."""
     snap, pods = FAMILIES["mixed"](100, 3)
     res = place(snap, pods, K8S)
     assert len(res.assignments) == 94
