@@ -56,7 +56,9 @@ __all__ = [
 class Observation:
     """The world as one step sees it: taken once, handed to every stage."""
 
-    health: Mapping[str, Health]  # node -> health (the one health map of the step)
+    # node -> health (the one health map of the step); a map once handed is never changed
+    # (the loop takes the same object again as "no change": a source may hand it every step)
+    health: Mapping[str, Health]
     snapshot: ClusterSnapshot  # the engine's view, built with ``health``
     pending: Sequence[Workload]  # to place now
     running: Sequence[tuple[Workload, str]]  # (workload, node) placed and counted in snapshot
@@ -204,6 +206,7 @@ class DecisionLoop:
         self._deferred_at: float | None = None  # when a backlog last deferred a due re-plan
         self.replan_state = ReplanState()
         self.health: dict[str, Health] = {}
+        self._health_seen: Mapping[str, Health] | None = None  # the map last found equal
         self._reported: dict[str, str] = {}  # uid -> last unplaceable reason reported
         # node -> what changed: nodes whose running workloads are checked at each re-plan
         # until none there is left that no longer fits (a move a budget refused is retried)
@@ -226,9 +229,11 @@ class DecisionLoop:
     # ------------------------------------------------------------------ stages
 
     def note_health(self, now: Mapping[str, Health]) -> None:
-        if now == self.health:
-            # The usual step: nothing changed. A dict comparison (in C) instead of sorting
-            # and walking 5,000 nodes every step.
+        if now is self._health_seen or now == self.health:
+            # The usual step: nothing changed. The source's own map again (a source hands
+            # the same map while no node changed, and never changes one it handed), or a
+            # dict comparison (in C) instead of sorting and walking 5,000 nodes every step.
+            self._health_seen = now
             return
         arrived: list[str] = []  # first seen, online
         for node, h in sorted(now.items()):
@@ -255,6 +260,7 @@ class DecisionLoop:
             for node in arrived:
                 self.events.emit("health", f"node {node}: new -> online", node=node)
         self.health = dict(now)
+        self._health_seen = now
 
     def note_changes(self, revalidate: Mapping[str, str]) -> None:
         """Nodes whose residency / security facts changed: re-plan now, checking their
@@ -465,7 +471,8 @@ class DecisionLoop:
         reasons = {u: f"node {node} changed ({self._revalidate[node]}); no longer fits: "
                    + "; ".join(problems) for u, (node, problems) in misfits.items()}
         moves, self.replan_state = plan_moves(snap, running, before, self.replan_config,
-                                              misfits=reasons)
+                                              misfits=reasons,
+                                              base=self._carry.index(obs.facts))
         done = self.actuator.commit_moves(obs, moves) if moves else []
         undone = {m.workload_uid for m in moves} - {m.workload_uid for m in done}
         if undone:

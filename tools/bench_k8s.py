@@ -46,11 +46,14 @@ With ``--arrival RATES`` (pods/s, e.g. ``20,200``) the same Nodes then also take
 created at a fixed rate for ``--arrival-seconds`` (at most ``--arrival-max-pods``) on a
 scheduler already running: per scheduler, repetition and rate, the scheduler (the tuned
 kube-scheduler and ``cfnet-core --kubernetes``, started as above, alternated) is started on
-an empty namespace, binds a warm-up pod, and then the pods arrive; each is timed from its
+an empty namespace, binds a warm-up pod, and once its start-up's tail is over (cfnet: its
+``warm`` line) the pods arrive; each is timed from its
 create call's return to the watch first seeing it bound. The table (``tools.arrival``) gives
 the latency p50 / p90 / p99 / max and the scheduler's and kube-apiserver's CPU per pod over
 the arrival window, median (min–max) over the repetitions. ``--background N`` first binds N
-pods to the Nodes directly (no scheduler), a steady population both schedulers see.
+pods to the Nodes directly (no scheduler), a steady population both schedulers see. With
+``--baseline-tree`` cfnet from that tree takes its turn beside cfnet in every repetition
+(before / after on the same control plane).
 
     python -m tools.bench_k8s [--nodes 100 --pods 500 --reps 3] [--quick] [--kwok]
     python -m tools.bench_k8s --nodes 1000 --arrival 20,200 [--arrival-seconds 30]
@@ -93,6 +96,7 @@ SECURITY = "node-restriction.kubernetes.io/cfnet-security-level"  # registry.SEC
 EDGE = "node-role.kubernetes.io/edge"
 LEGACY_SECURITY = "cfnet.io/security-level"  # registry.LEGACY: ignored, warned about
 TICK = os.sysconf("SC_CLK_TCK")
+WARM_WAIT_S = 12.0  # the longest an arrival run waits for cfnet's "warm" line
 N_REGIONS, ZONES_PER_REGION = 4, 3
 
 
@@ -123,7 +127,11 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
 def node_object(j: int, kwok: bool = False, field: bool = False) -> dict[str, Any]:
     """Node ``j``: every 5th a tainted KubeEdge edge node. ``field`` (``--field-mix``): every
     2nd is, and each also carries the older node-writable ``cfnet.io/security-level``
-    label cfnet ignores and warns about (a cluster moved from an earlier cfnet)."""
+    label cfnet ignores and warns about (a cluster moved from an earlier cfnet). The field
+    mix's edge nodes alternate within each zone (``j // N_REGIONS``), not by region: with
+    ``j % 2`` two whole regions would be edge-only, and a spread pod that does not tolerate
+    the taint would see their empty zones as domains (nodeTaintsPolicy Ignore) and stay
+    Pending, with either scheduler."""
     region = f"r{j % N_REGIONS}"
     zone = f"{region}-{(j // N_REGIONS) % ZONES_PER_REGION}"
     name = f"bn-{j:05d}"
@@ -132,7 +140,7 @@ def node_object(j: int, kwok: bool = False, field: bool = False) -> dict[str, An
     taints = []
     if field:
         labels[LEGACY_SECURITY] = labels[SECURITY]
-    if j % (2 if field else 5) == 0:  # a KubeEdge edge node: labelled and tainted as KubeEdge does
+    if (j // N_REGIONS % 2 if field else j % 5) == 0:  # a KubeEdge edge node, as KubeEdge marks it
         labels[EDGE] = ""
         labels["apps.kubeedge.io/belonging-to"] = f"edge-{region}"
         taints.append({"key": EDGE, "effect": "NoSchedule"})
@@ -185,7 +193,10 @@ def pod_object(i: int, ns: str, scheduler: str, nowhere: str = "",
     tolerating the edge taint, 15 % spread over zones (maxSkew 1, DoNotSchedule). ``nowhere``:
     the pod fits no node, by turns through a nodeSelector no node matches and a cpu request
     no node has (``--unschedulable``). ``field`` (``--field-mix``): every 3rd pod also
-    requires its region (r0, r1 or r2, by turns) and tolerates the edge taint."""
+    requires its region (r0, r1 or r2, by turns) and tolerates the edge taint; spread pods
+    are left as they are, so each spread group's pods share one set of domains (the checker's
+    end-state skew is exact only then: kube-scheduler checks a pod's skew over the domains
+    its own node affinity allows, at the time it is placed)."""
     kind = i % 20
     cpu = "64" if nowhere == "cpu" else f"{100 + 100 * (i % 5)}m"
     mem = f"{128 * (1 + i % 4)}Mi"
@@ -213,7 +224,7 @@ def pod_object(i: int, ns: str, scheduler: str, nowhere: str = "",
         spec["topologySpreadConstraints"] = [{
             "maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
             "labelSelector": {"matchLabels": {"spread": group}}}]
-    if field and i % 3 == 0 and not 8 <= kind <= 11:  # (those require r0 or r1 already)
+    if field and i % 3 == 0 and not 8 <= kind <= 11 and kind < 17:  # 8-11 require a region
         terms = [{"matchExpressions": [{"key": REGION, "operator": "In",
                                         "values": [f"r{(i // 3) % 3}"]}]}]
         aff = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
@@ -320,11 +331,14 @@ def _spread_violations(pods: Sequence[dict[str, Any]],
     for p in pods:
         for c in p["spec"].get("topologySpreadConstraints") or []:
             if c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule":
-                key = (p["metadata"]["namespace"], json.dumps(c, sort_keys=True))
+                # one group per set of domains: with nodeAffinityPolicy Honor a pod's
+                # skew is counted over the nodes its own affinity allows
+                aff = {k: p["spec"].get(k) for k in ("nodeSelector", "affinity")}
+                key = (p["metadata"]["namespace"], json.dumps([c, aff], sort_keys=True))
                 groups.setdefault(key, []).append(p)
     out = []
     for (ns, cj), members in groups.items():
-        c = json.loads(cj)
+        c = json.loads(cj)[0]
         sel = (c.get("labelSelector") or {}).get("matchLabels") or {}
         tk = c["topologyKey"]
         spec0 = members[0]["spec"]
@@ -747,7 +761,10 @@ class Bench:
                 time.sleep(0.05)
             if "warm-up" not in seen:
                 raise RuntimeError(f"{name} bound no warm-up pod (see {self.dir / tag}.log)")
-            time.sleep(2.0)  # its start-up's tail (cfnet: the CP-SAT warm-up) not counted
+            # its start-up's tail not counted: cfnet's CP-SAT import in the background (0.7
+            # CPU-s, from 2 s after its sync: its "warm" line; a tree without the line, at
+            # most WARM_WAIT_S), kube-scheduler's 2 s
+            self._settle(name, tag)
             c0, a0 = cpu_seconds(proc.pid, children=children), cpu_seconds(self.api_pid)
             self._arrive(path, sched, due, r)
             want = {f"p-{i:05d}" for i, c in enumerate(r.created) if c == c}
@@ -777,6 +794,18 @@ class Bench:
               f"{r.max_ms():.0f} ms, cpu {r.sched_cpu_s:.2f} s, apiserver {r.api_cpu_s:.2f} s, "
               f"{len(r.violations)} violations {r.violations[:3]}", file=sys.stderr, flush=True)
         return r
+
+    def _settle(self, name: str, tag: str) -> None:
+        """Wait out ``name``'s start-up tail before the arrivals (see ``arrival_run``)."""
+        if not name.startswith("cfnet"):
+            time.sleep(2.0)
+            return
+        until = time.monotonic() + WARM_WAIT_S
+        log = self.dir / f"{tag}.log"
+        while time.monotonic() < until and '"event": "warm"' not in log.read_text(
+                errors="replace"):
+            time.sleep(0.1)
+        time.sleep(0.5)
 
     def _arrive(self, path: str, sched: str, due: Sequence[float],
                 r: arrival.ArrivalRun) -> None:
@@ -1095,7 +1124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="this share of the pods fits no node (a run waits for the others)")
     ap.add_argument("--field-mix", action="store_true",
                     help="every 2nd node edge-tainted and carrying the older "
-                         "cfnet.io/security-level label; every 3rd pod requires a region")
+                         "cfnet.io/security-level label; every 3rd pod but the spread ones "
+                         "requires a region")
     ap.add_argument("--background", type=int, default=0,
                     help="pods bound to the Nodes directly before the runs (a steady load)")
     ap.add_argument("--sample-to", help=argparse.SUPPRESS)
@@ -1153,8 +1183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + (f" (median {statistics.median(answered):g})" if answered else "") + ".")
     if arrivals:
         print()
-        print(arrival.table(arrivals, [s for s in SCHEDULERS if s in want], a.nodes,
-                            a.background))
+        print(arrival.table(arrivals, [s for s in (*SCHEDULERS, BASELINE) if s in want],
+                            a.nodes, a.background))
         print()
         print(f"Median (min–max) of {a.reps} repetitions, order alternated; pods created at "
               f"the rate for {a.arrival_seconds:g} s (at most {a.arrival_max_pods}), each timed "
@@ -1168,8 +1198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def arrival_runs(b: Bench, a: argparse.Namespace, want: Sequence[str]
                  ) -> list[arrival.ArrivalRun]:
     """``--arrival``: per rate and repetition, each arrival scheduler in ``want`` (order
-    alternated by repetition)."""
-    names = [s for s in SCHEDULERS if s in want and (s in ARRIVAL or a.only)]
+    alternated by repetition), and cfnet from ``--baseline-tree`` beside cfnet's."""
+    names = [s for s in (*SCHEDULERS, BASELINE) if s in want
+             and (s in ARRIVAL or a.only or s == BASELINE)]
     out: list[arrival.ArrivalRun] = []
     for rate in [float(x) for x in a.arrival.split(",") if x.strip()]:
         for rep in range(a.reps):

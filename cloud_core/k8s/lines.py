@@ -1,6 +1,8 @@
 """Lifecycle lines of ``cfnet-core --kubernetes --json-lines``: one JSON object per line on
-stdout (``started``, ``leading``, ``ready``, ``synced``, ``following``, ``bound``, ``alert``,
-``stats``, ``stopped``), for supervisors, tests and benchmarks."""
+stdout (``started``, ``leading``, ``ready``, ``synced``, ``warm``, ``following``, ``bound``,
+``alert``, ``stats``, ``stopped``), for supervisors, tests and benchmarks. ``warm``: CP-SAT
+imported in the background after the sync (wiring.warm_up_when_quiet), the start-up's last
+tail."""
 
 from __future__ import annotations
 

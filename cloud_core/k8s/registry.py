@@ -33,6 +33,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from cloud_core.errors import CoreError, SpecError
@@ -289,6 +290,7 @@ class NodeRegistry:
         # status update that changes nothing of it does not): the loop's source prepares the
         # cluster afresh only then (placement.carry)
         self.version = 0
+        self._agent_names: tuple[int, Mapping[str, str]] | None = None  # (version, names)
         # called (outside the lock) with the Node and its problems when they change and are
         # not empty: the core writes them as a Warning event on the Node (wiring)
         self.on_problems: Callable[[Mapping[str, Any], tuple[str, ...]], None] | None = None
@@ -393,10 +395,14 @@ class NodeRegistry:
                     return r.name
         return None
 
-    def agent_names(self) -> dict[str, str]:
-        """Agent id -> Node name, for every Node (one pass, for per-step translations)."""
+    def agent_names(self) -> Mapping[str, str]:
+        """Agent id -> Node name, for every Node (read-only; built once per registry
+        version: the loop's source asks every step, and 5,000 Nodes were 0.5 ms a step)."""
         with self._lock:
-            return {r.agent_id: r.name for r in self._nodes.values()}
+            if self._agent_names is None or self._agent_names[0] != self.version:
+                self._agent_names = (self.version, MappingProxyType(
+                    {r.agent_id: r.name for r in self._nodes.values()}))
+            return self._agent_names[1]
 
     def agent_for_node(self, name: str) -> str | None:
         r = self.get(name)

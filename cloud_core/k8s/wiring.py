@@ -319,10 +319,11 @@ class AgentView:
                 if a in names}
 
 
-def warm_up_when_quiet(actuator: Actuator) -> None:
+def warm_up_when_quiet(actuator: Actuator, done: Callable[[], None] = lambda: None) -> None:
     """Import CP-SAT in the background once the caches hold whole lists and the first batch
     has had its moment (first binding ~1 s after start), so the import does not compete with
-    it; and not during a burst (a batch that needs CP-SAT before then imports it itself)."""
+    it; and not during a burst (a batch that needs CP-SAT before then imports it itself).
+    ``done`` once imported (the ``warm`` line: the start-up's last tail is over)."""
     def warm() -> None:
         if actuator.wait_synced(600):
             until = time.monotonic() + WARM_UP_MAX_S
@@ -330,6 +331,7 @@ def warm_up_when_quiet(actuator: Actuator) -> None:
             while actuator.busy() and time.monotonic() < until:
                 time.sleep(0.2)
             solver.warm_up()
+            done()
 
     threading.Thread(target=warm, daemon=True, name="warm-up").start()
 
@@ -423,7 +425,7 @@ def start_kubernetes(
     # waits for its informers' sync before its leader elector runs: a replacement pod does
     # not take the Lease from a warm standby while it is still listing.
     elector.start(ready=actuator.wait_ready)
-    warm_up_when_quiet(actuator)
+    warm_up_when_quiet(actuator, lambda: line("warm"))
     if say is not None:
         say_when_synced(actuator, line)
     return KubeRunner(actuator, elector, pools, notices)

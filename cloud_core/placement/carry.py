@@ -21,6 +21,7 @@ from collections.abc import Hashable
 
 from .config import EngineConfig
 from .engine import PreparedCluster
+from .index import ClusterIndex
 from .model import ClusterSnapshot
 
 
@@ -45,3 +46,11 @@ class Carry:
         self._view, self._facts, self._cfg = (pc, facts, config) if facts is not None \
             else (None, None, None)
         return pc
+
+    def index(self, facts: Hashable | None) -> ClusterIndex | None:
+        """The last step's node index when ``facts`` (not None) is its token, else None: a
+        base for another index of the same nodes (``ClusterIndex(base=)``: the re-planner's,
+        whatever its engine configuration, since the node indexes read none)."""
+        if self._view is None or facts is None or facts != self._facts:
+            return None
+        return self._view.ix

@@ -7,6 +7,7 @@ against all nodes with a few vector operations instead of a Python loop per (pod
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -106,8 +107,9 @@ class ClusterIndex:
         reads them is built afresh, lazily, from this snapshot): the per-node Python
         of ``__init__`` is then done only for the nodes whose ``NodeInfo`` is a new object.
         False (nothing taken): a changed node has another name."""
-        changed = [i for i, (a, b) in enumerate(zip(self.nodes, base.nodes, strict=True))
-                   if a is not b]
+        # compared in C: a step carries 5,000 nodes of which one or two changed
+        changed = np.flatnonzero(np.fromiter(map(operator.is_not, self.nodes, base.nodes),
+                                             dtype=bool, count=self.n)).tolist()
         if any(self.nodes[i].name != base.nodes[i].name for i in changed):
             return False
         alloc = base._alloc0.copy()

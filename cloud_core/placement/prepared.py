@@ -9,6 +9,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Hashable, Sequence
 from dataclasses import fields
+from itertools import compress
 
 import numpy as np
 
@@ -61,6 +62,13 @@ def _scores_others(p: RunningPod) -> bool:
     return bool(p.affinity or p.preferred_affinity or p.preferred_anti_affinity)
 
 
+_SCORING = tuple(operator.attrgetter(a) for a in ("affinity", "preferred_affinity",
+                                                  "preferred_anti_affinity"))
+_SCORING_TERMS = operator.attrgetter("affinity", "preferred_affinity", "preferred_anti_affinity")
+_ANTI = operator.attrgetter("anti_affinity")
+_NAMESPACE = operator.attrgetter("namespace")
+
+
 def as_running(w: Workload, node: str) -> RunningPod:
     """``w`` as a pod running on ``node`` (what later filters and scores see)."""
     return RunningPod.of(w, node)
@@ -82,11 +90,14 @@ class PodIndex:
         self.sym_other: list[SymTerm] = []
         self._todo: list[RunningPod] = list(pods)
         # how many pods carry terms that score newcomers: while none does, symmetric() answers
-        # without indexing anything (every cost asks it)
-        self.n_sym = sum(1 for p in self._todo if _scores_others(p))
+        # without indexing anything (every cost asks it). Looked for in C first (every step
+        # looks at every running pod, and most clusters have none)
+        todo = self._todo
+        self.n_sym = sum(map(any, map(_SCORING_TERMS, todo))) if any(
+            any(map(get, todo)) for get in _SCORING) else 0
         # ... and how many carry anti-affinity: while none does, repelling() answers without
         # indexing anything (every workload's filters ask it)
-        self.n_anti = sum(1 for p in self._todo if p.anti_affinity)
+        self.n_anti = sum(map(bool, map(_ANTI, todo))) if any(map(_ANTI, todo)) else 0
 
     def add(self, p: RunningPod) -> None:
         # indexed on first use: a batch adds thousands, most calls never look
@@ -96,9 +107,22 @@ class PodIndex:
         if p.anti_affinity:
             self.n_anti += 1
 
-    def _flush(self) -> None:
-        todo, self._todo = self._todo, []
-        for p in todo:
+    def _flush(self, spaces: Sequence[str] | None = None) -> None:
+        """Index the pods not yet indexed; with ``spaces``, only those of these namespaces
+        (a selector reads its own namespaces only: a lone pod's spread in a namespace of 400
+        pods indexes those, not the 2,000 of the others)."""
+        todo = self._todo
+        if spaces is None:
+            self._todo = []
+            for p in todo:
+                self._index(p)
+            return
+        want = set(spaces)
+        flags = list(map(want.__contains__, map(_NAMESPACE, todo)))
+        if not any(flags):
+            return
+        self._todo = list(compress(todo, map(operator.not_, flags)))
+        for p in compress(todo, flags):
             self._index(p)
 
     def all(self) -> list[RunningPod]:
@@ -150,10 +174,11 @@ class PodIndex:
                 if (not hard or hard_weight > 0) and scores.matches_newcomer(p, t, w)]
 
     def matching(self, term: PodAffinityTerm, owner_ns: str) -> list[RunningPod]:
+        spaces = term.namespaces or (owner_ns,)
         if self._todo:
-            self._flush()
+            self._flush(spaces)
         out: list[RunningPod] = []
-        for ns in term.namespaces or (owner_ns,):
+        for ns in spaces:
             if term.selector.match_labels:
                 k, v = next(iter(term.selector.match_labels.items()))
                 cands = self.by_label.get((ns, k, v), [])
