@@ -180,8 +180,10 @@ def test_a_spent_step_budget_keeps_the_greedy_answer_and_skips_the_exact_step(
     res = place(snap, pods, cfg, cpu_start=start)
     assert res.stats.get("exact_skipped") == 1.0
     assert res.stats.get("budget_deadline_hits", 0) > 0
-    assert res.stats.get("step_wall_net", 0.0) == (1.0 if net else 0.0)
-    assert res.stats["step_cpu_s"] >= (10.0 if not net else 0.0)
+    if net:
+        assert res.stats["step_wall_net"] == 1.0
+    else:  # the 10 s of CPU taken before the engine counted
+        assert res.stats["step_cpu_s"] >= 10.0
     assert "exact" not in res.solver.split("+")
     assert 0 < len(res.assignments) < len(pods)
     assert validate(snap, pods, res.assignments) == []
@@ -196,7 +198,10 @@ def test_the_exact_step_places_what_the_reference_proves_within_the_cpu_budget()
     step, in rounds within the CPU left, places the 94 the reference proves, within the
     step's CPU budget (0.85 s, the decisions after the exact step a little past it)."""
     snap, pods = FAMILIES["mixed"](100, 3)
-    res = place(snap, pods, K8S)
+    # the wall-clock safety net far off: on a machine as loaded as the suite's (load 13:
+    # 0.85 s of CPU took 7 s of wall clock) it would decide, and this is the CPU's test
+    res = place(snap, pods, EngineConfig(cpsat_polish=False, step_wall_min_s=60.0))
+    assert "step_wall_net" not in res.stats
     assert len(res.assignments) == 94
     assert res.solver.endswith("exact")
     assert res.stats["step_cpu_s"] < 0.85 + 0.1
