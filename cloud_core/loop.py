@@ -213,6 +213,9 @@ class DecisionLoop:
         self._revalidate: dict[str, str] = {}
         self._misfits_said: set[str] = set()
         self._carry = Carry()  # the last step's prepared cluster (Observation.facts)
+        # this thread's CPU (time.thread_time) at the start of the step under way, if any:
+        # a small batch's CPU budget (placement/budget.py) counts from it
+        self._step_cpu0: float | None = None
 
     @staticmethod
     def what_if(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
@@ -280,7 +283,9 @@ class DecisionLoop:
         return out
 
     def place(self, obs: Observation) -> PlaceOutcome:
-        """Engine + validator for ``obs.pending``; pinned replacements go where planned."""
+        """Engine + validator for ``obs.pending``; pinned replacements go where planned.
+        Within ``step``, the engine's step budget counts from the step's start (reading the
+        pending pods included: ``_step_cpu0``)."""
         workloads = list(obs.pending)
         if not workloads:
             return PlaceOutcome({}, {}, {}, [])
@@ -309,7 +314,8 @@ class DecisionLoop:
             return PlaceOutcome(assignments, {}, summaries, [])
         t0 = time.perf_counter()
         try:
-            result = place(snap, rest, self.engine_config, carry=self._carry, facts=obs.facts)
+            result = place(snap, rest, self.engine_config, carry=self._carry, facts=obs.facts,
+                           cpu_start=self._step_cpu0)
         except Exception:
             # One bad workload must not block the whole batch: place them one by one and
             # report the ones the engine chokes on.
@@ -509,7 +515,11 @@ class DecisionLoop:
         self.note_health(obs.health)
         if obs.revalidate:
             self.note_changes(obs.revalidate)
-        outcome = self.place(obs)
+        self._step_cpu0 = t0
+        try:
+            outcome = self.place(obs)
+        finally:
+            self._step_cpu0 = None
         self.report(outcome, obs.pending)
         placed = self.actuator.commit_placements(obs, outcome)
         applied = self.actuator.apply()

@@ -21,8 +21,13 @@ reference's bound on the cost, the gap to the reference's answer (negative: cfne
 cheaper placement than the reference did in its time) and to its bound (the most cfnet can
 be above the optimum), cfnet's wall time and the reference's. Then median and worst lines.
 
+With ``--before-tree DIR`` (another checkout, e.g. ``git archive`` of an older commit),
+cfnet of DIR runs too, in a process of its own, before or after this tree's alternately per
+instance; its rows (``before``) are priced and compared against the same reference (solved
+again for its pods where they differ), and a last table compares both trees per instance.
+
     python -m tools.bench_quality [--sizes 10,40,100,200,300 --seeds 1-5 --work 10]
-        [--families tight,sla,...] [--quick]
+        [--families tight,sla,...] [--quick] [--before-tree DIR]
 """
 
 from __future__ import annotations
@@ -32,14 +37,17 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # the engine on one core, as production
 
 import argparse
+import json
 import math
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cloud_core.placement import EngineConfig, place, validate
+from cloud_core.placement.cpsat import warm_up
 from tools.quality_families import FAMILIES
 from tools.ref_model import RefModel
 
@@ -83,8 +91,9 @@ def _pct(a: float, b: float) -> float:
     return (a - b) / b * 100.0
 
 
-def measure(family: str, n_pods: int, seed: int, seconds: float, workers: int,
-            reps: int, work: float | None) -> Row:
+def run_cfnet(family: str, n_pods: int, seed: int, reps: int
+              ) -> tuple[dict[str, str], float, float]:
+    """cfnet's answer on the Kubernetes path, its median wall and CPU seconds."""
     snap, pods = FAMILIES[family](n_pods, seed)
     walls, cpus = [], []
     res = None
@@ -94,7 +103,68 @@ def measure(family: str, n_pods: int, seed: int, seconds: float, workers: int,
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
     assert res is not None
-    got = dict(res.assignments)
+    return dict(res.assignments), statistics.median(walls), statistics.median(cpus)
+
+
+# cfnet of another tree, in a process of its own: one instance per line of stdin (its own
+# code only: that tree's tools may predate run_cfnet)
+_WORKER = """
+import json, os, statistics, sys, time
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+from cloud_core.placement import EngineConfig, place
+from cloud_core.placement.cpsat import warm_up
+from tools.quality_families import FAMILIES
+warm_up()
+print("ready", flush=True)
+for line in sys.stdin:
+    fam, n, seed, reps = line.split()
+    snap, pods = FAMILIES[fam](int(n), int(seed))
+    walls, cpus = [], []
+    for _ in range(int(reps)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = place(snap, pods, EngineConfig(cpsat_polish=False))
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    print(json.dumps({"got": dict(res.assignments), "wall": statistics.median(walls),
+                      "cpu": statistics.median(cpus)}), flush=True)
+"""
+
+
+class Before:
+    """cfnet of ``tree`` in a process of its own (``--before-tree``)."""
+
+    def __init__(self, tree: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER], cwd=tree, text=True,
+            env=dict(os.environ, PYTHONPATH=tree), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise SystemExit(f"--before-tree: the process of {tree} did not start")
+
+    def run(self, family: str, n_pods: int, seed: int, reps: int
+            ) -> tuple[dict[str, str], float, float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{family} {n_pods} {seed} {reps}\n")
+        self.proc.stdin.flush()
+        out = json.loads(self.proc.stdout.readline())
+        return dict(out["got"]), float(out["wall"]), float(out["cpu"])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def measure(family: str, n_pods: int, seed: int, seconds: float, workers: int,
+            reps: int, work: float | None, before: Before | None = None,
+            first: bool = False) -> tuple[Row, Row | None]:
+    """This tree's row and, with ``before``, the other tree's (run ``first`` or after)."""
+    snap, pods = FAMILIES[family](n_pods, seed)
+    old = before.run(family, n_pods, seed, reps) if before is not None and first else None
+    got, wall, cpu = run_cfnet(family, n_pods, seed, reps)
+    if before is not None and old is None:
+        old = before.run(family, n_pods, seed, reps)
     viol = len(validate(snap, pods, got, K8S))
     ref = RefModel(snap, pods, K8S)
     scale = K8S.cost_scale
@@ -106,11 +176,22 @@ def measure(family: str, n_pods: int, seed: int, seconds: float, workers: int,
     ref_viol = len(validate(snap, pods, lex.assignments, K8S))
     if same is not lex:
         ref_viol += len(validate(snap, pods, same.assignments, K8S))
-    return Row(family, len(pods), len(snap.nodes), seed, len(got), viol, cost,
-               statistics.median(walls), statistics.median(cpus), lex.placed,
-               lex.count_status, lex.count_bound,
-               same.cost, same.status, same.bound, lex.seconds + (
-                   same.seconds if same is not lex else 0.0), ref_viol)
+    row = Row(family, len(pods), len(snap.nodes), seed, len(got), viol, cost, wall, cpu,
+              lex.placed, lex.count_status, lex.count_bound,
+              same.cost, same.status, same.bound, lex.seconds + (
+                  same.seconds if same is not lex else 0.0), ref_viol)
+    if old is None:
+        return row, None
+    got_b, wall_b, cpu_b = old
+    viol_b = len(validate(snap, pods, got_b, K8S))
+    cost_b = ref.price(got_b) / scale if not viol_b and ref.accepts(got_b) else math.nan
+    same_b = same if set(got_b) == set(got) else lex if (
+        set(got_b) == set(lex.assignments) and lex.count_status == "OPTIMAL") else (
+        ref.solve(seconds, workers, only=got_b, work=work))
+    return row, replace(row, family=f"{family} (before)", placed=len(got_b),
+                        violations=viol_b, cost=cost_b, wall_s=wall_b, cpu_s=cpu_b,
+                        ref_cost=same_b.cost, ref_status=same_b.status,
+                        ref_bound=same_b.bound)
 
 
 HEADER = ("| family, pods x nodes, seed | cfnet placed | reference placed (status, bound) | "
@@ -194,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="cfnet runs per instance (median)")
     ap.add_argument("--quick", action="store_true",
                     help="sizes 10,40, seeds 1-2, work 2 per stage, 1 rep")
+    ap.add_argument("--before-tree", default="",
+                    help="another checkout: its cfnet too, in a process of its own, "
+                         "alternated per instance, against the same reference")
     a = ap.parse_args(argv)
     if a.quick:
         a.sizes, a.seeds, a.work, a.reps = "10,40", "1-2", 2.0, 1
@@ -203,12 +287,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--sizes and --seeds pair up: give as many of each")
     print(HEADER)
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows = []
+    warm_up()  # CP-SAT imported before the first step, as a long-running core does
+    rows: list[Row] = []
+    olds: list[Row] = []
+    before = Before(a.before_tree) if a.before_tree else None
     for fam in a.families.split(","):
         for n, seed in zip(sizes, seeds, strict=True):
-            rows.append(measure(fam, n, seed, a.seconds, a.workers, a.reps, a.work or None))
-            print(line(rows[-1]), flush=True)
+            row, old = measure(fam, n, seed, a.seconds, a.workers, a.reps, a.work or None,
+                               before, first=len(rows) % 2 == 1)
+            rows.append(row)
+            print(line(row), flush=True)
+            if old is not None:
+                olds.append(old)
+                print(line(old), flush=True)
+    if before is not None:
+        before.close()
     print("\n".join(summary(rows)))
+    if olds:
+        print(f"\n--before-tree {a.before_tree}:")
+        print("\n".join(summary(olds)))
     print(f"\n(reference: CP-SAT, {a.workers} workers, per stage deterministic time "
           f"{a.work:g} (wall cap {a.seconds:g} s); cfnet wall and CPU time median of {a.reps}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")

@@ -7,6 +7,7 @@ See ``docs/placement.md`` for the contract.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Hashable, Sequence
 
 from cloud_core.errors import PlacementError, SpecError
@@ -42,13 +43,19 @@ def prepare(snapshot: ClusterSnapshot, config: EngineConfig | None = None) -> Pr
 
 def place(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
           config: EngineConfig | None = None, *, carry: Carry | None = None,
-          facts: Hashable | None = None) -> PlacementResult:
+          facts: Hashable | None = None, cpu_start: float | None = None) -> PlacementResult:
     """Place a batch of workloads together on ``snapshot`` (indexes built as the batch
     needs them). With ``carry``, the prepared cluster is kept for the next call, whose
-    snapshot reuses its indexes when ``facts`` is the same token (``carry.py``)."""
+    snapshot reuses its indexes when ``facts`` is the same token (``carry.py``).
+    ``cpu_start``: the calling thread's ``time.thread_time()`` at the decision step's
+    start, from which a small batch's CPU budget counts (default: this call's start;
+    ``budget.py``)."""
+    if cpu_start is None:
+        cpu_start = time.thread_time()  # preparing the snapshot counts too
     if carry is None:
-        return PreparedCluster(snapshot, config, eager=False).place(workloads)
-    return carry.prepare(snapshot, config or EngineConfig(), facts).place(workloads)
+        return PreparedCluster(snapshot, config, eager=False).place(workloads, cpu_start)
+    return carry.prepare(snapshot, config or EngineConfig(), facts).place(workloads,
+                                                                          cpu_start)
 
 
 def explain(snapshot: ClusterSnapshot, workload: Workload, config: EngineConfig | None = None,

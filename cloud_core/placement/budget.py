@@ -1,50 +1,107 @@
-"""A decision step's budget: how much CP-SAT work the solver's improving steps may spend on a
-batch, and the wall-clock time after which none starts.
+"""A decision step's budget: how much CPU a small batch's step may take on the Kubernetes
+path, and how much CP-SAT work the solver's improving steps may spend on a batch.
 
-The work (CP-SAT's deterministic time, summed over the step's sub-solves) grows with the
-batch: ``budget_work_base + budget_work_per_pod x pods`` (300 pods: 0.65 units, about as
-many seconds of one core). It is counted, not timed, so the same batch gets the same answer
-on any load. A wall-clock deadline (``budget_wall_base_s`` > 0: ``budget_wall_base_s +
-budget_wall_per_pod_s x pods`` from the step's start) is the bound a loaded machine meets
-too: past it no further sub-solve starts and a running one is cut short, and the step keeps
-the best answer found so far (``stats["budget_deadline_hits"]`` says so: that answer may
-depend on load).
-On the Kubernetes path a small batch's step has a wall-clock budget of its own
-(``step_deadlines``, ``EngineConfig.step_wall_s``): an anytime step. The greedy answer (packing,
-repair, descent) comes first; the neighbourhoods improve it until the search's deadline; the
-exact step (``exact.py``) then runs in what is left; the best valid answer is kept. What the
-budget cuts is counted (``stats["budget_deadline_hits"]``, ``stats["exact_skipped"]``).
-What the budget leaves out -- more neighbourhoods -- only ever lowers the cost further;
-the count-first steps that need no CP-SAT (packing, repair, descent, slot flow, refill)
-always run.
+**The small-batch step budget** (``step_clock``, ``StepClock``): on the Kubernetes path a
+batch of at most ``exact_max_pairs`` pods x nodes is decided anytime, within a CPU budget
+that grows with the batch, ``step_cpu_base_s + step_cpu_per_pod_s x pods``, at most
+``step_cpu_max_s`` (4 pods: 0.12 s; 100 pods: 0.5 s; 200 pods and more: 0.85 s). It is the
+CPU of the thread deciding (``time.thread_time``), counted from the step's start: the
+caller's (the decision loop's, so that reading the pending pods counts too) or the
+engine's. Within it, ``step_cpu_after_per_pod_s x pods`` is left for what follows the
+engine (its decisions, the loop's validation, handing out the bindings). The greedy answer
+(packing, repair, the flow route, descent, slot flow, refill; no CP-SAT) comes first and
+always runs; the CP-SAT neighbourhoods improve it until the search's end
+(``step_search_share`` of the engine's share, or earlier: ``StepClock.search_end_for``);
+the exact step (``exact.py``) then runs in what is left. CP-SAT itself is bounded by its
+deterministic time, never by the clock: each sub-solve gets at most
+``step_work_per_cpu_s`` units per CPU second left, so the CPU a step takes, and the answer,
+are the same on a quiet and a loaded machine alike: a machine whose CPUs other processes
+share gives the step fewer CPU seconds per wall second, not fewer CPU seconds.
+
+A wall-clock safety net (``step_wall_factor`` x the CPU budget, at least
+``step_wall_min_s``) bounds how long a machine too loaded to give the step its CPU holds the
+loop: past it no sub-solve starts and a running one is cut short; only then does the answer
+depend on load, and ``stats["budget_deadline_hits"]`` (with ``stats["step_wall_net"]``)
+says so. What the budget cuts is counted (``stats["budget_deadline_hits"]``,
+``stats["exact_skipped"]``); what it leaves out -- more neighbourhoods, a longer exact
+step -- only ever lowers the cost further or places more; the count-first steps without
+CP-SAT always run.
+
+**The work budget** (``Budget.for_batch``, ``budget=True``, off by default): the CP-SAT
+neighbourhoods and the whole-batch polish share ``budget_work_base + budget_work_per_pod x
+pods`` units of deterministic time (counted, not timed), and optionally a wall-clock
+deadline (``budget_wall_base_s`` > 0), past which the best answer so far is kept.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import EngineConfig
 
+# the least CP-SAT work a sub-solve is given (below it CP-SAT returns its hint unchanged)
+MIN_WORK = 1e-3
+
 
 @dataclass(frozen=True)
 class StepClock:
-    """A decision step's clock (``time.monotonic()``): its start, the search's deadline and
-    the step's end; all inf but the start where the step has no budget."""
+    """A decision step's clocks. ``cpu0`` is the deciding thread's CPU
+    (``time.thread_time``) at the step's start; ``search_cpu`` and ``end_cpu`` are CPU
+    seconds from it: the search's end (no CP-SAT neighbourhood starts past it) and the
+    engine's (the exact step ends by it); ``wall_end`` (``time.monotonic``) is the safety
+    net. All inf where the step has no budget."""
 
-    start: float = 0.0
-    search_end: float = math.inf
-    end: float = math.inf
+    cpu0: float = 0.0
+    search_cpu: float = math.inf
+    end_cpu: float = math.inf
+    wall_end: float = math.inf
+    work_per_cpu: float = 0.15  # CP-SAT deterministic time per CPU second
+    short_cpu: float = math.inf  # the cost search's end while pods are still out
+    cpu: Callable[[], float] = field(default=time.thread_time, repr=False, compare=False)
+    wall: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
 
-    def search_left_for(self, now: float) -> float:
-        """The search's deadline for a search that starts at ``now``: ``search_end``, or
-        earlier so that what follows it gets as long as the step took before it (the
-        count-first steps after the search -- descent, slot flow, the flow route, refill,
-        the engine's decisions -- cost about what packing and repair before it cost, and
-        stretch with the machine's load alike: at load 10 they took 0.9 s of a 339-pod
-        step's 1.7 s)."""
-        return min(self.search_end, self.end - (now - self.start))
+    @property
+    def limited(self) -> bool:
+        return self.end_cpu < math.inf or self.wall_end < math.inf
+
+    def used(self) -> float:
+        """CPU seconds the step has taken so far."""
+        return self.cpu() - self.cpu0
+
+    def cpu_left(self, until: float) -> float:
+        """CPU seconds from now to ``until`` (a mark from ``cpu0``; inf: none; never < 0)."""
+        return math.inf if until == math.inf else max(until - self.used(), 0.0)
+
+    def wall_left(self) -> float:
+        """Wall seconds to the safety net (inf: none; never < 0)."""
+        return math.inf if self.wall_end == math.inf else max(self.wall_end - self.wall(), 0.0)
+
+    def past(self, until: float) -> bool:
+        """Is the CPU mark ``until`` or the safety net passed?"""
+        return self.cpu_left(until) <= 0.0 or self.wall_left() <= 0.0
+
+    def search_end_for(self, used: float) -> float:
+        """The search's end for a search that starts ``used`` CPU seconds into the step:
+        ``search_cpu``, or earlier so that what follows it gets as long as the step took
+        before it (the count-first steps after the search -- descent, slot flow, the flow
+        route, refill, the pod-by-pod classes -- cost about what packing and repair before
+        it cost)."""
+        return min(self.search_cpu, self.end_cpu - used)
+
+    def report(self, stats: dict[str, float]) -> None:
+        """What a limited step saw: the CPU it has taken (``step_cpu_s``), and whether the
+        wall-clock safety net has passed (``step_wall_net``)."""
+        if self.limited:
+            stats["step_cpu_s"] = self.used()
+            if self.wall_left() <= 0.0:
+                stats["step_wall_net"] = 1.0
+
+    def work_for(self, cpu_s: float) -> float:
+        """CP-SAT work (deterministic time) that fits in ``cpu_s`` CPU seconds."""
+        return math.inf if cpu_s == math.inf else max(cpu_s * self.work_per_cpu, MIN_WORK)
 
 
 @dataclass
@@ -55,50 +112,66 @@ class Budget:
     deadline: float = math.inf  # time.monotonic() past which no sub-solve starts
     spent: float = 0.0
     wall_cap_hits: int = 0  # CP-SAT stopped by its wall-clock safety net
-    deadline_hits: int = 0  # the step's deadline cut a sub-solve or stopped the next
-
+    deadline_hits: int = 0  # the step's budget cut a sub-solve or stopped the next
     clock: StepClock = field(default_factory=StepClock)
+    search_cpu: float = math.inf  # CPU mark (StepClock) past which no sub-solve starts
 
     @classmethod
     def for_batch(cls, cfg: EngineConfig, pods: int, clock: StepClock | None = None
                   ) -> Budget:
-        """The budget of one batch of ``pods`` pods (no bound when ``cfg.budget`` is off),
-        ending at the step's search deadline at the latest (``step_deadlines``)."""
+        """The budget of one batch of ``pods`` pods (no work bound when ``cfg.budget`` is
+        off), ending at the step's search end and safety net at the latest."""
         clock = clock or StepClock()
-        deadline = clock.search_end
+        deadline = clock.wall_end
         if not cfg.budget:
-            return cls(deadline=deadline, clock=clock)
+            return cls(deadline=deadline, clock=clock, search_cpu=clock.search_cpu)
         if cfg.budget_wall_base_s > 0:
-            deadline = min(deadline, time.monotonic() + cfg.budget_wall_base_s
+            deadline = min(deadline, clock.wall() + cfg.budget_wall_base_s
                            + cfg.budget_wall_per_pod_s * pods)
         return cls(work=cfg.budget_work_base + cfg.budget_work_per_pod * pods,
-                   deadline=deadline, clock=clock)
+                   deadline=deadline, clock=clock, search_cpu=clock.search_cpu)
 
     def hold_back(self) -> None:
         """A search starts now: leave what follows it as long as what came before
-        (``StepClock.search_left_for``)."""
-        self.deadline = min(self.deadline, self.clock.search_left_for(time.monotonic()))
+        (``StepClock.search_end_for``)."""
+        if self.clock.end_cpu < math.inf:
+            self.search_cpu = min(self.search_cpu, self.clock.search_end_for(self.clock.used()))
+
+    def count_first(self, out: bool) -> None:
+        """The cost neighbourhoods come next; ``out``: pods an allowed node could hold are
+        still out. Then they end at ``StepClock.short_cpu``, so that the exact step, which
+        places more where it can, gets the rest of the step."""
+        if out:
+            self.search_cpu = min(self.search_cpu, self.clock.short_cpu)
 
     def open(self) -> bool:
         """May another sub-solve start?"""
         if self.work <= 0:
             return False
-        if self.deadline < math.inf and time.monotonic() >= self.deadline:
+        if (self._wall_left() <= 0.0
+                or self.clock.cpu_left(self.search_cpu) <= 0.0):
             self.deadline_hits += 1
             self.work = 0.0  # closed for the rest of the step
             return False
         return True
 
     def limits(self, det_time: float, wall_cap_s: float) -> tuple[float, float, bool]:
-        """A sub-solve's deterministic time and wall-clock limit within what is left, and
-        whether the deadline (rather than ``wall_cap_s``) sets the latter."""
+        """A sub-solve's deterministic time (within the work and the CPU left) and
+        wall-clock limit, and whether the deadline (rather than ``wall_cap_s``) sets the
+        latter."""
+        det = min(det_time, self.work,
+                  self.clock.work_for(self.clock.cpu_left(self.search_cpu)))
         wall = wall_cap_s
         by_deadline = False
-        if self.deadline < math.inf:
-            left = max(self.deadline - time.monotonic(), 1e-3)
-            if left < wall:
-                wall, by_deadline = left, True
-        return min(det_time, self.work), wall, by_deadline
+        left = self._wall_left()
+        if left < wall:
+            wall, by_deadline = max(left, 1e-3), True
+        return det, wall, by_deadline
+
+    def _wall_left(self) -> float:
+        """Wall seconds to the deadline (on the step clock's wall clock)."""
+        return (math.inf if self.deadline == math.inf
+                else max(self.deadline - self.clock.wall(), 0.0))
 
     def charge(self, det_time: float, wall_hit: bool, by_deadline: bool) -> None:
         """Account a finished sub-solve: its deterministic time, and whether the wall clock
@@ -113,20 +186,28 @@ class Budget:
                 self.wall_cap_hits += 1
 
 
-def step_deadlines(cfg: EngineConfig, small: bool) -> StepClock:
-    """A decision step's clock, for a small batch (pods x nodes within the exact step's
+def step_cpu(cfg: EngineConfig, pods: int) -> float:
+    """A small batch's CPU budget: ``step_cpu_base_s + step_cpu_per_pod_s x pods``, at most
+    ``step_cpu_max_s``."""
+    return min(cfg.step_cpu_max_s, cfg.step_cpu_base_s + cfg.step_cpu_per_pod_s * pods)
+
+
+def step_clock(cfg: EngineConfig, small: bool, pods: int, cpu0: float | None = None,
+               cpu: Callable[[], float] = time.thread_time,
+               wall: Callable[[], float] = time.monotonic) -> StepClock:
+    """A decision step's clock, from ``cpu0`` (the caller's ``time.thread_time()`` at the
+    step's start; default now): for a small batch (pods x nodes within the exact step's
     limit) on the Kubernetes path (``cpsat_polish`` off: the local mode's whole-batch polish
-    is bounded by work alone) with ``step_wall_s`` > 0, else no deadline: the search's
-    (``step_search_share`` of the budget, or earlier: ``StepClock.search_left_for``), after
-    which no CP-SAT neighbourhood starts and a running one is cut short, and the step's end,
-    within which the exact step runs. The count-first steps without CP-SAT (packing, repair,
-    descent, slot flow, fill) always run."""
-    now = time.monotonic()
-    if not small or cfg.cpsat_polish or cfg.step_wall_s <= 0:
-        return StepClock(now)
-    return StepClock(now, now + cfg.step_wall_s * cfg.step_search_share, now + cfg.step_wall_s)
+    is bounded by work alone) with ``step_cpu_max_s`` > 0, the CPU budget (``step_cpu``)
+    less what follows the engine, the search's end within it and the wall-clock safety
+    net (from now); else no limit. ``cpu`` and ``wall`` read the clocks."""
+    now = cpu()
+    start = now if cpu0 is None or cpu0 > now else cpu0
+    if not small or cfg.cpsat_polish or cfg.step_cpu_max_s <= 0:
+        return StepClock(start, cpu=cpu, wall=wall)
+    total = step_cpu(cfg, pods)
+    end = max(total - cfg.step_cpu_after_per_pod_s * pods, 0.0)
+    net = max(cfg.step_wall_min_s, cfg.step_wall_factor * total)
+    return StepClock(start, end * cfg.step_search_share, end, wall() + net,
+                     cfg.step_work_per_cpu_s, end * cfg.step_search_share_short, cpu, wall)
 
-
-def time_left(deadline: float) -> float:
-    """Seconds until ``deadline`` (inf when there is none; never below 0)."""
-    return math.inf if deadline == math.inf else max(deadline - time.monotonic(), 0.0)

@@ -78,17 +78,35 @@ class EngineConfig:
     exact_deterministic_time: float = 0.5  # the count
     exact_cost_deterministic_time: float = 0.5  # the cost at that count
     exact_workers: int = 1  # CP-SAT workers of the exact step (one: the same on any load)
-    # The step's wall-clock budget on those same batches (pods x nodes <= exact_max_pairs,
-    # budget.py), on the Kubernetes path: the CP-SAT neighbourhoods (count, then cost) start
-    # none after ``step_search_share`` of it (or earlier: StepClock.search_left_for) and cut
-    # a running one short; the exact step runs within what is left of it (at least
-    # ``step_exact_min_s``, else it is skipped). 0.7 s: the scheduling loop's own work on a
-    # 339-pod step takes the rest of its second. Measured on the tight benchmark's 300 x 60:
-    # the neighbourhoods ran 14 s there before; the steps without CP-SAT take 0.3 s of CPU.
-    # 0: no budget.
-    step_wall_s: float = 0.7
+    # The step's CPU budget on those same batches (pods x nodes <= exact_max_pairs), on the
+    # Kubernetes path (budget.py): the deciding thread's CPU (time.thread_time) from the
+    # step's start, ``step_cpu_base_s + step_cpu_per_pod_s x pods``, at most
+    # ``step_cpu_max_s``; ``step_cpu_after_per_pod_s x pods`` of it is left for what follows
+    # the engine (its decisions, the loop's validation, the bindings handed out). The CP-SAT
+    # neighbourhoods (count, then cost) start none after ``step_search_share`` of the
+    # engine's share (or earlier: StepClock.search_end_for); the exact step runs in what is
+    # left (at least ``step_exact_min_s``, else it is skipped). CP-SAT gets
+    # ``step_work_per_cpu_s`` units of deterministic time per CPU second left (measured on
+    # the neighbourhoods' and the exact step's models: 0.14-0.43). 0.85 s: on a quiet
+    # machine the scheduling loop's step of the tight benchmark's 339 pods holds the loop
+    # under 1 s of wall clock (the loop's thread takes the step's CPU; the binder's threads
+    # share the GIL). A machine too loaded to give the step its CPU is bounded by a
+    # wall-clock safety net, ``step_wall_factor`` x the CPU budget (at least
+    # ``step_wall_min_s``). ``step_cpu_max_s=0``: no step budget (work bounds alone).
+    step_cpu_base_s: float = 0.1
+    step_cpu_per_pod_s: float = 0.008
+    step_cpu_max_s: float = 0.85
+    step_cpu_after_per_pod_s: float = 0.0004
     step_search_share: float = 0.7
+    # ... and ``step_search_share_short`` of it for the cost neighbourhoods while pods an
+    # allowed node could hold are still out: the exact step, which places more where it
+    # can, gets the rest (measured: the gpu family's 200 x 50 placed 198 of the 199 the
+    # reference proves when the cost neighbourhoods took the search's whole share)
+    step_search_share_short: float = 0.3
     step_exact_min_s: float = 0.05
+    step_work_per_cpu_s: float = 0.15
+    step_wall_factor: float = 5.0
+    step_wall_min_s: float = 1.0
     # CP-SAT is bounded by work (its deterministic time, one worker, a fixed seed), never by
     # the clock: the same snapshot and config give the same placement on any machine load.
     # The wall-clock cap is a safety net far above what the work limit takes; when it is hit

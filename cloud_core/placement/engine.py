@@ -1,7 +1,8 @@
 """The batch engine (``PreparedCluster``, over ``prepared.ClusterView``): groups workloads
 into classes, places them in rounds (pod affinity orders the rounds) through the solver and,
 pod by pod, through ``sequential``, and turns the answer into explained decisions. Pure: no
-I/O; the clock only for a small batch's step budget (``budget.step_deadlines``).
+I/O; the clock only for a small batch's step budget (``budget.step_clock``: the deciding
+thread's CPU, a wall-clock safety net).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from cloud_core.errors import PlacementError
 
 from . import scores
-from .budget import StepClock, step_deadlines, time_left
+from .budget import StepClock, step_clock
 from .classes import has_room
 from .exact import fits_exact, key_of, running_after, solve_exact
 from .exact import inputs as exact_inputs
@@ -66,8 +67,10 @@ class PreparedCluster(ClusterView):
     """A snapshot with its indexes built, reusable for many ``place`` calls: the batch
     engine and ``explain`` over a ``ClusterView``."""
 
-    def place(self, workloads: Sequence[Workload]) -> PlacementResult:
-        """Place a batch together; every workload gets a node or the reason it has none."""
+    def place(self, workloads: Sequence[Workload], cpu_start: float | None = None
+              ) -> PlacementResult:
+        """Place a batch together; every workload gets a node or the reason it has none.
+        ``cpu_start``: this thread's ``time.thread_time()`` at the step's start (budget.py)."""
         members = _classes(workloads)
         reps = [g[0] for g in members]
         nclass = len(reps)
@@ -76,14 +79,12 @@ class PreparedCluster(ClusterView):
         # spread, host ports, extended resources, the spread policy: pod by pod, after
         seq = {ci for ci in range(nclass) if needs_sequential(reps[ci], self.cfg.policy)}
         pending = set(range(nclass)) - seq
-        rounds = 0
-        method: list[str] = []
-        stats: dict[str, float] = {}
+        rounds, method, stats = 0, list[str](), dict[str, float]()
         deferred_reason: dict[int, str] = {}
         base_mask: dict[int, np.ndarray] = {}
         batch_cost: dict[int, np.ndarray] = {}
         free0 = self.free.copy()
-        start, clock = self._start(len(workloads))
+        start, clock = self._start(len(workloads), cpu_start)
         def run_round(order: list[int], first_only: set[int]) -> int:
             specs: list[ClassSpec] = []
             masks = [all_ok(self.filter_results(reps[ci], resources=False)) for ci in order]
@@ -149,12 +150,13 @@ class PreparedCluster(ClusterView):
         if start is not None and any(
                 len(p) < len(m) for p, m in zip(placed_nodes, members, strict=True)
         ) and self._exact(reps, members, placed_nodes, base_mask, batch_cost, deferred_reason,
-                          free0, *start, clock.end, stats):
+                          free0, *start, clock, stats):
             method.append("exact")
         stats["rounds"] = float(rounds)
         stats["classes"] = float(nclass)
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
                               deferred_reason, workloads)
+        clock.report(stats)
         # a lower bound on the cost of placing the same pods: each at the cheapest node that
         # fitted it before the batch (capacity shared by the batch ignored), and the gap to it
         stats["bound"] = result[3]
@@ -165,26 +167,28 @@ class PreparedCluster(ClusterView):
         return PlacementResult(result[0], result[1], result[2],
                                "+".join(dict.fromkeys(method)) or "none", stats)
 
-    def _start(self, pods: int) -> tuple[tuple[list[RunningPod], np.ndarray] | None,
-                                          StepClock]:
+    def _start(self, pods: int, cpu_start: float | None
+               ) -> tuple[tuple[list[RunningPod], np.ndarray] | None, StepClock]:
         """The state before the batch, for the exact step (small batches only, else None),
-        and the step's clock (``budget.step_deadlines``: no deadline unless small)."""
+        and the step's clock (``budget.step_clock``: no limit unless small)."""
         small = self.cfg.use_cpsat and fits_exact(pods, self.ix.n, self.cfg.exact_max_pairs)
         start = (self.pods.all(), self.ix.alloc.copy()) if small else None
-        return start, step_deadlines(self.cfg, small)
+        return start, step_clock(self.cfg, small, pods, cpu_start)
 
     def _exact(self, reps: list[Workload], members: list[list[Workload]],
                placed_nodes: list[list[int]], base: dict[int, np.ndarray],
                costs: dict[int, np.ndarray], deferred: dict[int, str], free0: np.ndarray,
-               pods0: list[RunningPod], alloc0: np.ndarray, deadline: float,
+               pods0: list[RunningPod], alloc0: np.ndarray, clock: StepClock,
                stats: dict[str, float]) -> bool:
         """The exact step (``exact.py``) from the batch's answer, within what is left of the
-        step's budget (``deadline``; skipped when less than ``step_exact_min_s`` is left);
-        its answer replaces the batch's when it places more pods, or as many for less, and
-        validates."""
-        if time_left(deadline) < self.cfg.step_exact_min_s:
+        step's budget (``clock``; skipped when less than ``step_exact_min_s`` of CPU is left,
+        or the wall-clock safety net has passed); its answer replaces the batch's when it
+        places more pods, or as many for less, and validates."""
+        if (clock.cpu_left(clock.end_cpu) < self.cfg.step_exact_min_s
+                or clock.wall_left() <= 0.0):
             stats["exact_skipped"] = 1.0
             return False
+        t0 = clock.cpu()
         after = self.pods, self.ix.alloc, self.free
         self.pods, self.ix.alloc, self.free = PodIndex(pods0), alloc0, free0.copy()
         try:  # the filters and costs as they were before the batch
@@ -197,7 +201,8 @@ class PreparedCluster(ClusterView):
         set_conflicts(reps, ex.specs)
         domains = {k: self.ix.domain_ids(k)[0] for s in ex.specs for k in s.conflicts}
         now = key_of(ex, placed_nodes, self.cfg.cost_scale)
-        res = solve_exact(ex, reps, domains, placed_nodes, self.cfg, deadline)
+        res = solve_exact(ex, reps, domains, placed_nodes, self.cfg, clock, stats)
+        stats["exact_cpu_s"] = clock.cpu() - t0
         if res is None or (res[1][0], -res[1][1]) <= (now[0], -now[1]):
             return False
         got = res[0]

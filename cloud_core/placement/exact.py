@@ -14,25 +14,25 @@ all: integer counts per (class, node) over the nodes a class may use before the 
   another pod of the batch), unless the pod is the first of its group;
 * ``DoNotSchedule`` topology spread on the final state (eligible domains, minDomains).
 
-Bounded by work (CP-SAT's deterministic time, one worker, a fixed seed): the same batch
-gives the same answer on any load -- and, on the Kubernetes path, by what is left of the
-step's wall-clock budget (``budget.step_deadlines``), the one bound a loaded machine meets:
-then without presolve, from a hint that sets every variable (the engine's answer), so the
-first solution is that answer and what the time allows improves on it. The engine keeps
-the answer only when it places more pods, or as many for less, and ``validate`` finds
-nothing wrong with it.
+Solved from a hint that sets every variable (the engine's answer), most pods first, then
+least cost. Bounded by work (CP-SAT's deterministic time, one worker, a fixed seed): the
+same batch gives the same answer on any load. On the Kubernetes path it runs in what is
+left of the step's CPU budget (``budget.step_clock``): without presolve, in rounds of a
+little work each, from the last round's answer, while the CPU left holds another round;
+a wall-clock safety net stops it on a machine too loaded to give the step its CPU. The
+engine keeps the answer only when it places more pods, or as many for less, and
+``validate`` finds nothing wrong with it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .budget import time_left
+from .budget import StepClock
 from .classes import ClassSpec, integer_costs, objective
 from .config import EngineConfig
 from .cpsat import ClassModel, class_model, cp_solver
@@ -44,9 +44,10 @@ from .sequential import BIG, NodeUsage, ports_conflict
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
 
-# the share of what is left of the step's budget that the count's solve may use; the cost's
-# gets the rest (the count decides more: a pod bound beats any saving)
-COUNT_SHARE = 0.6
+# the work of one round of the exact step within a step budget (budget.py): 0.05-0.15 s
+# of CPU on the quality benchmark's models; the next round starts only if the CPU left
+# holds as much as the last one took
+CHUNK = 0.02
 
 @dataclass
 class Affinity:
@@ -153,16 +154,21 @@ def _spread(pc: ClusterView, reps: Sequence[Workload], ci: int, c: SpreadConstra
 
 
 def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str, np.ndarray],
-                hint: list[list[int]], cfg: EngineConfig, deadline: float = math.inf
+                hint: list[list[int]], cfg: EngineConfig, clock: StepClock | None = None,
+                stats: dict[str, float] | None = None
                 ) -> tuple[list[list[int]], tuple[int, int]] | None:
     """The batch's best placement per class, and its (count, cost) key; None when CP-SAT
-    found nothing. Lexicographic, in two solves: the most pods (``exact_deterministic_time``
-    of work), then the least cost at that count (``exact_cost_deterministic_time``), each
-    from the answer before it, with ``exact_workers`` workers. Within ``deadline``
-    (``time.monotonic()``, the step's budget): the count's solve gets ``COUNT_SHARE`` of
-    what is left, the cost's the rest (skipped under ``step_exact_min_s``)."""
+    found nothing. Lexicographic: the most pods, then the least cost (the class model's
+    objective, cost + penalty x unplaced), with ``exact_workers`` workers. Without a step
+    budget in two solves, ``exact_deterministic_time`` of work, then the least cost at that
+    count (``exact_cost_deterministic_time``). Within one (``clock``): without presolve, in
+    rounds of ``CHUNK`` work, each from the last one's answer, until the engine's CPU
+    (``StepClock.end_cpu``) would not hold another, the answer is proven, or the wall-clock
+    safety net passes. ``stats["exact_work"]``: the work it took."""
     from ortools.sat.python import cp_model  # lazily, as in cpsat
 
+    clock = clock or StepClock()
+    stats = {} if stats is None else stats
     specs = ex.specs
     icost, penalty = integer_costs(specs, cfg.cost_scale)
     cm = class_model(specs, ex.free0, domains, icost, penalty, hint, full_hint=True)
@@ -178,8 +184,13 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
     for ci, lst in ex.spreads.items():
         for sp in lst:
             _spread_rule(cm, ci, specs, sp, by_class)
-    s = _solver(cfg, cfg.exact_deterministic_time, COUNT_SHARE * time_left(deadline))
-    if s.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if clock.limited:
+        got = _in_rounds(cm, len(specs), cfg, clock, stats)
+        return None if got is None else (got, key_of(ex, got, cfg.cost_scale))
+    s = _solver(cfg, cfg.exact_deterministic_time, clock)
+    status = s.solve(m)
+    stats["exact_work"] = s.response_proto.deterministic_time
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     got = cm.placement(s, len(specs))
     count = sum(map(len, got))
@@ -188,23 +199,52 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
         m.add_hint(v, s.value(v))
     m.add(sum(x.values()) == count)
     m.minimize(sum(int(icost[ci][n]) * v for (ci, n), v in x.items()))
-    left = time_left(deadline)
-    if left < cfg.step_exact_min_s:
-        return got, (count, objective(specs, icost, 0, got))
-    s = _solver(cfg, cfg.exact_cost_deterministic_time, left)
-    if s.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    s = _solver(cfg, cfg.exact_cost_deterministic_time, clock)
+    status = s.solve(m)
+    stats["exact_work"] += s.response_proto.deterministic_time
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         got = cm.placement(s, len(specs))
     return got, (count, objective(specs, icost, 0, got))
 
 
-def _solver(cfg: EngineConfig, det_time: float, wall_s: float) -> cp_model.CpSolver:
+def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClock,
+               stats: dict[str, float]) -> list[list[int]] | None:
+    """Solve ``cm`` within the step's CPU in rounds of ``CHUNK`` work (at most
+    ``exact_deterministic_time`` in all), each from the last one's answer (every variable
+    hinted): a round stops by its work, never by the clock, and the next starts only if
+    the CPU left holds as much as the last took. None when no round found an answer."""
+    from ortools.sat.python import cp_model
+
+    m = cm.model
+    got: list[list[int]] | None = None
+    work = last = 0.0
+    while work < cfg.exact_deterministic_time and clock.wall_left() > 0.0:
+        left = clock.cpu_left(clock.end_cpu)
+        if left < max(last, cfg.step_exact_min_s):
+            break
+        det = min(CHUNK, cfg.exact_deterministic_time - work, clock.work_for(left))
+        s = _solver(cfg, det, clock)
+        s.parameters.cp_model_presolve = False  # the hint is used as it is, at once
+        c0 = clock.cpu()
+        status = s.solve(m)
+        last = clock.cpu() - c0
+        work += s.response_proto.deterministic_time
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        got = cm.placement(s, n_classes)
+        if status == cp_model.OPTIMAL:
+            break
+        m.clear_hints()  # type: ignore[no-untyped-call]
+        for i, value in enumerate(s.response_proto.solution):
+            m.add_hint(m.get_int_var_from_proto_index(i), value)
+    stats["exact_work"] = work
+    return got
+
+
+def _solver(cfg: EngineConfig, det_time: float, clock: StepClock) -> cp_model.CpSolver:
     s = cp_solver(cfg, det_time)
     s.parameters.num_workers = max(cfg.exact_workers, 1)
-    s.parameters.max_time_in_seconds = min(cfg.cpsat_wall_cap_s, wall_s)
-    if wall_s < math.inf:
-        # within the step's budget: presolve took 0.5 s of a 300 x 75 model's count solve
-        # (load 4.6), and the engine's answer as hint is used as it is without it
-        s.parameters.cp_model_presolve = False
+    s.parameters.max_time_in_seconds = max(min(cfg.cpsat_wall_cap_s, clock.wall_left()), 1e-3)
     return s
 
 

@@ -17,8 +17,9 @@ docs/placement.md, "Objective"). Two routes:
 the best answer as hint. Every step is bounded by work, never by the clock: CP-SAT by its
 deterministic time, one worker and a fixed seed, so the same input gives the same answer on
 any load (a wall-clock cap is only a safety net, reported in the stats when hit). The one
-exception is a small batch's step budget on the Kubernetes path (``budget.step_deadlines``):
-a deadline after which the neighbourhoods stop, reported when it cuts them.
+exception is a small batch's step budget on the Kubernetes path (``budget.step_clock``):
+a CPU budget after which the neighbourhoods stop (the CPU taken is the same on any load),
+and a wall-clock safety net, reported when it cuts them.
 
 The reference models that tests and benchmarks compare against (a pod-level CP-SAT model,
 CP-SAT's proven bounds, the LP relaxation) live in ``tools/placement_ref.py``.
@@ -117,6 +118,7 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
         stats["lns_solved"] = float(lns(pa, free, domains, penalty, cfg, budget))
     if cfg.use_cpsat and cfg.cost_lns_iterations and (
             sum(c.count for c in classes) <= cfg.pack_flow_max_pods):
+        budget.count_first(placeable(classes, free, pa.got) > 0)
         stats["cost_lns_solved"] = float(cost_lns(pa, domains, penalty, cfg, budget))
     got = finish(classes, free, domains, [list(g) for g in pa.got])
     stats["pack_work"] = float(pa.work)
@@ -131,10 +133,11 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
     that fit an allowed node are left out, the pack stage tries to place them. A tight
     batch (``_tight``) takes the pack route first, and the flow route too when small. The
     lexicographically better answer wins; CP-SAT then polishes coupled batches that are
-    small enough. Bounded by work throughout: the same input, the same answer -- unless
-    the step's search deadline (``clock``: ``budget.step_deadlines``) passes first: then
-    no CP-SAT sub-solve starts after it and a running one is cut short
-    (``stats["budget_deadline_hits"]``), the steps without CP-SAT still run."""
+    small enough. Bounded by work throughout: the same input, the same answer -- within
+    a step budget (``clock``: ``budget.step_clock``) the CP-SAT sub-solves get the work
+    that fits in the CPU left to the search, none starts past its end, and the wall-clock
+    safety net cuts a running one short (``stats["budget_deadline_hits"]``); the steps
+    without CP-SAT still run."""
     stats: dict[str, float] = {}
     if not classes:
         return SolveOutput([], "none", stats)
@@ -169,6 +172,7 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
             # cheapest overall. The count-keeping cost steps of the pack route fix that.
             if cfg.use_cpsat and cfg.cost_lns_iterations:
                 budget.hold_back()
+                budget.count_first(placeable(classes, free, got) > 0)
                 pa = Pack(classes, free, domains, icost)
                 for ci, nodes in enumerate(got):
                     for n in nodes:

@@ -7,12 +7,13 @@ nodes tainted, residency, hostname anti-affinity within the spread groups; its l
 and data sets need telemetry this control plane has not, so they are left out). All of it
 is pending before the core starts, so its first step takes the whole batch at once. Its
 neighbourhood search ran 14 s there before the small-batch step budget
-(``placement/budget.py``, ``EngineConfig.step_wall_s``); the scheduling loop waited on it,
-and so did every pod that arrived meanwhile. A canary created the moment the step takes the
-batch goes in the next step, and is bound (``pods/binding`` answered) soon after: the loop
-is held within 1 s, scaled by the machine's measured slowness and an allowance for the
-step's work outside the engine's budget (``ALLOWANCE``); and all but a few pods of the
-batch are bound, by that step or, where the budget cut it, by the next ones.
+(``placement/budget.py``: 0.85 s of the loop thread's CPU from the step's start, reading
+the batch included, some of it left for validating and handing out the bindings); the
+scheduling loop waited on it, and so did every pod that arrived meanwhile. A canary created
+the moment the step takes the batch goes in the next step, and is bound (``pods/binding``
+answered) soon after: the loop is held within 1 s, scaled by the machine's measured slowness
+and an allowance (``ALLOWANCE``); and all but a few pods of the batch are bound, by that
+step or, where the budget cut it, by the next ones.
 """
 
 from __future__ import annotations
@@ -38,11 +39,10 @@ from tools.bench_tight import make_tight
 pytestmark = pytest.mark.slow
 
 CANARY_S = 1.0  # the requirement: no step holds the loop longer
-# What the test allows over it: the step's work outside the engine's budget (the greedy
-# answer before the search, parsing the 339 pods, validating, handing out the bindings)
-# takes 0.2-0.4 s beside the 0.7 s budget; measured held 1.0 s at load 4.7 (slowness 1.03)
-# and 1.2 s at load 8 (1.67). The allowance keeps the test a guard against a search that
-# holds the loop for seconds (14 s before the budget), not a race with the machine's load.
+# What the test allows over it: the budget is the loop thread's CPU, and the binder's and
+# watchers' threads share the interpreter with it, so its wall time runs a little over its
+# CPU time even on an idle machine. The allowance keeps the test a guard against a search
+# that holds the loop for seconds (14 s before the budget), not a race with the load.
 ALLOWANCE = 1.5
 # The canary's binding goes out behind the batch's 339 (the binder's pool is first in, first
 # out): measured 0.1-0.2 s on an idle machine, 3.4 s at load 14 (the API server shares it).

@@ -1,16 +1,123 @@
-"""The step's budget (``budget.py``): CP-SAT work counted over a batch's neighbourhoods, an
-optional wall-clock deadline after which the best answer so far is kept, a small batch's
-step budget on the Kubernetes path (the neighbourhoods, then the exact step, within
-``step_wall_s``); and the whole-batch polish small batches get on the Kubernetes path."""
+"""The step's budget (``budget.py``): a small batch's CPU budget on the Kubernetes path (the
+deciding thread's CPU from the step's start, the neighbourhoods, then the exact step, a
+wall-clock safety net), CP-SAT work counted over a batch's neighbourhoods, an optional
+wall-clock deadline; and the whole-batch polish small batches get on the Kubernetes path."""
 
 from __future__ import annotations
 
 import math
+import time
+
+import pytest
 
 from cloud_core.placement import EngineConfig, place, validate
-from cloud_core.placement.budget import Budget, step_deadlines, time_left
+from cloud_core.placement.budget import MIN_WORK, Budget, StepClock, step_clock, step_cpu
 from tools.bench_tight import make_tight
 from tools.quality_families import FAMILIES
+
+K8S = EngineConfig(cpsat_polish=False)
+
+
+class Clocks:
+    """Both clocks a step reads, moved by hand: ``cpu`` the deciding thread's CPU, ``wall``
+    the wall clock."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 100.0
+        self.wall_s = 5000.0
+
+    def cpu(self) -> float:
+        return self.cpu_s
+
+    def wall(self) -> float:
+        return self.wall_s
+
+
+@pytest.mark.parametrize(("pods", "want"), [
+    (1, 0.1 + 0.008), (4, 0.1 + 0.032), (40, 0.1 + 0.32), (93, 0.1 + 0.744),
+    (94, 0.85), (339, 0.85), (5000, 0.85)])
+def test_the_cpu_budget_grows_with_the_batch_up_to_its_bound(pods: int, want: float) -> None:
+    assert step_cpu(K8S, pods) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(("cfg", "small", "limited"), [
+    (K8S, True, True),
+    (K8S, False, False),  # a large batch: bounded by work alone
+    (EngineConfig(), True, False),  # the local mode: its polish is bounded by work
+    (EngineConfig(cpsat_polish=False, step_cpu_max_s=0), True, False),  # turned off
+])
+def test_the_step_budget_is_for_small_batches_on_the_kubernetes_path(
+        cfg: EngineConfig, small: bool, limited: bool) -> None:
+    c = Clocks()
+    clock = step_clock(cfg, small, 339, cpu=c.cpu, wall=c.wall)
+    assert clock.limited is limited
+    assert clock.cpu0 == c.cpu_s
+    if not limited:
+        assert (clock.search_cpu, clock.end_cpu, clock.wall_end) == (math.inf,) * 3
+        return
+    # 0.85 s of CPU, less 0.4 ms per pod for what follows the engine
+    end = 0.85 - 339 * cfg.step_cpu_after_per_pod_s
+    assert clock.end_cpu == pytest.approx(end)
+    assert clock.search_cpu == pytest.approx(0.7 * end)
+    assert clock.short_cpu == pytest.approx(0.3 * end)
+    assert clock.short_cpu < clock.search_cpu
+    # the safety net: 5 x the CPU budget of wall clock, from now
+    assert clock.wall_end - c.wall_s == pytest.approx(5 * 0.85)
+
+
+def test_the_budget_counts_from_the_callers_start_and_never_from_the_future() -> None:
+    c = Clocks()
+    early = step_clock(K8S, True, 10, cpu0=c.cpu_s - 0.05, cpu=c.cpu, wall=c.wall)
+    assert early.used() == pytest.approx(0.05)  # reading the pods counts too
+    late = step_clock(K8S, True, 10, cpu0=c.cpu_s + 3, cpu=c.cpu, wall=c.wall)
+    assert late.used() == 0.0
+    net = step_clock(K8S, True, 1, cpu=c.cpu, wall=c.wall)
+    assert net.wall_end - c.wall_s == K8S.step_wall_min_s  # at least 1 s of wall clock
+
+
+# (CPU used when the search starts, CPU used now, wall seconds gone, pods out, what the
+# budget says): open or not, the work a sub-solve gets, the deadline hits
+@pytest.mark.parametrize(("start", "now", "wall", "out", "is_open", "work"), [
+    (0.0, 0.0, 0.0, False, True, 0.15 * 0.56),  # the search's whole share
+    (0.0, 0.5, 0.0, False, True, 0.15 * 0.06),  # what is left of it
+    (0.0, 0.56, 0.0, False, False, None),  # spent
+    (0.3, 0.3, 0.0, False, True, 0.15 * 0.2),  # what follows gets as long as before: 0.8-0.3
+    (0.0, 0.0, 0.0, True, True, 0.15 * 0.24),  # pods out: the exact step gets the rest
+    (0.0, 0.25, 0.0, True, False, None),
+    (0.0, 0.1, 3.9, False, True, 0.15 * 0.46),  # a loaded machine: CPU decides ...
+    (0.0, 0.1, 4.0, False, False, None),  # ... until the safety net
+])
+def test_the_search_ends_by_cpu_and_by_the_safety_net(
+        start: float, now: float, wall: float, out: bool, is_open: bool,
+        work: float | None) -> None:
+    c = Clocks()
+    cfg = EngineConfig(cpsat_polish=False, step_cpu_base_s=0.8, step_cpu_per_pod_s=0.0,
+                       step_cpu_after_per_pod_s=0.0)
+    clock = step_clock(cfg, True, 10, cpu=c.cpu, wall=c.wall)
+    b = Budget.for_batch(cfg, 10, clock)
+    c.cpu_s += start
+    b.hold_back()
+    b.count_first(out)
+    c.cpu_s += now - start
+    c.wall_s += wall
+    assert b.open() is is_open
+    assert b.deadline_hits == (0 if is_open else 1)
+    if work is not None:
+        det, wall_s, by_deadline = b.limits(1.0, 30.0)
+        assert det == pytest.approx(work)
+        assert wall_s == pytest.approx(4.0 - wall) and by_deadline
+    else:
+        c.cpu_s, c.wall_s = 100.0, 5000.0  # closed for the rest of the step
+        assert not b.open()
+
+
+def test_a_sub_solve_gets_at_least_the_least_work_and_no_more_than_asked() -> None:
+    c = Clocks()
+    clock = StepClock(c.cpu_s, search_cpu=1.0, end_cpu=1.0, cpu=c.cpu, wall=c.wall)
+    b = Budget(clock=clock, search_cpu=1.0)
+    assert b.limits(0.05, 30.0) == (0.05, 30.0, False)  # less than the CPU left allows
+    c.cpu_s += 0.9999999
+    assert b.limits(0.05, 30.0)[0] == MIN_WORK
 
 
 def test_a_budget_grows_with_the_batch_and_is_off_by_default() -> None:
@@ -30,10 +137,10 @@ def test_the_work_budget_bounds_the_neighbourhoods_and_is_deterministic() -> Non
     the work allowed (the last one may finish a little past it), the same answer each time
     (work is counted, not timed), every pod still placed and no violation."""
     inst = make_tight(10, 50, seed=2)
-    # the step's wall-clock budget off (step_wall_s=0): counted work alone, no clock
-    free = place(inst.snapshot, inst.pods, EngineConfig(cpsat_polish=False, step_wall_s=0))
+    # the step's CPU budget off (step_cpu_max_s=0): counted work alone, no clock
+    free = place(inst.snapshot, inst.pods, EngineConfig(cpsat_polish=False, step_cpu_max_s=0))
     cfg = EngineConfig(cpsat_polish=False, budget=True, budget_work_base=0.02,
-                       budget_work_per_pod=0.0, step_wall_s=0)
+                       budget_work_per_pod=0.0, step_cpu_max_s=0)
     a = place(inst.snapshot, inst.pods, cfg)
     b = place(inst.snapshot, inst.pods, cfg)
     assert a.assignments == b.assignments
@@ -56,41 +163,49 @@ def test_a_wall_clock_deadline_keeps_the_best_answer_so_far() -> None:
     assert validate(inst.snapshot, inst.pods, res.assignments) == []
 
 
-def test_the_step_budget_is_for_small_batches_on_the_kubernetes_path() -> None:
-    """Two deadlines, the search's before the step's, only where asked for: a small batch
-    (the caller says), the Kubernetes path (the local mode's polish is bounded by work),
-    a budget above 0."""
-    k8s = EngineConfig(cpsat_polish=False)
-    clock = step_deadlines(k8s, small=True)
-    assert clock.start < clock.search_end < clock.end < math.inf
-    assert 0 < time_left(clock.end) <= k8s.step_wall_s
-    assert time_left(math.inf) == math.inf
-    # a search that starts late leaves what follows it as long as what came before it
-    late = clock.start + 0.6 * k8s.step_wall_s
-    assert clock.search_left_for(late) == clock.end - 0.6 * k8s.step_wall_s < clock.search_end
-    assert clock.search_left_for(clock.start) == clock.search_end
-    for cfg, small in ((k8s, False), (EngineConfig(), True),
-                       (EngineConfig(cpsat_polish=False, step_wall_s=0), True)):
-        c = step_deadlines(cfg, small)
-        assert (c.search_end, c.end) == (math.inf, math.inf)
-
-
-def test_a_spent_step_budget_keeps_the_greedy_answer_and_skips_the_exact_step() -> None:
-    """A step budget already spent (the machine too loaded to give it any time): no
-    neighbourhood runs, the exact step is skipped (and says so), the count-first steps
-    without CP-SAT still place what they place, and nothing bound breaks a rule. The mixed
-    family's 40 x 10 (seed 2) leaves pods out, so the exact step would run."""
+@pytest.mark.parametrize(("cfg", "cpu_start", "net"), [
+    # a budget already spent by what came before the engine in the step
+    (K8S, -10.0, False),
+    # the safety net already passed: a machine too loaded to give the step any CPU
+    (EngineConfig(cpsat_polish=False, step_wall_factor=0.0, step_wall_min_s=1e-9), None,
+     True),
+])
+def test_a_spent_step_budget_keeps_the_greedy_answer_and_skips_the_exact_step(
+        cfg: EngineConfig, cpu_start: float | None, net: bool) -> None:
+    """No neighbourhood runs, the exact step is skipped (and says so), the count-first
+    steps without CP-SAT still place what they place, and nothing bound breaks a rule. The
+    mixed family's 40 x 10 (seed 2) leaves pods out, so the exact step would run."""
     snap, pods = FAMILIES["mixed"](40, 2)
-    cfg = EngineConfig(cpsat_polish=False, step_wall_s=1e-9)
-    res = place(snap, pods, cfg)
+    start = None if cpu_start is None else time.thread_time() + cpu_start
+    res = place(snap, pods, cfg, cpu_start=start)
     assert res.stats.get("exact_skipped") == 1.0
     assert res.stats.get("budget_deadline_hits", 0) > 0
+    if net:
+        assert res.stats["step_wall_net"] == 1.0
+    else:  # the 10 s of CPU taken before the engine counted
+        assert res.stats["step_cpu_s"] >= 10.0
     assert "exact" not in res.solver.split("+")
     assert 0 < len(res.assignments) < len(pods)
     assert validate(snap, pods, res.assignments) == []
     inst = make_tight(10, 50, seed=2)
-    res = place(inst.snapshot, inst.pods, cfg)
+    start = None if cpu_start is None else time.thread_time() + cpu_start
+    res = place(inst.snapshot, inst.pods, cfg, cpu_start=start)
     assert res.stats["cost_lns_solved"] == 0 and len(res.assignments) == len(inst.pods)
+
+
+def test_the_exact_step_places_what_the_reference_proves_within_the_cpu_budget() -> None:
+    """The mixed family's 100 x 25 (seed 3): the greedy answer leaves 9 pods out; the exact
+    step, in rounds within the CPU left, places the 94 the reference proves, within the
+    step's CPU budget (0.85 s, the decisions after the exact step a little past it)."""
+    snap, pods = FAMILIES["mixed"](100, 3)
+    # the wall-clock safety net far off: on a machine as loaded as the suite's (load 13:
+    # 0.85 s of CPU took 7 s of wall clock) it would decide, and this is the CPU's test
+    res = place(snap, pods, EngineConfig(cpsat_polish=False, step_wall_min_s=60.0))
+    assert "step_wall_net" not in res.stats
+    assert len(res.assignments) == 94
+    assert res.solver.endswith("exact")
+    assert res.stats["step_cpu_s"] < 0.85 + 0.1
+    assert validate(snap, pods, res.assignments) == []
 
 
 def test_small_batches_get_the_polish_on_the_kubernetes_path() -> None:

@@ -17,7 +17,7 @@ from tools.quality_families import mixed
 
 # the Kubernetes path with its step's wall-clock budget off: the exact step's work alone
 # bounds it, the same answer on any load (test_placement_budget tests the budget)
-K8S = EngineConfig(cpsat_polish=False, step_wall_s=0)
+K8S = EngineConfig(cpsat_polish=False, step_cpu_max_s=0)
 
 
 def test_mixed_batch_reaches_the_proven_count() -> None:
