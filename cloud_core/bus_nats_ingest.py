@@ -66,13 +66,17 @@ ACK_MARGIN_S = 0.5
 # agents' resend time (10 s) every late report comes twice and the load grows with it.
 LAG_WARN_S = 5.0
 LAG_LOG_S = 10.0
+# A report delivered again, or this long in the stream, is handed on marked late: it waited
+# out a stream's or consumer's leader election (a bus node's death), when the stream can hold
+# two copies of one report and two replicas can fetch them at once.
+LATE_S = 3.0
 
 
 class SharedIngest:
     """Fetches shared filters from JetStream and hands each message to ``deliver``."""
 
     def __init__(self, settings: NatsIngestSettings,
-                 deliver: Callable[[str, bytes], None],
+                 deliver: Callable[[str, bytes, bool], None],
                  backlog: Callable[[], int] = lambda: 0) -> None:
         if not settings.urls:
             raise NatsIngestError("shared ingest on NATS needs the servers' NATS URLs")
@@ -248,7 +252,7 @@ class SharedIngest:
             late = time.monotonic() - t0 > trust_s
             for m, ok in zip(msgs, confirmed, strict=True):
                 if ok and not late:
-                    self.deliver(subject_to_topic(m.subject), m.data)
+                    self.deliver(subject_to_topic(m.subject), m.data, self._late(m))
                     self.fetched += 1
                 else:
                     self.unconfirmed += 1
@@ -257,6 +261,17 @@ class SharedIngest:
             first = [m for m in msgs if getattr(m.metadata, "num_delivered", 1) == 1]
             if first:
                 self._measure(first[-1], late)
+
+    @staticmethod
+    def _late(m: Any) -> bool:
+        """Delivered again, or waited in the stream past ``LATE_S``: a copy of it may be
+        with another replica (cloud_core/ownership.py folds such a report at its node's
+        owner only)."""
+        try:
+            md = m.metadata
+            return int(md.num_delivered) > 1 or time.time() - md.timestamp.timestamp() > LATE_S
+        except (AttributeError, TypeError, ValueError):  # no JetStream metadata
+            return False
 
     @staticmethod
     async def _ack(m: Any, timeout_s: float) -> bool:

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cloud_core.decode import ReportDecoder
+from cloud_core.ownership import FOLD, FoldGate
 from cloud_core.state import ClusterState
-from edge_agent.wire import WireError, parse_status, split_topic
+from edge_agent.wire import TelemetryReport, WireError, parse_status, split_topic
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ class Ingest:
         # Called with (node, boot, seq) once a report is in state (accepted or a
         # duplicate of one that is): the end-to-end ack (cloud_core/acks.py).
         self.on_ingested: Callable[[str, str, int], None] | None = None
+        # Replicas sharing ingest: while they cannot hear each other, a report is folded
+        # by its node's owner only (cloud_core/ownership.py); None: every report folded.
+        self.gate: FoldGate | None = None
 
     def counters(self) -> IngestCounters:
         with self._lock:
@@ -66,8 +70,23 @@ class Ingest:
             log.warning("dropped message on %.80s: %s: %s", topic, reason, detail[:200])
         return f"rejected:{reason}"
 
-    def handle(self, topic: str, payload: bytes) -> str:
-        """Process one message; returns 'accepted', 'duplicate', 'status' or 'rejected:<reason>'."""
+    def fold(self, report: TelemetryReport) -> str:
+        """Fold a validated report into state and record it for the end-to-end ack;
+        'accepted', or 'duplicate' when state already had it (here, or named by a peer)."""
+        fresh = self.state.apply_report(report, self._clock())
+        if self.on_ingested is not None:
+            self.on_ingested(report.node, report.boot, report.seq)
+        with self._lock:
+            if not fresh:
+                self._duplicates += 1
+                return "duplicate"
+            self._accepted += 1
+        return "accepted"
+
+    def handle(self, topic: str, payload: bytes, *, late: bool = False) -> str:
+        """Process one message; returns 'accepted', 'duplicate', 'status', 'rejected:<reason>',
+        or with a gate 'hold' (folded later by the gate) or 'drop' (its owner's to fold).
+        ``late``: the bus says a copy of it may be with another replica (the gate's)."""
         try:
             area, ident, leaf = split_topic(topic)
             if area != "nodes":
@@ -75,16 +94,10 @@ class Ingest:
             now = self._clock()
             if leaf == "telemetry":
                 report = self.decoder.decode(payload, ident)
-                fresh = self.state.apply_report(report, now)
-                if self.on_ingested is not None:
-                    self.on_ingested(ident, report.boot, report.seq)
-                if not fresh:
-                    with self._lock:
-                        self._duplicates += 1
-                    return "duplicate"
-                with self._lock:
-                    self._accepted += 1
-                return "accepted"
+                gate = self.gate
+                if gate is not None and (verdict := gate.check(report, late=late)) != FOLD:
+                    return verdict
+                return self.fold(report)
             if leaf == "status":
                 if not payload:  # a cleared retained message
                     return "status"

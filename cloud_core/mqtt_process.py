@@ -29,7 +29,7 @@ the replicas (:mod:`cloud_core.bus_nats_ingest`) instead of MQTT, which on NATS 
 
 The child exits when the core asks, and on its own when the core goes away
 (its end of the pipe closes), so a killed core leaves no orphan holding the
-account's session. On the NATS bus a child that exits unasked (SIGKILLed, out of memory)
+account's session. A child that exits unasked (SIGKILLed, out of memory), on either bus,
 is started again, after 0.2 s and up to 10 s while it keeps dying young; every publish it had not
 confirmed fails at once, so the core sends its end-to-end acks again
 (``cloud_core/acks.py``) and its next digest names what it folded meanwhile
@@ -82,6 +82,8 @@ RESTART_MIN_S = 0.2
 RESTART_MAX_S = 10.0
 RESTART_RESET_S = 30.0
 COUNTERS = ("fetched", "unconfirmed", "errors")  # of SharedIngest.stats; the rest are gauges
+LATE_PROPERTY = ("cfnet-late", "1")  # on a shared message that waited out a bus failover
+LATE = (LATE_PROPERTY,)
 
 
 class MqttProcessError(CoreError):
@@ -127,10 +129,7 @@ class MqttProcess:
         self._started = 0.0
         self._restart_delay = RESTART_MIN_S
         self.restarts = 0  # children started again after an unasked exit
-        # On Mosquitto a child is not started again: a `$share` member that came back at once
-        # under the same client id left Mosquitto 2.0.11 handing part of the group's messages
-        # to nobody (tests/integration/test_replicas.py lost half the fleet that way).
-        self.restart = nats is not None
+        self.connects = 0  # connections made (cloud_core/ownership.py: the bus came back)
         self._connected = threading.Event()
         self._refusal = ""
         self._tokens = itertools.count(1)
@@ -339,6 +338,8 @@ class MqttProcess:
                 connected, refusal = body
                 self._refusal = refusal
                 if connected:
+                    if not self._connected.is_set():
+                        self.connects += 1
                     self._connected.set()
                 else:
                     self._connected.clear()
@@ -353,12 +354,7 @@ class MqttProcess:
         self._connected.clear()
         if self._proc is not proc:  # asked to stop
             return
-        if self.restart:
-            self._child_died(proc)
-        else:
-            self._fail_handles()
-            log.error("MQTT process exited unexpectedly; the core stays without a bus "
-                      "connection")
+        self._child_died(proc)
 
 
 # ====================================================================== the child
@@ -409,8 +405,11 @@ class _Child:
                 self.client.subscribe(topic, qos=qos, no_local=no_local,
                                       retain_as_published=rap)
 
-    def _on_shared(self, topic: str, payload: bytes) -> None:
-        self.inbox.append((topic, payload, 1, False, None, None, ()))
+    def _on_shared(self, topic: str, payload: bytes, late: bool = False) -> None:
+        # A late report (bus_nats_ingest.LATE_S) carries LATE_PROPERTY: only this path sets
+        # it, and the core reads it only on the NATS bus, where agents (MQTT 3.1.1) have no
+        # user properties to forge it with.
+        self.inbox.append((topic, payload, 1, False, None, None, LATE if late else ()))
         if not self.inbox_ready.is_set():
             self.inbox_ready.set()
 

@@ -24,6 +24,12 @@ other replicas meanwhile: on NATS a replica folds only what JetStream confirmed
 acknowledged (cloud_core/bus_nats_ingest.py), so nothing it folded is redelivered, and
 its end-to-end acks wait for the new connection too (cloud_core/acks.py), so the agents
 resend nothing it folded unless it stays away longer than their ``resend_s``.
+
+While the digests cannot flow (a replica's connection down or just back, a peer's digests
+overdue), only a node's owner folds its reports, once the peers' digests have named what
+they folded (:mod:`cloud_core.ownership`). For that a digest goes out every interval, an
+empty one included, and says the sender's interval (``every``), whether it still holds
+reports back (``holding``) and which chunk is the interval's last (``last``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from cloud_core.ownership import FoldGate
 from cloud_core.state import ClusterState
 from edge_agent.wire import MAX_PAYLOAD_BYTES, WireError, digest_topic, split_topic
 from edge_agent.wire.bus import Bus, Message
@@ -46,27 +53,31 @@ log = logging.getLogger(__name__)
 MAX_DIGEST_BYTES = 200 * 1024
 
 
-def encode_digests(items: list[dict[str, Any]], limit: int = MAX_DIGEST_BYTES) -> list[bytes]:
-    """Items split into JSON messages of at most ``limit`` bytes each.
+def encode_digests(items: list[dict[str, Any]], limit: int = MAX_DIGEST_BYTES,
+                   every_s: float = 1.0, holding: bool = False) -> list[bytes]:
+    """Items split into JSON messages of at most ``limit`` bytes each; at least one (an
+    empty digest says the replica is there). Each says the sender's digest interval
+    (``every``) and whether it holds reports back (``holding``: cloud_core/ownership.py),
+    the last one of an interval ``"last":true`` (the fold gate waits for a whole digest).
 
     msgspec encodes (dataclasses such as ``Resources`` included) several times
     faster than ``json.dumps`` of ``asdict``: at 5,000 nodes a second the
     digest would otherwise cost a replica a fifth of a core.
     """
     enc = msgspec.json.Encoder()
-    out: list[bytes] = []
-    chunk: list[bytes] = []
+    head = (b'{"v":1,"every":' + enc.encode(float(every_s)) + b',"holding":'
+            + enc.encode(holding) + b',"items":[')
+    chunks: list[list[bytes]] = [[]]
     size = 0
     for it in items:
         b = enc.encode(it)
-        if chunk and size + len(b) + 16 > limit:
-            out.append(b'{"v":1,"items":[' + b",".join(chunk) + b"]}")
-            chunk, size = [], 0
-        chunk.append(b)
+        if chunks[-1] and size + len(b) + 48 > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(b)
         size += len(b) + 1
-    if chunk:
-        out.append(b'{"v":1,"items":[' + b",".join(chunk) + b"]}")
-    return out
+    return [head + b",".join(c) + (b']}' if i < len(chunks) - 1 else b'],"last":true}')
+            for i, c in enumerate(chunks)]
 
 
 class DigestExchange:
@@ -77,8 +88,10 @@ class DigestExchange:
         mqtt: Bus,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        gate: FoldGate | None = None,
     ) -> None:
         self.replica = replica
+        self.gate = gate
         self.state = state
         state.share_seqs = True  # each digest names the seqs folded here (state.py)
         self.mqtt = mqtt
@@ -104,8 +117,11 @@ class DigestExchange:
         if not self.mqtt.connected:
             return 0
         now = self._clock()
+        # Read before the export: a replica that stops holding folds what it held first,
+        # so the digest that says so names all of it (cloud_core/ownership.py).
+        holding = self.gate.holding if self.gate is not None else False
         items = self.state.export_local(self._since, now)
-        for payload in encode_digests(items):
+        for payload in encode_digests(items, every_s=self.interval_s, holding=holding):
             self.mqtt.publish(digest_topic(self.replica), payload, qos=0)
         self._since = now
         self.sent_items += len(items)
@@ -115,6 +131,8 @@ class DigestExchange:
         while not self._stop.wait(self.interval_s):
             try:
                 self.publish_once()
+                if self.gate is not None:
+                    self.gate.tick()
             except Exception:
                 log.exception("digest publish failed")
 
@@ -130,9 +148,15 @@ class DigestExchange:
             items = body["items"] if isinstance(body, dict) else None
             if not isinstance(items, list):
                 raise WireError("schema", "digest without items")
-        except (WireError, KeyError, msgspec.DecodeError) as exc:
+            every = float(body.get("every", self.interval_s))
+            if not 0 < every <= 60:
+                raise WireError("schema", f"digest interval {every!r} out of (0, 60] s")
+        except (WireError, KeyError, ValueError, TypeError, msgspec.DecodeError) as exc:
             self.bad_items += 1
             log.warning("bad digest on %.80s: %s", m.topic, exc)
             return
         self.bad_items += self.state.merge(items, self._clock())
         self.merged_items += len(items)
+        if self.gate is not None:  # after the merge: its seqs are marked seen by now
+            self.gate.peer_heard(sender, every, complete=body.get("last", True) is True,
+                                 holding=body.get("holding", False) is True)

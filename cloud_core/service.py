@@ -29,7 +29,8 @@ from cloud_core.events import Event, EventLog
 from cloud_core.health import HealthConfig
 from cloud_core.ingest import Ingest
 from cloud_core.metrics import CoreMetrics
-from cloud_core.mqtt_process import MqttProcess
+from cloud_core.mqtt_process import LATE_PROPERTY, MqttProcess
+from cloud_core.ownership import FoldGate
 from cloud_core.registry import Registry
 from cloud_core.replicas import DigestExchange
 from cloud_core.scheduler import Scheduler
@@ -165,10 +166,9 @@ class CoreService:
             commands=COMMANDS, audit=self.store.audit, clock=clock)
         prefix = f"$share/{cfg.share_group}/" if cfg.share_group else ""
         self.digests: DigestExchange | None = None
+        self.gate: FoldGate | None = None
         if cfg.share_group:
-            self.digests = DigestExchange(cfg.mqtt.username or "core", self.state, self.mqtt,
-                                          cfg.digest_interval_s, clock)
-            self.mqtt.subscribe(DIGEST_WILDCARD, qos=0)
+            self.digests = self._share(cfg, clock)
         for t in (TELEMETRY_WILDCARD, STATUS_WILDCARD):
             self.mqtt.subscribe(prefix + t, qos=1)
         # Console requests are never shared: a `submit` must reach the replica
@@ -206,6 +206,22 @@ class CoreService:
         if self.cfg.place:
             self._loop = threading.Thread(target=self._run, name="cfnet-scheduler", daemon=True)
             self._loop.start()
+
+    def _share(self, cfg: CoreConfig, clock: Callable[[], float]) -> DigestExchange:
+        """Ingest shared with other replicas: the digests, and the fold gate that gives each
+        node one owner while the replicas cannot hear each other (cloud_core/ownership.py)."""
+        replica, bus = cfg.mqtt.username or "core", self.mqtt
+        gate = self.gate = FoldGate(replica, self.ingest.fold, connected=lambda: bus.connected,
+                                    connects=lambda: int(getattr(bus, "connects", 0)))
+        self.ingest.gate = gate
+        self.metrics.add_counters(
+            "cfnet_fold_gate", "Replicas during a bus disturbance: reports held for the "
+            "peers' digests, released to the fold, dropped for their node's owner or at the "
+            "bound, peers taken as gone", "what",
+            lambda: {k: v for k, v in gate.counts().items() if k != "holding"})
+        self.mqtt.subscribe(DIGEST_WILDCARD, qos=0)
+        return DigestExchange(replica, self.state, self.mqtt, cfg.digest_interval_s, clock,
+                              gate=gate)
 
     def connect(self) -> None:
         """Connect to the broker (again). With one MQTT account shared by replicas
@@ -258,7 +274,9 @@ class CoreService:
             if self.digests is not None:
                 self.digests.handle(m)
         else:
-            self.ingest.handle(m.topic, m.payload)
+            # Marked late by the NATS shared ingest only (agents there cannot set it).
+            late = self.cfg.nats is not None and LATE_PROPERTY in m.user_properties
+            self.ingest.handle(m.topic, m.payload, late=late)
 
     def _on_request(self, m: Message) -> None:
         try:

@@ -312,6 +312,8 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
                 f"the replica kill, seqs {sorted(set(dup_seqs))[:12]}); shared ingest at most "
                 f"{r.max_lag_s:.1f} s behind, {r.unconfirmed} dropped unconfirmed, "
                 f"{r.restarts} bus connection(s) restarted")
+            log(f"{kind}: fold gates (held for the peers' digests, dropped for their owner: "
+                f"cloud_core/ownership.py) {[c.gate.counts() if c.gate else {} for c in cores]}")
             if r.overloaded:
                 log(f"{kind}: OVERLOADED at {nodes:,} nodes: {r.rate:,.0f} of {nodes:,} "
                     f"reports/s ingested, reports waited up to {r.max_lag_s:.1f} s in the "

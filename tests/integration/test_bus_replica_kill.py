@@ -1,12 +1,13 @@
-"""A core replica's bus connection SIGKILLed mid-stream on the NATS bus: every report
+"""A core replica's bus connection SIGKILLed mid-stream, on both buses: every report
 arrives, and is folded once.
 
-Two replicas share ingest through the JetStream consumer (cloud_core/bus_nats_ingest.py) on
-a real 3-node cluster (tools/nats/cluster.py); 60 simulated agents with end-to-end acks
+Two replicas share ingest, through the JetStream consumer (cloud_core/bus_nats_ingest.py) on
+a real 3-node NATS cluster (tools/nats/cluster.py), or through ``$share`` on Mosquitto
+(TLS, the cfnet ACL, sessions as ``cfnet-core --share-group`` sets them); 60 simulated agents with end-to-end acks
 (tools.simulate, ack mode: each keeps a report until a core acknowledges it and resends
 what is lost, as the agent does) report at 1 Hz. Mid-stream the follower's bus connection
-(its MQTT child, which also holds its JetStream fetchers) is SIGKILLed; the follower starts
-a new one (cloud_core/mqtt_process.py). Then:
+(its MQTT child, which on NATS also holds its JetStream fetchers) is SIGKILLed; the
+follower starts a new one (cloud_core/mqtt_process.py). Then:
 
 - nothing is lost: every report of every agent is acknowledged in the end, and each is in
   one of the two replicas' states (each replica's own history of (boot, seq) per node);
@@ -14,8 +15,11 @@ a new one (cloud_core/mqtt_process.py). Then:
   follower folded (it folds only what the server confirmed acknowledged), its end-to-end
   acks and its digest's seqs wait for its new connection instead of being lost with the
   old one, so the agents resend nothing it folded and the survivor takes as a duplicate
-  whatever comes twice. Before, what the follower folded in its last moments (after its
-  last digest) was folded again by the survivor.
+  whatever comes twice. While the follower is away and just back, each node's reports
+  are folded by its owner only (cloud_core/ownership.py). Before, what the follower folded
+  in its last moments (after its last digest) was folded again by the survivor: on NATS
+  until the child was started again, on Mosquitto until now (the follower stayed without a
+  connection, its last acks never sent, and the agents' resends went to the survivor).
 
 The bench (tools/bench_bus.py) runs the same kill at fleet scale, on both buses.
 """
@@ -32,9 +36,10 @@ from typing import Any
 
 import pytest
 
-from cloud_core.service import CoreService
+from cloud_core.service import CoreConfig, CoreService
 from tests.integration.helpers import settings, wait_for
 from tests.integration.test_bus_replicas import replica
+from tools.broker import Broker
 from tools.nats.cluster import NatsCluster
 
 FLEET = 60
@@ -47,31 +52,50 @@ KILL_AT_S = 3.0
 UNDIGESTED_S = 1.2
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+@pytest.fixture(params=["mosquitto", "nats"])
+def bus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker | NatsCluster]:
+    if request.param == "mosquitto":  # a fresh broker (tests/conftest.py), stopped after
+        yield request.getfixturevalue("broker_factory")()
+        return
     c = NatsCluster(tmp_path / "nats")
     c.start()
     yield c
     c.stop()
 
 
+def make_replica(b: Broker | NatsCluster, i: int, tmp: Path, **kw: float) -> CoreService:
+    """Replica ``i`` (1 places, 2 follows); on Mosquitto with the session ``cfnet-core
+    --share-group`` gives a `$share` member (none kept: a dead member leaves the group)."""
+    if isinstance(b, NatsCluster):
+        return replica(b, i, tmp, **kw)
+    creds = b.add_account(f"core-r{i}", "core")
+    core = CoreService(CoreConfig(
+        mqtt=settings(b, creds, client_id=creds.username, session_expiry_s=0, clean_start=True),
+        db_path=tmp / f"core{i}.db", share_group="cfnet", place=i == 1, console=i == 1,
+        digest_interval_s=kw.get("digest_interval_s", 0.5),
+        ack_interval_s=kw.get("ack_interval_s", 1.0)))
+    core.start()
+    assert core.mqtt.wait_connected(15)
+    return core
+
+
 def histories(core: CoreService, nodes: list[str]) -> dict[str, list[tuple[str, int]]]:
     return {n: core.state.node_history(n) for n in nodes}
 
 
-def test_replica_sigkill_mid_stream_every_report_once(cluster: NatsCluster,
+def test_replica_sigkill_mid_stream_every_report_once(bus: Broker | NatsCluster,
                                                       tmp_path: Path) -> None:
     from tools.simulate import SimConfig, Simulator, World
 
-    leader = replica(cluster, 1, tmp_path)
-    follower = replica(cluster, 2, tmp_path, digest_interval_s=2.0, ack_interval_s=5.0)
+    leader = make_replica(bus, 1, tmp_path)
+    follower = make_replica(bus, 2, tmp_path, digest_interval_s=2.0, ack_interval_s=5.0)
     cores = [leader, follower]
     digests = follower.digests
     assert digests is not None
-    sims = [settings(cluster, cluster.add_account(n, "sim"), client_id=n, session_expiry_s=0,
+    sims = [settings(bus, bus.add_account(n, "sim"), client_id=n, session_expiry_s=0,
                      clean_start=True, keepalive_s=5, max_inflight=100)
             for n in ("sim-rk0", "sim-rk1")]
-    listener = settings(cluster, cluster.add_account("sim-rk-acks", "sim"),
+    listener = settings(bus, bus.add_account("sim-rk-acks", "sim"),
                         client_id="sim-rk-acks", clean_start=True, keepalive_s=5)
     world = World(SimConfig(nodes=FLEET, rate=1.0, duration_s=RUN_S, seed=11, node_prefix="rk"))
     sim = Simulator(world, sims, acks=listener, drain_s=40.0, client="paho")
@@ -114,8 +138,8 @@ def test_replica_sigkill_mid_stream_every_report_once(cluster: NatsCluster,
         print(f"\n{FLEET} agents, {result['offered']} reports, all acknowledged; follower "
               f"SIGKILLed at {t_kill - sim.t0:.1f} s after folding "
               f"{sum(map(len, foll.values()))} ({at_digest} by its last digest); in both "
-              f"states {len(both)}; resent "
-              f"{result['resent']}")
+              f"states {len(both)}; resent {result['resent']}; fold gates "
+              f"{[c.gate.counts() if c.gate else None for c in cores]}")
     finally:
         sim.stop()
         if runner.is_alive():

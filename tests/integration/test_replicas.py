@@ -34,7 +34,11 @@ N = 200
 def test_shared_ingest_converges_on_both(broker: Broker, tmp_path: Path) -> None:
     cores = []
     for i in (1, 2):
-        cfg = CoreConfig(mqtt=settings(broker, broker.add_account(f"core-r{i}", "core")),
+        # Sessions as `cfnet-core --share-group` makes them (none kept): a persistent
+        # member left in the module's broker keeps being handed a share of the group after
+        # this test, and the next test's reports queued for it are lost to that test.
+        creds = broker.add_account(f"core-r{i}", "core")
+        cfg = CoreConfig(mqtt=settings(broker, creds, session_expiry_s=0, clean_start=True),
                          db_path=tmp_path / f"core{i}.db", share_group="cfnet",
                          place=i == 1, console=i == 1, digest_interval_s=0.5)
         c = CoreService(cfg)

@@ -1,0 +1,168 @@
+"""The fold gate (cloud_core/ownership.py): calm, every report folds; while replicas cannot
+hear each other, a node's owner holds its reports until the peers' digests say what they
+folded, and the others drop them for their agents to resend."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+from cloud_core.ingest import Ingest
+from cloud_core.ownership import DROP, FOLD, HOLD, FoldGate
+from cloud_core.replicas import encode_digests
+from cloud_core.state import ClusterState
+from edge_agent.wire import TelemetryReport
+from tests.unit.reports import report_bytes
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Bus:
+    def __init__(self) -> None:
+        self.up, self.connects = True, 1
+
+
+def rep(node: str, seq: int = 1) -> TelemetryReport:
+    return TelemetryReport(node=node, seq=seq, boot="b", ts=1.0, interval_s=1.0,
+                           probe="ebpf", resources=None, links=())
+
+
+def node_owned_by(index: int) -> str:
+    """A node id whose CRC-32 puts it on the ``index``-th of two sorted replicas."""
+    return next(f"n{k}" for k in range(100) if zlib.crc32(f"n{k}".encode()) % 2 == index)
+
+
+def gate(folded: list[TelemetryReport], **kw: Any) -> tuple[FoldGate, Bus, Clock]:
+    bus, clock = Bus(), Clock()
+    g = FoldGate("core-a", folded.append, connected=lambda: bus.up,
+                 connects=lambda: bus.connects, clock=clock, **kw)
+    return g, bus, clock
+
+
+def test_alone_it_folds_and_after_a_reconnect_listens_first() -> None:
+    folded: list[TelemetryReport] = []
+    g, bus, clock = gate(folded)
+    assert g.check(rep("w")) == FOLD  # a fresh replica has folded nothing before
+    bus.connects = 2  # its connection came back: listening for peers
+    assert g.check(rep("x")) == HOLD
+    clock.t += 3
+    g.tick()
+    assert [r.node for r in folded] == ["x"]
+    assert g.check(rep("y")) == FOLD and g.owner("y") == "core-a"
+
+
+def test_after_a_reconnect_the_owner_holds_until_the_peer_speaks() -> None:
+    folded: list[TelemetryReport] = []
+    g, bus, clock = gate(folded)
+    g.peer_heard("core-b", 1.0)
+    assert not g.disturbed
+    mine, theirs = node_owned_by(0), node_owned_by(1)  # sorted: core-a, core-b
+    assert g.check(rep(mine)) == FOLD and g.check(rep(theirs)) == FOLD  # calm
+    bus.up = False
+    assert g.check(rep(mine, 2)) == HOLD
+    assert g.check(rep(mine, 2)) == HOLD and g.counts()["holding"] == 1  # one copy kept
+    assert g.check(rep(theirs, 2)) == DROP
+    bus.up, bus.connects = True, 2
+    clock.t += 1
+    g.peer_heard("core-b", 1.0, complete=False)  # a digest's first chunk only
+    assert g.disturbed and not folded
+    g.peer_heard("core-b", 1.0)
+    assert [(r.node, r.seq) for r in folded] == [(mine, 2)]
+    assert g.counts() == {"held": 1, "released": 1, "dropped_owner": 1, "dropped_full": 0,
+                          "peers_forgotten": 0, "late": 0, "holding": 0}
+
+
+def test_an_overdue_peer_disturbs_and_a_gone_one_is_forgotten() -> None:
+    folded: list[TelemetryReport] = []
+    g, _bus, clock = gate(folded, forget_s=8.0)
+    g.peer_heard("core-b", 1.0)
+    theirs = node_owned_by(1)
+    clock.t += 2.6  # 2.5 of its 1 s intervals without a digest
+    assert g.check(rep(theirs)) == DROP
+    mine = node_owned_by(0)
+    assert g.check(rep(mine)) == HOLD
+    clock.t += 8.1
+    g.tick()  # core-b is gone: what it owned is this replica's now
+    assert [r.node for r in folded] == [mine] and g.counts()["peers_forgotten"] == 1
+    assert g.check(rep(theirs, 2)) == FOLD and g.owner(theirs) == "core-a"
+
+
+def test_a_calm_replica_leaves_a_holding_owner_its_copies() -> None:
+    folded: list[TelemetryReport] = []
+    g, _bus, _clock = gate(folded)
+    g.peer_heard("core-b", 1.0, holding=True)  # core-b's connection just came back
+    theirs, mine = node_owned_by(1), node_owned_by(0)
+    assert not g.disturbed and g.check(rep(mine)) == FOLD
+    assert g.check(rep(theirs)) == DROP  # core-b may hold a copy of it: its to fold
+    g.peer_heard("core-b", 1.0)  # it folded what it held: this digest names it
+    assert g.check(rep(theirs)) == FOLD and not g.holding
+
+
+def test_a_late_report_disturbs_until_the_peer_speaks_again() -> None:
+    folded: list[TelemetryReport] = []
+    g, _bus, clock = gate(folded)
+    g.peer_heard("core-b", 1.0)
+    mine, theirs = node_owned_by(0), node_owned_by(1)
+    assert g.check(rep(theirs), late=True) == DROP  # a copy may be with core-b at once
+    assert g.check(rep(mine), late=True) == HOLD
+    clock.t += 0.5
+    g.peer_heard("core-b", 1.0)  # names what it folded meanwhile
+    assert [r.node for r in folded] == [mine] and g.counts()["late"] == 1
+    assert g.check(rep(theirs, 2)) == FOLD
+
+
+def test_held_reports_are_bounded() -> None:
+    g, bus, _clock = gate([], max_held=2)
+    assert g.check(rep("x", 1)) == FOLD
+    bus.up = False
+    assert [g.check(rep("x", s)) for s in (2, 3, 4)] == [HOLD, HOLD, DROP]
+    assert g.counts()["dropped_full"] == 1
+
+
+def test_a_held_report_the_peer_folded_is_acknowledged_not_folded_again() -> None:
+    clock = Clock()
+    a, b = ClusterState(), ClusterState()
+    a.share_seqs = b.share_seqs = True
+    a_ing, b_ing = Ingest(a, clock), Ingest(b, clock)
+    acked: list[int] = []
+    b_ing.on_ingested = lambda _n, _b, seq: acked.append(seq)
+    bus = Bus()
+    g = FoldGate("core-b", b_ing.fold, connected=lambda: bus.up, connects=lambda: bus.connects,
+                 clock=clock)
+    b_ing.gate = g
+    owner_b = next(f"e{k}" for k in range(100)
+                   if sorted(["core-a", "core-b"])[zlib.crc32(f"e{k}".encode()) % 2] == "core-b")
+    g.peer_heard("core-a", 1.0)
+    topic = f"cfnet/v1/nodes/{owner_b}/telemetry"
+    # core-a folded seq 1 (a redelivery's first copy) just before the bus went away.
+    assert a_ing.handle(topic, report_bytes(node=owner_b, seq=1)) == "accepted"
+    bus.up = False
+    assert b_ing.handle(topic, report_bytes(node=owner_b, seq=1)) == "hold"
+    assert b_ing.handle(topic, report_bytes(node=owner_b, seq=2)) == "hold"
+    bus.up, bus.connects = True, 2
+    clock.t += 1
+    (digest,) = encode_digests(a.export_local(0.0, clock()))
+    body = json.loads(digest)
+    assert body["last"] is True and body["every"] == 1.0
+    b.merge(body["items"], clock())
+    g.peer_heard("core-a", body["every"])
+    assert b.node_history(owner_b) == [("b1", 2)]  # seq 1 in core-a's state only
+    assert acked == [1, 2]  # both acknowledged to the agent
+    assert b_ing.counters().duplicates == 1 and b_ing.counters().accepted == 1
+
+
+def test_digests_say_the_interval_and_mark_the_last_chunk() -> None:
+    (empty,) = encode_digests([], every_s=2.0)
+    assert json.loads(empty) == {"v": 1, "every": 2.0, "holding": False, "items": [],
+                                 "last": True}
+    items = [{"node": f"n{i}", "pad": "x" * 100} for i in range(30)]
+    chunks = [json.loads(c) for c in encode_digests(items, limit=1000)]
+    assert len(chunks) > 2 and [c.get("last", False) for c in chunks][-2:] == [False, True]
+    assert sum(len(c["items"]) for c in chunks) == 30
