@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import ssl
@@ -55,9 +56,30 @@ class BrokerError(RuntimeError):
     """The broker could not be started, reloaded or stopped."""
 
 
+# Listening ports for test servers come from below the kernel's ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 by default). A port the kernel hands out
+# for bind(0) lies inside that range, and between our close() and the server's
+# bind() any outgoing connection of a parallel test may take it as its source port.
+_LISTEN_PORTS = range(20000, 32768)
+_picked: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the caller retries on a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port that was free a moment ago, outside the ephemeral range and not
+    handed out before by this process (the caller still retries on a race)."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(_LISTEN_PORTS)
+        if port in _picked:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _picked.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

@@ -64,6 +64,7 @@ __all__ = ["NatsCluster", "NatsError", "account_users", "build_nats", "callout_a
            "stop_server", "subject_to_topic", "tls_block", "write_conf"]
 
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
+PORT_ATTEMPTS = 3  # starts with freshly picked ports when one was taken
 START_TIMEOUT_S = 60.0
 RELOAD_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
@@ -338,16 +339,22 @@ class NatsCluster(BusAccounts):
         self.callout_log = self.workdir / "callout.log"
         self._callout_proc: subprocess.Popen[bytes] | None = None
 
-        def port() -> int:
-            return in_netns(netns, free_port, host)
-
         self.nodes = [
-            _Node(f"n{i}", port(), port(), port(), self.workdir / f"n{i}.conf",
-                  self.workdir / f"n{i}" / "js", self.workdir / f"n{i}.log",
-                  leaf_port=port() if leafnodes else 0)
+            _Node(f"n{i}", 0, 0, 0, self.workdir / f"n{i}.conf",
+                  self.workdir / f"n{i}" / "js", self.workdir / f"n{i}.log")
             for i in range(size)
         ]
+        self._leafnodes = leafnodes
+        self._pick_ports()
         self._finalizer = weakref.finalize(self, _terminate_all, [])
+
+    def _pick_ports(self) -> None:
+        def port() -> int:
+            return in_netns(self.netns, free_port, self.host)
+
+        for n in self.nodes:
+            n.mqtt_port, n.client_port, n.cluster_port = port(), port(), port()
+            n.leaf_port = port() if self._leafnodes else 0
 
     # ------------------------------------------------------------------ properties
     @property
@@ -472,11 +479,22 @@ class NatsCluster(BusAccounts):
         """Start every node and wait until each accepts MQTT (JetStream up, cluster formed)."""
         if self.binary is None:
             self.binary = build_nats()
-        self._write_confs()
-        for n in self.nodes:
-            self._spawn(n)
-        for n in self.nodes:
-            self._wait_ready(n)
+        for attempt in range(PORT_ATTEMPTS):
+            self._write_confs()
+            for n in self.nodes:
+                self._spawn(n)
+            try:
+                for n in self.nodes:
+                    self._wait_ready(n)
+                break
+            except NatsError:
+                # Ports are picked free a moment before the servers bind them; another
+                # process may bind one in between. Pick new ones and start again.
+                if attempt + 1 == PORT_ATTEMPTS or not any(
+                        "address already in use" in self.log_tail(n) for n in self.nodes):
+                    raise
+                self.stop()
+                self._pick_ports()
         if self.callout:
             self.start_callout()
 
