@@ -17,6 +17,7 @@ import numpy as np
 from cloud_core.errors import PlacementError
 
 from . import scores
+from .anchors import Deps, anchor_domains, domains_of, followers
 from .budget import StepClock, step_clock
 from .classes import has_room
 from .exact import fits_exact, key_of, running_after, solve_exact
@@ -85,7 +86,8 @@ class PreparedCluster(ClusterView):
         batch_cost: dict[int, np.ndarray] = {}
         free0 = self.free.copy()
         start, clock = self._start(len(workloads), cpu_start)
-        def run_round(order: list[int], first_only: set[int]) -> int:
+        def run_round(order: list[int], first_only: set[int],
+                      restrict: Mapping[int, np.ndarray] | None = None) -> int:
             specs: list[ClassSpec] = []
             masks = [all_ok(self.filter_results(reps[ci], resources=False)) for ci in order]
             # costs only where the class may go: most classes are confined to a few
@@ -100,6 +102,8 @@ class PreparedCluster(ClusterView):
                 base_mask.setdefault(ci, mask)
                 cost = batch_cost[ci]
                 count = len(members[ci]) - len(placed_nodes[ci])
+                if restrict and ci in restrict:
+                    mask = mask & restrict[ci]
                 specs.append(ClassSpec(count=1 if ci in first_only else count,
                                        req=request_vector(w), mask=mask, cost=cost,
                                        gang=w.gang))
@@ -124,14 +128,13 @@ class PreparedCluster(ClusterView):
         while pending:
             ready, first_pod_only = _ready(reps, pending, deps, self.pods)
             if not ready:
-                for ci in pending:
-                    deferred_reason[ci] = (
-                        f"gang {reps[ci].gang}: its members wait on pod affinity, which is "
-                        "placed in rounds and cannot be all-or-nothing"
-                        if reps[ci].gang is not None
-                        else "pod affinity: no matching pod can be placed")
+                deferred_reason.update({ci: _waiting(reps[ci]) for ci in pending})
                 break
             rounds += 1
+            # the anchors of waiting classes' pod affinity: one pod per picked domain first
+            for ci, where in self._anchors_first(reps, members, placed_nodes, deps,
+                                                 ready - first_pod_only, (pending - ready) | seq):
+                run_round([ci], {ci}, {ci: where})
             run_round(sorted(ready), first_pod_only)
         # Pods placed in later rounds may open domains for the pod affinity of classes
         # placed earlier: give their leftovers another go until nothing changes.
@@ -152,8 +155,7 @@ class PreparedCluster(ClusterView):
         ) and self._exact(reps, members, placed_nodes, base_mask, batch_cost, deferred_reason,
                           free0, *start, clock, stats):
             method.append("exact")
-        stats["rounds"] = float(rounds)
-        stats["classes"] = float(nclass)
+        stats.update(rounds=float(rounds), classes=float(nclass))
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
                               deferred_reason, workloads)
         clock.report(stats)
@@ -166,6 +168,41 @@ class PreparedCluster(ClusterView):
         self.ix.alloc = self.ix.cap - self.free
         return PlacementResult(result[0], result[1], result[2],
                                "+".join(dict.fromkeys(method)) or "none", stats)
+
+    def _anchors_first(self, reps: list[Workload], members: list[list[Workload]],
+                       placed_nodes: list[list[int]], deps: Deps, ready: set[int],
+                       waiting: set[int]) -> list[tuple[int, np.ndarray]]:
+        """(anchor class, node mask) per pod to place first (``anchors.py``): for the ready
+        classes that waiting classes follow by required pod affinity, the domains picked by
+        weighted coverage of those followers."""
+        out: list[tuple[int, np.ndarray]] = []
+        for a in sorted(ready):
+            w = reps[a]
+            fl = followers(deps, a, waiting)
+            left = len(members[a]) - len(placed_nodes[a])
+            if not fl or w.gang is not None or left <= 0:
+                continue
+            by_key: dict[str, list[int]] = {}
+            for ci, key in fl:
+                by_key.setdefault(key, []).append(ci)
+            amask = all_ok(self.filter_results(w, resources=False))
+            for key, cis in sorted(by_key.items()):
+                dom = self.ix.domain_ids(key)[0]
+                follow, covered = [], []
+                for ci in cis:
+                    f = reps[ci]
+                    mask = all_ok([fr for fr in self.filter_results(f, resources=False)
+                                   if fr.name != "pod_affinity"])
+                    follow.append((len(members[ci]) - len(placed_nodes[ci]), mask,
+                                   request_vector(f)))
+                    term = next(t for t, ms in deps[ci] if a in ms)
+                    covered.append(domains_of(dom, [self.ix.pos.get(p.node, -1) for p in
+                                                    self.pods.matching(term, f.namespace)]))
+                picks = anchor_domains(amask, request_vector(w), left, dom, self.free,
+                                       follow, covered)
+                out += [(a, dom == d) for d in picks]
+                left -= len(picks)
+        return out
 
     def _start(self, pods: int, cpu_start: float | None
                ) -> tuple[tuple[list[RunningPod], np.ndarray] | None, StepClock]:
@@ -413,6 +450,14 @@ def _classes(workloads: Sequence[Workload]) -> list[list[Workload]]:
         seen.add(w.uid)
         groups.setdefault(class_key(w), []).append(w)
     return list(groups.values())
+
+
+def _waiting(w: Workload) -> str:
+    """Why a class that waits on pod affinity for ever is not placed."""
+    if w.gang is not None:
+        return (f"gang {w.gang}: its members wait on pod affinity, which is placed in rounds "
+                "and cannot be all-or-nothing")
+    return "pod affinity: no matching pod can be placed"
 
 
 def _affinity_deps(reps: list[Workload]) -> dict[int, list[tuple[PodAffinityTerm, set[int]]]]:

@@ -17,9 +17,10 @@ all: integer counts per (class, node) over the nodes a class may use before the 
 Solved from a hint that sets every variable (the engine's answer), most pods first, then
 least cost. Bounded by work (CP-SAT's deterministic time, one worker, a fixed seed): the
 same batch gives the same answer on any load. On the Kubernetes path it runs in what is
-left of the step's CPU budget (``budget.step_clock``): without presolve, in rounds of a
-little work each, from the last round's answer, while the CPU left holds another round;
-a wall-clock safety net stops it on a machine too loaded to give the step its CPU. The
+left of the step's CPU budget (``budget.step_clock``): without presolve, in rounds, the
+first with the work that fits in the CPU left, each next from the last round's answer
+while the CPU left holds one of at least ``CHUNK``; a wall-clock safety net stops it on a
+machine too loaded to give the step its CPU. The
 engine keeps the answer only when it places more pods, or as many for less, and
 ``validate`` finds nothing wrong with it.
 """
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .budget import StepClock
+from .budget import MIN_WORK, StepClock
 from .classes import ClassSpec, integer_costs, objective
 from .config import EngineConfig
 from .cpsat import ClassModel, class_model, cp_solver
@@ -44,10 +45,14 @@ from .sequential import BIG, NodeUsage, ports_conflict
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
 
-# the work of one round of the exact step within a step budget (budget.py): 0.05-0.15 s
-# of CPU on the quality benchmark's models; the next round starts only if the CPU left
-# holds as much as the last one took
+# Within a step budget (budget.py) the exact step solves in rounds: the first one the work
+# that fits in ROUND_SHARE of the CPU left at the step's rate (StepClock.work_per_cpu, the
+# slowest rate measured on these models), each next one at the rate the last one ran; none
+# with less than CHUNK of work after the first (0.05-0.15 s of CPU on the quality
+# benchmark's models: a search that short mostly starts over)
 CHUNK = 0.02
+ROUND_SHARE = 0.8
+
 
 @dataclass
 class Affinity:
@@ -209,26 +214,33 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
 
 def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClock,
                stats: dict[str, float]) -> list[list[int]] | None:
-    """Solve ``cm`` within the step's CPU in rounds of ``CHUNK`` work (at most
-    ``exact_deterministic_time`` in all), each from the last one's answer (every variable
-    hinted): a round stops by its work, never by the clock, and the next starts only if
-    the CPU left holds as much as the last took. None when no round found an answer."""
+    """Solve ``cm`` within the step's CPU (at most ``exact_deterministic_time`` of work in
+    all), each round from the last one's answer (every variable hinted). The first round
+    gets the work that fits in ``ROUND_SHARE`` of the CPU left at the step's rate
+    (``StepClock.work_per_cpu``), so that one search runs as long as the step allows (a
+    search cut into short rounds starts over each time, and an answer that only a longer
+    search finds is never reached); each next round as much at the rate the last one ran,
+    while that is at least ``CHUNK``. A round stops by its work, never by the clock. None
+    when no round found an answer."""
     from ortools.sat.python import cp_model
 
     m = cm.model
     got: list[list[int]] | None = None
-    work = last = 0.0
-    while work < cfg.exact_deterministic_time and clock.wall_left() > 0.0:
-        left = clock.cpu_left(clock.end_cpu)
-        if left < max(last, cfg.step_exact_min_s):
+    work = 0.0
+    rate = clock.work_per_cpu
+    while clock.wall_left() > 0.0:
+        det = round_work(clock.cpu_left(clock.end_cpu), rate, work, got is None, cfg)
+        if det <= 0.0:
             break
-        det = min(CHUNK, cfg.exact_deterministic_time - work, clock.work_for(left))
         s = _solver(cfg, det, clock)
         s.parameters.cp_model_presolve = False  # the hint is used as it is, at once
         c0 = clock.cpu()
         status = s.solve(m)
-        last = clock.cpu() - c0
-        work += s.response_proto.deterministic_time
+        took = clock.cpu() - c0
+        done = s.response_proto.deterministic_time
+        work += done
+        if took > 0.0 and done > 0.0:
+            rate = done / took
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         got = cm.placement(s, n_classes)
@@ -239,6 +251,20 @@ def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClo
             m.add_hint(m.get_int_var_from_proto_index(i), value)
     stats["exact_work"] = work
     return got
+
+
+def round_work(left: float, rate: float, work: float, first: bool, cfg: EngineConfig
+               ) -> float:
+    """The work of the exact step's next round (0: no round): ``ROUND_SHARE`` of the CPU
+    seconds ``left`` at ``rate`` units per CPU second, within ``exact_deterministic_time``
+    less the ``work`` done; none with less than ``step_exact_min_s`` of CPU left, nor after
+    the first with less than ``CHUNK`` (a round that short mostly starts the search over)."""
+    if left < cfg.step_exact_min_s or work >= cfg.exact_deterministic_time:
+        return 0.0
+    det = min(ROUND_SHARE * left * rate, cfg.exact_deterministic_time - work)
+    if not first and det < CHUNK:
+        return 0.0
+    return max(det, MIN_WORK)
 
 
 def _solver(cfg: EngineConfig, det_time: float, clock: StepClock) -> cp_model.CpSolver:
@@ -367,4 +393,5 @@ def running_after(members: Sequence[Sequence[Workload]], got: Sequence[Sequence[
     return PodIndex(out)
 
 
-__all__ = ["ExactInputs", "fits_exact", "inputs", "key_of", "running_after", "solve_exact"]
+__all__ = ["ExactInputs", "fits_exact", "inputs", "key_of", "round_work", "running_after",
+           "solve_exact"]
