@@ -23,7 +23,8 @@ one (cloud_core/mqtt_process.py starts the connection again). On NATS the digest
 on the core's native NATS connection, the one its shared ingest fetches on, not on its
 MQTT session: core NATS fails over to another server in about a second, while an MQTT
 session there waits for JetStream's leader elections after a bus node's death (4-9 s,
-docs/nats.md), long enough for a peer to take a replica as gone. Nothing comes back to the
+docs/nats.md), long enough for a peer to take a replica as gone. The fold gate still
+watches the MQTT session too (cloud_core/service.py). Nothing comes back to the
 other replicas meanwhile: on NATS a replica folds only what JetStream confirmed
 acknowledged (cloud_core/bus_nats_ingest.py), so nothing it folded is redelivered, and
 its end-to-end acks wait for the new connection too (cloud_core/acks.py), so the agents

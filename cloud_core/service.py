@@ -216,10 +216,18 @@ class CoreService:
         def up() -> bool:
             return bool(getattr(bus, "digests_up", bus.connected))
 
-        def connects() -> int:
-            return int(getattr(bus, "digest_connects", getattr(bus, "connects", 0)))
+        # The gate watches the MQTT session too: on NATS its loss comes with a bus node's
+        # death, when the streams elect leaders and the ingest stream can hold two fresh
+        # copies of a report (an agent's publish, and its resend after the server gave up
+        # on the first one's store), which two calm replicas would both fold.
+        def connected() -> bool:
+            return up() and bus.connected
 
-        gate = self.gate = FoldGate(replica, self.ingest.fold, connected=up, connects=connects)
+        def connects() -> int:
+            return int(getattr(bus, "digest_connects", 0)) + int(getattr(bus, "connects", 0))
+
+        gate = self.gate = FoldGate(replica, self.ingest.fold, connected=connected,
+                                    connects=connects)
         self.ingest.gate = gate
         self.metrics.add_counters(
             "cfnet_fold_gate", "Replicas during a bus disturbance: reports held for the "
