@@ -30,6 +30,12 @@ memory, acknowledged and unfolded. How far ingest is behind the bus is measured 
 batch (``lag_ms``: how long the last fetched report waited in the stream; ``behind``:
 reports still waiting for the group) and said in the log once it passes ``LAG_WARN_S``.
 
+The same connection carries the replicas' digests (``cfnet/v1/core/+/digest``:
+:meth:`SharedIngest.add_plain` subscribes, :meth:`SharedIngest.publish` sends, at most
+once, as MQTT QoS 0 did): core NATS fails over in about a second, an MQTT session only
+after JetStream's leader elections, and while the digests stop the replicas fold only as
+owners (:mod:`cloud_core.ownership`).
+
 This runs in the core's MQTT child process, on a thread with its own asyncio loop
 (nats-py, the NATS project's own Python client, is asyncio-only).
 
@@ -84,6 +90,9 @@ class SharedIngest:
         self.deliver = deliver
         self.backlog = backlog  # messages handed over and not yet taken by the core
         self._shares: list[tuple[str, str]] = []
+        self._plain: list[str] = []  # ordinary filters served on this connection (digests)
+        self._nc: Any = None
+        self._linked = threading.Event()  # the NATS connection itself is up
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -99,6 +108,12 @@ class SharedIngest:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def linked(self) -> bool:
+        """The NATS connection is up (the plain subscriptions and :meth:`publish` work),
+        whether or not JetStream answers yet."""
+        return self._linked.is_set()
 
     def stats(self) -> dict[str, int]:
         """The fetchers' counters and gauges, for the core's metrics."""
@@ -116,6 +131,23 @@ class SharedIngest:
         if subject not in STREAM_SUBJECTS:
             raise NatsIngestError(f"{topic_filter!r} is not in the {STREAM} stream")
         self._shares.append((group, topic_filter))
+
+    def add_plain(self, topic_filter: str) -> None:
+        """Serve the ordinary (not shared) subscription ``topic_filter`` on this connection
+        (before :meth:`start`): core NATS, which fails over in about a second, where an
+        MQTT session waits for JetStream's leader elections after a bus node's death."""
+        self._plain.append(topic_filter)
+
+    def publish(self, topic: str, payload: bytes) -> bool:
+        """Publish at most once on this connection (any thread); False while it is down."""
+        loop, nc = self._loop, self._nc
+        if loop is None or nc is None or not self._linked.is_set():
+            return False
+        try:
+            asyncio.run_coroutine_threadsafe(nc.publish(topic_to_subject(topic), payload), loop)
+        except RuntimeError:  # the loop closed meanwhile
+            return False
+        return True
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="cfnet-nats-ingest",
@@ -137,6 +169,7 @@ class SharedIngest:
                 asyncio.run(self._main())
             except Exception as exc:
                 self.errors += 1
+                self._linked.clear()
                 log.warning("NATS shared ingest: %s; retrying in 1 s", exc)
                 self._stopping.wait(1.0)
 
@@ -162,9 +195,11 @@ class SharedIngest:
 
         async def disconnected() -> None:
             self._connected.clear()
+            self._linked.clear()
 
         async def reconnected() -> None:
             self._connected.set()
+            self._linked.set()
 
         async def error(exc: Exception) -> None:
             # nats-py's default prints a traceback per failed reconnect attempt (a
@@ -177,6 +212,14 @@ class SharedIngest:
             max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
             allow_reconnect=True, disconnected_cb=disconnected, reconnected_cb=reconnected,
             error_cb=error)
+        self._loop, self._nc = asyncio.get_running_loop(), nc
+
+        async def plain(msg: Any) -> None:
+            self.deliver(subject_to_topic(msg.subject), msg.data, False)
+
+        for filt in self._plain:  # first: they need no JetStream
+            await nc.subscribe(topic_to_subject(filt), cb=plain)
+        self._linked.set()
         js = nc.jetstream(timeout=10)
         while not self._stopping.is_set():
             try:
@@ -222,6 +265,7 @@ class SharedIngest:
             await asyncio.gather(*tasks)
         finally:
             self._connected.clear()
+            self._linked.clear()
             # Closed, not drained: a drain waited the client's 30 s for the pull
             # subscriptions' queues (and the core's stop gave up after 10 s); every ack that
             # matters was confirmed already (ack_sync).

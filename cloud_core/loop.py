@@ -26,6 +26,7 @@ from cloud_core.placement import (
     Carry,
     ClusterSnapshot,
     EngineConfig,
+    NodeFacts,
     PlacementResult,
     ReplanConfig,
     ReplanState,
@@ -213,6 +214,8 @@ class DecisionLoop:
         self._revalidate: dict[str, str] = {}
         self._misfits_said: set[str] = set()
         self._carry = Carry()  # the last step's prepared cluster (Observation.facts)
+        # the validator's reading of the nodes, kept from step to step (validate.NodeFacts)
+        self._node_facts = NodeFacts()
         # this thread's CPU (time.thread_time) at the start of the step under way, if any:
         # a small batch's CPU budget (placement/budget.py) counts from it
         self._step_cpu0: float | None = None
@@ -297,7 +300,8 @@ class DecisionLoop:
         if pinned:
             want = {u: obs.pinned[u][0] for u in pinned}
             bad = {v.workload_uid for v in validate(snap, list(pinned.values()), want,
-                                                    self.engine_config)}
+                                                    self.engine_config,
+                                                    facts=self._node_facts)}
             for u, node in want.items():
                 if u in bad:
                     continue  # the plan no longer holds: the engine decides afresh below
@@ -322,7 +326,7 @@ class DecisionLoop:
             log.exception("placing a batch of %d failed; placing one by one", len(rest))
             return self._place_singly(snap, rest, assignments, summaries)
         chosen = {u: n for u, n in result.assignments.items() if n}
-        violations = validate(snap, rest, chosen, self.engine_config)
+        violations = validate(snap, rest, chosen, self.engine_config, facts=self._node_facts)
         if self._on_placement is not None:
             self._on_placement(time.perf_counter() - t0, len(rest), dict(result.stats))
         bad_uids: dict[str, list[str]] = {}

@@ -25,7 +25,8 @@ again); the core's durable work (plans, placements) is journalled separately.
 On the NATS bus (``nats``: :class:`cloud_core.bus_nats.NatsIngestSettings`), the
 child serves ``$share/<group>/...`` subscriptions from a JetStream consumer shared by
 the replicas (:mod:`cloud_core.bus_nats_ingest`) instead of MQTT, which on NATS has no
-``$share``; those messages join the same batches.
+``$share``; those messages join the same batches. The replicas' digests go out and come in
+on that native connection too, and :attr:`MqttProcess.digests_up` says whether it is up.
 
 The child exits when the core asks, and on its own when the core goes away
 (its end of the pipe closes), so a killed core leaves no orphan holding the
@@ -52,6 +53,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from cloud_core.errors import CoreError
+from edge_agent.wire import DIGEST_WILDCARD, split_topic
 from edge_agent.wire.bus import BusCapabilities, Message
 from edge_agent.wire.logsetup import configure_child_logging
 from edge_agent.wire.mqtt import MqttSettings
@@ -84,6 +86,15 @@ RESTART_RESET_S = 30.0
 COUNTERS = ("fetched", "unconfirmed", "errors")  # of SharedIngest.stats; the rest are gauges
 LATE_PROPERTY = ("cfnet-late", "1")  # on a shared message that waited out a bus failover
 LATE = (LATE_PROPERTY,)
+
+
+def is_digest(topic: str) -> bool:
+    """A replica's digest topic (``cfnet/v1/core/<replica>/digest``)."""
+    try:
+        area, _replica, leaf = split_topic(topic)
+    except ValueError:
+        return False
+    return area == "core" and leaf == "digest"
 
 
 class MqttProcessError(CoreError):
@@ -129,8 +140,12 @@ class MqttProcess:
         self._started = 0.0
         self._restart_delay = RESTART_MIN_S
         self.restarts = 0  # children started again after an unasked exit
-        self.connects = 0  # connections made (cloud_core/ownership.py: the bus came back)
+        self.connects = 0  # connections made
         self._connected = threading.Event()
+        # The connection the replicas' digests travel on (cloud_core/ownership.py: the bus
+        # came back): on NATS the shared ingest's native one, else the MQTT connection.
+        self.digest_connects = 0
+        self._digests_up = threading.Event()
         self._refusal = ""
         self._tokens = itertools.count(1)
         self._handles: dict[int, RemoteHandle] = {}
@@ -204,6 +219,7 @@ class MqttProcess:
             self._reader.join(timeout=5)
         self._close_cmd()
         self._connected.clear()
+        self._digests_up.clear()
         self._fail_handles()
 
     def _close_cmd(self) -> None:
@@ -225,6 +241,7 @@ class MqttProcess:
         growing delay. The replica comes back as itself, its state kept: its next digest
         names what it folded before (cloud_core/replicas.py)."""
         self._connected.clear()
+        self._digests_up.clear()
         self._fail_handles()
         for k in COUNTERS:
             self._ingest_before[k] = self._ingest_before.get(k, 0) + self._ingest.get(k, 0)
@@ -277,6 +294,12 @@ class MqttProcess:
         """The child's edge sites' counters (``bus_nats_sites.SourceResumer``), as it last
         sent them."""
         return self.edge
+
+    @property
+    def digests_up(self) -> bool:
+        """The connection the replicas' digests travel on is up (on NATS the shared
+        ingest's native one, which fails over without JetStream; else the MQTT one)."""
+        return self._digests_up.is_set()
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)
@@ -335,7 +358,7 @@ class MqttProcess:
                     except Exception:
                         log.exception("MQTT handler failed")
             elif kind == "state":
-                connected, refusal = body
+                connected, refusal, linked = body
                 self._refusal = refusal
                 if connected:
                     if not self._connected.is_set():
@@ -343,6 +366,9 @@ class MqttProcess:
                     self._connected.set()
                 else:
                     self._connected.clear()
+                if linked and not self._digests_up.is_set():
+                    self.digest_connects += 1
+                (self._digests_up.set if linked else self._digests_up.clear)()
             elif kind == "acks":
                 for token, ok in body:
                     self._resolve(token, ok)
@@ -352,6 +378,7 @@ class MqttProcess:
                 self._ingest = body
         conn.close()
         self._connected.clear()
+        self._digests_up.clear()
         if self._proc is not proc:  # asked to stop
             return
         self._child_died(proc)
@@ -401,6 +428,8 @@ class _Child:
             share = parse_share(topic) if self.shared is not None else None
             if share is not None and self.shared is not None:
                 self.shared.add(*share)
+            elif topic == DIGEST_WILDCARD and self.shared is not None:
+                self.shared.add_plain(topic)  # the replicas' digests: on core NATS
             else:
                 self.client.subscribe(topic, qos=qos, no_local=no_local,
                                       retain_as_published=rap)
@@ -447,6 +476,9 @@ class _Child:
                     break  # the core went away
                 if c[0] == "pub":
                     _, token, topic, payload, qos, retain, rt, cd, exp = c
+                    if self.shared is not None and qos == 0 and is_digest(topic):
+                        self.shared.publish(topic, payload)
+                        continue
                     try:
                         h = self.client.publish(topic, payload, qos=qos, retain=retain,
                                                 response_topic=rt, correlation_data=cd,
@@ -486,13 +518,14 @@ class _Child:
         return len(batch)
 
     def _forward(self) -> None:
-        last_state: tuple[bool, str] = (False, "")
+        last_state: tuple[bool, str, bool] = (False, "", False)
         last_edge: dict[str, dict[str, int]] = {}
         last_ingest: dict[str, int] = {}
         next_edge = 0.0
         ppid = os.getppid()
         while not self.stopping.is_set():
-            state = (self.client.connected, self.client.last_refusal)
+            state = (self.client.connected, self.client.last_refusal,
+                     self.shared.linked if self.shared is not None else self.client.connected)
             if state != last_state:
                 last_state = state
                 self._emit("state", state)

@@ -12,9 +12,14 @@ reach two replicas before either names it, and both would fold it.
 While disturbed, :class:`FoldGate` gives each node one owner, the same on every replica: the
 replicas it knows (itself and every peer whose digest it heard) sorted, indexed by the CRC-32
 of the node id. A report of a node this replica owns is **held**, neither folded nor
-acknowledged, until every peer it waits for has sent a complete digest after the
-disturbance began (so every seq that peer folded before it is known here, marked seen);
-then it is folded, or taken as the duplicate it turned out to be. A replica's first
+acknowledged, until every peer it waits for has sent a complete digest exported after it
+heard this replica say it holds (so every seq that peer folded before it is known here,
+marked seen, and from then on the peer leaves this replica's nodes to it); then it is
+folded, or taken as the duplicate it turned out to be. Digests are numbered, and each
+names the last number it heard from every peer (``n``, ``heard``): a wait that begins
+before our next digest ends with a peer's digest that heard that one or a later one, never
+with one already under way when the wait began (it could have been exported just before
+the peer folded a copy of a held report). A replica's first
 connection is not a disturbance: a fresh replica has folded nothing. A report of a node
 another replica owns is **dropped** unacknowledged: its agent resends it after its
 ``resend_s`` (10 s), when the disturbance is usually over, and whichever replica then takes
@@ -41,7 +46,9 @@ then on. A replica whose own connection comes back and that knows no peer listen
 for the peers' digests, holding what it owns meanwhile.
 
 Bounded: at most ``max_held`` reports held; past it a report is dropped unacknowledged
-(resent by its agent). Every hold, release and drop is counted (:meth:`FoldGate.counts`).
+(resent by its agent). At most ``max_peers`` replicas tracked; a digest from one more sender
+is refused (it neither joins the ownership nor ends a wait). Every hold, release, drop and
+refusal is counted (:meth:`FoldGate.counts`).
 """
 
 from __future__ import annotations
@@ -60,6 +67,9 @@ FORGET_S = 8.0  # a peer waited for this long is taken as gone
 LISTEN_S = 2.5  # after this replica's own (re)connection, before it folds alone
 LOOK_S = 0.1  # how often the ingest path looks at the peers' digests' ages
 MAX_HELD = 100_000
+# Replicas this one keeps track of, at most: a digest from one more sender (a misconfigured
+# or hostile core account) is refused and counted, not tracked.
+MAX_PEERS = 32
 
 FOLD, HOLD, DROP = "fold", "hold", "drop"
 
@@ -76,17 +86,26 @@ class FoldGate:
     def __init__(self, me: str, fold: Callable[[TelemetryReport], object], *,
                  connected: Callable[[], bool], connects: Callable[[], int] = lambda: 0,
                  clock: Callable[[], float] = time.monotonic, forget_s: float = FORGET_S,
-                 listen_s: float = LISTEN_S, max_held: int = MAX_HELD) -> None:
+                 listen_s: float = LISTEN_S, max_held: int = MAX_HELD,
+                 max_peers: int = MAX_PEERS) -> None:
         self.me = me
         self._fold = fold
         self._connected = connected
         self._connects = connects
         self._clock = clock
         self.forget_s, self.listen_s, self.max_held = forget_s, listen_s, max_held
+        self.max_peers = max_peers
         self._lock = threading.Lock()
-        # peer -> (heard at, its digest interval, still holding by its last digest)
-        self._peers: dict[str, tuple[float, float, bool]] = {}
-        self._waiting: dict[str, float] = {}  # peer -> waited for since
+        # peer -> (heard at, its digest interval, still holding by its last digest, the
+        # number of its last digest)
+        self._peers: dict[str, tuple[float, float, bool, int]] = {}
+        # peer -> (waited for since, the digest of ours it must have heard: one sent after
+        # the wait began, which said this replica holds)
+        self._waiting: dict[str, tuple[float, int]] = {}
+        # This replica's digests are numbered (unique across its restarts), and each names the
+        # last number it heard from every peer: a peer's digest that names one of ours sent
+        # after a wait began was itself exported after the peer knew we hold.
+        self._n = int(time.time() * 1000)
         self._listen_until = 0.0
         self._seen_connects = 0
         self._was_up = False
@@ -101,6 +120,7 @@ class FoldGate:
         self.dropped_full = 0  # dropped: max_held reached
         self.forgotten = 0  # peers taken as gone
         self.late = 0  # disturbances begun by a late report
+        self.peers_refused = 0  # digests from a sender past max_peers, not tracked
 
     # ------------------------------------------------------------------ decisions
 
@@ -129,7 +149,7 @@ class FoldGate:
                     or self._connects() != self._seen_connects:
                 self._update(now)
             if late and self._armed and self._peers and not self._disturbed():
-                self._waiting = dict.fromkeys(self._peers, now)
+                self._wait_all(now)
                 self.late += 1
             if not self._disturbed():
                 if len(self._members) == 1:
@@ -154,22 +174,39 @@ class FoldGate:
             return HOLD
 
     def peer_heard(self, peer: str, interval_s: float, *, complete: bool = True,
-                   holding: bool = False) -> None:
+                   holding: bool = False, n: int = 0, heard_me: int | None = None) -> None:
         """A digest from ``peer`` arrived (``complete``: its last chunk for this interval;
-        ``holding``: the peer is still holding reports itself)."""
+        ``holding``: the peer is still holding reports itself; ``n``: its number;
+        ``heard_me``: the number of our last digest the peer had heard, None from a peer
+        that does not say)."""
         with self._lock:
             now = self._clock()
             # Own connection first: a digest on a connection just back answers the wait
             # that connection began, not one begun after it.
             self._update(now)
             known = peer in self._peers
-            self._peers[peer] = (now, interval_s, holding)
+            if not known and len(self._peers) >= self.max_peers:
+                self.peers_refused += 1
+                return
+            self._peers[peer] = (now, interval_s, holding, n)
             if not known:
                 self._set_peers()
             if complete:
-                self._waiting.pop(peer, None)
+                wait = self._waiting.get(peer)
+                if wait is None or heard_me is None or heard_me >= wait[1]:
+                    self._waiting.pop(peer, None)
                 self._listen_until = 0.0
             self._update(now)
+
+    def next_digest(self) -> tuple[int, bool, dict[str, int]]:
+        """For the digest about to go out: its number, whether it says this replica holds,
+        and the last number heard from each peer; taken together, so that a digest numbered
+        after a wait began says "holding"."""
+        with self._lock:
+            self._update(self._clock())
+            self._n += 1
+            return (self._n, self._disturbed() or bool(self._held),
+                    {p: v[3] for p, v in self._peers.items()})
 
     def tick(self) -> None:
         """Looked at once per digest interval: overdue peers, forgotten ones, releases."""
@@ -195,6 +232,7 @@ class FoldGate:
             return {"held": self.held, "released": self.released,
                     "dropped_owner": self.dropped_owner, "dropped_full": self.dropped_full,
                     "peers_forgotten": self.forgotten, "late": self.late,
+                    "peers_refused": self.peers_refused,
                     "holding": len(self._held)}
 
     # ------------------------------------------------------------------ internals
@@ -203,6 +241,10 @@ class FoldGate:
         if not self._armed:
             return False
         return bool(self._waiting) or self._clock() < self._listen_until or not self._was_up
+
+    def _wait_all(self, now: float) -> None:
+        """Every peer's next complete digest awaited, one that has heard our next."""
+        self._waiting = {p: (now, self._n + 1) for p in self._peers}
 
     def _update(self, now: float) -> None:
         """Own connection, overdue and forgotten peers; folds the held reports once calm."""
@@ -218,13 +260,13 @@ class FoldGate:
             # Down, or back since the last look: every peer's next digest is awaited,
             # counted from the (re)connection, and a replica with no peers known listens.
             self._seen_connects = connects
-            self._waiting = dict.fromkeys(self._peers, now)
+            self._wait_all(now)
             self._listen_until = now + self.listen_s
         self._was_up = up
-        for p, (heard, interval, _h) in self._peers.items():
+        for p, (heard, interval, _h, _n) in self._peers.items():
             if p not in self._waiting and now - heard > OVERDUE_INTERVALS * interval:
-                self._waiting[p] = now
-        for p, since in list(self._waiting.items()):
+                self._waiting[p] = (now, self._n + 1)
+        for p, (since, _need) in list(self._waiting.items()):
             if now - since > self.forget_s:
                 del self._waiting[p]
                 self._peers.pop(p, None)

@@ -211,17 +211,24 @@ class CoreService:
         """Ingest shared with other replicas: the digests, and the fold gate that gives each
         node one owner while the replicas cannot hear each other (cloud_core/ownership.py)."""
         replica, bus = cfg.mqtt.username or "core", self.mqtt
-        gate = self.gate = FoldGate(replica, self.ingest.fold, connected=lambda: bus.connected,
-                                    connects=lambda: int(getattr(bus, "connects", 0)))
+
+        # The digests' own connection: on NATS the child's native one (cloud_core/mqtt_process.py).
+        def up() -> bool:
+            return bool(getattr(bus, "digests_up", bus.connected))
+
+        def connects() -> int:
+            return int(getattr(bus, "digest_connects", getattr(bus, "connects", 0)))
+
+        gate = self.gate = FoldGate(replica, self.ingest.fold, connected=up, connects=connects)
         self.ingest.gate = gate
         self.metrics.add_counters(
             "cfnet_fold_gate", "Replicas during a bus disturbance: reports held for the "
             "peers' digests, released to the fold, dropped for their node's owner or at the "
-            "bound, peers taken as gone", "what",
+            "bound, peers taken as gone, digests refused from replicas past the bound", "what",
             lambda: {k: v for k, v in gate.counts().items() if k != "holding"})
         self.mqtt.subscribe(DIGEST_WILDCARD, qos=0)
         return DigestExchange(replica, self.state, self.mqtt, cfg.digest_interval_s, clock,
-                              gate=gate)
+                              gate=gate, connected=up)
 
     def connect(self) -> None:
         """Connect to the broker (again). With one MQTT account shared by replicas

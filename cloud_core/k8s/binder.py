@@ -6,7 +6,10 @@ the background (a pool of ``bind_workers``), with a UID precondition and a ``Sch
 event; a pod the engine could not place gets a ``FailedScheduling`` event and goes back to
 the queue with what rejected it (with a ``ConflictReporter``, cloud_core/conflicts.py, the
 event waits for cfnet's minimal conflict and nearest changes, computed on the reporter's own
-thread). A
+thread). A step's only binding is made on the loop's own thread, at the end of
+``commit_placements``: a pod that arrives alone is not handed to another thread, which on a
+busy machine first waits to be scheduled and then for the interpreter; if the API server
+asks it to wait (429), the binding goes to the lane, which waits as it asks. A
 failed binding forgets its pod (placed again after its backoff); a 409 re-reads the pod
 (never bound twice); an unreachable API server is reported at the next step
 (``take_error``: back-off).
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 
 
 LANE_WORKERS = 4  # bindings of a step of at most this many pods: their own lane
+TOO_MANY_REQUESTS = 429
 
 
 class Binder:
@@ -137,9 +141,9 @@ class Binder:
         with self._lock:
             self._binding += len(todo)
         pool = self._lane if len(todo) <= LANE_WORKERS else self._pool
-        for pod, node, w in todo:
+        for pod, node, w in todo if len(todo) > 1 else ():
             pool.submit(self._bind, pod, node, w, outcome.summaries.get(w.uid, ""),
-                              w.uid in obs.pinned)
+                        w.uid in obs.pinned)
         self._pages_go.set()  # the first batch's bindings are out: the list may go on
         gangs = Counter(w.gang for w in obs.pending if w.gang is not None)
         for u, msg in outcome.failures.items():
@@ -153,6 +157,10 @@ class Binder:
         for u in outcome.assignments:
             if u in obs.pinned:
                 self._consume_reservation(pods.get(u), obs.pinned[u][1])
+        if len(todo) == 1:  # alone: bound here and now (see the module docstring)
+            pod, node, w = todo[0]
+            self._bind(pod, node, w, outcome.summaries.get(w.uid, ""), w.uid in obs.pinned,
+                       here=True)
         return len(todo)
 
     def apply(self) -> int:
@@ -200,22 +208,33 @@ class Binder:
         self._bind(pod, node, w, why, pinned)
 
     def _bind(self, pod: JSON, node: str, w: Workload, why: str = "",
-              pinned: bool = False) -> None:
+              pinned: bool = False, here: bool = False) -> None:
+        """``here``: on the loop's thread, a 429 handed to the lane instead of waited out."""
+        handed = False
         try:
-            self._bind_one(pod, node, w, why, pinned)
+            if not self._bind_one(pod, node, w, why, pinned, wait=not here):
+                # throttled: still in flight, on the lane (which waits as the server asks)
+                self._lane.submit(self._bind, pod, node, w, why, pinned)
+                handed = True
         finally:
-            with self._lock:
-                self._binding -= 1
+            if not handed:
+                with self._lock:
+                    self._binding -= 1
 
-    def _bind_one(self, pod: JSON, node: str, w: Workload, why: str, pinned: bool) -> None:
+    def _bind_one(self, pod: JSON, node: str, w: Workload, why: str, pinned: bool,
+                  wait: bool = True) -> bool:
+        """Bind ``pod``; False (nothing done) when the API server asked to wait and ``wait``
+        is off."""
         md = pod.get("metadata") or {}
         ns, name, uid = str(md.get("namespace")), str(md.get("name")), str(md.get("uid"))
         key = f"{ns}/{name}"
         try:
             if not self._is_leader():
                 raise KubeNotFound("lost the lease before binding")
-            self._client.bind_pod(ns, name, uid, node)
+            self._client.bind_pod(ns, name, uid, node, retry_after=wait)
         except BaseException as e:
+            if not wait and isinstance(e, KubeUnavailable) and e.status == TOO_MANY_REQUESTS:
+                return False
             self._cache.forget(key)  # placed again by a later batch
             if not isinstance(e, KubeConflict):
                 self._pending.retry(key, time.monotonic())  # after its backoff
@@ -228,7 +247,7 @@ class Binder:
                 self._wake()
             elif not isinstance(e, KubeNotFound):  # NotFound: deleted meanwhile
                 log.warning("binding %s failed: %s", key, e)
-            return
+            return True
         self._cache.finish_binding(key, time.monotonic())
         if self._conflicts is not None:
             self._conflicts.forget(uid)
@@ -243,6 +262,7 @@ class Binder:
                                   action="Binding",
                                   message=f"Successfully assigned {key} to {node}"
                                   + (f" ({why})" if why else ""))
+        return True
 
     def _after_conflict(self, pod: JSON, w: Workload) -> None:
         md = pod.get("metadata") or {}

@@ -206,13 +206,16 @@ class KubeClient:
             return self.replace(path, body)
 
     # -- verbs the actuator uses ---------------------------------------------------------------
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST pods/binding with a UID precondition (409 if bound already or replaced)."""
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, *,
+                 retry_after: bool = True) -> None:
+        """POST pods/binding with a UID precondition (409 if bound already or replaced).
+        ``retry_after=False``: a 429 is raised at once (``KubeUnavailable``), not waited out
+        (``LeanHTTP.call``)."""
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
         body = (b'{"apiVersion":"v1","kind":"Binding","metadata":{"name":%s,"namespace":%s,'
                 b'"uid":%s},"target":{"apiVersion":"v1","kind":"Node","name":%s}}' % tuple(
                     encode_json(x) for x in (name, namespace, uid, node)))
-        status, data = self.lean.call("POST", path, body)
+        status, data = self.lean.call("POST", path, body, retry_after=retry_after)
         if not 200 <= status <= 299:
             raise api_error(status, data, f"POST {path}")
 

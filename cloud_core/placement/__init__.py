@@ -33,7 +33,7 @@ from .model import (
 )
 from .replan import Move, ReplanConfig, ReplanState, plan_moves
 from .spec import parse_pod, parse_workload_yaml
-from .validate import Violation, nodes_that_fit, validate
+from .validate import NodeFacts, Violation, nodes_that_fit, validate
 
 
 def prepare(snapshot: ClusterSnapshot, config: EngineConfig | None = None) -> PreparedCluster:
@@ -82,7 +82,8 @@ def without_pod(snapshot: ClusterSnapshot, uid: str) -> ClusterSnapshot:
 
 __all__ = [
     "Carry", "ClusterSnapshot", "Decision", "EngineConfig", "Explanation", "Health",
-    "LabelSelector", "LinkInfo", "Move", "NodeInfo", "NodeSelectorRequirement", "NodeSelectorTerm",
+    "LabelSelector", "LinkInfo", "Move", "NodeFacts", "NodeInfo", "NodeSelectorRequirement",
+    "NodeSelectorTerm",
     "PlacementError", "PlacementResult", "PodAffinityTerm", "PreparedCluster",
     "ReplanConfig", "ReplanState", "Resources", "RunningPod", "ScoreWeights", "SpecError",
     "Taint", "Toleration", "Violation", "Workload", "explain", "nodes_that_fit", "parse_pod",

@@ -3,11 +3,19 @@
 Written apart from ``filters.py``/``engine.py`` on purpose (plain loops, no numpy, no shared
 matching helpers) so that a bug in the fast path cannot hide itself. The core runs it before
 acting on a result; the tests run it on every placement they make.
+
+A caller that validates step after step on snapshots of the same nodes (the decision loop)
+passes a :class:`NodeFacts` of its own: the nodes by name and their topology domains are then
+kept from one call to the next and read again only for the nodes whose ``NodeInfo`` is
+another object, instead of for every node at every call (at 5,000 nodes, most of a lone
+pod's validation). What is kept is read from those same objects: the answer is the one a
+fresh reading gives.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,12 +31,12 @@ from .model import (
     NodeInfo,
     NodeSelectorRequirement,
     PodAffinityTerm,
+    SpreadConstraint,
     Workload,
 )
 from .sla import breach
 
 _NAME = attrgetter("name")
-_NODE = attrgetter("node")
 _ANTI = attrgetter("anti_affinity")
 
 
@@ -81,6 +89,76 @@ def _label(node: NodeInfo, key: str) -> str | None:
     return fixed.get(key)
 
 
+class NodeFacts:
+    """The nodes as the validator reads them, kept from one call to the next (one caller's,
+    one thread's; see the module docstring): a map by name and, per topology key a spread
+    constraint asked for, each node's domain and the nodes per domain.
+
+    ``take`` compares the nodes with the last call's by identity (in C); only the nodes whose
+    object changed are read again. Anything else (another count, a renamed node, two nodes
+    of one name) is read afresh, as without it."""
+
+    def __init__(self) -> None:
+        self._nodes: tuple[NodeInfo, ...] = ()
+        self._whole = False  # the last nodes have distinct names: kept entries hold
+        self.by_name: dict[str, NodeInfo] = {}
+        self._domains: dict[str, dict[str, str]] = {}  # key -> node name -> its domain
+        self._sizes: dict[str, dict[str, int]] = {}  # key -> domain -> nodes in it
+        self.reread = 0  # nodes read again by the last take (tests read it)
+
+    def take(self, nodes: Sequence[NodeInfo]) -> None:
+        """Make these the nodes read (``snapshot.nodes``)."""
+        now = tuple(nodes)
+        old = self._nodes
+        if now is old:
+            self.reread = 0
+            return
+        if not self._whole or len(now) != len(old):
+            self._afresh(now)
+            return
+        changed = list(compress(range(len(now)), map(operator.is_not, now, old)))
+        if any(now[i].name != old[i].name for i in changed):
+            self._afresh(now)
+            return
+        for i in changed:
+            nd = now[i]
+            self.by_name[nd.name] = nd
+            for key, doms in self._domains.items():
+                self._set_domain(key, doms, nd.name, _label(nd, key))
+        self._nodes = now
+        self.reread = len(changed)
+
+    def _afresh(self, nodes: tuple[NodeInfo, ...]) -> None:
+        self._nodes = nodes
+        self.by_name = dict(zip(map(_NAME, nodes), nodes, strict=True))  # in C
+        self._whole = len(self.by_name) == len(nodes)
+        self._domains.clear()
+        self._sizes.clear()
+        self.reread = len(nodes)
+
+    def _set_domain(self, key: str, doms: dict[str, str], name: str, d: str | None) -> None:
+        sizes = self._sizes[key]
+        was = doms.pop(name, None)
+        if was is not None:
+            sizes[was] -= 1
+            if not sizes[was]:
+                del sizes[was]
+        if d is not None:
+            doms[name] = d
+            sizes[d] = sizes.get(d, 0) + 1
+
+    def domains(self, key: str) -> tuple[dict[str, str], dict[str, int]]:
+        """Node name -> its domain under ``key`` (nodes lacking the key left out), and
+        domain -> how many nodes it has; read-only."""
+        doms = self._domains.get(key)
+        if doms is None:
+            doms = self._domains[key] = {}
+            self._sizes[key] = {}
+            for nd in self._nodes:
+                self._set_domain(key, doms, nd.name, _label(nd, key))
+        return doms, self._sizes[key]
+
+
 _GO_INT = re.compile(r"[+-]?[0-9]+")
 
 
@@ -121,10 +199,15 @@ def _term_hits(t: PodAffinityTerm, owner_ns: str, pod: _PodLike) -> bool:
 
 
 class _Ctx:
-    def __init__(self, snap: ClusterSnapshot, cfg: EngineConfig) -> None:
+    def __init__(self, snap: ClusterSnapshot, cfg: EngineConfig,
+                 facts: NodeFacts | None = None) -> None:
         self.snap = snap
         self.cfg = cfg
-        self.nodes = dict(zip(map(_NAME, snap.nodes), snap.nodes, strict=True))  # in C
+        if facts is None:
+            facts = NodeFacts()
+        facts.take(snap.nodes)
+        self.facts = facts
+        self.nodes = facts.by_name
         self._zones: dict[str, list[str]] | None = None  # built when a latency bound asks
         self._regions: dict[str, list[str]] = {}
 
@@ -277,10 +360,11 @@ def _pod_terms(w: Workload, node: NodeInfo, pods: _Pods) -> list[tuple[str, str]
 
 
 def validate(snapshot: ClusterSnapshot, workloads: Sequence[Workload],
-             assignments: Mapping[str, str], config: EngineConfig | None = None
-             ) -> list[Violation]:
-    """Every hard-constraint violation of ``assignments`` (uid -> node); empty when sound."""
-    ctx = _Ctx(snapshot, config or EngineConfig())
+             assignments: Mapping[str, str], config: EngineConfig | None = None, *,
+             facts: NodeFacts | None = None) -> list[Violation]:
+    """Every hard-constraint violation of ``assignments`` (uid -> node); empty when sound.
+    ``facts``: the caller's :class:`NodeFacts`, kept for its next call."""
+    ctx = _Ctx(snapshot, config or EngineConfig(), facts)
     out: list[Violation] = []
     by_uid = {w.uid: w for w in workloads}
     for uid, name in assignments.items():
@@ -337,7 +421,7 @@ def _node_limits(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     # only the nodes this batch puts pods on are checked: a lone pod's step need not sum
     # the running pods of 5,000 nodes
     targets = {assignments[w.uid] for w in placed}
-    for p in compress(snap.pods, map(targets.__contains__, map(_NODE, snap.pods))):
+    for p in [p for p in snap.pods if p.node in targets]:  # (faster than compress+map)
         count[p.node] = count.get(p.node, 0) + 1
         for k, v in p.extended.items():
             ext[p.node, k] = ext.get((p.node, k), 0) + int(v)
@@ -381,16 +465,19 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     # namespace -> labels -> nodes of the pods with them: a selector is matched once per
     # label set (a controller's replicas share theirs), and only matching pods are counted
     every: dict[str, dict[Mapping[str, str], list[str]]] = {}
-    for p in snap.pods:
+    # the pods of those namespaces picked first (a lone pod's namespace holds a few of the
+    # cluster's pods)
+    for p in [p for p in snap.pods if p.namespace in spread_ns]:
         # PodTopologySpread does not count terminating pods
-        if p.namespace in spread_ns and not p.terminating:
+        if not p.terminating:
             every.setdefault(p.namespace, {}).setdefault(p.labels, []).append(p.node)
     for w in placed:
         every.setdefault(w.namespace, {}).setdefault(w.labels, []).append(assignments[w.uid])
     # per (what decides eligibility, namespace, constraint): domain -> matching pods
     memo: dict[tuple[object, ...], dict[str, int]] = {}
-    # per (what decides eligibility): eligible node -> its domain (shared by the selectors)
-    domains_memo: dict[tuple[object, ...], dict[str, str]] = {}
+    # per (what decides eligibility): eligible node -> its domain, and the eligible domains
+    # (shared by the selectors)
+    domains_memo: dict[tuple[object, ...], tuple[Mapping[str, str], Sequence[str]]] = {}
     for w in placed:
         for c in w.spread:
             if not c.hard:
@@ -402,29 +489,14 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
                         c.honor_affinity, c.honor_taints)
                 domain_of = domains_memo.get(ekey)
                 if domain_of is None:
-                    domain_of = {}
-                    # no node selector/affinity to honour, no taints: every node with the key
-                    check = (c.honor_affinity and bool(w.node_selector or w.node_affinity)
-                             ) or c.honor_taints
-                    for n in ctx.snap.nodes:
-                        d = _label(n, c.topology_key)
-                        if d is None:
-                            continue
-                        if check:  # (no set per node without: 5,000 nodes per spread pod)
-                            broken = {k for k, _ in _static(ctx, w, n)}
-                            if c.honor_affinity and broken & {"node_selector",
-                                                              "node_affinity"}:
-                                continue
-                            if c.honor_taints and "taints" in broken:
-                                continue
-                        domain_of[n.name] = d
+                    domain_of = _eligible(ctx, w, c)
                     domains_memo[ekey] = domain_of
-                counts = dict.fromkeys(domain_of.values(), 0)
+                counts = dict.fromkeys(domain_of[1], 0)
                 for labels, nodes in every.get(w.namespace, {}).items():
                     if not _sel_ok(c.selector, labels):
                         continue
                     for node in nodes:
-                        d = domain_of.get(node)
+                        d = domain_of[0].get(node)
                         if d is not None:
                             counts[d] += 1
                 memo[key] = counts
@@ -441,6 +513,31 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
                                      f"{c.topology_key}={here}: {counts.get(here, 0)} - "
                                      f"{low} > maxSkew {c.max_skew}"))
     return out
+
+
+def _eligible(ctx: _Ctx, w: Workload, c: SpreadConstraint
+              ) -> tuple[Mapping[str, str], Sequence[str]]:
+    """For ``w``'s spread constraint ``c``: eligible node -> its domain, and the domains of
+    the eligible nodes (see ``_spread``)."""
+    check = (c.honor_affinity and bool(w.node_selector or w.node_affinity)) or c.honor_taints
+    if not check:
+        # no node selector/affinity to honour, no taints: every node with the key, as the
+        # caller's NodeFacts keeps them (read again only where a node changed)
+        doms, sizes = ctx.facts.domains(c.topology_key)
+        return doms, list(sizes)
+    domain_of: dict[str, str] = {}
+    for n in ctx.snap.nodes:
+        d = _label(n, c.topology_key)
+        if d is None:
+            continue
+        # (no set per node without a check: 5,000 nodes per spread pod)
+        broken = {k for k, _ in _static(ctx, w, n)}
+        if c.honor_affinity and broken & {"node_selector", "node_affinity"}:
+            continue
+        if c.honor_taints and "taints" in broken:
+            continue
+        domain_of[n.name] = d
+    return domain_of, list(dict.fromkeys(domain_of.values()))
 
 
 def nodes_that_fit(snapshot: ClusterSnapshot, workloads: Sequence[Workload],

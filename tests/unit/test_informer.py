@@ -157,7 +157,7 @@ class HeldBindings:
     def __init__(self) -> None:
         self.gate = threading.Semaphore(0)
 
-    def bind_pod(self, ns: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(self, ns: str, name: str, uid: str, node: str, **kw: object) -> None:
         assert self.gate.acquire(timeout=10)
 
     def record_event(self, *a: Any, **kw: Any) -> None:

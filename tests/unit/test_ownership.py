@@ -10,9 +10,10 @@ from typing import Any
 
 from cloud_core.ingest import Ingest
 from cloud_core.ownership import DROP, FOLD, HOLD, FoldGate
-from cloud_core.replicas import encode_digests
+from cloud_core.replicas import DigestExchange, encode_digests
 from cloud_core.state import ClusterState
-from edge_agent.wire import TelemetryReport
+from edge_agent.wire import TelemetryReport, digest_topic
+from edge_agent.wire.bus import Message
 from tests.unit.reports import report_bytes
 
 
@@ -76,7 +77,17 @@ def test_after_a_reconnect_the_owner_holds_until_the_peer_speaks() -> None:
     g.peer_heard("core-b", 1.0)
     assert [(r.node, r.seq) for r in folded] == [(mine, 2)]
     assert g.counts() == {"held": 1, "released": 1, "dropped_owner": 1, "dropped_full": 0,
-                          "peers_forgotten": 0, "late": 0, "holding": 0}
+                          "peers_forgotten": 0, "late": 0, "peers_refused": 0, "holding": 0}
+
+
+def test_peers_past_the_bound_are_refused_and_counted() -> None:
+    g, _bus, _clock = gate([], max_peers=2)
+    for p in ("core-b", "core-c", "core-x"):
+        g.peer_heard(p, 1.0)
+    assert g.counts()["peers_refused"] == 1
+    assert {g.owner(f"n{k}") for k in range(200)} == {"core-a", "core-b", "core-c"}
+    g.peer_heard("core-b", 1.0)  # a tracked peer is still heard
+    assert g.counts()["peers_refused"] == 1
 
 
 def test_an_overdue_peer_disturbs_and_a_gone_one_is_forgotten() -> None:
@@ -166,3 +177,67 @@ def test_digests_say_the_interval_and_mark_the_last_chunk() -> None:
     chunks = [json.loads(c) for c in encode_digests(items, limit=1000)]
     assert len(chunks) > 2 and [c.get("last", False) for c in chunks][-2:] == [False, True]
     assert sum(len(c["items"]) for c in chunks) == 30
+
+
+def test_a_wait_ends_only_with_a_digest_that_heard_ours_saying_we_hold() -> None:
+    folded: list[TelemetryReport] = []
+    g, bus, clock = gate(folded)
+    n0, holding, heard = g.next_digest()
+    assert not holding and heard == {}
+    g.peer_heard("core-b", 1.0, n=7, heard_me=n0)
+    mine = node_owned_by(0)
+    bus.connects = 2  # back: core-b's next digest awaited
+    assert g.check(rep(mine, 2)) == HOLD
+    # In flight when the wait began: exported before core-b heard we hold.
+    g.peer_heard("core-b", 1.0, n=8, heard_me=n0)
+    assert g.disturbed and not folded
+    n1, holding, heard = g.next_digest()
+    assert n1 == n0 + 1 and holding and heard == {"core-b": 8}
+    g.peer_heard("core-b", 1.0, n=9, heard_me=n1)
+    assert not g.disturbed and [r.seq for r in folded] == [2]
+    clock.t += 0.5
+    assert g.next_digest()[1] is False  # folded before the digest says it stopped
+
+
+def test_digests_carry_their_number_and_what_they_heard() -> None:
+    state = ClusterState()
+    sent: list[bytes] = []
+
+    class Pub:
+        connected = True
+
+        def publish(self, _topic: str, payload: bytes, qos: int = 0) -> None:
+            sent.append(payload)
+
+    g, _bus, _clock = gate([])
+    g.peer_heard("core-b", 1.0, n=41)
+    ex = DigestExchange("core-a", state, Pub(), gate=g)  # type: ignore[arg-type]
+    ex.publish_once()
+    body = json.loads(sent[-1])
+    assert body["heard"] == {"core-b": 41} and isinstance(body["n"], int)
+    peer = DigestExchange("core-b", ClusterState(), Pub())  # type: ignore[arg-type]
+    bad = json.dumps({"v": 1, "items": [], "n": 1,
+                      "heard": {f"c{i}": 1 for i in range(100)}}).encode()
+    peer.handle(Message(digest_topic("core-a"), bad))
+    assert peer.bad_items == 1  # refused: more replicas than any digest names
+
+
+def test_a_digest_missing_a_chunk_ends_no_wait() -> None:
+    folded: list[TelemetryReport] = []
+    g, bus, _clock = gate(folded)
+    ex = DigestExchange("core-a", ClusterState(), object(), gate=g)  # type: ignore[arg-type]
+    g.peer_heard("core-b", 1.0)
+    bus.connects = 2  # back: core-b's next whole digest awaited
+    mine = node_owned_by(0)
+    assert g.check(rep(mine, 3)) == HOLD
+    n_a = g.next_digest()[0]  # ours, saying we hold, heard by core-b
+    items = [{"node": f"n{i}", "pad": "x" * 100} for i in range(30)]
+    first = encode_digests(items, limit=1000, n=5, heard={"core-a": n_a})
+    assert len(first) > 2 and json.loads(first[-1])["chunks"] == len(first)
+    for c in first[1:]:  # its first chunk went out before our subscription came back
+        ex.handle(Message(digest_topic("core-b"), c))
+    assert g.disturbed and not folded
+    for c in encode_digests(items, limit=1000, n=6, heard={"core-a": n_a}):
+        ex.handle(Message(digest_topic("core-b"), c))
+    assert not g.disturbed and [r.seq for r in folded] == [3]
+    assert ex.bad_items == 0

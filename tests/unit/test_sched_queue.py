@@ -132,7 +132,7 @@ class FakeKubeClient:
 
     emit_event = record_event
 
-    def bind_pod(self, ns: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(self, ns: str, name: str, uid: str, node: str, **kw: object) -> None:
         self.bound.append((ns, name, node))
 
 

@@ -24,7 +24,7 @@ class _Client:
 
     emit_event = record_event
 
-    def bind_pod(self, *a: Any) -> None:
+    def bind_pod(self, *a: Any, **kw: Any) -> None:
         pass
 
 
