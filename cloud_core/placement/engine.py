@@ -176,7 +176,9 @@ class PreparedCluster(ClusterView):
         classes that waiting classes follow by required pod affinity, the domains picked by
         weighted coverage of those followers."""
         out: list[tuple[int, np.ndarray]] = []
-        for a in sorted(ready):
+        # the classes some term may select: a batch without pod affinity skips it all
+        anchored = {b for terms in deps.values() for _, ms in terms for b in ms}
+        for a in sorted(ready & anchored):
             w = reps[a]
             fl = followers(deps, a, waiting)
             left = len(members[a]) - len(placed_nodes[a])

@@ -246,7 +246,7 @@ def _over(pc: ClusterView, placed_nodes: list[list[int]]) -> bool:
                if limit[i] < BIG}
     if not targets:
         return False
-    counts = Counter(filter(targets.__contains__, map(_NODE, pc.pods.all())))
+    counts = Counter([p.node for p in pc.pods.all() if p.node in targets])
     return any(counts[name] > limit[i] for name, i in targets.items())
 
 

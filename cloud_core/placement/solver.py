@@ -114,11 +114,18 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
             break
     assert pa is not None
     budget.hold_back()
-    if cfg.use_cpsat and placeable(classes, free, pa.got):
-        stats["lns_solved"] = float(lns(pa, free, domains, penalty, cfg, budget))
+    out = placeable(classes, free, pa.got)
+    tried = 0
+    if cfg.use_cpsat and out:
+        tried = lns(pa, free, domains, penalty, cfg, budget)
+        stats["lns_solved"] = float(tried)
     if cfg.use_cpsat and cfg.cost_lns_iterations and (
             sum(c.count for c in classes) <= cfg.pack_flow_max_pods):
-        budget.count_first(placeable(classes, free, pa.got) > 0)
+        # pods still out that the count neighbourhoods tried and placed none of: no more
+        # fit (the reference's count, measured on the SLA family), and the cost
+        # neighbourhoods get the search's whole share, not the exact step
+        left = placeable(classes, free, pa.got)
+        budget.count_first(left > 0 and not (tried and left == out))
         stats["cost_lns_solved"] = float(cost_lns(pa, domains, penalty, cfg, budget))
     got = finish(classes, free, domains, [list(g) for g in pa.got])
     stats["pack_work"] = float(pa.work)

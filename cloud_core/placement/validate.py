@@ -37,9 +37,7 @@ from .model import (
 from .sla import breach
 
 _NAME = attrgetter("name")
-_NODE = attrgetter("node")
 _ANTI = attrgetter("anti_affinity")
-_NAMESPACE = attrgetter("namespace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +421,7 @@ def _node_limits(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     # only the nodes this batch puts pods on are checked: a lone pod's step need not sum
     # the running pods of 5,000 nodes
     targets = {assignments[w.uid] for w in placed}
-    for p in compress(snap.pods, map(targets.__contains__, map(_NODE, snap.pods))):
+    for p in [p for p in snap.pods if p.node in targets]:  # (faster than compress+map)
         count[p.node] = count.get(p.node, 0) + 1
         for k, v in p.extended.items():
             ext[p.node, k] = ext.get((p.node, k), 0) + int(v)
@@ -467,9 +465,9 @@ def _spread(ctx: _Ctx, snap: ClusterSnapshot, placed: Sequence[Workload],
     # namespace -> labels -> nodes of the pods with them: a selector is matched once per
     # label set (a controller's replicas share theirs), and only matching pods are counted
     every: dict[str, dict[Mapping[str, str], list[str]]] = {}
-    # the pods of those namespaces picked in C (a lone pod's namespace holds a few of the
+    # the pods of those namespaces picked first (a lone pod's namespace holds a few of the
     # cluster's pods)
-    for p in compress(snap.pods, map(spread_ns.__contains__, map(_NAMESPACE, snap.pods))):
+    for p in [p for p in snap.pods if p.namespace in spread_ns]:
         # PodTopologySpread does not count terminating pods
         if not p.terminating:
             every.setdefault(p.namespace, {}).setdefault(p.labels, []).append(p.node)
