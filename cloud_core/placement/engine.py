@@ -23,7 +23,7 @@ from .classes import has_room
 from .exact import fits_exact, key_of, running_after, solve_exact
 from .exact import inputs as exact_inputs
 from .explain import Explanation, first_failure_counts, first_failure_examples, summary
-from .filters import term_matches_pod
+from .filters import selector_matches, term_matches_pod
 from .model import PodAffinityTerm, Resources, RunningPod, Workload
 from .prepared import ClusterView, PodIndex, all_ok, as_running, class_key, request_vector
 from .sequential import NodeUsage, needs_sequential, place_classes, pod_by_pod_results
@@ -190,9 +190,14 @@ class PreparedCluster(ClusterView):
             amask = all_ok(self.filter_results(w, resources=False))
             for key, cis in sorted(by_key.items()):
                 dom = self.ix.domain_ids(key)[0]
-                follow, covered = [], []
+                follow, covered, per_domain = [], [], []
                 for ci in cis:
                     f = reps[ci]
+                    # a hard spread over the same key: max_skew pods per domain, as the
+                    # domains it may use without an anchor stay empty
+                    skews = [c.max_skew for c in f.spread if c.hard and c.topology_key == key
+                             and selector_matches(c.selector, f.labels)]
+                    per_domain.append(min(skews, default=len(members[ci])))
                     mask = all_ok([fr for fr in self.filter_results(f, resources=False)
                                    if fr.name != "pod_affinity"])
                     follow.append((len(members[ci]) - len(placed_nodes[ci]), mask,
@@ -201,7 +206,7 @@ class PreparedCluster(ClusterView):
                     covered.append(domains_of(dom, [self.ix.pos.get(p.node, -1) for p in
                                                     self.pods.matching(term, f.namespace)]))
                 picks = anchor_domains(amask, request_vector(w), left, dom, self.free,
-                                       follow, covered)
+                                       follow, covered, per_domain)
                 out += [(a, dom == d) for d in picks]
                 left -= len(picks)
         return out
