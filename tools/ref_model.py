@@ -397,18 +397,24 @@ class RefModel:
                                  time.perf_counter() - t0)
             placed = round(s.objective_value)
             c_bound = min(math.floor(s.best_objective_bound + 1e-6), len(self.pods))
+            first = {self.pods[p].uid: self.nodes[n].name for (p, n), v in xs.items()
+                     if s.boolean_value(v)}
             for v in xs.values():
                 m.add_hint(v, s.boolean_value(v))
             m.add(count == placed)
         m.minimize(sum(self.icost[k] * v for k, v in xs.items()))
         st = s.solve(m)
         status = STATUS.get(st, str(st))
+        scale = self.cfg.cost_scale
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if only is None:  # the count stage's answer stands, its cost unimproved
+                return RefResult(c_status, placed, c_bound, f"{status}: count stage's",
+                                 self.price(first) / scale, math.nan, first,
+                                 time.perf_counter() - t0)
             return RefResult(c_status, placed, c_bound, status, math.nan, math.nan, {},
                              time.perf_counter() - t0)
         got = {self.pods[p].uid: self.nodes[n].name for (p, n), v in xs.items()
                if s.boolean_value(v)}
-        scale = self.cfg.cost_scale
         return RefResult(c_status, placed, c_bound, status, s.objective_value / scale,
                          s.best_objective_bound / scale, got, time.perf_counter() - t0)
 
