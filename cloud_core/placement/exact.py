@@ -247,8 +247,11 @@ def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClo
         if status == cp_model.OPTIMAL:
             break
         m.clear_hints()  # type: ignore[no-untyped-call]
-        for i, value in enumerate(s.response_proto.solution):
-            m.add_hint(m.get_int_var_from_proto_index(i), value)
+        # every variable, straight into the proto (the library's per-variable look-up and
+        # add_hint took a third of a round's CPU)
+        sol = list(s.response_proto.solution)
+        m.proto.solution_hint.vars.extend(range(len(sol)))
+        m.proto.solution_hint.values.extend(sol)
     stats["exact_work"] = work
     return got
 
