@@ -232,6 +232,11 @@ def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClo
         det = round_work(clock.cpu_left(clock.end_cpu), rate, work, got is None, cfg)
         if det <= 0.0:
             break
+        if got is None and det > 2 * CHUNK:
+            # a first round of CHUNK measures this model's rate (0.15-0.45 units per CPU
+            # second on the quality benchmark's models): the next, the long one, gets
+            # the work that fits in the CPU left at that rate, not at the slowest one
+            det = CHUNK
         s = _solver(cfg, det, clock)
         s.parameters.cp_model_presolve = False  # the hint is used as it is, at once
         c0 = clock.cpu()
