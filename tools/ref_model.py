@@ -26,7 +26,9 @@ order of operations and scaled to integers as the engine's solver scales it
 
 Solved lexicographically: the most pods first, then, with that count fixed, the least cost.
 CP-SAT with its workers and a time limit per stage; each stage reports its status
-(OPTIMAL: proven, FEASIBLE: the best found in time) and its bound.
+(OPTIMAL: proven, FEASIBLE: the best found in time) and its bound. A cost stage that finds
+nothing within its limit leaves the count stage's answer, priced, with the status
+``UNKNOWN: count stage's`` and no bound.
 """
 
 from __future__ import annotations

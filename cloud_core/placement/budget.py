@@ -13,8 +13,8 @@ engine (its decisions, the loop's validation, handing out the bindings). The gre
 always runs; the CP-SAT neighbourhoods improve it until the search's end
 (``step_search_share`` of the engine's share, or earlier: ``StepClock.search_end_for``; when
 no pod an allowed node could hold is left out, the engine's end less what follows the
-search: ``Budget.count_first``); the exact step (``exact.py``) then runs in what is left. CP-SAT itself is bounded by its
-deterministic time, never by the clock: each sub-solve gets at most
+search: ``Budget.count_first``); the exact step (``exact.py``) then runs in what is left.
+CP-SAT itself is bounded by its deterministic time, never by the clock: each sub-solve gets at most
 ``step_work_per_cpu_s`` units per CPU second left, so the CPU a step takes, and the answer,
 are the same on a quiet and a loaded machine alike: a machine whose CPUs other processes
 share gives the step fewer CPU seconds per wall second, not fewer CPU seconds.
