@@ -27,6 +27,7 @@ from .explain import Explanation, first_failure_counts, first_failure_examples, 
 from .filters import selector_matches, term_matches_pod
 from .model import PodAffinityTerm, Resources, RunningPod, Workload
 from .prepared import ClusterView, PodIndex, all_ok, as_running, class_key, request_vector
+from .repair import repair_count
 from .sequential import NodeUsage, needs_sequential, place_classes, pod_by_pod_results
 from .solver import ClassSpec, solve
 from .validate import validate
@@ -156,6 +157,9 @@ class PreparedCluster(ClusterView):
         ) and self._exact(reps, members, placed_nodes, base_mask, batch_cost, deferred_reason,
                           free0, *start, clock, stats):
             method.append("exact")
+        if start is not None and self._repair(reps, members, seq, placed_nodes, batch_cost,
+                                              deferred_reason, *start, stats):
+            method.append("eject")
         stats.update(rounds=float(rounds), classes=float(nclass))
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
                               deferred_reason, workloads)
@@ -219,6 +223,43 @@ class PreparedCluster(ClusterView):
         small = self.cfg.use_cpsat and fits_exact(pods, self.ix.n, self.cfg.exact_max_pairs)
         start = (self.pods.all(), self.ix.alloc.copy()) if small else None
         return start, step_clock(self.cfg, small, pods, cpu_start)
+
+    def _repair(self, reps: list[Workload], members: list[list[Workload]], seq: set[int],
+                placed_nodes: list[list[int]], costs: dict[int, np.ndarray],
+                deferred: dict[int, str], pods0: list[RunningPod], alloc0: np.ndarray,
+                stats: dict[str, float]) -> bool:
+        """The count repair (``repair.py``) of the pod-by-pod classes' left-out pods; its
+        answer stands when ``validate`` finds nothing wrong with it, else the one before."""
+        before = ([list(ns) for ns in placed_nodes], self.free.copy(), self.ix.alloc.copy(),
+                  self.pods, {ci: c.copy() for ci, c in costs.items()})
+        added = repair_count(self, reps, members, seq, placed_nodes, pods0, costs)
+        if not added:
+            return False
+        if self._invalid(pods0, alloc0, members, placed_nodes):
+            for ns, old in zip(placed_nodes, before[0], strict=True):
+                ns[:] = old
+            self.free, self.ix.alloc, self.pods = before[1], before[2], before[3]
+            costs.clear()
+            costs.update(before[4])
+            return False
+        stats["repaired"] = float(added)
+        for ci in range(len(reps)):
+            if len(placed_nodes[ci]) == len(members[ci]):
+                deferred.pop(ci, None)
+        return True
+
+    def _invalid(self, pods0: list[RunningPod], alloc0: np.ndarray,
+                 members: list[list[Workload]], got: list[list[int]]) -> bool:
+        """Whether ``validate`` finds anything wrong with the batch's answer ``got`` on the
+        cluster as it was before the batch (``pods0``, ``alloc0``)."""
+        names = [nd.name for nd in self.ix.nodes]
+        nodes = tuple(dataclasses.replace(nd, allocated=Resources(*map(int, a)))
+                      for nd, a in zip(self.ix.nodes, alloc0.tolist(), strict=True))
+        snap = dataclasses.replace(self.snapshot, nodes=nodes, pods=tuple(pods0))
+        batch = [w for m in members for w in m]
+        assign = {members[ci][j].uid: names[n] for ci, ns in enumerate(got)
+                  for j, n in enumerate(ns)}
+        return bool(validate(snap, batch, assign, self.cfg))
 
     def _exact(self, reps: list[Workload], members: list[list[Workload]],
                placed_nodes: list[list[int]], base: dict[int, np.ndarray],
