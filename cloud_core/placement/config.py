@@ -78,6 +78,10 @@ class EngineConfig:
     exact_deterministic_time: float = 0.5  # the count
     exact_cost_deterministic_time: float = 0.5  # the cost at that count
     exact_workers: int = 1  # CP-SAT workers of the exact step (one: the same on any load)
+    # On the same batches, after the exact step: a pod-by-pod class's left-out pod takes a
+    # node that suits it when at most this many pods of the solver's classes there can
+    # move to a node with room for them (repair.py; validated); 0: no such repair.
+    eject_max_moves: int = 2
     # The step's CPU budget on those same batches (pods x nodes <= exact_max_pairs), on the
     # Kubernetes path (budget.py): the deciding thread's CPU (time.thread_time) from the
     # step's start, ``step_cpu_base_s + step_cpu_per_pod_s x pods``, at most

@@ -4,8 +4,11 @@ The pod-by-pod classes (spread, host ports, extended resources) are placed after
 solver's classes, which have by then taken the cpu, memory and pod slots of whatever nodes
 were cheapest for them -- among them the few nodes with an FPGA or a free host port that a
 pod-by-pod class may use at all. A pod left out that way gets one of those nodes when one
-or two pods of the solver's classes there can move to another node with room for them as it
-stands (an ejection of depth one): the node whose ejections add the least cost wins.
+or two pods (``EngineConfig.eject_max_moves``) of the solver's classes there can move to
+another node with room for them as it stands (an ejection of depth one); of the nodes that
+can be freed, the one where the pod's cost and the moves' added cost are least wins. It
+runs on the batches the exact step (``exact.py``) takes, after it: on the answer the exact
+step kept, or the engine's where its CPU ran out first.
 
 Only pods nothing else refers to are moved: classes of the solver's rounds without gangs,
 without required pod (anti-)affinity of their own, and whose labels no term or spread
@@ -28,7 +31,7 @@ from .model import RunningPod, Workload
 from .prepared import ClusterView, all_ok, request_vector
 from .sequential import BIG, NodeUsage, SpreadState
 
-MAX_EJECT = 2  # pods moved off one node for one pod placed
+POOL = 8  # pods of one node an ejection chooses among
 
 
 def _referenced(reps: list[Workload], ci: int) -> bool:
@@ -62,7 +65,8 @@ def repair_count(pc: ClusterView, reps: list[Workload], members: list[list[Workl
     # gangs are all-or-nothing (drop_partial_gangs has had its say): never topped up
     short = [ci for ci in sorted(seq) if len(placed_nodes[ci]) < len(members[ci])
              and reps[ci].gang is None]
-    movable = movable_classes(reps, seq) if short else set()
+    depth = pc.cfg.eject_max_moves
+    movable = movable_classes(reps, seq) if short and depth > 0 else set()
     if not movable:
         return 0
     names = pc.ix.names()
@@ -80,7 +84,7 @@ def repair_count(pc: ClusterView, reps: list[Workload], members: list[list[Workl
         req = request_vector(w)
         while len(placed_nodes[ci]) < len(members[ci]):
             pick = _best_ejection(pc, w, req, placed_nodes, movable, reqs, masks, costs,
-                                  limit, unbounded)
+                                  limit, unbounded, depth)
             if pick is None:
                 break
             node, moves, price = pick
@@ -101,11 +105,11 @@ def repair_count(pc: ClusterView, reps: list[Workload], members: list[list[Workl
 def _best_ejection(pc: ClusterView, w: Workload, req: np.ndarray,
                    placed_nodes: list[list[int]], movable: set[int],
                    reqs: dict[int, np.ndarray], masks: dict[int, np.ndarray],
-                   costs: dict[int, np.ndarray], limit: np.ndarray, unbounded: np.ndarray
-                   ) -> tuple[int, list[tuple[int, int, int]], float] | None:
+                   costs: dict[int, np.ndarray], limit: np.ndarray, unbounded: np.ndarray,
+                   depth: int) -> tuple[int, list[tuple[int, int, int]], float] | None:
     """The node for one more pod like ``w``, the moves ((class, member, node)) that make
-    room there and the pod's cost there, the least added cost first; None when no node can
-    be freed."""
+    room there (at most ``depth`` pods moved) and the pod's cost there, the least added
+    cost first; None when no node can be freed."""
     frs = pc.filter_results(w, resources=False)
     by_name = {f.name: f.ok for f in frs}
     ok = all_ok(frs)
@@ -133,23 +137,43 @@ def _best_ejection(pc: ClusterView, w: Workload, req: np.ndarray,
             if best is None or cost_w[i] < best[0]:
                 best = (float(cost_w[i]), i, [])
             continue
-        # one pod of each movable class is enough to try: its members are interchangeable
-        one_each = list({cm: (cm, k) for cm, k in residents.get(i, [])}.values())
-        cands = [[p] for p in one_each]
-        cands += [list(pair) for pair in combinations(residents.get(i, []), MAX_EJECT)]
-        for group in cands:
-            freed = sum((reqs[cm] for cm, _ in group), np.zeros_like(req))
-            if not (pc.free[i] + freed >= req).all() or slots[i] - len(group) >= limit[i]:
-                continue
-            moves = _destinations(pc, group, i, reqs, masks, costs, slots,
-                                  limit)
-            if moves is None:
-                continue
-            extra = sum(float(costs[cm][d] - costs[cm][i]) for cm, _, d in moves)
-            total = float(cost_w[i]) + extra
-            if best is None or total < best[0]:
-                best = (total, i, moves)
+        # one pod of each movable class is enough to try alone (its members are
+        # interchangeable); groups of up to ``depth`` pods only where no smaller one frees
+        # the node, drawn from at most ``depth`` pods per class and the POOL largest
+        pool = _pool(residents.get(i, []), reqs, depth)
+        for size in range(1, depth + 1):
+            found = False
+            for group in map(list, combinations(pool, size)):
+                if size == 1 and group[0] != next(p for p in pool if p[0] == group[0][0]):
+                    continue
+                freed = sum((reqs[cm] for cm, _ in group), np.zeros_like(req))
+                if not (pc.free[i] + freed >= req).all() or slots[i] - size >= limit[i]:
+                    continue
+                moves = _destinations(pc, group, i, reqs, masks, costs, slots, limit)
+                if moves is None:
+                    continue
+                found = True
+                extra = sum(float(costs[cm][d] - costs[cm][i]) for cm, _, d in moves)
+                total = float(cost_w[i]) + extra
+                if best is None or total < best[0]:
+                    best = (total, i, moves)
+            if found:
+                break
     return None if best is None else (best[1], best[2], float(cost_w[best[1]]))
+
+
+def _pool(residents: list[tuple[int, int]], reqs: dict[int, np.ndarray], depth: int
+          ) -> list[tuple[int, int]]:
+    """The pods of a node an ejection may move: at most ``depth`` per class, the ``POOL``
+    that free the most cpu and memory (a node may hold hundreds of small pods)."""
+    per: dict[int, int] = {}
+    out: list[tuple[int, int]] = []
+    for cm, k in residents:
+        if per.get(cm, 0) < depth:
+            per[cm] = per.get(cm, 0) + 1
+            out.append((cm, k))
+    out.sort(key=lambda p: (-int(reqs[p[0]][0]), -int(reqs[p[0]][1]), p))
+    return out[:POOL]
 
 
 def _destinations(pc: ClusterView, group: list[tuple[int, int]], i: int,
