@@ -252,7 +252,7 @@ def _over(pc: ClusterView, placed_nodes: list[list[int]]) -> bool:
                if limit[i] < BIG}
     if not targets:
         return False
-    counts = Counter([p.node for p in pc.pods.all() if p.node in targets])
+    counts = Counter(filter(targets.__contains__, map(_NODE, pc.pods.all())))  # in C
     return any(counts[name] > limit[i] for name, i in targets.items())
 
 
