@@ -19,11 +19,12 @@ from cloud_core.errors import PlacementError
 from . import scores
 from .anchors import Deps, anchor_domains, domains_of, followers
 from .budget import StepClock, step_clock
-from .classes import has_room
+from .classes import integer_costs, placeable
+from .descent import improve_cost
 from .exact import fits_exact, key_of, running_after, solve_exact
 from .exact import inputs as exact_inputs
 from .explain import Explanation, first_failure_counts, first_failure_examples, summary
-from .filters import term_matches_pod
+from .filters import selector_matches, term_matches_pod
 from .model import PodAffinityTerm, Resources, RunningPod, Workload
 from .prepared import ClusterView, PodIndex, all_ok, as_running, class_key, request_vector
 from .sequential import NodeUsage, needs_sequential, place_classes, pod_by_pod_results
@@ -190,9 +191,14 @@ class PreparedCluster(ClusterView):
             amask = all_ok(self.filter_results(w, resources=False))
             for key, cis in sorted(by_key.items()):
                 dom = self.ix.domain_ids(key)[0]
-                follow, covered = [], []
+                follow, covered, per_domain = [], [], []
                 for ci in cis:
                     f = reps[ci]
+                    # a hard spread over the same key: max_skew pods per domain, as the
+                    # domains it may use without an anchor stay empty
+                    skews = [c.max_skew for c in f.spread if c.hard and c.topology_key == key
+                             and selector_matches(c.selector, f.labels)]
+                    per_domain.append(min(skews, default=len(members[ci])))
                     mask = all_ok([fr for fr in self.filter_results(f, resources=False)
                                    if fr.name != "pod_affinity"])
                     follow.append((len(members[ci]) - len(placed_nodes[ci]), mask,
@@ -201,7 +207,7 @@ class PreparedCluster(ClusterView):
                     covered.append(domains_of(dom, [self.ix.pos.get(p.node, -1) for p in
                                                     self.pods.matching(term, f.namespace)]))
                 picks = anchor_domains(amask, request_vector(w), left, dom, self.free,
-                                       follow, covered)
+                                       follow, covered, per_domain)
                 out += [(a, dom == d) for d in picks]
                 left -= len(picks)
         return out
@@ -234,24 +240,39 @@ class PreparedCluster(ClusterView):
             ex = exact_inputs(self, reps, [len(m) for m in members], free0)
         finally:
             self.pods, self.ix.alloc, self.free = after
-        if not any(len(placed_nodes[ci]) < c.count and (c.mask & has_room(c.req, free0)).any()
-                   for ci, c in enumerate(ex.specs)):
-            return False  # what is left out fits no node on its own: nothing to gain
         set_conflicts(reps, ex.specs)
         domains = {k: self.ix.domain_ids(k)[0] for s in ex.specs for k in s.conflicts}
+        if not placeable(ex.specs, free0, placed_nodes, domains):
+            # what is left out fits no node on its own, or no domain its anti-affinity to
+            # itself leaves: nothing to gain
+            return False
         now = key_of(ex, placed_nodes, self.cfg.cost_scale)
         res = solve_exact(ex, reps, domains, placed_nodes, self.cfg, clock, stats)
         stats["exact_cpu_s"] = clock.cpu() - t0
         if res is None or (res[1][0], -res[1][1]) <= (now[0], -now[1]):
             return False
-        got = res[0]
         names = [nd.name for nd in self.ix.nodes]
-        assign = {members[ci][j].uid: names[n] for ci, ns in enumerate(got)
-                  for j, n in enumerate(ns)}
         nodes = tuple(dataclasses.replace(nd, allocated=Resources(*map(int, a)))
                       for nd, a in zip(self.ix.nodes, alloc0.tolist(), strict=True))
         snap = dataclasses.replace(self.snapshot, nodes=nodes, pods=tuple(pods0))
-        if validate(snap, [w for m in members for w in m], assign, self.cfg):
+        batch = [w for m in members for w in m]
+
+        def invalid(got: list[list[int]]) -> bool:
+            assign = {members[ci][j].uid: names[n] for ci, ns in enumerate(got)
+                      for j, n in enumerate(ns)}
+            return bool(validate(snap, batch, assign, self.cfg))
+
+        # the exact step's answer, cut short by the step's CPU, often places more at a
+        # higher cost: the cost descent (moves, swaps and chains, the count kept; no
+        # CP-SAT, milliseconds) from it, kept where validate agrees (the descent knows
+        # resources and anti-affinity, not the per-pod rules the exact model adds)
+        got = res[0]
+        icost, penalty = integer_costs(ex.specs, self.cfg.cost_scale)
+        cheaper = improve_cost(ex.specs, free0, domains, icost, penalty,
+                               [list(ns) for ns in got], self.cfg, stats)
+        if cheaper != got and not invalid(cheaper):
+            got = cheaper
+        elif invalid(got):
             return False  # a rule the model states differently: the batch's answer stands
         free = free0.copy()
         for ci, ns in enumerate(got):
