@@ -192,10 +192,17 @@ class FoldGate:
             # Own connection first: a digest on a connection just back answers the wait
             # that connection began, not one begun after it.
             self._update(now)
-            known = peer in self._peers
+            prev = self._peers.get(peer)
+            known = prev is not None
             if not known and len(self._peers) >= self.max_peers:
                 self.peers_refused += 1
                 return
+            if not complete:
+                # A peer counts as calm only from a whole digest saying so: the chunks of
+                # the one that says it stopped holding name what it released, and a copy
+                # folded here before the last of them arrived would be folded beside its
+                # released twin. A chunk that says "holding" is taken at once.
+                holding = holding or (prev[2] if prev is not None else True)
             self._peers[peer] = (now, interval_s, holding, n)
             if not known:
                 self._set_peers()

@@ -307,3 +307,21 @@ def test_a_settle_keeps_only_owners_folding_after_the_connection_returns() -> No
     assert g.disturbed and not folded
     clock.t += 2.1
     assert not g.disturbed and [r.seq for r in folded] == [5]
+
+
+def test_a_peer_is_calm_only_from_a_whole_digest_saying_so() -> None:
+    folded: list[TelemetryReport] = []
+    g, _bus, _clock = gate(folded)
+    ex = DigestExchange("core-a", ClusterState(), object(), gate=g)  # type: ignore[arg-type]
+    theirs = node_owned_by(1)
+    for c in encode_digests([], holding=True, n=1, heard={}):
+        ex.handle(Message(digest_topic("core-b"), c))
+    assert g.check(rep(theirs, 1)) == DROP  # core-b holds: its nodes are its own
+    items = [{"node": f"n{i}", "pad": "x" * 100} for i in range(30)]
+    calm = encode_digests(items, limit=1000, holding=False, n=2, heard={})
+    assert len(calm) > 2
+    for c in calm[:-1]:  # "calm", but what it released is named in chunks still to come
+        ex.handle(Message(digest_topic("core-b"), c))
+        assert g.check(rep(theirs, 2)) == DROP
+    ex.handle(Message(digest_topic("core-b"), calm[-1]))
+    assert g.check(rep(theirs, 3)) == FOLD
