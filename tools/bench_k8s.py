@@ -96,6 +96,7 @@ SECURITY = "node-restriction.kubernetes.io/cfnet-security-level"  # registry.SEC
 EDGE = "node-role.kubernetes.io/edge"
 LEGACY_SECURITY = "cfnet.io/security-level"  # registry.LEGACY: ignored, warned about
 TICK = os.sysconf("SC_CLK_TCK")
+IDLE_S = 3.0  # an arrival run's look at the idle CPU rates, before the arrivals
 WARM_WAIT_S = 12.0  # the longest an arrival run waits for cfnet's "warm" line
 N_REGIONS, ZONES_PER_REGION = 4, 3
 
@@ -765,7 +766,9 @@ class Bench:
             # CPU-s, from 2 s after its sync: its "warm" line; a tree without the line, at
             # most WARM_WAIT_S), kube-scheduler's 2 s
             self._settle(name, tag)
+            idle, sched_idle = self._idle_rates(proc.pid, children)
             c0, a0 = cpu_seconds(proc.pid, children=children), cpu_seconds(self.api_pid)
+            w0 = time.monotonic()
             self._arrive(path, sched, due, r)
             want = {f"p-{i:05d}" for i, c in enumerate(r.created) if c == c}
             last = (-1, time.monotonic())
@@ -778,6 +781,8 @@ class Bench:
                 time.sleep(0.05)
             r.sched_cpu_s = cpu_seconds(proc.pid, children=children) - c0
             r.api_cpu_s = cpu_seconds(self.api_pid) - a0
+            r.api_idle_cpu_s = idle * (time.monotonic() - w0)
+            r.sched_idle_cpu_s = sched_idle * (time.monotonic() - w0)
         finally:
             stop_group(proc)
             stop.set()
@@ -791,9 +796,20 @@ class Bench:
             print(f"# deleting the pods of {ns}: {e}", file=sys.stderr)
         print(f"# arrival {name} {rate:g}/s rep {rep}: {r.n_bound}/{r.pods} bound, p50 "
               f"{r.percentile_ms(0.5):.0f} ms, p99 {r.percentile_ms(0.99):.0f} ms, max "
-              f"{r.max_ms():.0f} ms, cpu {r.sched_cpu_s:.2f} s, apiserver {r.api_cpu_s:.2f} s, "
+              f"{r.max_ms():.0f} ms, cpu {r.sched_cpu_s:.2f} s (at its idle rate "
+              f"{r.sched_idle_cpu_s:.2f} s), apiserver {r.api_cpu_s:.2f} s (at its idle rate "
+              f"{r.api_idle_cpu_s:.2f} s), "
               f"{len(r.violations)} violations {r.violations[:3]}", file=sys.stderr, flush=True)
         return r
+
+    def _idle_rates(self, pid: int, children: bool) -> tuple[float, float]:
+        """The API server's and the scheduler's CPU seconds per second over ``IDLE_S``
+        with no pod arriving (what an arrival window's figures hold besides the pods)."""
+        a0, s0, t0 = cpu_seconds(self.api_pid), cpu_seconds(pid, children), time.monotonic()
+        time.sleep(IDLE_S)
+        dt = time.monotonic() - t0
+        return ((cpu_seconds(self.api_pid) - a0) / dt,
+                (cpu_seconds(pid, children) - s0) / dt)
 
     def _settle(self, name: str, tag: str) -> None:
         """Wait out ``name``'s start-up tail before the arrivals (see ``arrival_run``)."""

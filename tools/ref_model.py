@@ -26,7 +26,9 @@ order of operations and scaled to integers as the engine's solver scales it
 
 Solved lexicographically: the most pods first, then, with that count fixed, the least cost.
 CP-SAT with its workers and a time limit per stage; each stage reports its status
-(OPTIMAL: proven, FEASIBLE: the best found in time) and its bound.
+(OPTIMAL: proven, FEASIBLE: the best found in time) and its bound. A cost stage that finds
+nothing within its limit leaves the count stage's answer, priced, with the status
+``UNKNOWN: count stage's`` and no bound.
 """
 
 from __future__ import annotations
@@ -397,18 +399,24 @@ class RefModel:
                                  time.perf_counter() - t0)
             placed = round(s.objective_value)
             c_bound = min(math.floor(s.best_objective_bound + 1e-6), len(self.pods))
+            first = {self.pods[p].uid: self.nodes[n].name for (p, n), v in xs.items()
+                     if s.boolean_value(v)}
             for v in xs.values():
                 m.add_hint(v, s.boolean_value(v))
             m.add(count == placed)
         m.minimize(sum(self.icost[k] * v for k, v in xs.items()))
         st = s.solve(m)
         status = STATUS.get(st, str(st))
+        scale = self.cfg.cost_scale
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if only is None:  # the count stage's answer stands, its cost unimproved
+                return RefResult(c_status, placed, c_bound, f"{status}: count stage's",
+                                 self.price(first) / scale, math.nan, first,
+                                 time.perf_counter() - t0)
             return RefResult(c_status, placed, c_bound, status, math.nan, math.nan, {},
                              time.perf_counter() - t0)
         got = {self.pods[p].uid: self.nodes[n].name for (p, n), v in xs.items()
                if s.boolean_value(v)}
-        scale = self.cfg.cost_scale
         return RefResult(c_status, placed, c_bound, status, s.objective_value / scale,
                          s.best_objective_bound / scale, got, time.perf_counter() - t0)
 

@@ -11,10 +11,14 @@ out although a node that passes every other filter has room for them.
 ``anchor_domains`` picks, before the anchor's round, one domain per anchor pod (at most as
 many as it has pods) by weighted coverage: each pick is the domain, among those with a node
 the anchor may use and has room on, where the most follower pods not yet covered may go
-(their nodes by every filter but pod affinity, with room for one pod); a follower is covered
-once a pick (or a running pod it follows) is in one of its domains. The engine places one
-anchor pod in each picked domain first, the cheapest node there, then the rest of the batch
-as before. Pure arithmetic on masks: no CP-SAT, a few numpy calls per anchor and follower.
+(their nodes by every filter but pod affinity; per follower at most the pods of its shape
+the domain's free room holds, and at most its ``per_domain`` pods: a follower with a hard
+spread over the same topology key takes ``max_skew`` pods per domain, as the domains it may
+use but no anchor is in stay empty). A follower's pods are covered as picks (or running pods
+it follows) take them; a follower without spread is covered once one domain it follows is.
+The engine places one anchor pod in each picked domain first, the cheapest node there, then
+the rest of the batch as before. Pure arithmetic on masks: no CP-SAT, a few numpy calls per
+anchor and follower.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .classes import has_room
+from .classes import capacity_per_node, has_room
 from .model import PodAffinityTerm
 
 # per class, its required pod-affinity terms and the batch classes each may select
@@ -45,35 +49,43 @@ def followers(deps: Deps, anchor: int, waiting: set[int]) -> list[tuple[int, str
 def anchor_domains(anchor_mask: np.ndarray, anchor_req: np.ndarray, pods: int,
                    dom: np.ndarray, free: np.ndarray,
                    follow: Sequence[tuple[int, np.ndarray, np.ndarray]],
-                   covered: Sequence[np.ndarray]) -> list[int]:
+                   covered: Sequence[np.ndarray],
+                   per_domain: Sequence[int] | None = None) -> list[int]:
     """The domains (ids of ``dom``, a node's domain, -1 none) to put one anchor pod each in,
     best first, at most ``pods``. ``follow``: per follower class (pods, its mask by every
     filter but pod affinity, its request vector); ``covered``: per follower, a boolean per
-    domain where a running pod it follows already is (the domain counts as covered)."""
+    domain where a running pod it follows already is (the domain counts as covered);
+    ``per_domain``: per follower, the most of its pods one domain takes (default: all)."""
     n_dom = int(dom.max(initial=-1)) + 1
     if n_dom <= 1 or pods <= 0 or not follow:
         return []
     ok = anchor_mask & has_room(anchor_req, free) & (dom >= 0)
     may = np.zeros(n_dom, dtype=bool)
     may[dom[ok]] = True
-    # per follower, the domains with a node it may use and has room on
-    where = np.zeros((len(follow), n_dom), dtype=bool)
-    weight = np.zeros(len(follow), dtype=np.int64)
-    done = np.zeros(len(follow), dtype=bool)
+    # per follower and domain, how many of its pods the domain's free room holds, and at
+    # most its pods per domain; per follower, its pods not yet covered
+    value = np.zeros((len(follow), n_dom), dtype=np.int64)
+    rem = np.zeros(len(follow), dtype=np.int64)
     for j, (count, mask, req) in enumerate(follow):
-        fits = mask & has_room(req, free) & (dom >= 0)
-        where[j, dom[fits]] = True
-        weight[j] = count
-        done[j] = bool((where[j] & covered[j]).any()) or not where[j].any()
+        cap = count if per_domain is None else max(min(per_domain[j], count), 1)
+        fits = mask & (dom >= 0)
+        value[j] = np.minimum(np.bincount(dom[fits], minlength=n_dom,
+                                          weights=capacity_per_node(req, free[fits])
+                                          ).astype(np.int64), cap)
+        if cap >= count:  # no spread: one covered domain is enough
+            rem[j] = 0 if (value[j] > 0)[covered[j]].any() else count
+        else:
+            rem[j] = max(count - cap * int(covered[j].sum()), 0)
     picks: list[int] = []
     while len(picks) < pods:
-        gain = (where[~done] * weight[~done, None]).sum(axis=0) * may
+        take = np.minimum(value, rem[:, None])
+        gain = take.sum(axis=0) * may
         if not gain.any():
             break
         d = int(np.argmax(gain))  # ties: the lowest id, deterministic
         picks.append(d)
         may[d] = False
-        done |= where[:, d]
+        rem -= take[:, d]
     return picks
 
 

@@ -11,9 +11,10 @@ engine's. Within it, ``step_cpu_after_per_pod_s x pods`` is left for what follow
 engine (its decisions, the loop's validation, handing out the bindings). The greedy answer
 (packing, repair, the flow route, descent, slot flow, refill; no CP-SAT) comes first and
 always runs; the CP-SAT neighbourhoods improve it until the search's end
-(``step_search_share`` of the engine's share, or earlier: ``StepClock.search_end_for``);
-the exact step (``exact.py``) then runs in what is left. CP-SAT itself is bounded by its
-deterministic time, never by the clock: each sub-solve gets at most
+(``step_search_share`` of the engine's share, or earlier: ``StepClock.search_end_for``; when
+no pod an allowed node could hold is left out, the engine's end less what follows the
+search: ``Budget.count_first``); the exact step (``exact.py``) then runs in what is left.
+CP-SAT itself is bounded by its deterministic time, never by the clock: each sub-solve gets at most
 ``step_work_per_cpu_s`` units per CPU second left, so the CPU a step takes, and the answer,
 are the same on a quiet and a loaded machine alike: a machine whose CPUs other processes
 share gives the step fewer CPU seconds per wall second, not fewer CPU seconds.
@@ -115,6 +116,7 @@ class Budget:
     deadline_hits: int = 0  # the step's budget cut a sub-solve or stopped the next
     clock: StepClock = field(default_factory=StepClock)
     search_cpu: float = math.inf  # CPU mark (StepClock) past which no sub-solve starts
+    after_cpu: float = math.inf  # the latest the search may end leaving what follows its due
 
     @classmethod
     def for_batch(cls, cfg: EngineConfig, pods: int, clock: StepClock | None = None
@@ -135,14 +137,21 @@ class Budget:
         """A search starts now: leave what follows it as long as what came before
         (``StepClock.search_end_for``)."""
         if self.clock.end_cpu < math.inf:
-            self.search_cpu = min(self.search_cpu, self.clock.search_end_for(self.clock.used()))
+            used = self.clock.used()
+            self.search_cpu = min(self.search_cpu, self.clock.search_end_for(used))
+            self.after_cpu = self.clock.end_cpu - used
 
     def count_first(self, out: bool) -> None:
         """The cost neighbourhoods come next; ``out``: pods an allowed node could hold are
         still out. Then they end at ``StepClock.short_cpu``, so that the exact step, which
-        places more where it can, gets the rest of the step."""
+        places more where it can, gets the rest of the step; else (the exact step then has
+        nothing to place) they may run to the engine's end less what follows the search
+        (``hold_back``): the SLA family's 200-300 pods, whose count the reference proves,
+        spent the last third of the step's CPU on nothing."""
         if out:
             self.search_cpu = min(self.search_cpu, self.clock.short_cpu)
+        elif self.after_cpu < math.inf and self.work == math.inf:
+            self.search_cpu = max(self.search_cpu, self.after_cpu)
 
     def open(self) -> bool:
         """May another sub-solve start?"""

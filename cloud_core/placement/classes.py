@@ -210,14 +210,35 @@ def objective(classes: Sequence[ClassSpec], icost: list[np.ndarray], penalty: in
     return tot
 
 
-def placeable(classes: Sequence[ClassSpec], free: np.ndarray, got: list[list[int]]) -> int:
-    """Unplaced pods of classes that fit some allowed node's free capacity before the batch:
-    the ones a better packing could still place (the others have no node at all)."""
+def most(ci: int, c: ClassSpec, free: np.ndarray,
+         domains: Mapping[str, np.ndarray] | None = None) -> int:
+    """At most how many pods of class ``ci`` fit: none without an allowed node with room
+    before the batch; with required anti-affinity to itself over a topology key (and
+    ``domains``), one per domain holding such a node (the SLA family's replicas confined to
+    a few nodes by residency and latency: more than that is never placed, and the count
+    neighbourhoods and the exact step need not try)."""
+    ok = c.mask & has_room(c.req, free)
+    if not ok.any():
+        return 0
+    top = c.count
+    for key, others in c.conflicts.items():
+        if ci in others and domains is not None and key in domains:
+            dom = domains[key][ok]
+            if (dom >= 0).all():
+                top = min(top, int(np.unique(dom).size))
+    return top
+
+
+def placeable(classes: Sequence[ClassSpec], free: np.ndarray, got: list[list[int]],
+              domains: Mapping[str, np.ndarray] | None = None) -> int:
+    """Unplaced pods of classes that fit some allowed node's free capacity before the batch
+    (within ``most``): the ones a better packing could still place (the others have no node
+    at all, or no domain their anti-affinity leaves free)."""
     out = 0
     for ci, c in enumerate(classes):
         left = c.count - len(got[ci])
-        if left and (c.mask & has_room(c.req, free)).any():
-            out += left
+        if left > 0:
+            out += max(min(left, most(ci, c, free, domains) - len(got[ci])), 0)
     return out
 
 

@@ -85,32 +85,53 @@ def class_model(classes: Sequence[ClassSpec], free: np.ndarray,
     hinted: dict[int, int] = {}
     per_node: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
     placed = []
-    obj = []
+    # the objective's terms (cost per cell, penalty per class), set on the proto below
+    obj_vars: list[cp_model.IntVar] = []
+    obj_coef: list[int] = []
+    offset = 0
     for ci, c in enumerate(classes):
         k = capacity_per_node(c.req, free)
         hint_counts: dict[int, int] = {}
         for n in hint[ci]:
             hint_counts[n] = hint_counts.get(n, 0) + 1
         vs = []
-        for n in np.flatnonzero(c.mask & (k > 0)).tolist():
-            v = m.new_int_var(0, int(min(k[n], c.count)), f"x{ci}_{n}")
-            m.add_hint(v, hint_counts.get(n, 0))
-            hinted[v.index] = hint_counts.get(n, 0)
+        cells = np.flatnonzero(c.mask & (k > 0))
+        tops = np.minimum(k[cells], c.count).tolist()
+        costs = icost[ci][cells].tolist()
+        for n, top, cost in zip(cells.tolist(), tops, costs, strict=True):
+            v = m.new_int_var(0, int(top), "")
+            h = hint_counts.get(n, 0)
+            hinted[v.index] = h
             x[ci, n] = v
             per_node.setdefault(n, []).append((ci, v))
             vs.append(v)
             if not count_only:
-                obj.append(int(icost[ci][n]) * v)
-        p = m.new_int_var(0, c.count, f"p{ci}")
-        m.add(p == sum(vs))
-        m.add_hint(p, len(hint[ci]))
+                obj_vars.append(v)
+                obj_coef.append(int(cost))
+        p = m.new_int_var(0, c.count, "")
+        m.add(p == cp_model.LinearExpr.sum(vs))
         hinted[p.index] = len(hint[ci])
         placed.append(p)
-        obj.append((1 if count_only else penalty) * (c.count - p))
+        weight = 1 if count_only else penalty
+        obj_vars.append(p)
+        obj_coef.append(-weight)
+        offset += weight * c.count
     for n, lst in per_node.items():
         for r in range(3):
-            if any(classes[ci].req[r] for ci, _ in lst):
-                m.add(sum(int(classes[ci].req[r]) * v for ci, v in lst) <= int(free[n, r]))
+            coef = [int(classes[ci].req[r]) for ci, _ in lst]
+            if any(coef):
+                m.add(cp_model.LinearExpr.weighted_sum([v for _, v in lst], coef)
+                      <= int(free[n, r]))
+    # hints and objective straight into the model's proto, in one call each (the
+    # library's add_hint and minimize append them one by one: half the time of building a
+    # cost neighbourhood's model)
+    proto = m.proto
+    proto.solution_hint.vars.extend(list(hinted))
+    proto.solution_hint.values.extend(list(hinted.values()))
+    proto.objective.vars.extend([v.index for v in obj_vars])
+    proto.objective.coeffs.extend(obj_coef)
+    proto.objective.offset = offset
+    proto.objective.scaling_factor = 1.0
     cm = ClassModel(m, x, hinted)
     _anti_affinity(cm, classes, domains, full_hint)
     gangs: dict[str, list[int]] = {}
@@ -123,7 +144,6 @@ def class_model(classes: Sequence[ClassSpec], free: np.ndarray,
             m.add_hint(y, int(all(len(hint[ci]) == classes[ci].count for ci in cis)))
         for ci in cis:
             m.add(placed[ci] == classes[ci].count * y)
-    m.minimize(sum(obj))
     return cm
 
 

@@ -19,11 +19,12 @@ from cloud_core.errors import PlacementError
 from . import scores
 from .anchors import Deps, anchor_domains, domains_of, followers
 from .budget import StepClock, step_clock
-from .classes import has_room
+from .classes import integer_costs, placeable
+from .descent import improve_cost
 from .exact import fits_exact, key_of, running_after, solve_exact
 from .exact import inputs as exact_inputs
 from .explain import Explanation, first_failure_counts, first_failure_examples, summary
-from .filters import term_matches_pod
+from .filters import selector_matches, term_matches_pod
 from .model import PodAffinityTerm, Resources, RunningPod, Workload
 from .prepared import ClusterView, PodIndex, all_ok, as_running, class_key, request_vector
 from .sequential import NodeUsage, needs_sequential, place_classes, pod_by_pod_results
@@ -190,9 +191,14 @@ class PreparedCluster(ClusterView):
             amask = all_ok(self.filter_results(w, resources=False))
             for key, cis in sorted(by_key.items()):
                 dom = self.ix.domain_ids(key)[0]
-                follow, covered = [], []
+                follow, covered, per_domain = [], [], []
                 for ci in cis:
                     f = reps[ci]
+                    # a hard spread over the same key: max_skew pods per domain, as the
+                    # domains it may use without an anchor stay empty
+                    skews = [c.max_skew for c in f.spread if c.hard and c.topology_key == key
+                             and selector_matches(c.selector, f.labels)]
+                    per_domain.append(min(skews, default=len(members[ci])))
                     mask = all_ok([fr for fr in self.filter_results(f, resources=False)
                                    if fr.name != "pod_affinity"])
                     follow.append((len(members[ci]) - len(placed_nodes[ci]), mask,
@@ -201,7 +207,7 @@ class PreparedCluster(ClusterView):
                     covered.append(domains_of(dom, [self.ix.pos.get(p.node, -1) for p in
                                                     self.pods.matching(term, f.namespace)]))
                 picks = anchor_domains(amask, request_vector(w), left, dom, self.free,
-                                       follow, covered)
+                                       follow, covered, per_domain)
                 out += [(a, dom == d) for d in picks]
                 left -= len(picks)
         return out
@@ -234,24 +240,39 @@ class PreparedCluster(ClusterView):
             ex = exact_inputs(self, reps, [len(m) for m in members], free0)
         finally:
             self.pods, self.ix.alloc, self.free = after
-        if not any(len(placed_nodes[ci]) < c.count and (c.mask & has_room(c.req, free0)).any()
-                   for ci, c in enumerate(ex.specs)):
-            return False  # what is left out fits no node on its own: nothing to gain
         set_conflicts(reps, ex.specs)
         domains = {k: self.ix.domain_ids(k)[0] for s in ex.specs for k in s.conflicts}
+        if not placeable(ex.specs, free0, placed_nodes, domains):
+            # what is left out fits no node on its own, or no domain its anti-affinity to
+            # itself leaves: nothing to gain
+            return False
         now = key_of(ex, placed_nodes, self.cfg.cost_scale)
         res = solve_exact(ex, reps, domains, placed_nodes, self.cfg, clock, stats)
         stats["exact_cpu_s"] = clock.cpu() - t0
         if res is None or (res[1][0], -res[1][1]) <= (now[0], -now[1]):
             return False
-        got = res[0]
         names = [nd.name for nd in self.ix.nodes]
-        assign = {members[ci][j].uid: names[n] for ci, ns in enumerate(got)
-                  for j, n in enumerate(ns)}
         nodes = tuple(dataclasses.replace(nd, allocated=Resources(*map(int, a)))
                       for nd, a in zip(self.ix.nodes, alloc0.tolist(), strict=True))
         snap = dataclasses.replace(self.snapshot, nodes=nodes, pods=tuple(pods0))
-        if validate(snap, [w for m in members for w in m], assign, self.cfg):
+        batch = [w for m in members for w in m]
+
+        def invalid(got: list[list[int]]) -> bool:
+            assign = {members[ci][j].uid: names[n] for ci, ns in enumerate(got)
+                      for j, n in enumerate(ns)}
+            return bool(validate(snap, batch, assign, self.cfg))
+
+        # the exact step's answer, cut short by the step's CPU, often places more at a
+        # higher cost: the cost descent (moves, swaps and chains, the count kept; no
+        # CP-SAT, milliseconds) from it, kept where validate agrees (the descent knows
+        # resources and anti-affinity, not the per-pod rules the exact model adds)
+        got = res[0]
+        icost, penalty = integer_costs(ex.specs, self.cfg.cost_scale)
+        cheaper = improve_cost(ex.specs, free0, domains, icost, penalty,
+                               [list(ns) for ns in got], self.cfg, stats)
+        if cheaper != got and not invalid(cheaper):
+            got = cheaper
+        elif invalid(got):
             return False  # a rule the model states differently: the batch's answer stands
         free = free0.copy()
         for ci, ns in enumerate(got):
@@ -298,10 +319,7 @@ class PreparedCluster(ClusterView):
                     if req[r]:
                         static_ok = static_ok & (free0[:, r] >= req[r])
                 fit0 = int(static_ok.sum())
-                cand = np.where(static_ok, cost, np.inf)
-                two = np.argpartition(cand, 1)[:2] if cand.size > 2 else np.arange(cand.size)
-                top = [int(i) for i in sorted(two.tolist(), key=lambda i: cand[i])
-                       if np.isfinite(cand[i])]
+                top = two_cheapest(np.where(static_ok, cost, np.inf)[None, :])[0]
             nodes = placed_nodes[ci]
             unplaced: Decision | None = None
             for j, m in enumerate(members[ci]):
@@ -394,13 +412,11 @@ def runners_up(cis: list[int], reqs: list[np.ndarray], base: Mapping[int, np.nda
                 ) -> dict[int, tuple[int, list[int]]]:
     """Per class ``ci`` of ``cis``: how many nodes fit it before the batch (``base[ci]``
     and room in ``free0``) and its two cheapest of them by ``costs[ci]``, the cheaper
-    first -- the same as ``_decide``'s per-class arithmetic (the same row partition and
-    sort), over blocks of classes at once (1,762 classes of the 3,000-pod tight benchmark:
-    ~8 numpy calls each)."""
+    first -- the same as ``_decide``'s per-class arithmetic (``two_cheapest``), over
+    blocks of classes at once (1,762 classes of the 3,000-pod tight benchmark: ~8 numpy
+    calls each)."""
     out: dict[int, tuple[int, list[int]]] = {}
-    n = free0.shape[0]
-    if n <= 2:
-        return out  # the per-class path: no partition there
+    n = max(free0.shape[0], 1)
     block = max(1, (1 << 20) // n)
     for lo in range(0, len(cis), block):
         part = cis[lo:lo + block]
@@ -409,13 +425,30 @@ def runners_up(cis: list[int], reqs: list[np.ndarray], base: Mapping[int, np.nda
         for r in range(3):
             ok &= (free0[None, :, r] >= req[:, r, None]) | (req[:, r, None] == 0)
         fit0 = ok.sum(axis=1).tolist()
-        cand = np.where(ok, np.stack([costs[ci] for ci in part]), np.inf)
-        two = np.argpartition(cand, 1, axis=1)[:, :2]
-        vals = np.take_along_axis(cand, two, axis=1)
+        tops = two_cheapest(np.where(ok, np.stack([costs[ci] for ci in part]), np.inf))
         for j, ci in enumerate(part):
-            t, v = two[j].tolist(), vals[j].tolist()
-            order = sorted(range(2), key=lambda i: v[i])
-            out[ci] = (fit0[j], [t[i] for i in order if math.isfinite(v[i])])
+            out[ci] = (fit0[j], tops[j])
+    return out
+
+
+def two_cheapest(cand: np.ndarray) -> list[list[int]]:
+    """Per row of ``cand`` (costs, inf where a node does not fit): its two cheapest
+    columns of finite cost, the cheaper first, the lower index first among equal costs.
+    Two ``argmin`` passes: a partition (``argpartition``) of a 5,000-node row took ~50 us,
+    an ``argmin`` ~1 us (a lone pod's step makes one per class)."""
+    k, n = cand.shape
+    rows = np.arange(k)
+    out: list[list[int]] = [[] for _ in range(k)]
+    if n == 0:
+        return out
+    cand = cand.copy()
+    for _ in range(min(2, n)):
+        at = cand.argmin(axis=1)
+        got = cand[rows, at]
+        for j, (i, v) in enumerate(zip(at.tolist(), got.tolist(), strict=True)):
+            if math.isfinite(v):
+                out[j].append(i)
+        cand[rows, at] = np.inf
     return out
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .budget import Budget
-from .classes import ClassSpec
+from .classes import ClassSpec, most
 from .config import EngineConfig
 from .cpsat import cpsat
 from .packing import Pack
@@ -31,11 +31,14 @@ def lns(pa: Pack, free: np.ndarray, domains: Mapping[str, np.ndarray], penalty: 
     rng = random.Random(cfg.cpsat_seed)
     solved = 0
     fails: dict[int, int] = {}
+    # at most as many as an allowed node's room and the class's anti-affinity to itself
+    # allow (classes.most): a class at that bound is not tried
+    tops = [most(ci, c, free, domains) for ci, c in enumerate(classes)]
     for _ in range(cfg.lns_iterations):
         if not budget.open():
             break
         out = [ci for ci, c in enumerate(classes)
-               if len(pa.got[ci]) < c.count and c.gang is None
+               if len(pa.got[ci]) < min(c.count, tops[ci]) and c.gang is None
                and fails.get(ci, 0) < cfg.lns_tries]
         if not out:
             break

@@ -110,11 +110,11 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
         key = (-sum(map(len, pb.got)), objective(classes, icost, 0, pb.got))
         if best is None or key < best:
             pa, best = pb, key
-        if not placeable(classes, free, pb.got):
+        if not placeable(classes, free, pb.got, domains):
             break
     assert pa is not None
     budget.hold_back()
-    out = placeable(classes, free, pa.got)
+    out = placeable(classes, free, pa.got, domains)
     tried = 0
     if cfg.use_cpsat and out:
         tried = lns(pa, free, domains, penalty, cfg, budget)
@@ -124,7 +124,7 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
         # pods still out that the count neighbourhoods tried and placed none of: no more
         # fit (the reference's count, measured on the SLA family), and the cost
         # neighbourhoods get the search's whole share, not the exact step
-        left = placeable(classes, free, pa.got)
+        left = placeable(classes, free, pa.got, domains)
         budget.count_first(left > 0 and not (tried and left == out))
         stats["cost_lns_solved"] = float(cost_lns(pa, domains, penalty, cfg, budget))
     got = finish(classes, free, domains, [list(g) for g in pa.got])
@@ -169,7 +169,7 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
         got, method, arcs_total = flow_route(classes, free, domains, icost, penalty, cfg,
                                               stats)
         best_obj = objective(classes, icost, penalty, got)
-        if cfg.pack and placeable(classes, free, got):
+        if cfg.pack and placeable(classes, free, got, domains):
             got, best_obj, m = pack_stage(classes, free, domains, icost, penalty, got,
                                            best_obj, cfg, stats)
             method = m or method
@@ -179,7 +179,7 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
             # cheapest overall. The count-keeping cost steps of the pack route fix that.
             if cfg.use_cpsat and cfg.cost_lns_iterations:
                 budget.hold_back()
-                budget.count_first(placeable(classes, free, got) > 0)
+                budget.count_first(placeable(classes, free, got, domains) > 0)
                 pa = Pack(classes, free, domains, icost)
                 for ci, nodes in enumerate(got):
                     for n in nodes:
@@ -193,7 +193,7 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
     # work and kept only when strictly better (a batch that placed everything never
     # imports CP-SAT here: the time to a scheduler's first binding)
     small = (not cfg.cpsat_polish and total <= cfg.small_polish_max_pods
-             and placeable(classes, free, got) > 0)
+             and placeable(classes, free, got, domains) > 0)
     if (cfg.use_cpsat and (cfg.cpsat_polish or small) and _coupled(classes) and budget.open()
             and (_arcs(classes, free) if arcs_total is None else arcs_total)
             <= cfg.cpsat_max_arcs):
@@ -213,7 +213,7 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
     # steps (descent, slot flow, CP-SAT neighbourhoods) move pods and may free room that
     # none of them fills again (measured: 1,000-1,500-pod tight batches left pods out with
     # nodes still fitting them); count first, so a fill that places one more always wins.
-    if placeable(classes, free, got):
+    if placeable(classes, free, got, domains):
         pk = replay(classes, free, domains, got)
         before = sum(map(len, got))
         fill(pk, got, skip_gangs=True)

@@ -15,14 +15,13 @@ fresh reading gives.
 from __future__ import annotations
 
 import math
-import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
 from operator import attrgetter
 from typing import Protocol
 
+from .changes import changed_positions
 from .config import EngineConfig
 from .model import (
     ClusterSnapshot,
@@ -116,7 +115,7 @@ class NodeFacts:
         if not self._whole or len(now) != len(old):
             self._afresh(now)
             return
-        changed = list(compress(range(len(now)), map(operator.is_not, now, old)))
+        changed = changed_positions(now, old)
         if any(now[i].name != old[i].name for i in changed):
             self._afresh(now)
             return

@@ -38,7 +38,8 @@ def test_table_gives_median_and_range_per_rate_and_scheduler() -> None:
     for rep, ms in enumerate((10.0, 30.0, 20.0)):
         created = [float(i) for i in range(10)]
         runs.append(ArrivalRun("cfnet", rep, 20.0, created, [c + ms / 1000 for c in created],
-                               sched_cpu_s=0.01 * (rep + 1), api_cpu_s=0.05))
+                               sched_cpu_s=0.01 * (rep + 1), api_cpu_s=0.05,
+                               api_idle_cpu_s=0.04, sched_idle_cpu_s=0.005))
     runs.append(ArrivalRun("kube", 0, 20.0, [0.0, 1.0], [0.5, math.nan],
                            violations=["x"]))
     text = table(runs, ["kube", "cfnet"], 1000, 0).splitlines()
@@ -47,7 +48,8 @@ def test_table_gives_median_and_range_per_rate_and_scheduler() -> None:
     assert kube.startswith("| kube | 20 (1.0) | 1/2 | 500 | 500 | 500 | 500 |")
     assert kube.endswith("| 1 |")
     assert cfnet.startswith("| cfnet | 20 (1.0) | 10/10 | 20 (10–30) | 20 (10–30) |")
-    assert "| 2.00 (1.00–3.00) | 5.00 |" in cfnet
+    assert "| 2.00 (1.00–3.00) | 1.50 (0.50–2.50) | 5.00 | 1.00 |" in cfnet
+    assert kube.endswith("| – | – | – | – | 1 |")  # no CPU figures: none
 
 
 def test_the_arrival_table_fills_the_readme_headline_row() -> None:

@@ -19,8 +19,9 @@ from cloud_core.placement import (
     validate,
 )
 from cloud_core.placement.anchors import anchor_domains, domains_of, followers
+from cloud_core.placement.classes import ClassSpec, most, placeable
 from cloud_core.placement.exact import CHUNK, ROUND_SHARE, round_work
-from cloud_core.placement.model import ZONE
+from cloud_core.placement.model import HOSTNAME, ZONE
 from tools.quality_families import FAMILIES
 
 GIB = 1 << 30
@@ -73,6 +74,36 @@ def test_anchor_domains_cover_the_most_follower_pods_first(
     got = anchor_domains(amask, CPU, pods, DOM, free, [(k, m, CPU) for k, m in follow], cov)
     assert got == want
     assert len(got) <= pods and len(set(got)) == len(got)
+
+
+def test_a_spread_follower_gets_an_anchor_per_domain_and_room_counts() -> None:
+    """A follower with a hard spread over the anchors' key (maxSkew 1) takes one pod per
+    domain: three pods, three anchor pods, three zones (one zone without ``per_domain``).
+    A domain's value is the follower's pods its free room holds: room for one pod in zone
+    0, for four in zone 1, so zone 1 goes first."""
+    none = [np.zeros(3, dtype=bool)]
+    assert anchor_domains(ALL, CPU, 3, DOM, ROOMY, [(3, ALL, CPU)], none, [1]) == [0, 1, 2]
+    assert anchor_domains(ALL, CPU, 3, DOM, ROOMY, [(3, ALL, CPU)], none) == [0]
+    free = ROOMY.copy()
+    free[[0, 1], 0] = [1000, 0]  # zone 0: one pod's room
+    free[[2, 3], 0] = [2000, 2000]  # zone 1: four
+    assert anchor_domains(ALL, CPU, 2, DOM, free, [(4, _mask(0, 2, 3), CPU)], none) == [1]
+    assert anchor_domains(ALL, CPU, 2, DOM, free, [(5, _mask(0, 2, 3), CPU)], none) == [1, 0]
+
+
+def test_a_class_repelling_itself_fits_at_most_one_pod_per_domain() -> None:
+    """``classes.most``: five replicas with hostname anti-affinity to each other, three
+    nodes they may use (one of them full): two fit, and ``placeable`` counts what is left
+    of those two, not of the five."""
+    free = ROOMY.copy()
+    free[2, 0] = 0
+    spec = ClassSpec(count=5, req=CPU, mask=_mask(0, 1, 2), cost=np.zeros(6),
+                     conflicts={HOSTNAME: [0]})
+    hosts = {HOSTNAME: np.arange(6)}
+    assert most(0, spec, free, hosts) == 2
+    assert most(0, spec, free) == 5  # no domains given: the count
+    assert placeable([spec], free, [[0]], hosts) == 1
+    assert placeable([spec], free, [[0]]) == 4
 
 
 def test_domains_of_and_followers() -> None:

@@ -78,13 +78,14 @@ def test_the_budget_counts_from_the_callers_start_and_never_from_the_future() ->
 # (CPU used when the search starts, CPU used now, wall seconds gone, pods out, what the
 # budget says): open or not, the work a sub-solve gets, the deadline hits
 @pytest.mark.parametrize(("start", "now", "wall", "out", "is_open", "work"), [
-    (0.0, 0.0, 0.0, False, True, 0.15 * 0.56),  # the search's whole share
-    (0.0, 0.5, 0.0, False, True, 0.15 * 0.06),  # what is left of it
-    (0.0, 0.56, 0.0, False, False, None),  # spent
+    # no pod out (the exact step has nothing to place): the engine's whole end, 0.8
+    (0.0, 0.0, 0.0, False, True, 0.15 * 0.8),
+    (0.0, 0.5, 0.0, False, True, 0.15 * 0.3),  # what is left of it
+    (0.0, 0.81, 0.0, False, False, None),  # spent
     (0.3, 0.3, 0.0, False, True, 0.15 * 0.2),  # what follows gets as long as before: 0.8-0.3
     (0.0, 0.0, 0.0, True, True, 0.15 * 0.24),  # pods out: the exact step gets the rest
     (0.0, 0.25, 0.0, True, False, None),
-    (0.0, 0.1, 0.9, False, True, 0.15 * 0.46),  # a loaded machine: CPU decides ...
+    (0.0, 0.1, 0.9, False, True, 0.15 * 0.7),  # a loaded machine: CPU decides ...
     (0.0, 0.1, 1.0, False, False, None),  # ... until the safety net (1 s)
 ])
 def test_the_search_ends_by_cpu_and_by_the_safety_net(

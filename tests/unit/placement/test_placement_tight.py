@@ -247,9 +247,9 @@ def test_pressure_is_the_class_by_class_sum() -> None:
 
 def test_runners_up_are_the_per_class_ones() -> None:
     """``engine.runners_up`` (blocks of classes) gives each class the count of nodes that
-    fit it before the batch and its two cheapest there, in the order ``_decide``'s
-    per-class partition and stable sort give (ties included: costs on a coarse grid), so
-    the decisions' runner-ups and reasons do not change."""
+    fit it before the batch and its two cheapest there, the cheaper first and the lower
+    index first among equal costs (ties included: costs on a coarse grid), as ``_decide``'s
+    per-class path gives them."""
     rnd = np.random.default_rng(5)
     n = 250_000  # 4 classes a block
     free0 = np.stack([rnd.integers(0, 8, n) * 500, rnd.integers(0, 8, n) << 30,
@@ -267,7 +267,5 @@ def test_runners_up_are_the_per_class_ones() -> None:
             if reqs[ci][r]:
                 ok = ok & (free0[:, r] >= reqs[ci][r])
         cand = np.where(ok, costs[ci], np.inf)
-        two = np.argpartition(cand, 1)[:2]
-        top = [int(i) for i in sorted(two.tolist(), key=lambda i: cand[i])
-               if np.isfinite(cand[i])]
+        top = [int(i) for i in np.argsort(cand, kind="stable")[:2] if np.isfinite(cand[i])]
         assert got[ci] == (int(ok.sum()), top), ci
