@@ -40,6 +40,13 @@ the replicas' connections came back and their digests flow again. A late report 
 as a reconnection does: every peer's next digest is awaited, and meanwhile only owners
 fold (the peers see late reports of the same moment too).
 
+On NATS the MQTT session's return comes while the streams may still hand out fresh copies
+of reports published during their leader elections (an agent's publish and its resend after
+the server gave up storing the first): for ``settle_s`` after its own connection returns a
+replica stays disturbed however soon the peers answer (cloud_core/service.py sets it on NATS;
+0 on Mosquitto, which holds no such copies). The digests that end a wait go out promptly
+(:mod:`cloud_core.replicas`), so without it a wait ends within a few deliveries.
+
 A peer waited for longer than ``forget_s`` is taken as gone (a replica that died whole: its
 state died with it) and leaves the ownership; what it owned is held or folded here from
 then on. A replica whose own connection comes back and that knows no peer listens for ``listen_s``
@@ -87,14 +94,14 @@ class FoldGate:
                  connected: Callable[[], bool], connects: Callable[[], int] = lambda: 0,
                  clock: Callable[[], float] = time.monotonic, forget_s: float = FORGET_S,
                  listen_s: float = LISTEN_S, max_held: int = MAX_HELD,
-                 max_peers: int = MAX_PEERS) -> None:
+                 max_peers: int = MAX_PEERS, settle_s: float = 0.0) -> None:
         self.me = me
         self._fold = fold
         self._connected = connected
         self._connects = connects
         self._clock = clock
         self.forget_s, self.listen_s, self.max_held = forget_s, listen_s, max_held
-        self.max_peers = max_peers
+        self.max_peers, self.settle_s = max_peers, settle_s
         self._lock = threading.Lock()
         # peer -> (heard at, its digest interval, still holding by its last digest, the
         # number of its last digest)
@@ -107,6 +114,7 @@ class FoldGate:
         # after a wait began was itself exported after the peer knew we hold.
         self._n = int(time.time() * 1000)
         self._listen_until = 0.0
+        self._settle_until = 0.0  # disturbed until then, however soon the peers answer
         self._seen_connects = 0
         self._was_up = False
         self._armed = False  # from the first connection on: a fresh replica folds at once
@@ -184,10 +192,17 @@ class FoldGate:
             # Own connection first: a digest on a connection just back answers the wait
             # that connection began, not one begun after it.
             self._update(now)
-            known = peer in self._peers
+            prev = self._peers.get(peer)
+            known = prev is not None
             if not known and len(self._peers) >= self.max_peers:
                 self.peers_refused += 1
                 return
+            if not complete:
+                # A peer counts as calm only from a whole digest saying so: the chunks of
+                # the one that says it stopped holding name what it released, and a copy
+                # folded here before the last of them arrived would be folded beside its
+                # released twin. A chunk that says "holding" is taken at once.
+                holding = holding or (prev[2] if prev is not None else True)
             self._peers[peer] = (now, interval_s, holding, n)
             if not known:
                 self._set_peers()
@@ -240,7 +255,9 @@ class FoldGate:
     def _disturbed(self) -> bool:
         if not self._armed:
             return False
-        return bool(self._waiting) or self._clock() < self._listen_until or not self._was_up
+        now = self._clock()
+        return bool(self._waiting) or now < self._listen_until or now < self._settle_until \
+            or not self._was_up
 
     def _wait_all(self, now: float) -> None:
         """Every peer's next complete digest awaited, one that has heard our next."""
@@ -262,6 +279,7 @@ class FoldGate:
             self._seen_connects = connects
             self._wait_all(now)
             self._listen_until = now + self.listen_s
+            self._settle_until = now + self.settle_s
         self._was_up = up
         for p, (heard, interval, _h, _n) in self._peers.items():
             if p not in self._waiting and now - heard > OVERDUE_INTERVALS * interval:

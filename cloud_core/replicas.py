@@ -36,6 +36,16 @@ they folded (:mod:`cloud_core.ownership`). For that a digest goes out every inte
 empty one included, and says the sender's interval (``every``), whether it still holds
 reports back (``holding``), its number (``n``), the last number it heard from each peer
 (``heard``) and which chunk is the interval's last (``last``).
+
+Across a disturbance the digests also go out promptly, not only once per interval: when
+this replica's gate starts or stops holding (its wait began, or it released what it held)
+and when a whole digest arrives from a peer that holds (it may be waiting for ours to name
+its latest). A wait thus ends within a few deliveries of the connection's return instead of
+two or three digest intervals, and the peers stop dropping this replica's nodes as soon as
+it is calm: every second of a disturbance is a second of reports dropped by a non-owner,
+which their agents resend only after their ``resend_s``, and an agent whose reports all go
+unacknowledged for ``resend_s`` takes the core as away and backs off its resends (10, 20,
+40 s: edge_agent/outbox.py). Prompt digests are at most ``ANSWER_GAP_S`` apart.
 """
 
 from __future__ import annotations
@@ -59,6 +69,10 @@ log = logging.getLogger(__name__)
 MAX_DIGEST_BYTES = 200 * 1024
 MAX_HEARD = 64  # replicas a digest's ``heard`` may name (the fold gate tracks 32 at most)
 MAX_CHUNKS = 1024  # chunks of one digest, at most (200 MiB)
+# Prompt digests (see the module docstring) at most this often: two holding replicas answer
+# each other's digests, and this bounds that exchange to a few digests a second.
+ANSWER_GAP_S = 0.2
+LOOK_S = 0.05  # how often the digest thread looks for a reason to publish early
 
 
 def encode_digests(items: list[dict[str, Any]], limit: int = MAX_DIGEST_BYTES,
@@ -122,6 +136,11 @@ class DigestExchange:
         self._thread: threading.Thread | None = None
         # sender -> (the number of its digest being received, the chunks of it received)
         self._chunks: dict[str, tuple[int, set[int]]] = {}
+        # A whole digest from a peer that holds arrived since our last digest: answer it.
+        self._answer = threading.Event()
+        self._said_holding = False  # what our last digest said
+        self.sent_digests = 0
+        self.prompt_digests = 0  # of those, sent before their interval was up
         self.sent_items = 0
         self.merged_items = 0
         self.bad_items = 0
@@ -144,19 +163,39 @@ class DigestExchange:
         n, holding, heard = (self.gate.next_digest() if self.gate is not None
                              else (None, False, None))
         items = self.state.export_local(self._since, now)
+        # Cleared before the publish: a holding peer's digest arriving from here on is
+        # answered by the next one (ours may have gone out before it heard that digest).
+        self._answer.clear()
         for payload in encode_digests(items, every_s=self.interval_s, holding=holding, n=n,
                                       heard=heard):
             self.mqtt.publish(digest_topic(self.replica), payload, qos=0)
         self._since = now
+        self._said_holding = holding
+        self.sent_digests += 1
         self.sent_items += len(items)
         return len(items)
 
+    def prompt(self) -> bool:
+        """Whether a digest is due before its interval: the gate started or stopped holding
+        since our last digest, or a holding peer's whole digest awaits an answer."""
+        if self.gate is None or not self._connected():
+            return False
+        return self._answer.is_set() or self.gate.holding != self._said_holding
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        last = time.monotonic()
+        while not self._stop.wait(LOOK_S):
             try:
-                self.publish_once()
-                if self.gate is not None:
-                    self.gate.tick()
+                now = time.monotonic()
+                due = now - last >= self.interval_s
+                if not due and now - last >= ANSWER_GAP_S and self.prompt():
+                    due = True
+                    self.prompt_digests += 1
+                if due:
+                    last = now
+                    self.publish_once()
+                    if self.gate is not None:
+                        self.gate.tick()
             except Exception:
                 log.exception("digest publish failed")
 
@@ -184,9 +223,11 @@ class DigestExchange:
         self.bad_items += self.state.merge(items, self._clock())
         self.merged_items += len(items)
         if self.gate is not None:  # after the merge: its seqs are marked seen by now
-            self.gate.peer_heard(sender, every, complete=whole,
-                                 holding=body.get("holding", False) is True, n=n,
+            holding = body.get("holding", False) is True
+            self.gate.peer_heard(sender, every, complete=whole, holding=holding, n=n,
                                  heard_me=heard_me)
+            if whole and holding:
+                self._answer.set()  # it may be waiting for a digest of ours that heard it
 
 
     def _whole(self, sender: str, n: int, body: dict[str, Any]) -> bool:

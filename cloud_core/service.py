@@ -226,8 +226,12 @@ class CoreService:
         def connects() -> int:
             return int(getattr(bus, "digest_connects", 0)) + int(getattr(bus, "connects", 0))
 
+        # On NATS the MQTT session's return comes while the streams may still hand out fresh
+        # copies of reports published during their elections: only owners fold for two
+        # digest intervals after it, however soon the peers' digests answer.
+        settle = 2 * cfg.digest_interval_s if cfg.nats is not None else 0.0
         gate = self.gate = FoldGate(replica, self.ingest.fold, connected=connected,
-                                    connects=connects)
+                                    connects=connects, settle_s=settle)
         self.ingest.gate = gate
         self.metrics.add_counters(
             "cfnet_fold_gate", "Replicas during a bus disturbance: reports held for the "

@@ -313,7 +313,9 @@ def one_run(kind: str, nodes: int, steady_s: float, log: Any) -> Run:
                 f"{r.max_lag_s:.1f} s behind, {r.unconfirmed} dropped unconfirmed, "
                 f"{r.restarts} bus connection(s) restarted")
             log(f"{kind}: fold gates (held for the peers' digests, dropped for their owner: "
-                f"cloud_core/ownership.py) {[c.gate.counts() if c.gate else {} for c in cores]}")
+                f"cloud_core/ownership.py) {[c.gate.counts() if c.gate else {} for c in cores]}; "
+                "digests sent (of those before their interval: answers, the gate's changes) "
+                f"{[(d.sent_digests, d.prompt_digests) for c in cores if (d := c.digests)]}")
             if r.overloaded:
                 log(f"{kind}: OVERLOADED at {nodes:,} nodes: {r.rate:,.0f} of {nodes:,} "
                     f"reports/s ingested, reports waited up to {r.max_lag_s:.1f} s in the "

@@ -241,3 +241,87 @@ def test_a_digest_missing_a_chunk_ends_no_wait() -> None:
         ex.handle(Message(digest_topic("core-b"), c))
     assert not g.disturbed and [r.seq for r in folded] == [3]
     assert ex.bad_items == 0
+
+
+class Link:
+    """Two replicas' digest exchanges on one in-memory bus: a publish reaches every other
+    replica's ``handle`` at once."""
+
+    def __init__(self) -> None:
+        self.connected = True
+        self.exchanges: list[DigestExchange] = []
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0) -> None:
+        for ex in self.exchanges:
+            ex.handle(Message(topic, payload))
+
+
+def test_a_wait_ends_on_prompt_digests_without_waiting_out_an_interval() -> None:
+    link = Link()
+    ga, bus_a, _clock = gate([])
+    gb = FoldGate("core-b", lambda _r: None, connected=lambda: True, connects=lambda: 1,
+                  clock=_clock)
+    a = DigestExchange("core-a", ClusterState(), link, gate=ga)  # type: ignore[arg-type]
+    b = DigestExchange("core-b", ClusterState(), link, gate=gb)  # type: ignore[arg-type]
+    link.exchanges = [a, b]
+    a.publish_once()
+    b.publish_once()
+    assert not a.prompt() and not b.prompt()  # calm: once per interval only
+    bus_a.connects = 2  # core-a's connection came back: it holds, and says so at once
+    mine = node_owned_by(0)
+    assert ga.check(rep(mine, 4)) == HOLD
+    assert a.prompt()
+    a.publish_once()
+    assert not a.prompt()  # said
+    assert b.prompt()  # a holding peer's whole digest: answered before the interval
+    b.publish_once()
+    assert not b.prompt()
+    assert not ga.disturbed  # the answer heard core-a's holding digest: the wait is over
+    assert a.prompt()  # core-a stopped holding: it says so at once too
+    a.publish_once()
+    assert not b.prompt() and not a.prompt()  # calm again on both: nothing to answer
+
+
+def test_a_calm_peers_digest_asks_for_no_answer() -> None:
+    link = Link()
+    ga, _bus, _clock = gate([])
+    a = DigestExchange("core-a", ClusterState(), link, gate=ga)  # type: ignore[arg-type]
+    link.exchanges = [a]
+    for n, holding in ((1, False), (2, True)):
+        (d,) = encode_digests([], holding=holding, n=n, heard={})
+        a.handle(Message(digest_topic("core-b"), d))
+        assert a.prompt() is holding
+    link.connected = False
+    assert not a.prompt()  # nothing goes out while the connection is down
+
+
+def test_a_settle_keeps_only_owners_folding_after_the_connection_returns() -> None:
+    folded: list[TelemetryReport] = []
+    g, bus, clock = gate(folded, settle_s=2.0)
+    g.peer_heard("core-b", 1.0)
+    mine = node_owned_by(0)
+    bus.connects = 2
+    assert g.check(rep(mine, 5)) == HOLD
+    n = g.next_digest()[0]
+    g.peer_heard("core-b", 1.0, n=3, heard_me=n)  # answered at once: still settling
+    assert g.disturbed and not folded
+    clock.t += 2.1
+    assert not g.disturbed and [r.seq for r in folded] == [5]
+
+
+def test_a_peer_is_calm_only_from_a_whole_digest_saying_so() -> None:
+    folded: list[TelemetryReport] = []
+    g, _bus, _clock = gate(folded)
+    ex = DigestExchange("core-a", ClusterState(), object(), gate=g)  # type: ignore[arg-type]
+    theirs = node_owned_by(1)
+    for c in encode_digests([], holding=True, n=1, heard={}):
+        ex.handle(Message(digest_topic("core-b"), c))
+    assert g.check(rep(theirs, 1)) == DROP  # core-b holds: its nodes are its own
+    items = [{"node": f"n{i}", "pad": "x" * 100} for i in range(30)]
+    calm = encode_digests(items, limit=1000, holding=False, n=2, heard={})
+    assert len(calm) > 2
+    for c in calm[:-1]:  # "calm", but what it released is named in chunks still to come
+        ex.handle(Message(digest_topic("core-b"), c))
+        assert g.check(rep(theirs, 2)) == DROP
+    ex.handle(Message(digest_topic("core-b"), calm[-1]))
+    assert g.check(rep(theirs, 3)) == FOLD
