@@ -491,8 +491,9 @@ def engine_classes(snap: ClusterSnapshot, pods: Sequence[Workload], cfg: EngineC
     affinity): classes with every filter but resources, all anti-affinity between classes,
     the nodes' free resources and domains; and ``assign`` as node indices per class."""
     from cloud_core.placement.classes import ClassSpec
-    from cloud_core.placement.engine import PreparedCluster, set_conflicts
+    from cloud_core.placement.engine import PreparedCluster
     from cloud_core.placement.prepared import all_ok, class_key, request_vector
+    from cloud_core.placement.rounds import set_conflicts
 
     pc = PreparedCluster(snap, cfg)
     groups: dict[object, list[Workload]] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,10 +24,18 @@ from .descent import improve_cost
 from .exact import fits_exact, key_of, running_after, solve_exact
 from .exact import inputs as exact_inputs
 from .explain import Explanation, first_failure_counts, first_failure_examples, summary
-from .filters import selector_matches, term_matches_pod
-from .model import PodAffinityTerm, Resources, RunningPod, Workload
-from .prepared import ClusterView, PodIndex, all_ok, as_running, class_key, request_vector
+from .filters import selector_matches
+from .model import Resources, RunningPod, Workload
+from .prepared import ClusterView, PodIndex, all_ok, as_running, request_vector
 from .repair import repair_count
+from .rounds import (
+    affinity_deps,
+    classes_of,
+    ready_classes,
+    set_conflicts,
+    take_back_partial_gangs,
+    waiting_reason,
+)
 from .sequential import NodeUsage, needs_sequential, place_classes, pod_by_pod_results
 from .solver import ClassSpec, solve
 from .validate import validate
@@ -74,10 +82,10 @@ class PreparedCluster(ClusterView):
               ) -> PlacementResult:
         """Place a batch together; every workload gets a node or the reason it has none.
         ``cpu_start``: this thread's ``time.thread_time()`` at the step's start (budget.py)."""
-        members = _classes(workloads)
+        members = classes_of(workloads)
         reps = [g[0] for g in members]
         nclass = len(reps)
-        deps = _affinity_deps(reps)
+        deps = affinity_deps(reps)
         placed_nodes: list[list[int]] = [[] for _ in reps]
         # spread, host ports, extended resources, the spread policy: pod by pod, after
         seq = {ci for ci in range(nclass) if needs_sequential(reps[ci], self.cfg.policy)}
@@ -128,9 +136,9 @@ class PreparedCluster(ClusterView):
             return placed
 
         while pending:
-            ready, first_pod_only = _ready(reps, pending, deps, self.pods)
+            ready, first_pod_only = ready_classes(reps, pending, deps, self.pods)
             if not ready:
-                deferred_reason.update({ci: _waiting(reps[ci]) for ci in pending})
+                deferred_reason.update({ci: waiting_reason(reps[ci]) for ci in pending})
                 break
             rounds += 1
             # the anchors of waiting classes' pod affinity: one pod per picked domain first
@@ -151,7 +159,7 @@ class PreparedCluster(ClusterView):
                 break
         place_classes(self, reps, members, seq, placed_nodes, base_mask, batch_cost,
                       deferred_reason)
-        drop_partial_gangs(self, reps, members, placed_nodes, deferred_reason)
+        take_back_partial_gangs(self, reps, members, placed_nodes, deferred_reason)
         if start is not None and any(
                 len(p) < len(m) for p, m in zip(placed_nodes, members, strict=True)
         ) and self._exact(reps, members, placed_nodes, base_mask, batch_cost, deferred_reason,
@@ -164,15 +172,19 @@ class PreparedCluster(ClusterView):
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
                               deferred_reason, workloads)
         clock.report(stats)
-        # a lower bound on the cost of placing the same pods: each at the cheapest node that
-        # fitted it before the batch (capacity shared by the batch ignored), and the gap to it
-        stats["bound"] = result[3]
-        stats["gap"] = (result[2] - result[3]) / result[2] if result[2] > 0 else 0.0
-        # the prepared view keeps the batch's placements accounted (like bind())
-        self.forget_costs()
-        self.ix.alloc = self.ix.cap - self.free
+        self._settle(stats, result[2], result[3])
         return PlacementResult(result[0], result[1], result[2],
                                "+".join(dict.fromkeys(method)) or "none", stats)
+
+    def _settle(self, stats: dict[str, float], cost: float, bound: float) -> None:
+        """Record the batch's lower bound on the cost of placing the same pods (each at the
+        cheapest node that fitted it before the batch, capacity shared by the batch
+        ignored) and the gap to it; keep the batch's placements accounted in the prepared
+        view (like bind())."""
+        stats["bound"] = bound
+        stats["gap"] = (cost - bound) / cost if cost > 0 else 0.0
+        self.forget_costs()
+        self.ix.alloc = self.ix.cap - self.free
 
     def _anchors_first(self, reps: list[Workload], members: list[list[Workload]],
                        placed_nodes: list[list[int]], deps: Deps, ready: set[int],
@@ -491,139 +503,3 @@ def two_cheapest(cand: np.ndarray) -> list[list[int]]:
                 out[j].append(i)
         cand[rows, at] = np.inf
     return out
-
-
-def set_conflicts(reps: list[Workload], specs: list[ClassSpec]) -> None:
-    """Anti-affinity between classes of one round, symmetric, per topology key."""
-    by_label: dict[tuple[str, str, str], list[int]] = {}
-    for b, wb in enumerate(reps):
-        for k, v in wb.labels.items():
-            by_label.setdefault((wb.namespace, k, v), []).append(b)
-    for a, wa in enumerate(reps):
-        for t in wa.pod_anti_affinity:
-            if t.selector.match_labels:
-                k, v = next(iter(t.selector.match_labels.items()))
-                cands = [b for ns in t.namespaces or (wa.namespace,)
-                         for b in by_label.get((ns, k, v), [])]
-            else:
-                cands = list(range(len(reps)))
-            for b in cands:
-                wb = reps[b]
-                if term_matches_pod(t, wa.namespace, wb.namespace, wb.labels):
-                    for x, y in ((a, b), (b, a)):
-                        lst = specs[x].conflicts.setdefault(t.topology_key, [])
-                        if y not in lst:
-                            lst.append(y)
-
-
-def _classes(workloads: Sequence[Workload]) -> list[list[Workload]]:
-    """The batch's classes of identical workloads, in order of first appearance."""
-    seen: set[str] = set()
-    groups: dict[tuple[Hashable, ...], list[Workload]] = {}
-    for w in workloads:
-        if w.uid in seen:
-            raise PlacementError(f"duplicate workload uid {w.uid!r} in one batch")
-        seen.add(w.uid)
-        groups.setdefault(class_key(w), []).append(w)
-    return list(groups.values())
-
-
-def _waiting(w: Workload) -> str:
-    """Why a class that waits on pod affinity for ever is not placed."""
-    if w.gang is not None:
-        return (f"gang {w.gang}: its members wait on pod affinity, which is placed in rounds "
-                "and cannot be all-or-nothing")
-    return "pod affinity: no matching pod can be placed"
-
-
-def _affinity_deps(reps: list[Workload]) -> dict[int, list[tuple[PodAffinityTerm, set[int]]]]:
-    """For each class, its affinity terms and the batch classes that could satisfy them."""
-    deps: dict[int, list[tuple[PodAffinityTerm, set[int]]]] = {}
-    for a, wa in enumerate(reps):
-        for t in wa.pod_affinity:
-            ms = {b for b, wb in enumerate(reps)
-                  if term_matches_pod(t, wa.namespace, wb.namespace, wb.labels)}
-            deps.setdefault(a, []).append((t, ms))
-    return deps
-
-
-def _ready(reps: list[Workload], pending: set[int],
-           deps: dict[int, list[tuple[PodAffinityTerm, set[int]]]],
-           pods: PodIndex) -> tuple[set[int], set[int]]:
-    """Classes placeable in the current round, and those that may only place their first pod.
-
-    A class waits while another pending class could satisfy its pod affinity (its pods may
-    open domains that running pods don't). When everything waits, a class that can go on
-    its own -- each waiting term has running matches or selects the class itself -- goes
-    first; if a term has no match at all, only its first pod is placed (the Kubernetes rule
-    for the first pod of a self-affine group), which breaks the cycle.
-    Gangs move together: all their classes in one round, never first-pod-only.
-    """
-    ready: set[int] = set()
-    first: set[int] = set()
-    breakers: list[tuple[int, bool]] = []  # (class, first pod only)
-    for ci in sorted(pending):
-        w = reps[ci]
-        ok, only_first, can_break = True, False, True
-        for t, ms in deps.get(ci, []):
-            running = bool(pods.matching(t, w.namespace))
-            others = (ms - {ci}) & pending
-            if others:
-                ok = False
-                if not running:
-                    if ci in ms:
-                        only_first = True
-                    else:
-                        can_break = False
-            elif not running:
-                if ci in ms:
-                    only_first = True
-                else:
-                    ok = can_break = False  # nothing can ever satisfy it
-        if ok:
-            ready.add(ci)
-            if only_first:
-                first.add(ci)
-        elif can_break:
-            breakers.append((ci, only_first))
-    gangs: dict[str, set[int]] = {}
-    for ci in pending:
-        if reps[ci].gang is not None:
-            gangs.setdefault(reps[ci].gang, set()).add(ci)  # type: ignore[arg-type]
-    for members in gangs.values():
-        if not members <= ready or members & first:
-            ready -= members
-            first -= members
-    breakers = [(ci, f) for ci, f in breakers if reps[ci].gang is None]
-    if not ready and breakers:
-        ci, only_first = breakers[0]
-        ready = {ci}
-        first = {ci} if only_first else set()
-    return ready, first
-
-
-def drop_partial_gangs(pc: ClusterView, reps: list[Workload], members: list[list[Workload]],
-                       placed_nodes: list[list[int]], deferred: dict[int, str]) -> None:
-    """Gangs all-or-nothing over the whole batch: a gang whose members span classes placed
-    by different routes (the solver's rounds, pod by pod, pod-affinity rounds) can come out
-    of them in part; its placed members are taken back, their capacity freed."""
-    size: dict[str, int] = {}
-    got: dict[str, int] = {}
-    for ci, w in enumerate(reps):
-        if w.gang is not None:
-            size[w.gang] = size.get(w.gang, 0) + len(members[ci])
-            got[w.gang] = got.get(w.gang, 0) + len(placed_nodes[ci])
-    partial = {g for g, n in got.items() if 0 < n < size[g]}
-    if not partial:
-        return
-    dropped: set[str] = set()
-    for ci, w in enumerate(reps):
-        if w.gang not in partial:
-            continue
-        req = request_vector(w)
-        for j, n in enumerate(placed_nodes[ci]):
-            pc.free[n] += req
-            dropped.add(members[ci][j].uid)
-        placed_nodes[ci].clear()
-        deferred.setdefault(ci, f"gang {w.gang}: not every member fits at once")
-    pc.pods = PodIndex([p for p in pc.pods.all() if p.uid not in dropped])
