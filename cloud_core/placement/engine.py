@@ -160,14 +160,17 @@ class PreparedCluster(ClusterView):
         place_classes(self, reps, members, seq, placed_nodes, base_mask, batch_cost,
                       deferred_reason)
         take_back_partial_gangs(self, reps, members, placed_nodes, deferred_reason)
+        if start is not None and self._repair(reps, members, seq, placed_nodes, batch_cost,
+                                              deferred_reason, *start, stats):
+            method.append("eject")
         if start is not None and any(
                 len(p) < len(m) for p, m in zip(placed_nodes, members, strict=True)
         ) and self._exact(reps, members, placed_nodes, base_mask, batch_cost, deferred_reason,
                           free0, *start, clock, stats):
             method.append("exact")
-        if start is not None and self._repair(reps, members, seq, placed_nodes, batch_cost,
-                                              deferred_reason, *start, stats):
-            method.append("eject")
+            if self._repair(reps, members, seq, placed_nodes, batch_cost, deferred_reason,
+                            *start, stats):
+                method.append("eject")
         stats.update(rounds=float(rounds), classes=float(nclass))
         result = self._decide(reps, members, placed_nodes, base_mask, batch_cost, free0,
                               deferred_reason, workloads)

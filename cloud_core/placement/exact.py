@@ -27,6 +27,7 @@ engine keeps the answer only when it places more pods, or as many for less, and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -52,6 +53,13 @@ if TYPE_CHECKING:
 # benchmark's models: a search that short mostly starts over)
 CHUNK = 0.02
 ROUND_SHARE = 0.8
+# A focused round's work at most (exact._focused): 0.03 units, 0.05-0.15 s of CPU on the
+# quality benchmark's mixed batches, where a round of its tens of free variables proves
+# its answer or gets close
+FOCUS_WORK = 0.03
+# ... and the classes with a pod on the left-out class's nodes may move to this many other
+# nodes, those with the most room (all of them: rounds 1.5-2 times as long, fewer of them)
+FOCUS_SPARE_NODES = 20
 
 
 @dataclass
@@ -190,7 +198,15 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
         for sp in lst:
             _spread_rule(cm, ci, specs, sp, by_class)
     if clock.limited:
+        # focused rounds first, then the whole model from their answer in what is left
+        start = _focused(cm, specs, hint, ex.free0, cfg, clock, stats)
+        if start is not None:
+            _hint_all(m, start)
         got = _in_rounds(cm, len(specs), cfg, clock, stats)
+        if got is None and start is not None:
+            got = [[] for _ in specs]
+            for (ci, n), v in x.items():
+                got[ci].extend([n] * start[v.index])
         return None if got is None else (got, key_of(ex, got, cfg.cost_scale))
     s = _solver(cfg, cfg.exact_deterministic_time, clock)
     status = s.solve(m)
@@ -251,14 +267,104 @@ def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClo
         got = cm.placement(s, n_classes)
         if status == cp_model.OPTIMAL:
             break
-        m.clear_hints()  # type: ignore[no-untyped-call]
-        # every variable, straight into the proto (the library's per-variable look-up and
-        # add_hint took a third of a round's CPU)
-        sol = list(s.response_proto.solution)
-        m.proto.solution_hint.vars.extend(range(len(sol)))
-        m.proto.solution_hint.values.extend(sol)
-    stats["exact_work"] = work
+        _hint_all(m, list(s.response_proto.solution))
+    stats["exact_work"] = stats.get("exact_work", 0.0) + work
     return got
+
+
+def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
+             free0: np.ndarray, cfg: EngineConfig, clock: StepClock,
+             stats: dict[str, float]) -> list[int] | None:
+    """Focused rounds on the whole model. Each frees one left-out class, every cell on the
+    nodes it may use, and the cells of the classes with a pod there on those of the
+    ``FOCUS_SPARE_NODES`` roomiest nodes with room for one of their pods (``free0`` less
+    the answer's pods); the rest keeps its answer (its variables' domains fixed for the
+    round, so the round searches tens of variables, not thousands). A left-out pod
+    usually needs a few pods moved off its own nodes, which a search of the whole model
+    reaches only after long. Rounds go over the left-out classes in turn, each of at most
+    ``FOCUS_WORK`` (and what fits in ``ROUND_SHARE`` of the CPU left), until each of them
+    was tried once since the last better answer. Returns the best answer found, every
+    variable's value (the next rounds' hint), or None when no round found one."""
+    from ortools.sat.python import cp_model
+
+    m = cm.model
+    proto = m.proto
+    cells: dict[int, list[int]] = {}
+    for ci, n in cm.x:
+        cells.setdefault(ci, []).append(n)
+    cur = [list(ns) for ns in hint]
+    sol: list[int] | None = None
+    best = math.inf
+    work, rate, tries, stale = 0.0, clock.work_per_cpu, 0, 0
+    while clock.wall_left() > 0.0:
+        out = [ci for ci in range(len(specs)) if len(cur[ci]) < specs[ci].count
+               and ci in cells]
+        if not out or stale >= len(out):
+            break
+        det = min(FOCUS_WORK, ROUND_SHARE * clock.cpu_left(clock.end_cpu) * rate)
+        if clock.cpu_left(clock.end_cpu) < cfg.step_exact_min_s or det < MIN_WORK:
+            break
+        group = out[tries % len(out)]
+        tries += 1
+        nodes = set(cells[group])
+        movers = {ci for ci, ns in enumerate(cur) if not nodes.isdisjoint(ns)}
+        movers.add(group)
+        counts: list[dict[int, int]] = [{} for _ in cur]
+        room = free0.copy()
+        for ci, ns in enumerate(cur):
+            for n in ns:
+                counts[ci][n] = counts[ci].get(n, 0) + 1
+                room[n] -= specs[ci].req
+        saved: list[tuple[int, list[int]]] = []
+        # the nodes with the most room left (the lesser of CPU and memory, as a share of
+        # what was free before the batch): where the movers may go
+        share = (room[:, :2] / np.maximum(free0[:, :2], 1)).min(axis=1)
+        spare = np.zeros(len(room), dtype=bool)
+        spare[np.argsort(-share, kind="stable")[:FOCUS_SPARE_NODES]] = True
+        goes = {ci: (spare & (room >= specs[ci].req).all(axis=1)).tolist() for ci in movers}
+        for (ci, n), v in cm.x.items():
+            if n in nodes or (ci in goes and goes[ci][n]):
+                continue
+            h = counts[ci].get(n, 0)
+            dom = proto.variables[v.index].domain
+            saved.append((v.index, list(dom)))
+            dom.clear()
+            dom.extend([h, h])
+        if sol is not None:
+            _hint_all(m, sol)
+        s = _solver(cfg, det, clock)
+        # the fixed variables propagate at once; a presolve of the whole model each round
+        # took more CPU than the round's search
+        s.parameters.cp_model_presolve = False
+        c0 = clock.cpu()
+        status = s.solve(m)
+        took, done = clock.cpu() - c0, s.response_proto.deterministic_time
+        work += done
+        if took > 0.0 and done > 0.0:
+            rate = done / took
+        for i, dom_was in saved:
+            d = proto.variables[i].domain
+            d.clear()
+            d.extend(dom_was)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value < best - 0.5:
+            if sol is not None:
+                stale = 0
+            best = s.objective_value
+            cur = cm.placement(s, len(specs))
+            sol = list(s.response_proto.solution)
+        else:
+            stale += 1
+    stats["exact_work"] = stats.get("exact_work", 0.0) + work
+    stats["exact_focused"] = float(tries)
+    return sol
+
+
+def _hint_all(m: cp_model.CpModel, sol: Sequence[int]) -> None:
+    """Every variable hinted with ``sol``, straight into the proto (the library's
+    per-variable look-up and add_hint took a third of a round's CPU)."""
+    m.clear_hints()  # type: ignore[no-untyped-call]
+    m.proto.solution_hint.vars.extend(range(len(sol)))
+    m.proto.solution_hint.values.extend(sol)
 
 
 def round_work(left: float, rate: float, work: float, first: bool, cfg: EngineConfig
