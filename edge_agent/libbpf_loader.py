@@ -162,18 +162,26 @@ _users = 0  # loads running and objects kept: libbpf is unloaded only when there
 
 
 def libbpf() -> _Libbpf:
-    global _lib
     with _lib_lock:
-        if _lib is None:
-            _lib = _Libbpf()
-        return _lib
+        return _mapped()
+
+
+def _mapped() -> _Libbpf:
+    """libbpf, mapped if it is not (the caller holds ``_lib_lock``)."""
+    global _lib
+    if _lib is None:
+        _lib = _Libbpf()
+    return _lib
 
 
 def _use(n: int) -> _Libbpf:
-    """Count a user of libbpf in (+1: a load, an object kept) or out (-1)."""
+    """Count a user of libbpf in (+1: a load, an object kept) or out (-1). Mapping it and
+    counting the user in are one step under the lock: between the two, another thread's
+    :func:`_unload_if_idle` (``available()``'s, the probe's check beside an early load)
+    found no user and unmapped the library this load was about to call (a segfault)."""
     global _users
-    lib = libbpf()
     with _lib_lock:
+        lib = _mapped()
         _users += n
     return lib
 
@@ -183,17 +191,17 @@ def _unload_if_idle() -> bool:
     Its print callback is cleared first, so a libbpf that stays mapped all the same (some
     other part of the process holds it) never calls back into freed memory."""
     global _lib
-    with _lib_lock:
+    import _ctypes
+
+    with _lib_lock:  # held to the dlclose: no load maps and counts itself in meanwhile
         lib = _lib
         if lib is None or _users:
             return False
         _lib = None
-    lib.lib.libbpf_set_print(_PRINT_FN())  # NULL: libbpf prints nothing
-    handle = lib.lib._handle
-    del lib
-    import _ctypes
-
-    _ctypes.dlclose(handle)
+        lib.lib.libbpf_set_print(_PRINT_FN())  # NULL: libbpf prints nothing
+        handle = lib.lib._handle
+        del lib
+        _ctypes.dlclose(handle)
     return True
 
 

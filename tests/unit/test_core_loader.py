@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -350,3 +352,43 @@ def test_a_failing_early_core_load_gives_libbpfs_reason_to_the_probe(
         assert probe.name == "sockdiag" and reason and "libbpf cannot open" in reason, reason
     finally:
         probe.close()
+
+
+# Two threads in a process of their own (a segfault ends the process, not the suite): the
+# probe's check (``available()``: maps libbpf, unmaps it when nothing uses it) against a
+# load (counts itself in, calls libbpf, counts itself out), for a bounded time.
+_RACE = """
+import sys, threading, time
+from edge_agent import libbpf_loader as L
+stop = time.monotonic() + float(sys.argv[1])
+n = [0, 0]
+def check():
+    while time.monotonic() < stop:
+        L.available(); n[0] += 1
+def load():
+    while time.monotonic() < stop:
+        lib = L._use(+1)
+        try:
+            lib.lib.bpf_object__open_file(b"/nonexistent/x.bpf.o", None)
+        finally:
+            L._use(-1)
+            L._unload_if_idle()
+        n[1] += 1
+ts = [threading.Thread(target=check), threading.Thread(target=load)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(n[0], n[1])
+"""
+
+
+def test_the_probes_check_never_unmaps_libbpf_under_a_load() -> None:
+    """The early load (a thread) and the probe's libbpf check (the agent's main thread) ran
+    side by side: the check unmapped libbpf between the load's mapping it and counting
+    itself in, and the load's next libbpf call segfaulted the agent (half the runs of this
+    race for 2 s, every one for 5 s). Mapping and counting in are one step now."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _RACE, "4"], cwd=root, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, f"rc {done.returncode}: {done.stderr[-2000:]}"
+    checks, loads = map(int, done.stdout.split())
+    assert checks > 0 and loads > 0
