@@ -337,15 +337,17 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
         # took more CPU than the round's search
         s.parameters.cp_model_presolve = False
         c0 = clock.cpu()
-        status = s.solve(m)
+        try:
+            status = s.solve(m)
+        finally:  # the model is the whole step's: its domains as they were, whatever happens
+            for i, dom_was in saved:
+                d = proto.variables[i].domain
+                d.clear()
+                d.extend(dom_was)
         took, done = clock.cpu() - c0, s.response_proto.deterministic_time
         work += done
         if took > 0.0 and done > 0.0:
             rate = done / took
-        for i, dom_was in saved:
-            d = proto.variables[i].domain
-            d.clear()
-            d.extend(dom_was)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value < best - 0.5:
             if sol is not None:
                 stale = 0
