@@ -199,14 +199,12 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
             _spread_rule(cm, ci, specs, sp, by_class)
     if clock.limited:
         # focused rounds first, then the whole model from their answer in what is left
-        start = _focused(cm, specs, hint, ex.free0, cfg, clock, stats)
-        if start is not None:
-            _hint_all(m, start)
+        focused = _focused(cm, specs, hint, ex.free0, cfg, clock, stats)
+        if focused is not None:
+            _hint_all(m, focused[0])
         got = _in_rounds(cm, len(specs), cfg, clock, stats)
-        if got is None and start is not None:
-            got = [[] for _ in specs]
-            for (ci, n), v in x.items():
-                got[ci].extend([n] * start[v.index])
+        if got is None and focused is not None:
+            got = focused[1]
         return None if got is None else (got, key_of(ex, got, cfg.cost_scale))
     s = _solver(cfg, cfg.exact_deterministic_time, clock)
     status = s.solve(m)
@@ -274,7 +272,7 @@ def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClo
 
 def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
              free0: np.ndarray, cfg: EngineConfig, clock: StepClock,
-             stats: dict[str, float]) -> list[int] | None:
+             stats: dict[str, float]) -> tuple[list[int], list[list[int]]] | None:
     """Focused rounds on the whole model. Each frees one left-out class, every cell on the
     nodes it may use, and the cells of the classes with a pod there on those of the
     ``FOCUS_SPARE_NODES`` roomiest nodes with room for one of their pods (``free0`` less
@@ -283,8 +281,9 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
     usually needs a few pods moved off its own nodes, which a search of the whole model
     reaches only after long. Rounds go over the left-out classes in turn, each of at most
     ``FOCUS_WORK`` (and what fits in ``ROUND_SHARE`` of the CPU left), until each of them
-    was tried once since the last better answer. Returns the best answer found, every
-    variable's value (the next rounds' hint), or None when no round found one."""
+    was tried once since the last better answer. Returns the best answer found, as every
+    variable's value (the next rounds' hint) and per class its pods' nodes, or None when
+    no round found one."""
     from ortools.sat.python import cp_model
 
     m = cm.model
@@ -293,6 +292,7 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
     for ci, n in cm.x:
         cells.setdefault(ci, []).append(n)
     cur = [list(ns) for ns in hint]
+    counts, room = _usage(cur, specs, free0)
     sol: list[int] | None = None
     best = math.inf
     work, rate, tries, stale = 0.0, clock.work_per_cpu, 0, 0
@@ -309,12 +309,6 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
         nodes = set(cells[group])
         movers = {ci for ci, ns in enumerate(cur) if not nodes.isdisjoint(ns)}
         movers.add(group)
-        counts: list[dict[int, int]] = [{} for _ in cur]
-        room = free0.copy()
-        for ci, ns in enumerate(cur):
-            for n in ns:
-                counts[ci][n] = counts[ci].get(n, 0) + 1
-                room[n] -= specs[ci].req
         saved: list[tuple[int, list[int]]] = []
         # the nodes with the most room left (the lesser of CPU and memory, as a share of
         # what was free before the batch): where the movers may go
@@ -353,12 +347,25 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
                 stale = 0
             best = s.objective_value
             cur = cm.placement(s, len(specs))
+            counts, room = _usage(cur, specs, free0)
             sol = list(s.response_proto.solution)
         else:
             stale += 1
     stats["exact_work"] = stats.get("exact_work", 0.0) + work
     stats["exact_focused"] = float(tries)
-    return sol
+    return None if sol is None else (sol, cur)
+
+
+def _usage(cur: Sequence[Sequence[int]], specs: Sequence[ClassSpec], free0: np.ndarray
+           ) -> tuple[list[dict[int, int]], np.ndarray]:
+    """Per class its pods per node in the answer ``cur``, and each node's room left."""
+    counts: list[dict[int, int]] = [{} for _ in cur]
+    room = free0.copy()
+    for ci, ns in enumerate(cur):
+        for n in ns:
+            counts[ci][n] = counts[ci].get(n, 0) + 1
+            room[n] -= specs[ci].req
+    return counts, room
 
 
 def _hint_all(m: cp_model.CpModel, sol: Sequence[int]) -> None:
