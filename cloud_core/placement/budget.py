@@ -45,6 +45,8 @@ from .config import EngineConfig
 
 # the least CP-SAT work a sub-solve is given (below it CP-SAT returns its hint unchanged)
 MIN_WORK = 1e-3
+# a sub-solve shorter than this (CPU seconds) measures no rate: mostly model building
+RATE_MIN_CPU = 0.01
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,11 @@ class StepClock:
             if self.wall_left() <= 0.0:
                 stats["step_wall_net"] = 1.0
 
-    def work_for(self, cpu_s: float) -> float:
-        """CP-SAT work (deterministic time) that fits in ``cpu_s`` CPU seconds."""
-        return math.inf if cpu_s == math.inf else max(cpu_s * self.work_per_cpu, MIN_WORK)
+    def work_for(self, cpu_s: float, rate: float = 0.0) -> float:
+        """CP-SAT work (deterministic time) that fits in ``cpu_s`` CPU seconds, at
+        ``rate`` units per CPU second (0: the step's, ``work_per_cpu``)."""
+        return (math.inf if cpu_s == math.inf
+                else max(cpu_s * (rate or self.work_per_cpu), MIN_WORK))
 
 
 @dataclass
@@ -117,6 +121,9 @@ class Budget:
     clock: StepClock = field(default_factory=StepClock)
     search_cpu: float = math.inf  # CPU mark (StepClock) past which no sub-solve starts
     after_cpu: float = math.inf  # the latest the search may end leaving what follows its due
+    rate: float = 0.0  # the slowest work per CPU second measured this step (0: none yet)
+    started: float = 0.0  # the running sub-solve's start (StepClock.used)
+    cap: float = 0.0  # ... and its work limit
 
     @classmethod
     def for_batch(cls, cfg: EngineConfig, pods: int, clock: StepClock | None = None
@@ -169,7 +176,9 @@ class Budget:
         wall-clock limit, and whether the deadline (rather than ``wall_cap_s``) sets the
         latter."""
         det = min(det_time, self.work,
-                  self.clock.work_for(self.clock.cpu_left(self.search_cpu)))
+                  self.clock.work_for(self.clock.cpu_left(self.search_cpu), self.rate))
+        self.started = self.clock.used() if self.clock.limited else 0.0
+        self.cap = det
         wall = wall_cap_s
         by_deadline = False
         left = self._wall_left()
@@ -187,6 +196,14 @@ class Budget:
         stopped it (the deadline's or the safety net's)."""
         self.work -= det_time
         self.spent += det_time
+        if self.clock.limited:
+            took = self.clock.used() - self.started
+            if took >= RATE_MIN_CPU and det_time >= 0.9 * self.cap:
+                # the slowest rate of this step's sub-solves its work stopped (one that
+                # proved its answer early measured the model's loading, not the search):
+                # the next is capped to what fits at it, not at the slowest of any model
+                r = det_time / took
+                self.rate = r if self.rate == 0.0 else min(self.rate, r)
         if wall_hit:
             if by_deadline:
                 self.deadline_hits += 1
