@@ -14,10 +14,13 @@ always runs; the CP-SAT neighbourhoods improve it until the search's end
 (``step_search_share`` of the engine's share, or earlier: ``StepClock.search_end_for``; when
 no pod an allowed node could hold is left out, the engine's end less what follows the
 search: ``Budget.count_first``); the exact step (``exact.py``) then runs in what is left.
-CP-SAT itself is bounded by its deterministic time, never by the clock: each sub-solve gets at most
-``step_work_per_cpu_s`` units per CPU second left, so the CPU a step takes, and the answer,
-are the same on a quiet and a loaded machine alike: a machine whose CPUs other processes
-share gives the step fewer CPU seconds per wall second, not fewer CPU seconds.
+CP-SAT itself is bounded by its deterministic time, never by the clock: each sub-solve gets at
+most the work that fits in the CPU left at the slowest rate measured in the step
+(``Budget.rate``; before one, ``step_work_per_cpu_s`` units per CPU second), so a machine
+whose CPUs other processes share gives the step fewer CPU seconds per wall second, not fewer
+CPU seconds. The answer is the same wherever the search ends before the budget does; where
+the budget ends it, the thread's CPU time for the same work (10-20 % from run to run) moves
+where, and with it the answer (docs/placement.md).
 
 A wall-clock safety net (``step_wall_factor`` x the CPU budget, at least
 ``step_wall_min_s``) bounds how long a machine too loaded to give the step its CPU holds the

@@ -15,10 +15,10 @@ all: integer counts per (class, node) over the nodes a class may use before the 
 * ``DoNotSchedule`` topology spread on the final state (eligible domains, minDomains).
 
 Solved from a hint that sets every variable (the engine's answer), most pods first, then
-least cost. Bounded by work (CP-SAT's deterministic time, one worker, a fixed seed): the
-same batch gives the same answer on any load. On the Kubernetes path it runs in what is
-left of the step's CPU budget (``budget.step_clock``): without presolve, in rounds, the
-first with the work that fits in the CPU left, each next from the last round's answer
+least cost. Bounded by work (CP-SAT's deterministic time, one worker, a fixed seed): with
+no step budget the same batch gives the same answer on any load. On the Kubernetes path it
+runs in what is left of the step's CPU budget (``budget.step_clock``): without presolve,
+in rounds, the first with the work that fits in the CPU left, each next from the last round's answer
 while the CPU left holds one of at least ``CHUNK``; a wall-clock safety net stops it on a
 machine too loaded to give the step its CPU. The
 engine keeps the answer only when it places more pods, or as many for less, and
