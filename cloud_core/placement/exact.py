@@ -58,8 +58,10 @@ ROUND_SHARE = 0.8
 # its answer or gets close
 FOCUS_WORK = 0.03
 # ... and the classes with a pod on the left-out class's nodes may move to this many other
-# nodes, those with the most room (all of them: rounds 1.5-2 times as long, fewer of them)
-FOCUS_SPARE_NODES = 20
+# nodes, those with the most room (all of them: rounds 1.5-2 times as long, fewer of them;
+# 20: the mixed family's 200 x 50 seed 1 and 300 x 75 seed 3 placed one pod fewer each, and
+# its batches priced up to 2 % more)
+FOCUS_SPARE_NODES = 40
 # ... and a round that would free more than this share of the model's cells is skipped: on
 # the quality benchmark's mixed 300 x 75 such rounds (55-60 % free) took 0.1-0.17 s each
 # and placed nothing; the whole-model rounds after them search that model anyway

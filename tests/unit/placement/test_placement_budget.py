@@ -279,3 +279,19 @@ def test_small_batches_get_the_polish_on_the_kubernetes_path() -> None:
     assert k8s.solver.endswith("cpsat-optimal")
     assert validate(snap, pods, k8s.assignments) == []
 
+
+
+def test_a_gang_left_out_keeps_the_exact_steps_share_of_the_step() -> None:
+    """The gpu family's 200 x 50 (seed 2): after the count neighbourhoods, one single pod
+    and one member of a two-pod gang are out. The neighbourhoods tried the single pod and
+    placed it nowhere; they never try a gang. The exact step places the gang whole (199
+    pods). When a failed count search meant "no more fit", the cost neighbourhoods took
+    the whole step and left the exact step no CPU in 6 runs of 8 (197 pods: the partial
+    gang taken back)."""
+    snap, pods = FAMILIES["gpu"](200, 2)
+    res = place(snap, pods, EngineConfig(cpsat_polish=False, step_wall_min_s=60.0))
+    assert "step_wall_net" not in res.stats
+    assert "exact_skipped" not in res.stats
+    assert len(res.assignments) == 199
+    assert res.solver.endswith("exact")
+    assert validate(snap, pods, res.assignments) == []
