@@ -200,12 +200,10 @@ class Budget:
         self.work -= det_time
         self.spent += det_time
         if self.clock.limited:
-            took = self.clock.used() - self.started
-            if took >= RATE_MIN_CPU and det_time >= 0.9 * self.cap:
-                # the slowest rate of this step's sub-solves its work stopped (one that
-                # proved its answer early measured the model's loading, not the search):
-                # the next is capped to what fits at it, not at the slowest of any model
-                r = det_time / took
+            # the slowest rate of this step's sub-solves: the next is capped to what fits
+            # at it, not at the slowest of any model
+            r = work_rate(det_time, self.cap, self.clock.used() - self.started)
+            if r:
                 self.rate = r if self.rate == 0.0 else min(self.rate, r)
         if wall_hit:
             if by_deadline:
@@ -213,6 +211,15 @@ class Budget:
                 self.work = 0.0
             else:
                 self.wall_cap_hits += 1
+
+
+def work_rate(done: float, cap: float, took: float, min_cpu: float = RATE_MIN_CPU) -> float:
+    """The work per CPU second a CP-SAT solve measured: ``done`` units in ``took`` CPU
+    seconds, where its work limit ``cap`` stopped it and it took at least ``min_cpu``; else
+    0 (no measure). A solve that proved its answer early measured the model's loading, not
+    the search (0.02 units per CPU second on mixed 300 x 75, against 0.15-0.45
+    searching)."""
+    return done / took if took > 0.0 and took >= min_cpu and done >= 0.9 * cap else 0.0
 
 
 def step_cpu(cfg: EngineConfig, pods: int) -> float:

@@ -18,11 +18,10 @@ Solved from a hint that sets every variable (the engine's answer), most pods fir
 least cost. Bounded by work (CP-SAT's deterministic time, one worker, a fixed seed): with
 no step budget the same batch gives the same answer on any load. On the Kubernetes path it
 runs in what is left of the step's CPU budget (``budget.step_clock``): without presolve,
-in rounds, the first with the work that fits in the CPU left, each next from the last round's answer
-while the CPU left holds one of at least ``CHUNK``; a wall-clock safety net stops it on a
-machine too loaded to give the step its CPU. The
-engine keeps the answer only when it places more pods, or as many for less, and
-``validate`` finds nothing wrong with it.
+in rounds, the first with the work that fits in the CPU left, each next from the last
+round's answer while the CPU left holds one of at least ``CHUNK``; a wall-clock safety net
+stops it on a machine too loaded to give the step its CPU. The engine keeps the answer only
+when it places more pods, or as many for less, and ``validate`` finds nothing wrong with it.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .budget import MIN_WORK, StepClock
+from .budget import MIN_WORK, StepClock, work_rate
 from .classes import ClassSpec, integer_costs, objective
 from .config import EngineConfig
 from .cpsat import ClassModel, class_model, cp_solver
@@ -285,11 +284,12 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
     the answer's pods); the rest keeps its answer (its variables' domains fixed for the
     round, so the round searches tens of variables, not thousands). A left-out pod
     usually needs a few pods moved off its own nodes, which a search of the whole model
-    reaches only after long. Rounds go over the left-out classes in turn, each of at most
-    ``FOCUS_WORK`` (and what fits in ``ROUND_SHARE`` of the CPU left), until each of them
-    was tried once since the last better answer. Returns the best answer found, as every
-    variable's value (the next rounds' hint) and per class its pods' nodes, or None when
-    no round found one."""
+    reaches only after long. Rounds go over the left-out classes in turn, those with the
+    fewest cells first, each of at most ``FOCUS_WORK`` (and what fits in ``ROUND_SHARE`` of
+    the CPU left), until each of them was tried once since the last better answer; a round
+    that would free more than ``FOCUS_MAX_FREE`` of the model's cells is skipped. Returns
+    the best answer found, as every variable's value (the next rounds' hint) and per class
+    its pods' nodes, or None when no round found one."""
     from ortools.sat.python import cp_model
 
     m = cm.model
@@ -299,6 +299,7 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
         cells.setdefault(ci, []).append(n)
     cur = [list(ns) for ns in hint]
     counts, room = _usage(cur, specs, free0)
+    spare = _spare(room, free0)
     sol: list[int] | None = None
     best = math.inf
     work, rate, tries, stale = 0.0, clock.work_per_cpu, 0, 0
@@ -318,11 +319,6 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
         movers = {ci for ci, ns in enumerate(cur) if not nodes.isdisjoint(ns)}
         movers.add(group)
         saved: list[tuple[int, list[int]]] = []
-        # the nodes with the most room left (the lesser of CPU and memory, as a share of
-        # what was free before the batch): where the movers may go
-        share = (room[:, :2] / np.maximum(free0[:, :2], 1)).min(axis=1)
-        spare = np.zeros(len(room), dtype=bool)
-        spare[np.argsort(-share, kind="stable")[:FOCUS_SPARE_NODES]] = True
         goes = {ci: (spare & (room >= specs[ci].req).all(axis=1)).tolist() for ci in movers}
         fixed = [(v.index, counts[ci].get(n, 0)) for (ci, n), v in cm.x.items()
                  if not (n in nodes or (ci in goes and goes[ci][n]))]
@@ -350,17 +346,14 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
                 d.extend(dom_was)
         took, done = clock.cpu() - c0, s.response_proto.deterministic_time
         work += done
-        if took > 0.0 and done >= 0.9 * det:
-            # only a round its work stopped measures the search's speed: one that proved
-            # its answer early spent its CPU loading the model (0.02 units per CPU second
-            # on mixed 300 x 75, against 0.15-0.45 searching)
-            rate = done / took
+        rate = work_rate(done, det, took, min_cpu=0.0) or rate
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value < best - 0.5:
             if sol is not None:
                 stale = 0
             best = s.objective_value
             cur = cm.placement(s, len(specs))
             counts, room = _usage(cur, specs, free0)
+            spare = _spare(room, free0)
             sol = list(s.response_proto.solution)
         else:
             stale += 1
@@ -379,6 +372,16 @@ def _usage(cur: Sequence[Sequence[int]], specs: Sequence[ClassSpec], free0: np.n
             counts[ci][n] = counts[ci].get(n, 0) + 1
             room[n] -= specs[ci].req
     return counts, room
+
+
+def _spare(room: np.ndarray, free0: np.ndarray) -> np.ndarray:
+    """The ``FOCUS_SPARE_NODES`` nodes with the most room left (the lesser of CPU and
+    memory, as a share of what was free before the batch): where a focused round's movers
+    may go."""
+    share = (room[:, :2] / np.maximum(free0[:, :2], 1)).min(axis=1)
+    spare = np.zeros(len(room), dtype=bool)
+    spare[np.argsort(-share, kind="stable")[:FOCUS_SPARE_NODES]] = True
+    return spare
 
 
 def _hint_all(m: cp_model.CpModel, sol: Sequence[int]) -> None:
