@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from edge_agent.wire import Gpu, Resources
+from edge_agent.wire import MAX_GPUS, Gpu, Resources
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class GpuReader:
 
     def __init__(self) -> None:
         self._nvml: Any = None
+        self._said_cap = False
         self.reason = ""
         driver = nvidia_driver()
         if not driver:
@@ -76,7 +77,13 @@ class GpuReader:
             return ()
         out = []
         try:
-            for i in range(nv.nvmlDeviceGetCount()):
+            count = nv.nvmlDeviceGetCount()
+            if count > MAX_GPUS and not self._said_cap:
+                # the core refuses a report listing more (wire contract): the first ones
+                # are reported, not the whole report lost
+                log.warning("%d GPUs: reporting the first %d", count, MAX_GPUS)
+                self._said_cap = True
+            for i in range(min(count, MAX_GPUS)):
                 h = nv.nvmlDeviceGetHandleByIndex(i)
                 name = nv.nvmlDeviceGetName(h)
                 util = nv.nvmlDeviceGetUtilizationRates(h)

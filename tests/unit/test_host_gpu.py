@@ -17,7 +17,7 @@ import pytest
 
 from edge_agent import host
 from edge_agent.host import GpuReader, nvidia_driver
-from edge_agent.wire.schema import Gpu
+from edge_agent.wire.schema import MAX_GPUS, Gpu
 
 GIB = 1 << 30
 
@@ -108,6 +108,22 @@ def test_every_gpu_is_read_in_index_order(monkeypatch: pytest.MonkeyPatch,
     _install(monkeypatch, _fake_nvml([{**base, "name": f"g{i}"} for i in range(4)]))
     got = GpuReader().read()
     assert [(g.index, g.name) for g in got] == [(i, f"g{i}") for i in range(4)]
+
+
+def test_no_more_gpus_are_read_than_the_wire_contract_carries(
+        monkeypatch: pytest.MonkeyPatch, with_driver: None,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A host with more GPUs than a report may list (``MAX_GPUS``): the first are reported,
+    said once, and the report stays one the core accepts."""
+    base = {"util": 10, "total": GIB, "used": 0, "power_mw": 1000, "temp": 20}
+    _install(monkeypatch, _fake_nvml([{**base, "name": f"g{i}"} for i in range(MAX_GPUS + 3)]))
+    r = GpuReader()
+    with caplog.at_level("WARNING"):
+        got = r.read()
+        again = r.read()
+    assert [g.index for g in got] == list(range(MAX_GPUS))
+    assert again == got
+    assert caplog.text.count(f"reporting the first {MAX_GPUS}") == 1
 
 
 def test_a_failing_read_reports_no_gpus_and_says_why(monkeypatch: pytest.MonkeyPatch,
