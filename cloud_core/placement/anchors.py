@@ -12,7 +12,8 @@ out although a node that passes every other filter has room for them.
 many as it has pods) by weighted coverage: each pick is the domain, among those with a node
 the anchor may use and has room on, where the most follower pods not yet covered may go
 (their nodes by every filter but pod affinity; per follower at most the pods of its shape
-the domain's free room holds, and at most its ``per_domain`` pods: a follower with a hard
+the domain's free room holds, its free pod slots, extended resources and host ports
+included, and at most its ``per_domain`` pods: a follower with a hard
 spread over the same topology key takes ``max_skew`` pods per domain, as the domains it may
 use but no anchor is in stay empty). A follower's pods are covered as picks (or running pods
 it follows) take them; a follower without spread is covered once one domain it follows is.
@@ -48,7 +49,7 @@ def followers(deps: Deps, anchor: int, waiting: set[int]) -> list[tuple[int, str
 
 def anchor_domains(anchor_mask: np.ndarray, anchor_req: np.ndarray, pods: int,
                    dom: np.ndarray, free: np.ndarray,
-                   follow: Sequence[tuple[int, np.ndarray, np.ndarray]],
+                   follow: Sequence[tuple[int, np.ndarray, np.ndarray, np.ndarray | None]],
                    covered: Sequence[np.ndarray],
                    per_domain: Sequence[int] | None = None) -> list[int]:
     """The domains (ids of ``dom``, a node's domain, -1 none) to put one anchor pod each in,
@@ -66,11 +67,13 @@ def anchor_domains(anchor_mask: np.ndarray, anchor_req: np.ndarray, pods: int,
     # most its pods per domain; per follower, its pods not yet covered
     value = np.zeros((len(follow), n_dom), dtype=np.int64)
     rem = np.zeros(len(follow), dtype=np.int64)
-    for j, (count, mask, req) in enumerate(follow):
+    for j, (count, mask, req, room) in enumerate(follow):
         cap = count if per_domain is None else max(min(per_domain[j], count), 1)
         fits = mask & (dom >= 0)
-        value[j] = np.minimum(np.bincount(dom[fits], minlength=n_dom,
-                                          weights=capacity_per_node(req, free[fits])
+        held = capacity_per_node(req, free[fits])
+        if room is not None:
+            held = np.minimum(held, room[fits])
+        value[j] = np.minimum(np.bincount(dom[fits], minlength=n_dom, weights=held
                                           ).astype(np.int64), cap)
         if cap >= count:  # no spread: one covered domain is enough
             rem[j] = 0 if (value[j] > 0)[covered[j]].any() else count

@@ -36,7 +36,7 @@ from .rounds import (
     take_back_partial_gangs,
     waiting_reason,
 )
-from .sequential import NodeUsage, needs_sequential, place_classes, pod_by_pod_results
+from .sequential import BIG, NodeUsage, needs_sequential, place_classes, pod_by_pod_results
 from .solver import ClassSpec, solve
 from .validate import validate
 
@@ -198,6 +198,16 @@ class PreparedCluster(ClusterView):
         out: list[tuple[int, np.ndarray]] = []
         # the classes some term may select: a batch without pod affinity skips it all
         anchored = {b for terms in deps.values() for _, ms in terms for b in ms}
+        usage: list[NodeUsage] = []  # pod slots, extended resources, ports: counted once
+        slots = bool((self.ix.max_pods(BIG) < BIG).any())
+
+        def room(f: Workload) -> np.ndarray | None:
+            if not (f.extended or f.host_ports or slots):
+                return None
+            if not usage:
+                usage.append(NodeUsage(self, self.pods.all()))
+            return usage[0].room(f)
+
         for a in sorted(ready & anchored):
             w = reps[a]
             fl = followers(deps, a, waiting)
@@ -221,7 +231,7 @@ class PreparedCluster(ClusterView):
                     mask = all_ok([fr for fr in self.filter_results(f, resources=False)
                                    if fr.name != "pod_affinity"])
                     follow.append((len(members[ci]) - len(placed_nodes[ci]), mask,
-                                   request_vector(f)))
+                                   request_vector(f), room(f)))
                     term = next(t for t, ms in deps[ci] if a in ms)
                     covered.append(domains_of(dom, [self.ix.pos.get(p.node, -1) for p in
                                                     self.pods.matching(term, f.namespace)]))

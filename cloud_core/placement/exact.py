@@ -110,9 +110,16 @@ def inputs(pc: ClusterView, reps: Sequence[Workload], counts: Sequence[int],
     spread need carrying the topology key), costs and rules, on ``pc`` as it is now (the
     caller restores the state before the batch first)."""
     masks: list[np.ndarray] = []
+    usage = NodeUsage(pc, pc.pods.all())
     for w in reps:
         frs = [fr for fr in pc.filter_results(w, resources=False) if fr.name != "pod_affinity"]
         m = all_ok(frs)
+        # a node whose running pods alone leave no pod slot, extended resource or host port
+        # for ``w`` is no cell: fewer variables, and a focused round frees only the nodes
+        # the class may really use (an FPGA class: the FPGA nodes, not every node)
+        room = usage.room(w)
+        if room is not None:
+            m &= room > 0
         for t in w.pod_affinity:
             m &= pc.ix.domain_ids(t.topology_key)[0] >= 0
         for c in w.spread:
@@ -125,7 +132,7 @@ def inputs(pc: ClusterView, reps: Sequence[Workload], counts: Sequence[int],
     affinity = {ci: _affinity(pc, reps, ci) for ci, w in enumerate(reps) if w.pod_affinity}
     spreads = {ci: [_spread(pc, reps, ci, c) for c in w.spread if c.hard]
                for ci, w in enumerate(reps) if any(c.hard for c in w.spread)}
-    return ExactInputs(specs, NodeUsage(pc, pc.pods.all()), free0, affinity, spreads)
+    return ExactInputs(specs, usage, free0, affinity, spreads)
 
 
 def _affinity(pc: ClusterView, reps: Sequence[Workload], ci: int) -> Affinity:

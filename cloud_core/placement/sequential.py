@@ -99,6 +99,26 @@ class NodeUsage:
         if host_ports:
             self.ports.setdefault(i, []).extend(host_ports)
 
+    def room(self, w: Workload) -> np.ndarray | None:
+        """Per node, the most pods of ``w``'s shape that its free pod slots, extended
+        resources and host ports hold (None: nothing of these limits ``w`` anywhere). Pods
+        of one shape with a host port clash with each other: one per node."""
+        out: np.ndarray | None = None
+        if (self.max_pods < BIG).any():
+            out = np.maximum(self.max_pods - self.pods, 0)
+        for name, v in w.extended.items():
+            if int(v) > 0:
+                cap, used = self.extended_use(name)
+                r = np.maximum(cap - used, 0) // int(v)
+                out = r if out is None else np.minimum(out, r)
+        if w.host_ports:
+            r = np.ones(self.n, dtype=np.int64)
+            for i, taken in self.ports.items():
+                if any(ports_conflict(a, b) for a in w.host_ports for b in taken):
+                    r[i] = 0
+            out = r if out is None else np.minimum(out, r)
+        return out
+
     def mask(self, w: Workload) -> tuple[np.ndarray, str | None]:
         """Nodes with a pod slot, the extended resources and free host ports for ``w``;
         and the reason when none is left."""
