@@ -300,85 +300,120 @@ def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
     from ortools.sat.python import cp_model
 
     m = cm.model
-    proto = m.proto
     cells: dict[int, list[int]] = {}
     for ci, n in cm.x:
         cells.setdefault(ci, []).append(n)
+    doms = RoundDomains(cm)
     cur = [list(ns) for ns in hint]
-    counts, room = _usage(cur, specs, free0)
+    room, val = _room(cur, specs, free0), doms.values(cur)
     spare = _spare(room, free0)
     sol: list[int] | None = None
     best = math.inf
     work, rate, tries, stale = 0.0, clock.work_per_cpu, 0, 0
-    while clock.wall_left() > 0.0:
-        # the classes with the fewest cells first: their rounds free the fewest variables
-        # and cost the least; a class that may use most nodes frees most of the model
-        out = sorted((ci for ci in range(len(specs)) if len(cur[ci]) < specs[ci].count
-                      and ci in cells), key=lambda ci: len(cells[ci]))
-        if not out or stale >= len(out):
-            break
-        det = min(FOCUS_WORK, ROUND_SHARE * clock.cpu_left(clock.end_cpu) * rate)
-        if clock.cpu_left(clock.end_cpu) < cfg.step_exact_min_s or det < MIN_WORK:
-            break
-        group = out[tries % len(out)]
-        tries += 1
-        nodes = set(cells[group])
-        movers = {ci for ci, ns in enumerate(cur) if not nodes.isdisjoint(ns)}
-        movers.add(group)
-        saved: list[tuple[int, list[int]]] = []
-        goes = {ci: (spare & (room >= specs[ci].req).all(axis=1)).tolist() for ci in movers}
-        fixed = [(v.index, counts[ci].get(n, 0)) for (ci, n), v in cm.x.items()
-                 if not (n in nodes or (ci in goes and goes[ci][n]))]
-        if len(cm.x) - len(fixed) > FOCUS_MAX_FREE * len(cm.x):
-            stale += 1  # most of the model: the whole-model rounds' search, not this one's
-            continue
-        for i, h in fixed:
-            dom = proto.variables[i].domain
-            saved.append((i, list(dom)))
-            dom.clear()
-            dom.extend([h, h])
-        if sol is not None:
-            _hint_all(m, sol)
-        s = _solver(cfg, det, clock)
-        # the fixed variables propagate at once; a presolve of the whole model each round
-        # took more CPU than the round's search
-        s.parameters.cp_model_presolve = False
-        c0 = clock.cpu()
-        try:
-            status = s.solve(m)
-        finally:  # the model is the whole step's: its domains as they were, whatever happens
-            for i, dom_was in saved:
-                d = proto.variables[i].domain
-                d.clear()
-                d.extend(dom_was)
-        took, done = clock.cpu() - c0, s.response_proto.deterministic_time
-        work += done
-        rate = work_rate(done, det, took, min_cpu=0.0) or rate
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value < best - 0.5:
+    try:
+        while clock.wall_left() > 0.0:
+            # the classes with the fewest cells first: their rounds free the fewest
+            # variables and cost the least; a class that may use most nodes frees most of
+            # the model
+            out = sorted((ci for ci in range(len(specs)) if len(cur[ci]) < specs[ci].count
+                          and ci in cells), key=lambda ci: len(cells[ci]))
+            if not out or stale >= len(out):
+                break
+            det = min(FOCUS_WORK, ROUND_SHARE * clock.cpu_left(clock.end_cpu) * rate)
+            if clock.cpu_left(clock.end_cpu) < cfg.step_exact_min_s or det < MIN_WORK:
+                break
+            group = out[tries % len(out)]
+            tries += 1
+            on = np.zeros(len(room), dtype=bool)
+            on[cells[group]] = True
+            movers = {ci for ci, ns in enumerate(cur) if on[ns].any()} | {group}
+            goes = np.zeros((len(specs), len(room)), dtype=bool)
+            for ci in movers:
+                goes[ci] = spare & (room >= specs[ci].req).all(axis=1)
+            free = on[doms.node] | goes[doms.cls, doms.node]
+            if int(free.sum()) > FOCUS_MAX_FREE * len(free):
+                stale += 1  # most of the model: the whole-model rounds' search, not this one's
+                continue
+            doms.fix(free, val)
             if sol is not None:
-                stale = 0
-            best = s.objective_value
-            cur = cm.placement(s, len(specs))
-            counts, room = _usage(cur, specs, free0)
-            spare = _spare(room, free0)
-            sol = list(s.response_proto.solution)
-        else:
-            stale += 1
+                _hint_all(m, sol)
+            s = _solver(cfg, det, clock)
+            # the fixed variables propagate at once; a presolve of the whole model each
+            # round took more CPU than the round's search
+            s.parameters.cp_model_presolve = False
+            c0 = clock.cpu()
+            status = s.solve(m)
+            took, done = clock.cpu() - c0, s.response_proto.deterministic_time
+            work += done
+            rate = work_rate(done, det, took, min_cpu=0.0) or rate
+            if (status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+                    and s.objective_value < best - 0.5):
+                if sol is not None:
+                    stale = 0
+                best = s.objective_value
+                cur = cm.placement(s, len(specs))
+                room, val = _room(cur, specs, free0), doms.values(cur)
+                spare = _spare(room, free0)
+                sol = list(s.response_proto.solution)
+            else:
+                stale += 1
+    finally:  # the model is the whole step's: its domains as they were, whatever happens
+        doms.restore()
     stats["exact_work"] = stats.get("exact_work", 0.0) + work
     stats["exact_focused"] = float(tries)
     return None if sol is None else (sol, cur)
 
 
-def _usage(cur: Sequence[Sequence[int]], specs: Sequence[ClassSpec], free0: np.ndarray
-           ) -> tuple[list[dict[int, int]], np.ndarray]:
-    """Per class its pods per node in the answer ``cur``, and each node's room left."""
-    counts: list[dict[int, int]] = [{} for _ in cur]
+class RoundDomains:
+    """The count variables' domains, set for each focused round. Only the cells whose domain
+    changes are written: a round fixes thousands of cells, most to the value the round
+    before fixed them to, and each write to the model's proto is a Python call (writing
+    every fixed cell and restoring it after the solve was half of a round's CPU)."""
+
+    def __init__(self, cm: ClassModel) -> None:
+        keys = list(cm.x)
+        self.cls = np.array([ci for ci, _ in keys], dtype=np.int64)
+        self.node = np.array([n for _, n in keys], dtype=np.int64)
+        self.pos = {k: j for j, k in enumerate(keys)}
+        self.vars = [cm.model.proto.variables[v.index] for v in cm.x.values()]
+        # each count variable is built as [0, top] (cpsat.class_model); the proto's
+        # repeated fields take no negative index (``domain[-1]`` reads the first)
+        self.lo0 = np.array([v.domain[0] for v in self.vars], dtype=np.int64)
+        self.hi0 = np.array([v.domain[len(v.domain) - 1] for v in self.vars], dtype=np.int64)
+        self.lo, self.hi = self.lo0.copy(), self.hi0.copy()
+
+    def values(self, cur: Sequence[Sequence[int]]) -> np.ndarray:
+        """Per cell, the pods the answer ``cur`` puts there."""
+        val = np.zeros(len(self.vars), dtype=np.int64)
+        for ci, ns in enumerate(cur):
+            for n in ns:
+                j = self.pos.get((ci, n))
+                if j is not None:
+                    val[j] += 1
+        return val
+
+    def fix(self, free: np.ndarray, val: np.ndarray) -> None:
+        """The ``free`` cells as built, every other one fixed to ``val``."""
+        lo = np.where(free, self.lo0, val)
+        hi = np.where(free, self.hi0, val)
+        for j in np.flatnonzero((lo != self.lo) | (hi != self.hi)).tolist():
+            d = self.vars[j].domain
+            d.clear()
+            d.extend([int(lo[j]), int(hi[j])])
+        self.lo, self.hi = lo, hi
+
+    def restore(self) -> None:
+        self.fix(np.ones(len(self.vars), dtype=bool), self.lo0)
+
+
+def _room(cur: Sequence[Sequence[int]], specs: Sequence[ClassSpec], free0: np.ndarray
+          ) -> np.ndarray:
+    """Each node's room left by the answer ``cur``."""
     room = free0.copy()
     for ci, ns in enumerate(cur):
         for n in ns:
-            counts[ci][n] = counts[ci].get(n, 0) + 1
             room[n] -= specs[ci].req
-    return counts, room
+    return room
 
 
 def _spare(room: np.ndarray, free0: np.ndarray) -> np.ndarray:

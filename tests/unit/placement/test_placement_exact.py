@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from cloud_core.placement import EngineConfig, place, validate
 from cloud_core.placement.exact import fits_exact
 from tools.quality_families import mixed
@@ -63,3 +65,40 @@ def test_the_models_are_cp_sat_models_without_the_camel_case_aliases() -> None:
     m.maximize(x)
     s = cp_model.CpSolver()
     assert s.solve(m) == cp_model.OPTIMAL and s.value(x) == 3
+
+
+def test_a_focused_rounds_domains_are_written_where_they_change_and_restored() -> None:
+    """``exact.RoundDomains``: cells not free are fixed to the answer's counts, free ones keep
+    their built domain [0, top], and ``restore`` gives every cell its domain back. (The
+    proto's repeated fields take no negative index: ``domain[-1]`` reads the first value,
+    which once fixed every free cell to 0.)"""
+    from cloud_core.placement.classes import ClassSpec
+    from cloud_core.placement.cpsat import class_model
+    from cloud_core.placement.exact import RoundDomains
+
+    free = np.tile(np.array([4000, 8 << 30, 0], dtype=np.int64), (3, 1))
+    req = np.array([1000, 1 << 30, 0], dtype=np.int64)
+    specs = [ClassSpec(count=3, req=req, mask=np.ones(3, dtype=bool), cost=np.zeros(3)),
+             ClassSpec(count=2, req=req, mask=np.array([True, False, True]),
+                       cost=np.zeros(3))]
+    hint = [[0, 0, 1], [2]]
+    cm = class_model(specs, free, {}, [np.zeros(3, dtype=np.int64)] * 2, 10, hint)
+    doms = RoundDomains(cm)
+    proto = cm.model.proto
+
+    def domains() -> dict[tuple[int, int], list[int]]:
+        return {k: list(proto.variables[v.index].domain) for k, v in cm.x.items()}
+
+    built = domains()
+    assert built == {(0, 0): [0, 3], (0, 1): [0, 3], (0, 2): [0, 3], (1, 0): [0, 2],
+                     (1, 2): [0, 2]}
+    val = doms.values(hint)
+    free_cells = doms.node == 2  # node 2 free, the rest fixed to the hint
+    doms.fix(free_cells, val)
+    assert domains() == {(0, 0): [2, 2], (0, 1): [1, 1], (0, 2): [0, 3], (1, 0): [0, 0],
+                         (1, 2): [0, 2]}
+    doms.fix(doms.node == 0, val)
+    assert domains() == {(0, 0): [0, 3], (0, 1): [1, 1], (0, 2): [0, 0], (1, 0): [0, 2],
+                         (1, 2): [1, 1]}
+    doms.restore()
+    assert domains() == built
