@@ -260,12 +260,13 @@ def test_the_exact_steps_focused_rounds_place_what_a_whole_model_search_does_not
     room but not their FPGA or host port; 192 with those counted. The 300 x 75 (seed 4): a
     five-pod FPGA gang's round freed every node it passed the filters of, more than half
     the model, and was skipped (285 of 288); with the nodes whose running pods leave no
-    FPGA out of its cells it frees six nodes' worth, and 287 are placed."""
+    FPGA out of its cells it frees six nodes' worth, and 287 are placed (288, the
+    reference's count, where the step's CPU reaches one more round: at least 287)."""
     snap, pods = FAMILIES["mixed"](n, seed)
     res = place(snap, pods, EngineConfig(cpsat_polish=False, step_wall_min_s=60.0))
     assert "step_wall_net" not in res.stats
     assert res.stats["exact_focused"] >= 1
-    assert len(res.assignments) == want
+    assert len(res.assignments) >= want
     assert res.stats["step_cpu_s"] < 0.85 + 0.1
     assert validate(snap, pods, res.assignments) == []
 
