@@ -113,11 +113,14 @@ class NodeUsage:
                 out = r if out is None else np.minimum(out, r)
         if w.host_ports:
             r = np.ones(self.n, dtype=np.int64)
-            for i, taken in self.ports.items():
-                if any(ports_conflict(a, b) for a in w.host_ports for b in taken):
-                    r[i] = 0
+            r[self.port_taken(w)] = 0
             out = r if out is None else np.minimum(out, r)
         return out
+
+    def port_taken(self, w: Workload) -> list[int]:
+        """The nodes where a pod already there holds one of ``w``'s host ports."""
+        return [i for i, taken in self.ports.items()
+                if any(ports_conflict(a, b) for a in w.host_ports for b in taken)]
 
     def mask(self, w: Workload) -> tuple[np.ndarray, str | None]:
         """Nodes with a pod slot, the extended resources and free host ports for ``w``;
@@ -130,9 +133,8 @@ class NodeUsage:
             ok &= cap - used >= int(v)
             if not ok.any():
                 return ok, f"insufficient {name}"
-        for i, taken in self.ports.items():
-            if ok[i] and any(ports_conflict(a, b) for a in w.host_ports for b in taken):
-                ok[i] = False
+        if w.host_ports:
+            ok[self.port_taken(w)] = False
         if w.host_ports and not ok.any():
             return ok, "host port in use"
         return ok, None
