@@ -106,7 +106,7 @@ def _gpu_ring(pa: Pack, pick: list[int], may: np.ndarray, cfg: EngineConfig,
 
 
 def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
-             budget: Budget) -> int:
+             budget: Budget, settled: bool = False) -> int:
     """Cost among the pods that fit: for the pods that pay most above their cheapest
     allowed node (largest regret first), a neighbourhood of their node, their
     ``lns_near`` cheapest allowed nodes and the ``cost_lns_slack`` nodes with the most
@@ -114,10 +114,14 @@ def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: Eng
     only if its pods move on), re-placed by CP-SAT with the full objective (count
     first, then cost), ``cost_lns_deterministic_time`` each -- never fewer pods. Up to
     ``cost_lns_passes`` passes (regrets recomputed), while a pass lowers the cost;
-    ``cost_lns_iterations`` neighbourhoods in all, within the step's ``budget``."""
+    ``cost_lns_iterations`` neighbourhoods in all, within the step's ``budget``.
+    ``settled``: a step budget holds and no pod an allowed node could hold is out; then
+    ``cost_lns_settled_deterministic_time`` each and ``cost_lns_settled_passes``."""
     classes = pa.classes
     done = 0
-    for _pass in range(max(cfg.cost_lns_passes, 1)):
+    det, passes = ((cfg.cost_lns_settled_deterministic_time, cfg.cost_lns_settled_passes)
+                   if settled else (cfg.cost_lns_deterministic_time, cfg.cost_lns_passes))
+    for _pass in range(max(passes, 1)):
         regret: list[tuple[int, int, int]] = []
         total = 0
         for ci, nodes in enumerate(pa.got):
@@ -147,7 +151,7 @@ def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: Eng
             seen.update(pick)
             _solve_sub(pa, np.array(sorted(pick), dtype=np.int64), domains, penalty,
                        cfg, budget, count_only=False,
-                       det_time=cfg.cost_lns_deterministic_time)
+                       det_time=det)
             done += 1
         after = sum(int(pa.icost[ci][np.asarray(g)].sum())
                     for ci, g in enumerate(pa.got) if g and classes[ci].gang is None)

@@ -11,17 +11,20 @@ import dataclasses
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
 
 from cloud_core.placement import EngineConfig, PreparedCluster, place, validate
 from cloud_core.placement.classes import ClassSpec
+from cloud_core.placement.cpsat import cpsat
 from cloud_core.placement.descent import cost_descent
 from cloud_core.placement.engine import runners_up
 from cloud_core.placement.packing import pressure
 from tools.bench_tight import make_tight
 from tools.placement_ref import cpsat_cost_reference, lp_lower_bound, solve_exact_pods
+from tools.quality_families import FAMILIES
 
 BUSY = ("import time\n"
         "t = time.monotonic()\n"
@@ -92,6 +95,38 @@ def test_tight_300x60_places_every_pod(seed: int) -> None:
         no_ring = place(inst.snapshot, inst.pods, EngineConfig(cost_lns_slack=0))
         assert len(no_ring.assignments) == len(res.assignments)
         assert res.total_cost < no_ring.total_cost
+
+
+@pytest.mark.parametrize(("family", "n", "seed", "over", "want"), [
+    # every pod placed, within the step's budget: short neighbourhoods, many passes
+    ("tight", 100, 3, {}, 0.02),
+    # the same batch without a step budget (step_cpu_max_s=0): 0.1 units each
+    ("tight", 100, 3, {"step_cpu_max_s": 0.0}, 0.1),
+    # pods out that an allowed node could hold: the count first, 0.1 units each (the
+    # batch's first search; the engine's later part-batches may be settled)
+    ("mixed", 300, 1, {}, 0.1),
+])
+def test_cost_neighbourhoods_work_by_what_is_settled(
+        monkeypatch: pytest.MonkeyPatch, family: str, n: int, seed: int,
+        over: dict[str, Any], want: float) -> None:
+    """The cost neighbourhoods' CP-SAT work each: ``cost_lns_settled_deterministic_time``
+    where a step budget holds and no pod an allowed node could hold is out, else
+    ``cost_lns_deterministic_time``."""
+    seen: list[float] = []
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        if not kw["count_only"]:
+            seen.append(kw["det_time"])
+        return cpsat(*args, **kw)
+
+    monkeypatch.setattr("cloud_core.placement.neighbourhoods.cpsat", spy)
+    snap, pods = FAMILIES[family](n, seed)
+    cfg = EngineConfig(cpsat_polish=False, cost_lns_iterations=4, **over)
+    res = place(snap, pods, cfg)
+    assert validate(snap, pods, res.assignments) == []
+    assert seen and seen[0] == want, seen
+    if family == "tight":
+        assert set(seen) == {want}, seen
 
 
 def test_gpu_ring_frees_the_8_gpu_node() -> None:
