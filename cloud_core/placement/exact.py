@@ -26,18 +26,18 @@ when it places more pods, or as many for less, and ``validate`` finds nothing wr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .budget import MIN_WORK, StepClock, work_rate
+from .budget import MIN_WORK, StepClock
 from .classes import ClassSpec, integer_costs, objective
 from .config import EngineConfig
-from .cpsat import ClassModel, class_model, cp_solver
+from .cpsat import ClassModel, class_model
 from .filters import selector_matches, term_matches_pod
+from .focus import ROUND_SHARE, FocusedRounds, hint_all, round_solver
 from .model import RunningPod, SpreadConstraint, Workload
 from .prepared import ClusterView, PodIndex, all_ok, as_running, request_vector
 from .sequential import BIG, NodeUsage, ports_conflict
@@ -51,20 +51,6 @@ if TYPE_CHECKING:
 # with less than CHUNK of work after the first (0.05-0.15 s of CPU on the quality
 # benchmark's models: a search that short mostly starts over)
 CHUNK = 0.02
-ROUND_SHARE = 0.8
-# A focused round's work at most (exact._focused): 0.03 units, 0.05-0.15 s of CPU on the
-# quality benchmark's mixed batches, where a round of its tens of free variables proves
-# its answer or gets close
-FOCUS_WORK = 0.03
-# ... and the classes with a pod on the left-out class's nodes may move to this many other
-# nodes, those with the most room (all of them: rounds 1.5-2 times as long, fewer of them;
-# 20: the mixed family's 200 x 50 seed 1 and 300 x 75 seed 3 placed one pod fewer each, and
-# its batches priced up to 2 % more)
-FOCUS_SPARE_NODES = 40
-# ... and a round that would free more than this share of the model's cells is skipped: on
-# the quality benchmark's mixed 300 x 75 such rounds (55-60 % free) took 0.1-0.17 s each
-# and placed nothing; the whole-model rounds after them search that model anyway
-FOCUS_MAX_FREE = 0.5
 
 
 @dataclass
@@ -211,14 +197,15 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
             _spread_rule(cm, ci, specs, sp, by_class)
     if clock.limited:
         # focused rounds first, then the whole model from their answer in what is left
-        focused = _focused(cm, specs, hint, ex.free0, cfg, clock, stats)
+        focused = FocusedRounds(cm, specs, hint, ex.free0, icost, penalty, cfg,
+                                clock).run(stats)
         if focused is not None:
-            _hint_all(m, focused[0])
+            hint_all(m, focused[0])
         got = _in_rounds(cm, len(specs), cfg, clock, stats)
         if got is None and focused is not None:
             got = focused[1]
         return None if got is None else (got, key_of(ex, got, cfg.cost_scale))
-    s = _solver(cfg, cfg.exact_deterministic_time, clock)
+    s = round_solver(cfg, cfg.exact_deterministic_time, clock)
     status = s.solve(m)
     stats["exact_work"] = s.response_proto.deterministic_time
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -230,7 +217,7 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
         m.add_hint(v, s.value(v))
     m.add(sum(x.values()) == count)
     m.minimize(sum(int(icost[ci][n]) * v for (ci, n), v in x.items()))
-    s = _solver(cfg, cfg.exact_cost_deterministic_time, clock)
+    s = round_solver(cfg, cfg.exact_cost_deterministic_time, clock)
     status = s.solve(m)
     stats["exact_work"] += s.response_proto.deterministic_time
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -263,7 +250,7 @@ def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClo
             # second on the quality benchmark's models): the next, the long one, gets
             # the work that fits in the CPU left at that rate, not at the slowest one
             det = CHUNK
-        s = _solver(cfg, det, clock)
+        s = round_solver(cfg, det, clock)
         s.parameters.cp_model_presolve = False  # the hint is used as it is, at once
         c0 = clock.cpu()
         status = s.solve(m)
@@ -277,161 +264,9 @@ def _in_rounds(cm: ClassModel, n_classes: int, cfg: EngineConfig, clock: StepClo
         got = cm.placement(s, n_classes)
         if status == cp_model.OPTIMAL:
             break
-        _hint_all(m, list(s.response_proto.solution))
+        hint_all(m, list(s.response_proto.solution))
     stats["exact_work"] = stats.get("exact_work", 0.0) + work
     return got
-
-
-def _focused(cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
-             free0: np.ndarray, cfg: EngineConfig, clock: StepClock,
-             stats: dict[str, float]) -> tuple[list[int], list[list[int]]] | None:
-    """Focused rounds on the whole model. Each frees one left-out class, every cell on the
-    nodes it may use, and the cells of the classes with a pod there on those of the
-    ``FOCUS_SPARE_NODES`` roomiest nodes with room for one of their pods (``free0`` less
-    the answer's pods); the rest keeps its answer (its variables' domains fixed for the
-    round, so the round searches tens of variables, not thousands). A left-out pod
-    usually needs a few pods moved off its own nodes, which a search of the whole model
-    reaches only after long. Rounds go over the left-out classes in turn, those with the
-    fewest cells first, each of at most ``FOCUS_WORK`` (and what fits in ``ROUND_SHARE`` of
-    the CPU left), until each of them was tried once since the last better answer; a round
-    that would free more than ``FOCUS_MAX_FREE`` of the model's cells is skipped. Returns
-    the best answer found, as every variable's value (the next rounds' hint) and per class
-    its pods' nodes, or None when no round found one."""
-    from ortools.sat.python import cp_model
-
-    m = cm.model
-    cells: dict[int, list[int]] = {}
-    for ci, n in cm.x:
-        cells.setdefault(ci, []).append(n)
-    doms = RoundDomains(cm)
-    cur = [list(ns) for ns in hint]
-    room, val = _room(cur, specs, free0), doms.values(cur)
-    spare = _spare(room, free0)
-    sol: list[int] | None = None
-    best = math.inf
-    work, rate, tries, stale = 0.0, clock.work_per_cpu, 0, 0
-    try:
-        while clock.wall_left() > 0.0:
-            # the classes with the fewest cells first: their rounds free the fewest
-            # variables and cost the least; a class that may use most nodes frees most of
-            # the model
-            out = sorted((ci for ci in range(len(specs)) if len(cur[ci]) < specs[ci].count
-                          and ci in cells), key=lambda ci: len(cells[ci]))
-            if not out or stale >= len(out):
-                break
-            det = min(FOCUS_WORK, ROUND_SHARE * clock.cpu_left(clock.end_cpu) * rate)
-            if clock.cpu_left(clock.end_cpu) < cfg.step_exact_min_s or det < MIN_WORK:
-                break
-            group = out[tries % len(out)]
-            tries += 1
-            on = np.zeros(len(room), dtype=bool)
-            on[cells[group]] = True
-            movers = {ci for ci, ns in enumerate(cur) if on[ns].any()} | {group}
-            goes = np.zeros((len(specs), len(room)), dtype=bool)
-            for ci in movers:
-                goes[ci] = spare & (room >= specs[ci].req).all(axis=1)
-            free = on[doms.node] | goes[doms.cls, doms.node]
-            if int(free.sum()) > FOCUS_MAX_FREE * len(free):
-                stale += 1  # most of the model: the whole-model rounds' search, not this one's
-                continue
-            doms.fix(free, val)
-            if sol is not None:
-                _hint_all(m, sol)
-            s = _solver(cfg, det, clock)
-            # the fixed variables propagate at once; a presolve of the whole model each
-            # round took more CPU than the round's search
-            s.parameters.cp_model_presolve = False
-            c0 = clock.cpu()
-            status = s.solve(m)
-            took, done = clock.cpu() - c0, s.response_proto.deterministic_time
-            work += done
-            rate = work_rate(done, det, took, min_cpu=0.0) or rate
-            if (status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-                    and s.objective_value < best - 0.5):
-                if sol is not None:
-                    stale = 0
-                best = s.objective_value
-                cur = cm.placement(s, len(specs))
-                room, val = _room(cur, specs, free0), doms.values(cur)
-                spare = _spare(room, free0)
-                sol = list(s.response_proto.solution)
-            else:
-                stale += 1
-    finally:  # the model is the whole step's: its domains as they were, whatever happens
-        doms.restore()
-    stats["exact_work"] = stats.get("exact_work", 0.0) + work
-    stats["exact_focused"] = float(tries)
-    return None if sol is None else (sol, cur)
-
-
-class RoundDomains:
-    """The count variables' domains, set for each focused round. Only the cells whose domain
-    changes are written: a round fixes thousands of cells, most to the value the round
-    before fixed them to, and each write to the model's proto is a Python call (writing
-    every fixed cell and restoring it after the solve was half of a round's CPU)."""
-
-    def __init__(self, cm: ClassModel) -> None:
-        keys = list(cm.x)
-        self.cls = np.array([ci for ci, _ in keys], dtype=np.int64)
-        self.node = np.array([n for _, n in keys], dtype=np.int64)
-        self.pos = {k: j for j, k in enumerate(keys)}
-        self.vars = [cm.model.proto.variables[v.index] for v in cm.x.values()]
-        # each count variable is built as [0, top] (cpsat.class_model); the proto's
-        # repeated fields take no negative index (``domain[-1]`` reads the first)
-        self.lo0 = np.array([v.domain[0] for v in self.vars], dtype=np.int64)
-        self.hi0 = np.array([v.domain[len(v.domain) - 1] for v in self.vars], dtype=np.int64)
-        self.lo, self.hi = self.lo0.copy(), self.hi0.copy()
-
-    def values(self, cur: Sequence[Sequence[int]]) -> np.ndarray:
-        """Per cell, the pods the answer ``cur`` puts there."""
-        val = np.zeros(len(self.vars), dtype=np.int64)
-        for ci, ns in enumerate(cur):
-            for n in ns:
-                j = self.pos.get((ci, n))
-                if j is not None:
-                    val[j] += 1
-        return val
-
-    def fix(self, free: np.ndarray, val: np.ndarray) -> None:
-        """The ``free`` cells as built, every other one fixed to ``val``."""
-        lo = np.where(free, self.lo0, val)
-        hi = np.where(free, self.hi0, val)
-        for j in np.flatnonzero((lo != self.lo) | (hi != self.hi)).tolist():
-            d = self.vars[j].domain
-            d.clear()
-            d.extend([int(lo[j]), int(hi[j])])
-        self.lo, self.hi = lo, hi
-
-    def restore(self) -> None:
-        self.fix(np.ones(len(self.vars), dtype=bool), self.lo0)
-
-
-def _room(cur: Sequence[Sequence[int]], specs: Sequence[ClassSpec], free0: np.ndarray
-          ) -> np.ndarray:
-    """Each node's room left by the answer ``cur``."""
-    room = free0.copy()
-    for ci, ns in enumerate(cur):
-        for n in ns:
-            room[n] -= specs[ci].req
-    return room
-
-
-def _spare(room: np.ndarray, free0: np.ndarray) -> np.ndarray:
-    """The ``FOCUS_SPARE_NODES`` nodes with the most room left (the lesser of CPU and
-    memory, as a share of what was free before the batch): where a focused round's movers
-    may go."""
-    share = (room[:, :2] / np.maximum(free0[:, :2], 1)).min(axis=1)
-    spare = np.zeros(len(room), dtype=bool)
-    spare[np.argsort(-share, kind="stable")[:FOCUS_SPARE_NODES]] = True
-    return spare
-
-
-def _hint_all(m: cp_model.CpModel, sol: Sequence[int]) -> None:
-    """Every variable hinted with ``sol``, straight into the proto (the library's
-    per-variable look-up and add_hint took a third of a round's CPU)."""
-    m.clear_hints()  # type: ignore[no-untyped-call]
-    m.proto.solution_hint.vars.extend(range(len(sol)))
-    m.proto.solution_hint.values.extend(sol)
 
 
 def round_work(left: float, rate: float, work: float, first: bool, cfg: EngineConfig
@@ -446,13 +281,6 @@ def round_work(left: float, rate: float, work: float, first: bool, cfg: EngineCo
     if not first and det < CHUNK:
         return 0.0
     return max(det, MIN_WORK)
-
-
-def _solver(cfg: EngineConfig, det_time: float, clock: StepClock) -> cp_model.CpSolver:
-    s = cp_solver(cfg, det_time)
-    s.parameters.num_workers = max(cfg.exact_workers, 1)
-    s.parameters.max_time_in_seconds = max(min(cfg.cpsat_wall_cap_s, clock.wall_left()), 1e-3)
-    return s
 
 
 def key_of(ex: ExactInputs, got: list[list[int]], scale: float) -> tuple[int, int]:

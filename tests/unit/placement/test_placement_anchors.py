@@ -24,7 +24,8 @@ from cloud_core.placement import (
 )
 from cloud_core.placement.anchors import anchor_domains, domains_of, followers
 from cloud_core.placement.classes import ClassSpec, most, placeable
-from cloud_core.placement.exact import CHUNK, ROUND_SHARE, round_work
+from cloud_core.placement.exact import CHUNK, round_work
+from cloud_core.placement.focus import ROUND_SHARE
 from cloud_core.placement.model import HOSTNAME, ZONE, HostPort
 from cloud_core.placement.sequential import NodeUsage
 from tools.quality_families import FAMILIES

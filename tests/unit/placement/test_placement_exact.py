@@ -10,8 +10,10 @@ the exact step, 34 with it, the count the reference proves optimal (``tools.ref_
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
+import pytest
 
 from cloud_core.placement import EngineConfig, place, validate
 from cloud_core.placement.exact import fits_exact
@@ -68,13 +70,13 @@ def test_the_models_are_cp_sat_models_without_the_camel_case_aliases() -> None:
 
 
 def test_a_focused_rounds_domains_are_written_where_they_change_and_restored() -> None:
-    """``exact.RoundDomains``: cells not free are fixed to the answer's counts, free ones keep
+    """``focus.RoundDomains``: cells not free are fixed to the answer's counts, free ones keep
     their built domain [0, top], and ``restore`` gives every cell its domain back. (The
     proto's repeated fields take no negative index: ``domain[-1]`` reads the first value,
     which once fixed every free cell to 0.)"""
     from cloud_core.placement.classes import ClassSpec
     from cloud_core.placement.cpsat import class_model
-    from cloud_core.placement.exact import RoundDomains
+    from cloud_core.placement.focus import RoundDomains
 
     free = np.tile(np.array([4000, 8 << 30, 0], dtype=np.int64), (3, 1))
     req = np.array([1000, 1 << 30, 0], dtype=np.int64)
@@ -102,3 +104,47 @@ def test_a_focused_rounds_domains_are_written_where_they_change_and_restored() -
                          (1, 2): [1, 1]}
     doms.restore()
     assert domains() == built
+
+
+def _rounds_case(a_cost: list[float]) -> tuple[Any, Any, Any]:
+    """Three nodes; node 0 holds one pod, nodes 1 and 2 two. Class A (one pod) prices the
+    nodes ``a_cost``, class B (one pod) 1 $/h everywhere. The hint puts A on node 1 and B
+    on node 0."""
+    from cloud_core.placement.budget import StepClock
+    from cloud_core.placement.classes import ClassSpec, integer_costs
+    from cloud_core.placement.cpsat import class_model
+    from cloud_core.placement.focus import FocusedRounds
+
+    req = np.array([1000, 1 << 30, 0], dtype=np.int64)
+    free = np.array([req, 2 * req, 2 * req], dtype=np.int64)
+    every = np.ones(3, dtype=bool)
+    specs = [ClassSpec(count=1, req=req, mask=every, cost=np.array(a_cost)),
+             ClassSpec(count=1, req=req, mask=every, cost=np.ones(3))]
+    icost, penalty = integer_costs(specs, 1000.0)
+    hint = [[1], [0]]
+    cm = class_model(specs, free, {}, icost, penalty, hint, full_hint=True)
+    rounds = FocusedRounds(cm, specs, hint, free, icost, penalty, K8S,
+                           StepClock(end_cpu=1e9, search_cpu=1e9))
+    return cm, rounds, hint
+
+
+@pytest.mark.parametrize(("a_cost", "want"), [
+    # A pays 100 on node 1 and 1 on node 0, where B sits: B moves on, A takes its place
+    ([1.0, 100.0, 50.0], [[0], [1]]),
+    # A pays the least where it is: nothing better, no answer
+    ([5.0, 1.0, 5.0], None),
+])
+def test_cost_rounds_open_room_on_the_cheap_node(a_cost: list[float],
+                                                  want: list[list[int]] | None) -> None:
+    """``focus.FocusedRounds``: with every pod placed, the cost rounds free the node of the
+    pod that pays most above its cheapest, and that node, so that the pod there moves on;
+    an answer is kept only when cheaper, and every cell's domain is as built after."""
+    cm, rounds, _ = _rounds_case(a_cost)
+    proto = cm.model.proto
+    built = {k: list(proto.variables[v.index].domain) for k, v in cm.x.items()}
+    stats: dict[str, float] = {}
+    got = rounds.run(stats)
+    assert (None if got is None else [sorted(ns) for ns in got[1]]) == want
+    assert stats["exact_focused"] == 0  # no pod out: no count round
+    assert stats["exact_cost_rounds"] == (1 if want else 0)
+    assert {k: list(proto.variables[v.index].domain) for k, v in cm.x.items()} == built
