@@ -140,8 +140,10 @@ class FocusedRounds:
     def _cost_rounds(self) -> None:
         icost, cur = self.icost, self.cur
         lo = {ci: int(icost[ci][ns].min()) for ci, ns in self.cells.items()}
+        # a pod of a class with no cell (an answer the model would not give) is left as it is
         regrets = sorted({(lo[ci] - int(icost[ci][n]), ci, n)
-                          for ci, ns in enumerate(cur) for n in ns if int(icost[ci][n]) > lo[ci]})
+                          for ci, ns in enumerate(cur) if ci in lo for n in ns
+                          if int(icost[ci][n]) > lo[ci]})
         seen: set[int] = set()
         for _, ci, n in regrets:
             det = self._det()

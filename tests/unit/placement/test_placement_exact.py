@@ -148,3 +148,24 @@ def test_cost_rounds_open_room_on_the_cheap_node(a_cost: list[float],
     assert stats["exact_focused"] == 0  # no pod out: no count round
     assert stats["exact_cost_rounds"] == (1 if want else 0)
     assert {k: list(proto.variables[v.index].domain) for k, v in cm.x.items()} == built
+
+
+def test_cost_rounds_leave_a_pod_the_model_has_no_cell_for() -> None:
+    """A hint with a pod where its class has no cell (the engine and the model disagree):
+    the rounds run and leave it; no error stops the step."""
+    from cloud_core.placement.budget import StepClock
+    from cloud_core.placement.classes import ClassSpec, integer_costs
+    from cloud_core.placement.cpsat import class_model
+    from cloud_core.placement.focus import FocusedRounds
+
+    req = np.array([1000, 1 << 30, 0], dtype=np.int64)
+    free = np.array([req, req], dtype=np.int64)
+    specs = [ClassSpec(count=1, req=req, mask=np.array([True, False]), cost=np.ones(2)),
+             ClassSpec(count=1, req=req, mask=np.array([False, False]), cost=np.ones(2))]
+    icost, penalty = integer_costs(specs, 1000.0)
+    hint = [[0], [1]]  # class 1 may use no node, yet the hint puts its pod on node 1
+    cm = class_model(specs, free, {}, icost, penalty, hint, full_hint=True)
+    stats: dict[str, float] = {}
+    FocusedRounds(cm, specs, hint, free, icost, penalty, K8S,
+                  StepClock(end_cpu=1e9, search_cpu=1e9)).run(stats)
+    assert stats["exact_cost_rounds"] == 0
