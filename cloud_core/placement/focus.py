@@ -130,11 +130,11 @@ class FocusedRounds:
             if int(free.sum()) > FOCUS_MAX_FREE * len(free):
                 stale += 1  # most of the model: the whole-model rounds' search, not this one's
                 continue
-            had = self.sol is not None
-            if self._round(free, det):
-                stale = 0 if had else stale
-            else:
+            had = self.sol is not None  # the first better answer resets nothing
+            if not self._round(free, det):
                 stale += 1
+            elif had:
+                stale = 0
         self.count_tries = tries
 
     def _cost_rounds(self) -> None:
@@ -152,7 +152,7 @@ class FocusedRounds:
             if n in seen or n not in self.cur[ci]:
                 continue
             cand = np.array(self.cells[ci], dtype=np.int64)
-            roomy = (self.room[cand, :2] / np.maximum(self.free0[cand, :2], 1)).min(axis=1)
+            roomy = room_share(self.room, self.free0)[cand]
             cheap = [int(k) for k in cand[np.lexsort((-roomy, icost[ci][cand]))] if k != n]
             pick = [n, *cheap[:self.cfg.lns_near]]
             seen.update(pick)
@@ -251,11 +251,18 @@ def room_left(cur: Sequence[Sequence[int]], specs: Sequence[ClassSpec], free0: n
     return room
 
 
+def room_share(room: np.ndarray, free0: np.ndarray) -> np.ndarray:
+    """Per node, the lesser of its CPU and memory room left as a share of what was free
+    before the batch."""
+    share: np.ndarray = (room[:, :2] / np.maximum(free0[:, :2], 1)).min(axis=1)
+    return share
+
+
 def spare_nodes(room: np.ndarray, free0: np.ndarray) -> np.ndarray:
     """The ``FOCUS_SPARE_NODES`` nodes with the most room left (the lesser of CPU and
     memory, as a share of what was free before the batch): where a focused round's movers
     may go."""
-    share = (room[:, :2] / np.maximum(free0[:, :2], 1)).min(axis=1)
+    share = room_share(room, free0)
     spare = np.zeros(len(room), dtype=bool)
     spare[np.argsort(-share, kind="stable")[:FOCUS_SPARE_NODES]] = True
     return spare

@@ -106,7 +106,7 @@ def _gpu_ring(pa: Pack, pick: list[int], may: np.ndarray, cfg: EngineConfig,
 
 
 def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
-             budget: Budget, settled: bool = False) -> int:
+             budget: Budget, left: int) -> int:
     """Cost among the pods that fit: for the pods that pay most above their cheapest
     allowed node (largest regret first), a neighbourhood of their node, their
     ``lns_near`` cheapest allowed nodes and the ``cost_lns_slack`` nodes with the most
@@ -115,10 +115,12 @@ def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: Eng
     first, then cost), ``cost_lns_deterministic_time`` each -- never fewer pods. Up to
     ``cost_lns_passes`` passes (regrets recomputed), while a pass lowers the cost;
     ``cost_lns_iterations`` neighbourhoods in all, within the step's ``budget``.
-    ``settled``: a step budget holds and no pod an allowed node could hold is out; then
-    ``cost_lns_settled_deterministic_time`` each and ``cost_lns_settled_passes``."""
+    ``left``: the pods an allowed node could hold that are still out. Where a step budget
+    holds and none is (the count settled), ``cost_lns_settled_deterministic_time`` each and
+    ``cost_lns_settled_passes``."""
     classes = pa.classes
     done = 0
+    settled = not left and budget.clock.limited
     det, passes = ((cfg.cost_lns_settled_deterministic_time, cfg.cost_lns_settled_passes)
                    if settled else (cfg.cost_lns_deterministic_time, cfg.cost_lns_passes))
     for _pass in range(max(passes, 1)):
