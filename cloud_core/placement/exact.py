@@ -197,8 +197,10 @@ def solve_exact(ex: ExactInputs, reps: Sequence[Workload], domains: Mapping[str,
             _spread_rule(cm, ci, specs, sp, by_class)
     if clock.limited:
         # focused rounds first, then the whole model from their answer in what is left
-        focused = FocusedRounds(cm, specs, hint, ex.free0, icost, penalty, cfg,
-                                clock).run(stats)
+        single = [bool(w.host_ports) or any(ci in o for o in c.conflicts.values())
+                  for ci, (w, c) in enumerate(zip(reps, specs, strict=True))]
+        focused = FocusedRounds(cm, specs, hint, ex.free0, icost, penalty, cfg, clock,
+                                single).run(stats)
         if focused is not None:
             hint_all(m, focused[0])
         got = _in_rounds(cm, len(specs), cfg, clock, stats)

@@ -61,12 +61,13 @@ COST_SHARE = 0.35
 class FocusedRounds:
     """The focused rounds over one exact model (``cm``) from the engine's answer ``hint``;
     ``free0``: each node's room before the batch; ``icost``, ``penalty``: the model's
-    objective (``classes.integer_costs``)."""
+    objective (``classes.integer_costs``); ``single``: per class, whether at most one of its
+    pods may be on a node (host ports, or a class that repels itself)."""
 
     def __init__(self, cm: ClassModel, specs: Sequence[ClassSpec], hint: list[list[int]],
                  free0: np.ndarray, icost: list[np.ndarray], penalty: int,
-                 cfg: EngineConfig, clock: StepClock) -> None:
-        self.cm, self.specs, self.free0 = cm, specs, free0
+                 cfg: EngineConfig, clock: StepClock, single: Sequence[bool]) -> None:
+        self.cm, self.specs, self.free0, self.single = cm, specs, free0, single
         self.icost, self.cfg, self.clock = icost, cfg, clock
         self.cells: dict[int, list[int]] = {}
         for ci, n in cm.x:
@@ -138,28 +139,46 @@ class FocusedRounds:
         self.count_tries = tries
 
     def _cost_rounds(self) -> None:
-        icost, cur = self.icost, self.cur
-        lo = {ci: int(icost[ci][ns].min()) for ci, ns in self.cells.items()}
-        # a pod of a class with no cell (an answer the model would not give) is left as it is
-        regrets = sorted({(lo[ci] - int(icost[ci][n]), ci, n)
-                          for ci, ns in enumerate(cur) if ci in lo for n in ns
-                          if int(icost[ci][n]) > lo[ci]})
+        icost = self.icost
         seen: set[int] = set()
-        for _, ci, n in regrets:
+        for _, ci, n in self._regrets():
             det = self._det()
             if not det:
                 break
             if n in seen or n not in self.cur[ci]:
                 continue
-            cand = np.array(self.cells[ci], dtype=np.int64)
+            cand = self._open(ci, n)
             roomy = room_share(self.room, self.free0)[cand]
-            cheap = [int(k) for k in cand[np.lexsort((-roomy, icost[ci][cand]))] if k != n]
+            cheap = cand[np.lexsort((-roomy, icost[ci][cand]))].tolist()
             pick = [n, *cheap[:self.cfg.lns_near]]
             seen.update(pick)
             on = np.zeros(len(self.room), dtype=bool)
             on[pick] = True
             self.cost_tries += 1
             self._round(self._free(on, set()), det)
+
+    def _open(self, ci: int, n: int) -> np.ndarray:
+        """The nodes where the pod of class ``ci`` on node ``n`` might go instead: the
+        class's cells but ``n``, and for a class with at most one pod per node, but those
+        its other pods hold (its cheapest node already holding one of them leaves the pod
+        no cheaper place there)."""
+        cells = self.cells[ci]
+        taken = set(self.cur[ci]) if self.single[ci] else set()
+        return np.array([k for k in cells if k != n and k not in taken], dtype=np.int64)
+
+    def _regrets(self) -> list[tuple[int, int, int]]:
+        """(minus the regret, class, node) of each pod that pays more than the cheapest
+        node open to it (``_open``), largest regret first. A pod of a class with no cell
+        (an answer the model would not give) is left as it is."""
+        icost, out = self.icost, set()
+        for ci, ns in enumerate(self.cur):
+            if ci not in self.cells:
+                continue
+            for n in set(ns):
+                cand = self._open(ci, n)
+                if len(cand) and int(icost[ci][n]) > int(icost[ci][cand].min()):
+                    out.add((int(icost[ci][cand].min()) - int(icost[ci][n]), ci, n))
+        return sorted(out)
 
     def _free(self, on: np.ndarray, also: set[int]) -> np.ndarray:
         """The round's free cells: every cell on the ``on`` nodes, and the cells of the

@@ -124,7 +124,7 @@ def _rounds_case(a_cost: list[float]) -> tuple[Any, Any, Any]:
     hint = [[1], [0]]
     cm = class_model(specs, free, {}, icost, penalty, hint, full_hint=True)
     rounds = FocusedRounds(cm, specs, hint, free, icost, penalty, K8S,
-                           StepClock(end_cpu=1e9, search_cpu=1e9))
+                           StepClock(end_cpu=1e9, search_cpu=1e9), [False, False])
     return cm, rounds, hint
 
 
@@ -167,5 +167,41 @@ def test_cost_rounds_leave_a_pod_the_model_has_no_cell_for() -> None:
     cm = class_model(specs, free, {}, icost, penalty, hint, full_hint=True)
     stats: dict[str, float] = {}
     FocusedRounds(cm, specs, hint, free, icost, penalty, K8S,
-                  StepClock(end_cpu=1e9, search_cpu=1e9)).run(stats)
+                  StepClock(end_cpu=1e9, search_cpu=1e9), [False, False]).run(stats)
     assert stats["exact_cost_rounds"] == 0
+
+
+@pytest.mark.parametrize(("single", "want"), [
+    # one pod per node: the cheap nodes its other pods hold are no place for the dear one;
+    # the round frees node 3, the cheapest it may still use, and B moves on
+    (True, [[0, 1, 2, 3], [4]]),
+    # read as a class that may stack: the round frees its three cheapest nodes, where its
+    # other pods are, and finds nothing better
+    (False, None),
+])
+def test_cost_rounds_of_a_class_one_per_node(single: bool,
+                                             want: list[list[int]] | None) -> None:
+    """``focus.FocusedRounds``: class A repels itself per node and holds the three
+    cheapest nodes (1 $/h) and node 6 (100 $/h); node 3 (2 $/h) holds B's pod, which may go to
+    node 4 at the same price. A cost round for A's dear pod frees the cheapest nodes A does not
+    hold yet."""
+    from cloud_core.placement.budget import StepClock
+    from cloud_core.placement.classes import HOST, ClassSpec, integer_costs
+    from cloud_core.placement.cpsat import class_model
+    from cloud_core.placement.focus import FocusedRounds
+
+    req = np.array([1000, 1 << 30, 0], dtype=np.int64)
+    free = np.array([req] * 7, dtype=np.int64)
+    every = np.ones(7, dtype=bool)
+    specs = [ClassSpec(count=4, req=req, mask=every,
+                       cost=np.array([1.0, 1.0, 1.0, 2.0, 100.0, 100.0, 100.0]),
+                       conflicts={HOST: [0]}),
+             ClassSpec(count=1, req=req, mask=every,
+                       cost=np.array([1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0]))]
+    icost, penalty = integer_costs(specs, 1000.0)
+    hint = [[0, 1, 2, 6], [3]]
+    cm = class_model(specs, free, {HOST: np.arange(7)}, icost, penalty, hint,
+                     full_hint=True)
+    got = FocusedRounds(cm, specs, hint, free, icost, penalty, K8S,
+                        StepClock(end_cpu=1e9, search_cpu=1e9), [single, False]).run({})
+    assert (None if got is None else [sorted(ns) for ns in got[1]]) == want
