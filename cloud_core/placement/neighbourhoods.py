@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .budget import Budget
-from .classes import ClassSpec, most
+from .classes import ClassSpec, has_room, most
 from .config import EngineConfig
 from .cpsat import cpsat
 from .packing import Pack
@@ -105,21 +105,23 @@ def _gpu_ring(pa: Pack, pick: list[int], may: np.ndarray, cfg: EngineConfig,
     return ring + rng.sample(top, min(cfg.lns_slack, len(top)))
 
 
-def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
-             budget: Budget, left: int) -> int:
+def cost_lns(pa: Pack, free: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
+             cfg: EngineConfig, budget: Budget, left: int) -> int:
     """Cost among the pods that fit: for the pods that pay most above their cheapest
-    allowed node (largest regret first), a neighbourhood of their node, their
-    ``lns_near`` cheapest allowed nodes and the ``cost_lns_slack`` nodes with the most
-    room for the pods on those (``_roomy``: on nearly full nodes a cheaper place opens
-    only if its pods move on), re-placed by CP-SAT with the full objective (count
-    first, then cost), ``cost_lns_deterministic_time`` each -- never fewer pods. Up to
-    ``cost_lns_passes`` passes (regrets recomputed), while a pass lowers the cost;
-    ``cost_lns_iterations`` neighbourhoods in all, within the step's ``budget``.
+    allowed node (largest regret first), a neighbourhood of their node, the ``lns_near``
+    cheapest allowed nodes with room for one of them before the batch (``free``) and the
+    ``cost_lns_slack`` nodes with the most room for the pods on those (``_roomy``: on
+    nearly full nodes a cheaper place opens only if its pods move on), re-placed by CP-SAT
+    with the full objective (count first, then cost), ``cost_lns_deterministic_time`` each
+    -- never fewer pods. Up to ``cost_lns_passes`` passes (regrets recomputed), while a
+    pass lowers the cost; ``cost_lns_iterations`` neighbourhoods in all, within the step's
+    ``budget``.
     ``left``: the pods an allowed node could hold that are still out. Where a step budget
     holds and none is (the count settled), ``cost_lns_settled_deterministic_time`` each and
     ``cost_lns_settled_passes``."""
     classes = pa.classes
     done = 0
+    room: dict[int, np.ndarray] = {}  # per class, the allowed nodes with room for a pod
     settled = not left and budget.clock.limited
     det, passes = ((cfg.cost_lns_settled_deterministic_time, cfg.cost_lns_settled_passes)
                    if settled else (cfg.cost_lns_deterministic_time, cfg.cost_lns_passes))
@@ -144,8 +146,17 @@ def cost_lns(pa: Pack, domains: Mapping[str, np.ndarray], penalty: int, cfg: Eng
                 break
             if n in seen or n not in pa.got[ci]:
                 continue
-            c = classes[ci]
-            cand = np.flatnonzero(c.mask)
+            if ci not in room:
+                # a node without room for one pod of the class, whatever moves, is no
+                # cheaper place for it: a 2-GPU pod passes the filters of every cpu-only
+                # node, and those were its cheapest (the SLA family's 300 x 60, seed 3:
+                # two such pods stayed on a node dearer by 1.5-1.8 $/h each). The regret
+                # stays against every allowed node: against these alone, the order of
+                # the neighbourhoods moved the tight family's prices (mean +1.2 %, seeds
+                # 1-5) and the SLA family's 200 x 40, seed 12 placed one pod fewer
+                c = classes[ci]
+                room[ci] = np.flatnonzero(c.mask & has_room(c.req, free))
+            cand = room[ci]
             cheap = cand[np.argsort(pa.icost[ci][cand], kind="stable")[:cfg.lns_near]]
             pick = {n, *cheap.tolist()}
             if cfg.cost_lns_slack:

@@ -304,3 +304,39 @@ def test_runners_up_are_the_per_class_ones() -> None:
         cand = np.where(ok, costs[ci], np.inf)
         top = [int(i) for i in np.argsort(cand, kind="stable")[:2] if np.isfinite(cand[i])]
         assert got[ci] == (int(ok.sum()), top), ci
+
+
+@pytest.mark.parametrize(("g_cost", "want"), [
+    # G pays 10 on node 4; node 5 (2) opens once the 1-GPU pod there joins the one on
+    # node 6. G's cheapest allowed nodes are the cpu-only 0-2 (1 each), no place for it
+    ([1, 1, 1, 1, 10, 2, 3, 5], [5]),
+    # G already pays the least of the nodes that can hold it: it stays
+    ([1, 1, 1, 1, 2, 5, 6, 7], [4]),
+])
+def test_cost_neighbourhoods_take_the_cheapest_nodes_with_room(g_cost: list[float],
+                                                               want: list[int]) -> None:
+    """``neighbourhoods.cost_lns``: a 2-GPU pod's cheapest nodes are those with room for it
+    (GPU nodes), not the cpu-only nodes that pass its filters (no roomy nodes here:
+    ``cost_lns_slack`` 0)."""
+    from cloud_core.placement.budget import Budget
+    from cloud_core.placement.classes import integer_costs
+    from cloud_core.placement.neighbourhoods import cost_lns
+    from cloud_core.placement.packing import Pack
+
+    gib = 1 << 30
+    free = np.array([[8000, 32 * gib, 0]] * 4 + [[8000, 32 * gib, 2]] * 4, dtype=np.int64)
+    every = np.ones(8, dtype=bool)
+    classes = [
+        ClassSpec(count=1, req=np.array([1000, gib, 2], dtype=np.int64), mask=every,
+                  cost=np.array(g_cost, dtype=np.float64)),
+        ClassSpec(count=2, req=np.array([1000, gib, 1], dtype=np.int64), mask=every,
+                  cost=np.ones(8)),
+    ]
+    icost, penalty = integer_costs(classes, 1000.0)
+    pa = Pack(classes, free, {}, icost)
+    for ci, n in ((0, 4), (1, 5), (1, 6)):
+        pa.put(ci, n)
+    cfg = EngineConfig(cpsat_polish=False, cost_lns_slack=0)
+    cost_lns(pa, free, {}, penalty, cfg, Budget(), left=0)
+    assert pa.got[0] == want
+    assert sorted(pa.got[1]) == ([6, 6] if want == [5] else [5, 6])
