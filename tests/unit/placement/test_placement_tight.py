@@ -134,13 +134,16 @@ def test_gpu_ring_frees_the_8_gpu_node() -> None:
     smaller GPU pods; they can move only to GPU nodes whose cpu is taken by cpu pods that
     tolerate the taint, which must move on to cpu nodes -- a chain the first neighbourhood
     ring leaves out. With the GPU ring (``lns_gpu_ring``) every pod is placed; without it
-    one is left out."""
+    one is left out. The cost neighbourhoods (count first while a pod is out) are off: the
+    GPU nodes among a GPU pod's cheapest with room reach the same chain without the ring."""
     inst = make_tight(60, 300, seed=2, util=(0.92, 0.98))
-    res = place(inst.snapshot, inst.pods)
+    res = place(inst.snapshot, inst.pods, EngineConfig(cost_lns_iterations=0))
     assert validate(inst.snapshot, inst.pods, res.assignments) == []
     assert len(res.assignments) == len(inst.pods) == 342
-    off = place(inst.snapshot, inst.pods, EngineConfig(lns_gpu_ring=0))
+    off = place(inst.snapshot, inst.pods, EngineConfig(lns_gpu_ring=0, cost_lns_iterations=0))
     assert len(off.assignments) == len(inst.pods) - 1
+    both = place(inst.snapshot, inst.pods, EngineConfig(lns_gpu_ring=0))
+    assert len(both.assignments) == len(inst.pods)
 
 
 def _spec(req: tuple[int, int, int], cost: list[float]) -> ClassSpec:
