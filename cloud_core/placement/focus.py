@@ -162,9 +162,12 @@ class FocusedRounds:
         class's cells but ``n``, and for a class with at most one pod per node, but those
         its other pods hold (its cheapest node already holding one of them leaves the pod
         no cheaper place there)."""
-        cells = self.cells[ci]
-        taken = set(self.cur[ci]) if self.single[ci] else set()
-        return np.array([k for k in cells if k != n and k not in taken], dtype=np.int64)
+        cells = np.asarray(self.cells[ci], dtype=np.int64)
+        keep = cells != n
+        if self.single[ci]:
+            keep &= ~np.isin(cells, self.cur[ci])
+        out: np.ndarray = cells[keep]
+        return out
 
     def _regrets(self) -> list[tuple[int, int, int]]:
         """(minus the regret, class, node) of each pod that pays more than the cheapest

@@ -131,8 +131,8 @@ def _pack_route(classes: Sequence[ClassSpec], free: np.ndarray,
         gangs_out = any(c.gang is not None and len(pa.got[ci]) < c.count
                         for ci, c in enumerate(classes))
         budget.count_first(left > 0 and (gangs_out or not (tried and left == out)))
-        stats["cost_lns_solved"] = float(cost_lns(pa, free, domains, penalty, cfg, budget,
-                                                          left))
+        stats["cost_lns_solved"] = float(
+            cost_lns(pa, free, domains, penalty, cfg, budget, left))
     got = finish(classes, free, domains, [list(g) for g in pa.got])
     stats["pack_work"] = float(pa.work)
     return improve_cost(classes, free, domains, icost, penalty, got, cfg, stats)
