@@ -179,8 +179,9 @@ class FocusedRounds:
                 continue
             for n in set(ns):
                 cand = self._open(ci, n)
-                if len(cand) and int(icost[ci][n]) > int(icost[ci][cand].min()):
-                    out.add((int(icost[ci][cand].min()) - int(icost[ci][n]), ci, n))
+                lo = int(icost[ci][cand].min()) if len(cand) else None
+                if lo is not None and int(icost[ci][n]) > lo:
+                    out.add((lo - int(icost[ci][n]), ci, n))
         return sorted(out)
 
     def _free(self, on: np.ndarray, also: set[int]) -> np.ndarray:

@@ -191,8 +191,8 @@ def solve(classes: Sequence[ClassSpec], free: np.ndarray, domains: Mapping[str, 
                 for ci, nodes in enumerate(got):
                     for n in nodes:
                         pa.put(ci, n)
-                stats["cost_lns_solved"] = float(cost_lns(pa, free, domains, penalty, cfg,
-                                                          budget, left))
+                stats["cost_lns_solved"] = float(
+                    cost_lns(pa, free, domains, penalty, cfg, budget, left))
                 got = [list(g) for g in pa.got]
             got = improve_cost(classes, free, domains, icost, penalty, got, cfg, stats)
             best_obj = objective(classes, icost, penalty, got)
