@@ -343,3 +343,42 @@ def test_cost_neighbourhoods_take_the_cheapest_nodes_with_room(g_cost: list[floa
     cost_lns(pa, free, {}, penalty, cfg, Budget(), left=0)
     assert pa.got[0] == want
     assert sorted(pa.got[1]) == ([6, 6] if want == [5] else [5, 6])
+
+
+@pytest.mark.parametrize(("out", "want"), [
+    # every pod placed: A's neighbourhood (node 0 and its cheap nodes 2, 3) runs after B's
+    # (nodes 0, 1) held node 0, and A moves to its cheapest node
+    (False, [2]),
+    # a pod of the batch out: a node an earlier neighbourhood of the pass held hides the
+    # neighbourhoods of the pods on it, as the count search has them
+    (True, [0]),
+])
+def test_cost_neighbourhoods_of_pods_on_a_node_seen_before(out: bool, want: list[int]) -> None:
+    """``neighbourhoods.cost_lns``: B (1 GPU) pays 5 on node 0, 4 above the cpu-only nodes
+    its filters pass, and leads the regrets; its neighbourhood holds node 0 and the GPU
+    node 1 (6), and B stays. A (no GPU) on node 0 pays 3, 1 on node 2, 1.5 on node 3."""
+    from cloud_core.placement.budget import Budget
+    from cloud_core.placement.classes import integer_costs
+    from cloud_core.placement.neighbourhoods import cost_lns
+    from cloud_core.placement.packing import Pack
+
+    gib = 1 << 30
+    free = np.array([[8000, 32 * gib, 2]] * 2 + [[8000, 32 * gib, 0]] * 2, dtype=np.int64)
+    every = np.ones(4, dtype=bool)
+    classes = [
+        ClassSpec(count=1, req=np.array([1000, gib, 0], dtype=np.int64), mask=every,
+                  cost=np.array([3.0, 3.0, 1.0, 1.5])),  # A
+        ClassSpec(count=1, req=np.array([1000, gib, 1], dtype=np.int64), mask=every,
+                  cost=np.array([5.0, 6.0, 1.0, 1.0])),  # B
+        # a pod that no node takes (its filters pass none): out when ``out``
+        ClassSpec(count=int(out), req=np.array([1000, gib, 0], dtype=np.int64),
+                  mask=np.zeros(4, dtype=bool), cost=np.ones(4)),
+    ]
+    icost, penalty = integer_costs(classes, 1000.0)
+    pa = Pack(classes, free, {}, icost)
+    pa.put(0, 0)
+    pa.put(1, 0)
+    cfg = EngineConfig(cpsat_polish=False, cost_lns_slack=0)
+    cost_lns(pa, free, {}, penalty, cfg, Budget(), left=0)
+    assert pa.got[0] == want
+    assert pa.got[1] == [0]
