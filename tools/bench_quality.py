@@ -11,10 +11,10 @@ gateways and regions, residency, anti-affinity, GPU with gangs, mixed; 10-300 po
   engine's prices, no classes, no hint from the engine): CP-SAT with ``--workers`` workers,
   the most pods first, then the least cost at that count, each stage limited by
   ``--work`` (CP-SAT's deterministic time: the same work on a loaded machine) and by
-  ``--seconds`` of wall clock. Where
-  cfnet places other pods than the reference's answer (another count, or the same count of
-  other pods), the reference is solved again for exactly the pods cfnet placed, so the cost
-  gap always compares the same pods.
+  ``--seconds`` of wall clock. The cost is then solved again for exactly the pods cfnet
+  placed (the same limits), so the cost gap always compares the same pods; where the
+  lexicographic answer places those same pods, the cheaper of the two answers and the
+  higher of the two bounds stand.
 
 Columns: both counts (the reference's with its status and proven bound), both costs, the
 reference's bound on the cost, the gap to the reference's answer (negative: cfnet found a
@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 from cloud_core.placement import EngineConfig, place, validate
 from cloud_core.placement.cpsat import warm_up
 from tools.quality_families import FAMILIES
-from tools.ref_model import RefModel
+from tools.ref_model import RefModel, RefResult
 
 K8S = EngineConfig(cpsat_polish=False)  # the Kubernetes schedulers' default
 
@@ -83,6 +83,21 @@ class Row:
     def gap_bound(self) -> float:
         """cfnet's cost over the reference's proven bound, in %: the most it can lose."""
         return _pct(self.cost, self.ref_bound)
+
+
+def best_same(a: RefResult | None, b: RefResult) -> RefResult:
+    """The reference for one set of pods from two solves of it: the cheaper answer (its
+    status and assignments), and the higher of the two proven bounds (each bounds the
+    cost of placing those pods). ``a`` may be None (one solve only)."""
+    if a is None:
+        return b
+    cheap = a if not math.isfinite(b.cost) or (
+        math.isfinite(a.cost) and a.cost <= b.cost) else b
+    bounds = [x.bound for x in (a, b) if math.isfinite(x.bound)]
+    proven = "OPTIMAL" in (a.status, b.status)  # then both costs are the optimum
+    return replace(cheap, bound=max(bounds) if bounds else math.nan,
+                   seconds=a.seconds + b.seconds,
+                   status="OPTIMAL" if proven else cheap.status)
 
 
 def _pct(a: float, b: float) -> float:
@@ -170,23 +185,24 @@ def measure(family: str, n_pods: int, seed: int, seconds: float, workers: int,
     scale = K8S.cost_scale
     cost = ref.price(got) / scale if not viol and ref.accepts(got) else math.nan
     lex = ref.solve(seconds, workers, work=work)
-    same = lex
-    if set(got) != set(lex.assignments) or lex.count_status != "OPTIMAL":
-        same = ref.solve(seconds, workers, only=got, work=work)
-    ref_viol = len(validate(snap, pods, lex.assignments, K8S))
-    if same is not lex:
-        ref_viol += len(validate(snap, pods, same.assignments, K8S))
+    # the cost for exactly cfnet's pods, solved for them; where the lexicographic answer
+    # places those same pods, the cheaper of the two (its cost stage starts from the count
+    # stage's answer and, on the tight family, often ends far above a solve of the pods
+    # alone: 66.4 against 55.6 $/h on tight 94 x 16, seed 2)
+    alone = ref.solve(seconds, workers, only=got, work=work)
+    same = best_same(lex if set(got) == set(lex.assignments) else None, alone)
+    ref_viol = (len(validate(snap, pods, lex.assignments, K8S))
+                + len(validate(snap, pods, alone.assignments, K8S)))
     row = Row(family, len(pods), len(snap.nodes), seed, len(got), viol, cost, wall, cpu,
               lex.placed, lex.count_status, lex.count_bound,
-              same.cost, same.status, same.bound, lex.seconds + (
-                  same.seconds if same is not lex else 0.0), ref_viol)
+              same.cost, same.status, same.bound, lex.seconds + alone.seconds, ref_viol)
     if old is None:
         return row, None
     got_b, wall_b, cpu_b = old
     viol_b = len(validate(snap, pods, got_b, K8S))
     cost_b = ref.price(got_b) / scale if not viol_b and ref.accepts(got_b) else math.nan
-    same_b = same if set(got_b) == set(got) else lex if (
-        set(got_b) == set(lex.assignments) and lex.count_status == "OPTIMAL") else (
+    same_b = same if set(got_b) == set(got) else best_same(
+        lex if set(got_b) == set(lex.assignments) else None,
         ref.solve(seconds, workers, only=got_b, work=work))
     return row, replace(row, family=f"{family} (before)", placed=len(got_b),
                         violations=viol_b, cost=cost_b, wall_s=wall_b, cpu_s=cpu_b,
