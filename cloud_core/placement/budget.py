@@ -7,8 +7,11 @@ that grows with the batch, ``step_cpu_base_s + step_cpu_per_pod_s x pods``, at m
 ``step_cpu_max_s`` (4 pods: 0.12 s; 100 pods: 0.5 s; 200 pods and more: 0.85 s). It is the
 CPU of the thread deciding (``time.thread_time``), counted from the step's start: the
 caller's (the decision loop's, so that reading the pending pods counts too) or the
-engine's. Within it, ``step_cpu_after_per_pod_s x pods`` is left for what follows the
-engine (its decisions, the loop's validation, handing out the bindings). The greedy answer
+engine's; where the cost neighbourhoods run two at a time, the wall time it waits for the
+helper thread's sub-solve counts too (``Budget.beside``, ``Budget.absorb``), so the step
+takes the same wall time and up to twice the CPU. Within it, ``step_cpu_after_per_pod_s x
+pods`` is left for what follows the engine (its decisions, the loop's validation, handing
+out the bindings). The greedy answer
 (packing, repair, the flow route, descent, slot flow, refill; no CP-SAT) comes first and
 always runs; the CP-SAT neighbourhoods improve it until the search's end
 (``step_search_share`` of the engine's share, or earlier: ``StepClock.search_end_for``; when
@@ -188,6 +191,27 @@ class Budget:
         if left < wall:
             wall, by_deadline = max(left, 1e-3), True
         return det, wall, by_deadline
+
+    def beside(self, det_time: float) -> Budget:
+        """The budget of a sub-solve on another thread, started now beside one on this
+        thread (``neighbourhoods._solve_pair``): the work this thread's next sub-solve would
+        get (``limits``), the same deadline, no CPU clock (the step's budget counts the
+        deciding thread's CPU). ``absorb`` charges what it spent."""
+        det = min(det_time, self.work,
+                  self.clock.work_for(self.clock.cpu_left(self.search_cpu), self.rate))
+        return Budget(work=det, deadline=self.deadline, clock=StepClock(wall=self.clock.wall))
+
+    def absorb(self, side: Budget, waited: float = 0.0) -> None:
+        """Charge a ``beside`` budget's sub-solve: its work, what stopped it, and the wall
+        time this thread ``waited`` for it past its own (as CPU of the search's share: the
+        step takes as long as with one thread)."""
+        self.search_cpu -= waited
+        self.work -= side.spent
+        self.spent += side.spent
+        self.wall_cap_hits += side.wall_cap_hits
+        if side.deadline_hits:
+            self.deadline_hits += side.deadline_hits
+            self.work = 0.0
 
     def _wall_left(self) -> float:
         """Wall seconds to the deadline (on the step clock's wall clock)."""

@@ -174,10 +174,24 @@ class EngineConfig:
     # each and this many passes: more neighbourhoods in the same CPU. A tight 111 x 20
     # batch's 40-class neighbourhoods take 0.1 units in ~0.1 s, nine of them in the budget;
     # at 0.02 units, 26 (measured on the tight family, 40-300 pods, seeds 1-5: mean -0.65 %,
-    # 111 x 20 seed 3 from +3.2 % to +0.8 % of the reference). While pods are out the count
-    # comes first and the work stays 0.1 (mixed 300 x 75 seed 1 places one fewer at 0.02).
-    cost_lns_settled_deterministic_time: float = 0.02
+    # 111 x 20 seed 3 from +3.2 % to +0.8 % of the reference). Two at a time
+    # (``cost_lns_threads``), 0.04: at 0.02 the tight family's 80-120 pods priced as low on
+    # the mean, with single batches up to +11 % of the reference (+3.9 % at 0.04, seeds
+    # 1-12). While pods are out the count comes first and the work stays 0.1 (mixed 300 x 75
+    # seed 1 places one fewer at 0.02).
+    cost_lns_settled_deterministic_time: float = 0.04
     cost_lns_settled_passes: int = 8
+    # Once no pod an allowed node could hold is out, cost neighbourhoods solved at a time
+    # (1 or 2, at most the CPUs the process may run on): the second on a helper thread while
+    # CP-SAT lets go of the GIL. The step's budget counts the deciding thread's CPU and its
+    # waits for the helper: the same wall time, up to twice the CPU (neighbourhoods.cost_lns).
+    cost_lns_threads: int = 2
+    # ... the second being the first among the next this many of the pass whose pod's node
+    # and cheapest nodes are apart from the first's nodes (its roomy nodes then chosen apart
+    # too). Measured (tight family, 80-120 pods, seeds 1-20, 60 batches, 0.02 units): above 2 %
+    # of the reference on 8 batches at 64, on 15 at 8 (120 x 24 seed 9: 4 pairs among 32
+    # neighbourhoods at 8).
+    cost_lns_pair_window: int = 64
     # Cost descent after packing (count kept exactly): a pod paying more than
     # ``descent_regret`` of its cost above its cheapest allowed node tries a move to a cheaper
     # node with room, a swap with a pod there, or a chain (that pod to its cheapest node with

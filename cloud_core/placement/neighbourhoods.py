@@ -2,13 +2,23 @@
 pod, the nodes closest to fitting it and roomy nodes its neighbours may move to) and for cost
 among the pods that fit (``cost_lns``: largest regret first). Each neighbourhood's pods are
 re-placed exactly by the class-level CP-SAT model (``cpsat.cpsat``), kept only when strictly
-better. Seeded and bounded by counts and CP-SAT's deterministic time: deterministic.
+better. Once the count is settled, cost neighbourhoods on nodes apart are solved two at a
+time, the second on a helper thread (``_solve_pair``). Seeded and bounded by counts and
+CP-SAT's deterministic time: deterministic (the pairs too: which two, and which answers
+stand, never depends on which finishes first).
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import random
+import time
+from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -119,7 +129,8 @@ def cost_lns(pa: Pack, free: np.ndarray, domains: Mapping[str, np.ndarray], pena
     skipped; while pods of the batch are out, so is any on a node an earlier one held.
     ``left``: the pods an allowed node could hold that are still out. Where a step budget
     holds and none is (the count settled), ``cost_lns_settled_deterministic_time`` each and
-    ``cost_lns_settled_passes``."""
+    ``cost_lns_settled_passes``. Once every pod is placed, with ``cost_lns_threads`` > 1,
+    neighbourhoods are solved two at a time (``_solve_pair``)."""
     classes = pa.classes
     done = 0
     room: dict[int, np.ndarray] = {}  # per class, the allowed nodes with room for a pod
@@ -135,55 +146,123 @@ def cost_lns(pa: Pack, free: np.ndarray, domains: Mapping[str, np.ndarray], pena
     every = all(len(g) == c.count for g, c in zip(pa.got, classes, strict=True))
     det, passes = ((cfg.cost_lns_settled_deterministic_time, cfg.cost_lns_settled_passes)
                    if settled else (cfg.cost_lns_deterministic_time, cfg.cost_lns_passes))
-    for _pass in range(max(passes, 1)):
-        regret: list[tuple[int, int, int]] = []
-        total = 0
-        for ci, nodes in enumerate(pa.got):
-            c = classes[ci]
-            if not nodes or c.gang is not None:
-                continue
-            ic = pa.icost[ci]
-            total += int(ic[np.asarray(nodes)].sum())
-            lo = int(ic[c.mask].min())
-            for n in set(nodes):
-                if int(ic[n]) > lo:
-                    regret.append((lo - int(ic[n]), ci, n))
-        regret.sort()
-        seen: set[int] = set()
-        start = done
-        for _, ci, n in regret:
-            if done >= cfg.cost_lns_iterations or not budget.open():
+    # two at a time once no pod an allowed node could hold is out (the count settled); the
+    # second re-places only the pods on its nodes (``_prepare``'s ``own``): a left-out pod
+    # offered to both could be placed twice
+    width = 2 if not left and threads(cfg) > 1 else 1
+    with (ThreadPoolExecutor(1, thread_name_prefix="cfnet-cost-lns") if width > 1
+          else nullcontext()) as pool:
+        for _pass in range(max(passes, 1)):
+            total = _regret_cost(pa)
+            queue = deque((ci, n) for _, ci, n in _regrets(pa))
+            seen: set[int] = set()
+            start = done
+            while queue and done < cfg.cost_lns_iterations and budget.open():
+                first: list[int] | None = None
+                while queue and first is None:
+                    ci, n = queue.popleft()
+                    first = _cost_pick(pa, ci, n, seen, every, free, room, cfg)
+                if first is None:
+                    break
+                seen.update(first)
+                second = None
+                if pool is not None and done + 1 < cfg.cost_lns_iterations:
+                    second = _second(pa, queue, first, seen, every, free, room, cfg)
+                if second is None or pool is None:
+                    _solve_sub(pa, np.array(first, dtype=np.int64), domains, penalty, cfg,
+                               budget, count_only=False, det_time=det)
+                    done += 1
+                    continue
+                # the second's nodes hide no later neighbourhood of the pass: it was chosen
+                # apart from the first's, not for its own pod alone (with them in ``seen``,
+                # the tight family's 80-120 pods, seeds 1-12: mean +2.18 %, against +1.58 %)
+                if not _solve_pair(pa, np.array(first, dtype=np.int64),
+                                   np.array(second[1], dtype=np.int64), domains, penalty,
+                                   cfg, budget, det, pool):
+                    # the second's pods no longer fit where it put them (anti-affinity
+                    # across its nodes and the first's): it comes again
+                    queue.appendleft(second[0])
+                done += 2
+            after = _regret_cost(pa)
+            if (done == start or after >= total or done >= cfg.cost_lns_iterations
+                    or not budget.open()):
                 break
-            if n not in pa.got[ci] or (n in seen and not every):
-                continue
-            if ci not in room:
-                # a node without room for one pod of the class, whatever moves, is no
-                # cheaper place for it: a 2-GPU pod passes the filters of every cpu-only
-                # node, and those were its cheapest (the SLA family's 300 x 60, seed 3:
-                # two such pods stayed on a node dearer by 1.5-1.8 $/h each). The regret
-                # stays against every allowed node: against these alone, the order of
-                # the neighbourhoods moved the tight family's prices (mean +1.2 %, seeds
-                # 1-5) and the SLA family's 200 x 40, seed 12 placed one pod fewer
-                c = classes[ci]
-                room[ci] = np.flatnonzero(c.mask & has_room(c.req, free))
-            cand = room[ci]
-            cheap = cand[np.argsort(pa.icost[ci][cand], kind="stable")[:cfg.lns_near]]
-            pick = {n, *cheap.tolist()}
-            if every and pick <= seen:
-                continue
-            if cfg.cost_lns_slack:
-                pick.update(_roomy(pa, sorted(pick), cfg.cost_lns_slack))
-            seen.update(pick)
-            _solve_sub(pa, np.array(sorted(pick), dtype=np.int64), domains, penalty,
-                       cfg, budget, count_only=False,
-                       det_time=det)
-            done += 1
-        after = sum(int(pa.icost[ci][np.asarray(g)].sum())
-                    for ci, g in enumerate(pa.got) if g and classes[ci].gang is None)
-        if (done == start or after >= total or done >= cfg.cost_lns_iterations
-                or not budget.open()):
-            break
     return done
+
+
+def threads(cfg: EngineConfig) -> int:
+    """How many cost neighbourhoods are solved at a time: ``cost_lns_threads``, at most
+    the CPUs this process may run on."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return max(1, min(cfg.cost_lns_threads, cpus))
+
+
+def _regret_cost(pa: Pack) -> int:
+    """The cost of the placed pods outside gangs (what the cost neighbourhoods lower)."""
+    return sum(int(pa.icost[ci][np.asarray(g)].sum())
+               for ci, g in enumerate(pa.got) if g and pa.classes[ci].gang is None)
+
+
+def _regrets(pa: Pack) -> list[tuple[int, int, int]]:
+    """(minus the regret, class, node) per class and node it pays above its cheapest
+    allowed node, outside gangs: largest regret first."""
+    regret: list[tuple[int, int, int]] = []
+    for ci, nodes in enumerate(pa.got):
+        c = pa.classes[ci]
+        if not nodes or c.gang is not None:
+            continue
+        ic = pa.icost[ci]
+        lo = int(ic[c.mask].min())
+        for n in set(nodes):
+            if int(ic[n]) > lo:
+                regret.append((lo - int(ic[n]), ci, n))
+    regret.sort()
+    return regret
+
+
+def _second(pa: Pack, queue: deque[tuple[int, int]], first: list[int], seen: set[int],
+            every: bool, free: np.ndarray, room: dict[int, np.ndarray], cfg: EngineConfig
+            ) -> tuple[tuple[int, int], list[int]] | None:
+    """A neighbourhood to solve beside ``first``: among the next ``cost_lns_pair_window``
+    of the queue, the first whose pod, node and cheapest nodes are apart from ``first``'s
+    nodes (its roomy nodes then chosen apart too), taken out of the queue; None if none is.
+    Apart, both answers stand together."""
+    apart = set(first)
+    for i, (ci, n) in enumerate(list(itertools.islice(queue, cfg.cost_lns_pair_window))):
+        pick = _cost_pick(pa, ci, n, seen, every, free, room, cfg, apart)
+        if pick is not None:
+            del queue[i]
+            return (ci, n), pick
+    return None
+
+
+def _cost_pick(pa: Pack, ci: int, n: int, seen: set[int], every: bool, free: np.ndarray,
+               room: dict[int, np.ndarray], cfg: EngineConfig,
+               apart: set[int] | None = None) -> list[int] | None:
+    """The nodes of class ``ci``'s cost neighbourhood from node ``n`` (``cost_lns``), or
+    None where it is skipped: the pod left ``n``, or the pass's earlier neighbourhoods
+    (``seen``) hold it, or it would share a node with ``apart``."""
+    if n not in pa.got[ci] or (n in seen and not every):
+        return None
+    if ci not in room:
+        # a node without room for one pod of the class, whatever moves, is no cheaper
+        # place for it: a 2-GPU pod passes the filters of every cpu-only node, and those
+        # were its cheapest (the SLA family's 300 x 60, seed 3: two such pods stayed on a
+        # node dearer by 1.5-1.8 $/h each). The regret stays against every allowed node:
+        # against these alone, the order of the neighbourhoods moved the tight family's
+        # prices (mean +1.2 %, seeds 1-5) and the SLA family's 200 x 40, seed 12 placed
+        # one pod fewer
+        c = pa.classes[ci]
+        room[ci] = np.flatnonzero(c.mask & has_room(c.req, free))
+    cand = room[ci]
+    cheap = cand[np.argsort(pa.icost[ci][cand], kind="stable")[:cfg.lns_near]]
+    pick = {n, *cheap.tolist()}
+    if (every and pick <= seen) or (apart and pick & apart):
+        return None
+    if cfg.cost_lns_slack:
+        pick.update(_roomy(pa, sorted(pick), cfg.cost_lns_slack, apart))
+    return sorted(pick)
 
 
 def _reach(pa: Pack, nodes: list[int], dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -199,10 +278,13 @@ def _reach(pa: Pack, nodes: list[int], dims: np.ndarray) -> tuple[np.ndarray, np
     return may, dims
 
 
-def _roomy(pa: Pack, nodes: list[int], k: int) -> list[int]:
+def _roomy(pa: Pack, nodes: list[int], k: int, apart: set[int] | None = None) -> list[int]:
     """The ``k`` nodes with the most room (least normalised free resource among those
-    asked for) where the pods on ``nodes`` may go instead; ties by index."""
+    asked for) where the pods on ``nodes`` may go instead, none of ``apart``; ties by
+    index."""
     may, dims = _reach(pa, nodes, np.zeros(3, dtype=bool))
+    if apart:
+        may[sorted(apart)] = False
     others = np.flatnonzero(may)
     if not others.size or not dims.any():
         return []
@@ -211,11 +293,26 @@ def _roomy(pa: Pack, nodes: list[int], k: int) -> list[int]:
     return result
 
 
-def _solve_sub(pa: Pack, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
-               cfg: EngineConfig, budget: Budget, count_only: bool = True,
-               det_time: float | None = None) -> None:
-    """Re-place every pod on ``nodes`` and left-out pods that may go there by CP-SAT; kept
-    only when strictly better (count first, then cost, or count alone)."""
+@dataclass
+class _Sub:
+    """A neighbourhood's sub-problem: its nodes, the pods taken off them (class, node),
+    the classes it re-places and their model, and the price of the pods as they were."""
+
+    nodes: np.ndarray
+    removed: list[tuple[int, int]]
+    members: list[int]
+    classes: list[ClassSpec]
+    hint: list[list[int]]
+    free: np.ndarray
+    domains: dict[str, np.ndarray]
+    icost: list[np.ndarray]
+    before: int
+
+
+def _prepare(pa: Pack, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
+             cfg: EngineConfig, own: bool = False) -> _Sub:
+    """Take every pod on ``nodes`` off (outside gangs) and state their sub-problem, with
+    the left-out pods that may go there (``own``: those pods alone)."""
     classes = pa.classes
     removed: list[tuple[int, int]] = [(cj, int(n)) for n in nodes.tolist()
                                       for cj in pa.on[n]
@@ -224,8 +321,8 @@ def _solve_sub(pa: Pack, nodes: np.ndarray, domains: Mapping[str, np.ndarray], p
         pa.take(cj, n)
     inside = {cj for cj, _ in removed}
     extra = [ci for ci, c in enumerate(classes)
-             if ci not in inside and c.gang is None and len(pa.got[ci]) < c.count
-             and c.mask[nodes].any()][:cfg.lns_extra_classes]
+             if not own and ci not in inside and c.gang is None
+             and len(pa.got[ci]) < c.count and c.mask[nodes].any()][:cfg.lns_extra_classes]
     members = sorted(inside | set(extra))
     pos = {ci: j for j, ci in enumerate(members)}
     sub: list[ClassSpec] = []
@@ -240,19 +337,88 @@ def _solve_sub(pa: Pack, nodes: np.ndarray, domains: Mapping[str, np.ndarray], p
         conf = {k: [pos[o] for o in others if o in pos]
                 for k, others in c.conflicts.items()}
         sub.append(ClassSpec(
-            count=c.count - len(pa.got[ci]), req=c.req,
+            count=len(hint[pos[ci]]) if own else c.count - len(pa.got[ci]), req=c.req,
             mask=pa.pk.unblocked(ci)[nodes], cost=c.cost[nodes],
             conflicts={k: v for k, v in conf.items() if v}))
     before += penalty * sum(sc.count - len(h) for sc, h in zip(sub, hint, strict=True))
-    sub_free = pa.pk.free[nodes]
-    sub_dom = {k: domains[k][nodes] for k in domains}
-    sub_cost = [pa.icost[ci][nodes] for ci in members]
-    res = cpsat(sub, sub_free, sub_dom, sub_cost, penalty, hint, cfg,
-                det_time=det_time or cfg.lns_deterministic_time, budget=budget,
-                count_only=count_only, presolve=False)
-    pa.work += 1
-    better = res is not None and res[1] < before
-    new = res[0] if better and res is not None else hint
-    for j, ci in enumerate(members):
+    return _Sub(nodes, removed, members, sub, hint, pa.pk.free[nodes],
+                {k: domains[k][nodes] for k in domains},
+                [pa.icost[ci][nodes] for ci in members], before)
+
+
+def _run(sb: _Sub, penalty: int, cfg: EngineConfig, budget: Budget, count_only: bool,
+         det_time: float) -> list[list[int]] | None:
+    """Solve ``sb`` by CP-SAT: its new placement where strictly better, else None. Touches
+    no packing: it may run beside the deciding thread (``_solve_pair``)."""
+    res = cpsat(sb.classes, sb.free, sb.domains, sb.icost, penalty, sb.hint, cfg,
+                det_time=det_time, budget=budget, count_only=count_only, presolve=False)
+    return res[0] if res is not None and res[1] < sb.before else None
+
+
+def _put(pa: Pack, sb: _Sub, new: list[list[int]]) -> None:
+    """Put ``sb``'s pods where ``new`` says (local node indices)."""
+    for j, ci in enumerate(sb.members):
         for ln in new[j]:
-            pa.put(ci, int(nodes[ln]))
+            pa.put(ci, int(sb.nodes[ln]))
+
+
+def _solve_sub(pa: Pack, nodes: np.ndarray, domains: Mapping[str, np.ndarray], penalty: int,
+               cfg: EngineConfig, budget: Budget, count_only: bool = True,
+               det_time: float | None = None) -> bool:
+    """Re-place every pod on ``nodes`` and left-out pods that may go there by CP-SAT; kept
+    only when strictly better (count first, then cost, or count alone). True when kept."""
+    sb = _prepare(pa, nodes, domains, penalty, cfg)
+    new = _run(sb, penalty, cfg, budget, count_only, det_time or cfg.lns_deterministic_time)
+    pa.work += 1
+    _put(pa, sb, new if new is not None else sb.hint)
+    return new is not None
+
+
+def _solve_pair(pa: Pack, first: np.ndarray, second: np.ndarray,
+                domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
+                budget: Budget, det_time: float, pool: Executor) -> bool:
+    """Two cost neighbourhoods on nodes apart, at once, with every pod of the batch placed:
+    both stated on the packing as it is, the second solved on ``pool``'s thread while this
+    one solves the first (CP-SAT lets go of the GIL while it searches: twice the
+    neighbourhoods in the same wall time). Each answer is kept where strictly better, as
+    ``_solve_sub`` keeps it; the second's only if its pods still fit where it puts them
+    after the first's (anti-affinity spans nodes): False where it is dropped. The step's
+    CPU budget counts the deciding thread's CPU, and the time it waits for the second
+    (``Budget.absorb``)."""
+    a = _prepare(pa, first, domains, penalty, cfg)
+    _put(pa, a, a.hint)
+    b = _prepare(pa, second, domains, penalty, cfg, own=True)
+    _put(pa, b, b.hint)
+    side = budget.beside(det_time)
+    later = pool.submit(_run, b, penalty, cfg, side, False, det_time)
+    try:
+        new_a = _run(a, penalty, cfg, budget, False, det_time)
+    finally:
+        waited = time.perf_counter()
+        new_b = later.result()
+        budget.absorb(side, time.perf_counter() - waited)
+    pa.work += 2
+    if new_a is not None:
+        _take(pa, a)
+        _put(pa, a, new_a)
+    if new_b is None:
+        return True
+    _take(pa, b)
+    done: list[tuple[int, int]] = []
+    for j, ci in enumerate(b.members):
+        for ln in new_b[j]:
+            n = int(b.nodes[ln])
+            if not pa.pk.ok(ci, n):
+                for cj, m in reversed(done):
+                    pa.take(cj, m)
+                _put(pa, b, b.hint)
+                return False
+            pa.put(ci, n)
+            done.append((ci, n))
+    return True
+
+
+def _take(pa: Pack, sb: _Sub) -> None:
+    """Take ``sb``'s pods off again (as ``_prepare`` found them)."""
+    for cj, n in sb.removed:
+        pa.take(cj, n)

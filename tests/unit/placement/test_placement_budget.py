@@ -302,3 +302,30 @@ def test_a_gang_left_out_keeps_the_exact_steps_share_of_the_step() -> None:
     assert len(res.assignments) == 199
     assert res.solver.endswith("exact")
     assert validate(snap, pods, res.assignments) == []
+
+
+def test_a_sub_solve_beside_gets_this_threads_work_and_its_wait_counts() -> None:
+    """``Budget.beside``: a sub-solve on another thread gets the work this thread's next
+    one would and the same deadline; ``absorb`` charges its work, and the wall time this
+    thread waited for it counts as CPU of the search's share (the step takes as long as
+    with one thread); a deadline it hit closes the search."""
+    c = Clocks()
+    clock = StepClock(c.cpu_s, search_cpu=1.0, end_cpu=1.0, cpu=c.cpu, wall=c.wall)
+    b = Budget(work=10.0, deadline=c.wall_s + 2.0, clock=clock, search_cpu=1.0)
+    side = b.beside(0.05)
+    assert (side.work, side.deadline) == (0.05, b.deadline)
+    c.cpu_s += 0.9999999
+    assert b.beside(0.05).work == MIN_WORK  # no more than fits in the CPU left
+    c.cpu_s = 100.5
+    side.charge(0.05, False, False)
+    b.absorb(side, waited=0.2)
+    assert (b.work, b.spent) == (pytest.approx(9.95), pytest.approx(0.05))
+    assert clock.cpu_left(b.search_cpu) == pytest.approx(0.3)
+    assert b.open()
+    c.cpu_s += 0.31
+    assert not b.open()
+    late = Budget(clock=StepClock(cpu=c.cpu, wall=c.wall))
+    cut = late.beside(0.05)
+    cut.charge(0.01, True, True)  # the deadline stopped it
+    late.absorb(cut)
+    assert late.deadline_hits == 1 and not late.open()

@@ -99,7 +99,7 @@ def test_tight_300x60_places_every_pod(seed: int) -> None:
 
 @pytest.mark.parametrize(("family", "n", "seed", "over", "want"), [
     # every pod placed, within the step's budget: short neighbourhoods, many passes
-    ("tight", 100, 3, {}, 0.02),
+    ("tight", 100, 3, {}, 0.04),
     # the same batch without a step budget (step_cpu_max_s=0): 0.1 units each
     ("tight", 100, 3, {"step_cpu_max_s": 0.0}, 0.1),
     # pods out that an allowed node could hold: the count first, 0.1 units each (the
@@ -382,3 +382,57 @@ def test_cost_neighbourhoods_of_pods_on_a_node_seen_before(out: bool, want: list
     cost_lns(pa, free, {}, penalty, cfg, Budget(), left=0)
     assert pa.got[0] == want
     assert pa.got[1] == [0]
+
+
+@pytest.mark.parametrize(("repel", "want_b"), [
+    # apart: both answers of the pair stand together
+    (False, [3]),
+    # A and B repel each other per zone, and nodes 1 and 3 share one: each answer alone
+    # was right, both together are not; B's is dropped, and B tried again stays on node 2
+    (True, [2]),
+])
+def test_cost_neighbourhoods_two_at_a_time(monkeypatch: pytest.MonkeyPatch, repel: bool,
+                                           want_b: list[int]) -> None:
+    """``neighbourhoods.cost_lns`` with every pod placed solves two neighbourhoods at once
+    (``_solve_pair``): A pays 3 on node 0 and 1 on node 1, B pays 3 on node 2 and 1 on node
+    3; their neighbourhoods ({0, 1}, {2, 3}) are apart."""
+    from cloud_core.placement import neighbourhoods
+    from cloud_core.placement.budget import Budget
+    from cloud_core.placement.classes import integer_costs
+    from cloud_core.placement.packing import Pack
+
+    gib = 1 << 30
+    free = np.array([[8000, 32 * gib, 0]] * 4, dtype=np.int64)
+    every = np.ones(4, dtype=bool)
+    req = np.array([1000, gib, 0], dtype=np.int64)
+    classes = [
+        ClassSpec(count=1, req=req, mask=every, cost=np.array([3.0, 1.0, 5.0, 5.0]),
+                  conflicts={"zone": [1]} if repel else {}),  # A
+        ClassSpec(count=1, req=req, mask=every, cost=np.array([5.0, 5.0, 3.0, 1.0]),
+                  conflicts={"zone": [0]} if repel else {}),  # B
+    ]
+    domains = {"zone": np.array([0, 1, 2, 1], dtype=np.int64)}
+    icost, penalty = integer_costs(classes, 1000.0)
+    pa = Pack(classes, free, domains, icost)
+    pa.put(0, 0)
+    pa.put(1, 2)
+    pairs: list[bool] = []
+    solve_pair = neighbourhoods._solve_pair
+
+    def pair(*args: Any, **kw: Any) -> bool:
+        pairs.append(solve_pair(*args, **kw))
+        return pairs[-1]
+
+    monkeypatch.setattr(neighbourhoods, "threads", lambda cfg: 2)
+    monkeypatch.setattr(neighbourhoods, "_solve_pair", pair)
+    cfg = EngineConfig(cpsat_polish=False, cost_lns_slack=0, lns_near=1)
+    neighbourhoods.cost_lns(pa, free, domains, penalty, cfg, Budget(), left=0)
+    assert pairs[0] is not repel
+    assert pa.got[0] == [1]
+    assert pa.got[1] == want_b
+    with_one = Pack(classes, free, domains, icost)
+    with_one.put(0, 0)
+    with_one.put(1, 2)
+    neighbourhoods.cost_lns(with_one, free, domains, penalty,
+                            dataclasses.replace(cfg, cost_lns_threads=1), Budget(), left=0)
+    assert with_one.got == pa.got  # as one at a time
