@@ -129,8 +129,8 @@ def cost_lns(pa: Pack, free: np.ndarray, domains: Mapping[str, np.ndarray], pena
     skipped; while pods of the batch are out, so is any on a node an earlier one held.
     ``left``: the pods an allowed node could hold that are still out. Where a step budget
     holds and none is (the count settled), ``cost_lns_settled_deterministic_time`` each and
-    ``cost_lns_settled_passes``. Once every pod is placed, with ``cost_lns_threads`` > 1,
-    neighbourhoods are solved two at a time (``_solve_pair``)."""
+    ``cost_lns_settled_passes``. With none out and ``cost_lns_threads`` > 1, neighbourhoods
+    are solved two at a time (``_second``, ``_solve_pair``)."""
     classes = pa.classes
     done = 0
     room: dict[int, np.ndarray] = {}  # per class, the allowed nodes with room for a pod
@@ -377,12 +377,14 @@ def _solve_sub(pa: Pack, nodes: np.ndarray, domains: Mapping[str, np.ndarray], p
 def _solve_pair(pa: Pack, first: np.ndarray, second: np.ndarray,
                 domains: Mapping[str, np.ndarray], penalty: int, cfg: EngineConfig,
                 budget: Budget, det_time: float, pool: Executor) -> bool:
-    """Two cost neighbourhoods on nodes apart, at once, with every pod of the batch placed:
-    both stated on the packing as it is, the second solved on ``pool``'s thread while this
-    one solves the first (CP-SAT lets go of the GIL while it searches: twice the
-    neighbourhoods in the same wall time). Each answer is kept where strictly better, as
-    ``_solve_sub`` keeps it; the second's only if its pods still fit where it puts them
-    after the first's (anti-affinity spans nodes): False where it is dropped. The step's
+    """Two cost neighbourhoods on nodes apart, at once, once the count is settled: both
+    stated on the packing as it is, the second solved on ``pool``'s thread while this one
+    solves the first (CP-SAT lets go of the GIL while it searches: twice the
+    neighbourhoods in the same wall time). The second re-places the pods on its nodes alone
+    (a left-out pod offered to both could be placed twice). Each answer is kept where
+    strictly better, as ``_solve_sub`` keeps it; the second's only if its pods still fit
+    where it puts them after the first's (anti-affinity spans nodes): False where it is
+    dropped. The step's
     CPU budget counts the deciding thread's CPU, and the time it waits for the second
     (``Budget.absorb``)."""
     a = _prepare(pa, first, domains, penalty, cfg)

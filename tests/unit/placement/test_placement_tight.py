@@ -436,3 +436,33 @@ def test_cost_neighbourhoods_two_at_a_time(monkeypatch: pytest.MonkeyPatch, repe
     neighbourhoods.cost_lns(with_one, free, domains, penalty,
                             dataclasses.replace(cfg, cost_lns_threads=1), Budget(), left=0)
     assert with_one.got == pa.got  # as one at a time
+
+
+@pytest.mark.parametrize(("own", "want_counts"), [
+    # as one at a time: the pods on the nodes and the left-out ones that may go there
+    (False, [2, 1]),
+    # the second of a pair: the pods on its nodes alone, so that a left-out pod is never
+    # offered to both neighbourhoods of a pair
+    (True, [1]),
+])
+def test_a_neighbourhood_of_a_pair_re_places_its_own_pods(own: bool,
+                                                         want_counts: list[int]) -> None:
+    """``neighbourhoods._prepare``: class A has one pod on node 0 and one out; class B's
+    one pod is out. The sub-problem of node 0 and what it re-places."""
+    from cloud_core.placement.classes import integer_costs
+    from cloud_core.placement.neighbourhoods import _prepare
+    from cloud_core.placement.packing import Pack
+
+    gib = 1 << 30
+    free = np.array([[8000, 32 * gib, 0]] * 2, dtype=np.int64)
+    every = np.ones(2, dtype=bool)
+    req = np.array([1000, gib, 0], dtype=np.int64)
+    classes = [ClassSpec(count=2, req=req, mask=every, cost=np.ones(2)),
+               ClassSpec(count=1, req=req, mask=every, cost=np.ones(2))]
+    icost, penalty = integer_costs(classes, 1000.0)
+    pa = Pack(classes, free, {}, icost)
+    pa.put(0, 0)
+    sub = _prepare(pa, np.array([0], dtype=np.int64), {}, penalty,
+                   EngineConfig(cpsat_polish=False), own=own)
+    assert [c.count for c in sub.classes] == want_counts
+    assert sub.removed == [(0, 0)] and pa.got[0] == []
