@@ -4,9 +4,9 @@ Per seeded instance of six families (``tools.quality_families``: tight, SLA-heav
 gateways and regions, residency, anti-affinity, GPU with gangs, mixed; 10-300 pods):
 
 * **cfnet**: the Kubernetes default path (``place(snapshot, pods,
-  EngineConfig(cpsat_polish=False))``, what the Kubernetes schedulers call), its wall time
-  the median of ``--reps`` runs; its answer checked by ``validate`` and priced by the
-  reference in the reference's integer units;
+  EngineConfig(cpsat_polish=False))``, what the Kubernetes schedulers call), in a process
+  of its own, its wall and CPU time the median of ``--reps`` runs; its answer checked by
+  ``validate`` and priced by the reference in the reference's integer units;
 * **reference**: ``tools.ref_model`` (one boolean per pod and node, validate's rules, the
   engine's prices, no classes, no hint from the engine): CP-SAT with ``--workers`` workers,
   the most pods first, then the least cost at that count, each stage limited by
@@ -42,12 +42,11 @@ import math
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from cloud_core.placement import EngineConfig, place, validate
-from cloud_core.placement.cpsat import warm_up
+from cloud_core.placement import EngineConfig, validate
 from tools.quality_families import FAMILIES
 from tools.ref_model import RefModel, RefResult
 
@@ -106,23 +105,8 @@ def _pct(a: float, b: float) -> float:
     return (a - b) / b * 100.0
 
 
-def run_cfnet(family: str, n_pods: int, seed: int, reps: int
-              ) -> tuple[dict[str, str], float, float]:
-    """cfnet's answer on the Kubernetes path, its median wall and CPU seconds."""
-    snap, pods = FAMILIES[family](n_pods, seed)
-    walls, cpus = [], []
-    res = None
-    for _ in range(reps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        res = place(snap, pods, K8S)
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
-    assert res is not None
-    return dict(res.assignments), statistics.median(walls), statistics.median(cpus)
-
-
-# cfnet of another tree, in a process of its own: one instance per line of stdin (its own
-# code only: that tree's tools may predate run_cfnet)
+# cfnet of a tree, in a process of its own: one instance per line of stdin (that tree's own
+# code only: another tree's tools may predate this one)
 _WORKER = """
 import json, os, statistics, sys, time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -145,8 +129,11 @@ for line in sys.stdin:
 """
 
 
-class Before:
-    """cfnet of ``tree`` in a process of its own (``--before-tree``)."""
+class Cfnet:
+    """cfnet of ``tree`` in a process of its own: this tree's, and with ``--before-tree``
+    the other's. Not in the benchmark's process: beside the reference's models and their
+    garbage, the same code took 10-15 % more wall time there than in a process of its
+    own, as the core runs it."""
 
     def __init__(self, tree: str) -> None:
         self.proc = subprocess.Popen(
@@ -155,7 +142,7 @@ class Before:
             stdout=subprocess.PIPE)
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
-            raise SystemExit(f"--before-tree: the process of {tree} did not start")
+            raise SystemExit(f"cfnet's process in {tree} did not start")
 
     def run(self, family: str, n_pods: int, seed: int, reps: int
             ) -> tuple[dict[str, str], float, float]:
@@ -172,12 +159,12 @@ class Before:
 
 
 def measure(family: str, n_pods: int, seed: int, seconds: float, workers: int,
-            reps: int, work: float | None, before: Before | None = None,
+            reps: int, work: float | None, this: Cfnet, before: Cfnet | None = None,
             first: bool = False) -> tuple[Row, Row | None]:
     """This tree's row and, with ``before``, the other tree's (run ``first`` or after)."""
     snap, pods = FAMILIES[family](n_pods, seed)
     old = before.run(family, n_pods, seed, reps) if before is not None and first else None
-    got, wall, cpu = run_cfnet(family, n_pods, seed, reps)
+    got, wall, cpu = this.run(family, n_pods, seed, reps)
     if before is not None and old is None:
         old = before.run(family, n_pods, seed, reps)
     viol = len(validate(snap, pods, got, K8S))
@@ -303,21 +290,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--sizes and --seeds pair up: give as many of each")
     print(HEADER)
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    warm_up()  # CP-SAT imported before the first step, as a long-running core does
     rows: list[Row] = []
     olds: list[Row] = []
-    before = Before(a.before_tree) if a.before_tree else None
-    for fam in a.families.split(","):
-        for n, seed in zip(sizes, seeds, strict=True):
-            row, old = measure(fam, n, seed, a.seconds, a.workers, a.reps, a.work or None,
-                               before, first=len(rows) % 2 == 1)
-            rows.append(row)
-            print(line(row), flush=True)
-            if old is not None:
-                olds.append(old)
-                print(line(old), flush=True)
-    if before is not None:
-        before.close()
+    this = Cfnet(str(Path(__file__).resolve().parents[1]))
+    before = Cfnet(a.before_tree) if a.before_tree else None
+    try:
+        for fam in a.families.split(","):
+            for n, seed in zip(sizes, seeds, strict=True):
+                row, old = measure(fam, n, seed, a.seconds, a.workers, a.reps,
+                                   a.work or None, this, before, first=len(rows) % 2 == 1)
+                rows.append(row)
+                print(line(row), flush=True)
+                if old is not None:
+                    olds.append(old)
+                    print(line(old), flush=True)
+    finally:
+        this.close()
+        if before is not None:
+            before.close()
     print("\n".join(summary(rows)))
     if olds:
         print(f"\n--before-tree {a.before_tree}:")

@@ -34,3 +34,22 @@ def test_best_same(a: RefResult | None, b: RefResult, cost: float, bound: float,
     assert got.bound == bound
     assert got.status == status
     assert got.seconds == (b.seconds if a is None else a.seconds + b.seconds)
+
+
+def test_cfnet_runs_in_a_process_of_its_own() -> None:
+    """``Cfnet``: this tree's cfnet in a process of its own gives the answer ``place``
+    gives here (a small batch the step budget never cuts), with its times."""
+    from pathlib import Path
+
+    from cloud_core.placement import EngineConfig, place
+    from tools.bench_quality import Cfnet
+    from tools.quality_families import FAMILIES
+
+    worker = Cfnet(str(Path(__file__).resolve().parents[2]))
+    try:
+        got, wall, cpu = worker.run("tight", 10, 1, 2)
+    finally:
+        worker.close()
+    snap, pods = FAMILIES["tight"](10, 1)
+    assert got == dict(place(snap, pods, EngineConfig(cpsat_polish=False)).assignments)
+    assert got and wall > 0 and cpu > 0
