@@ -181,8 +181,7 @@ class Budget:
         """A sub-solve's deterministic time (within the work and the CPU left) and
         wall-clock limit, and whether the deadline (rather than ``wall_cap_s``) sets the
         latter."""
-        det = min(det_time, self.work,
-                  self.clock.work_for(self.clock.cpu_left(self.search_cpu), self.rate))
+        det = self._work_for(det_time)
         self.started = self.clock.used() if self.clock.limited else 0.0
         self.cap = det
         wall = wall_cap_s
@@ -197,9 +196,8 @@ class Budget:
         thread (``neighbourhoods._solve_pair``): the work this thread's next sub-solve would
         get (``limits``), the same deadline, no CPU clock (the step's budget counts the
         deciding thread's CPU). ``absorb`` charges what it spent."""
-        det = min(det_time, self.work,
-                  self.clock.work_for(self.clock.cpu_left(self.search_cpu), self.rate))
-        return Budget(work=det, deadline=self.deadline, clock=StepClock(wall=self.clock.wall))
+        return Budget(work=self._work_for(det_time), deadline=self.deadline,
+                      clock=StepClock(wall=self.clock.wall))
 
     def absorb(self, side: Budget, waited: float = 0.0) -> None:
         """Charge a ``beside`` budget's sub-solve: its work, what stopped it, and the wall
@@ -212,6 +210,12 @@ class Budget:
         if side.deadline_hits:
             self.deadline_hits += side.deadline_hits
             self.work = 0.0
+
+    def _work_for(self, det_time: float) -> float:
+        """The work a sub-solve starting now gets: ``det_time``, within the work left and
+        what fits in the search's CPU left at the step's rate."""
+        return min(det_time, self.work,
+                   self.clock.work_for(self.clock.cpu_left(self.search_cpu), self.rate))
 
     def _wall_left(self) -> float:
         """Wall seconds to the deadline (on the step clock's wall clock)."""
